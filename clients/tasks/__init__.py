@@ -1,0 +1,44 @@
+"""Tasks: data, model, loss and metric. Only clients and the experiment driver import these."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from clients.tasks import tcga_brca
+from clients.tasks.tcga_brca import ClientData, FederatedData
+from secagg.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    description: str
+    load: Callable[[], FederatedData]
+    make_model: Callable[[], torch.nn.Module]
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    metric: Callable[[object, object], float]
+    metric_name: str
+
+
+TASKS = {
+    "tcga-brca": Task(
+        "tcga-brca", "Fed-TCGA-BRCA (FLamby split: 6 regions, 866 train / 222 test)",
+        lambda: tcga_brca.load("flamby"), tcga_brca.make_model, tcga_brca.cox_loss,
+        tcga_brca.c_index, "c_index"),
+    "tcga-brca-idash": Task(
+        "tcga-brca-idash", "iDASH 2024 Track 2 variant (900 patients, training-set evaluation)",
+        lambda: tcga_brca.load("idash2024"), tcga_brca.make_model, tcga_brca.cox_loss,
+        tcga_brca.c_index, "c_index"),
+}
+
+
+def get_task(name: str) -> Task:
+    if name not in TASKS:
+        raise ConfigError(f"unknown task {name!r}; choose from {', '.join(TASKS)}")
+    return TASKS[name]
+
+
+__all__ = ["ClientData", "FederatedData", "TASKS", "Task", "get_task"]

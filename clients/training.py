@@ -1,0 +1,90 @@
+"""Local training on a client: a fixed number of SGD steps from the global model.
+
+As in FLamby's ``_Model._local_train`` with ``DataLoaderWithMemory``: mini-batches come from
+a shuffled loader whose position persists across rounds (a new permutation each epoch, the
+last batch of an epoch may be short), the client optimizer is plain SGD, and the
+pseudo-gradient is new parameters − old parameters.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from clients.tasks import ClientData
+
+
+def flat_params(model: nn.Module) -> np.ndarray:
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).double().numpy()
+
+
+@torch.no_grad()
+def set_flat_params(model: nn.Module, flat: np.ndarray) -> None:
+    flat = np.asarray(flat)
+    n = sum(p.numel() for p in model.parameters())
+    if flat.shape != (n,):
+        raise ValueError(f"model has {n} parameters, got a vector of shape {flat.shape}")
+    pos = 0
+    for p in model.parameters():
+        k = p.numel()
+        p.copy_(torch.from_numpy(flat[pos:pos + k].reshape(p.shape)).to(p.dtype))
+        pos += k
+
+
+class BatchStream:
+    """An endless shuffled mini-batch stream that remembers where it is between rounds."""
+
+    def __init__(self, n: int, batch_size: int, rng: np.random.Generator):
+        self.n, self.batch_size, self.rng = n, batch_size, rng
+        self._order: np.ndarray = np.empty(0, dtype=np.int64)
+        self._pos = 0
+
+    def next(self) -> np.ndarray:
+        if self._pos >= len(self._order):
+            self._order, self._pos = self.rng.permutation(self.n), 0
+        idx = self._order[self._pos:self._pos + self.batch_size]
+        self._pos += self.batch_size
+        return idx
+
+
+class LocalTrainer:
+    def __init__(self, model: nn.Module, data: ClientData,
+                 loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                 batch_size: int, seed: int):
+        self.model, self.data, self.loss_fn = model, data, loss_fn
+        self.stream = BatchStream(len(data), batch_size, np.random.default_rng(seed))
+
+    @property
+    def n_params(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+    def train(self, w: np.ndarray, lr: float, steps: int) -> np.ndarray:
+        """Run ``steps`` SGD steps from ``w``; return the pseudo-gradient (new − old)."""
+        set_flat_params(self.model, w)
+        start = flat_params(self.model)
+        opt = torch.optim.SGD(self.model.parameters(), lr=lr)
+        self.model.train()
+        for _ in range(steps):
+            idx = torch.from_numpy(self.stream.next())
+            loss = self.loss_fn(self.model(self.data.x[idx]), self.data.y[idx])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        return flat_params(self.model) - start
+
+    @torch.no_grad()
+    def loss_at(self, w: np.ndarray, drop_bias: bool = False) -> float:
+        """The training loss on all local samples with parameters ``w``.
+
+        ``drop_bias`` zeroes every bias parameter first (the LARC team's code variant).
+        """
+        set_flat_params(self.model, w)
+        if drop_bias:
+            for name, p in self.model.named_parameters():
+                if name.endswith("bias"):
+                    p.zero_()
+        self.model.eval()
+        return float(self.loss_fn(self.model(self.data.x), self.data.y))

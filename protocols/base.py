@@ -1,0 +1,70 @@
+"""What every protocol is written against.
+
+A protocol sees a round through :class:`RoundAPI` (implemented by ``server.round``): it can
+ask clients to compute something, form weighted sums of their protected vectors and reveal an
+aggregate. It never sees how the backend does that, so the same code runs on ``plain`` and on
+encrypted backends. The round engine runs the common first phase (local training, upload of
+``pseudo_gradient`` and ``n_samples``) and applies the server optimizer to what the protocol
+returns.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Mapping, Protocol as TypingProtocol
+
+import numpy as np
+
+from secagg.wire import Envelope, Field
+
+
+@dataclass(frozen=True)
+class Upload:
+    """One client's answer to the training phase, as the server holds it."""
+
+    handle: Any  # protected pseudo-gradient (a vector on plain, ciphertexts otherwise)
+    n_samples: float
+
+
+class RoundAPI(TypingProtocol):
+    round: int
+    n_params: int
+
+    def ask(self, phase: str, messages: Mapping[str, Mapping[str, Field]],
+            expect: Mapping[str, str] | None = None) -> dict[str, Envelope]:
+        """Send each client its fields; return the replies that carry ``expect``'s fields
+        (name -> wire kind). Clients with bad replies are excluded from the round."""
+
+    def weighted_sum(self, handles: Mapping[str, Any], weights: Mapping[str, float]) -> Any:
+        """Σ_i weights[i] · handles[i] over the clients present in both mappings."""
+
+    def as_field(self, handle: Any) -> Field:
+        """Encode a handle (an aggregate) to send it to clients."""
+
+    def reveal(self, handle: Any, name: str) -> np.ndarray:
+        """Decrypt an aggregate for the server; recorded in the audit as a revealed item."""
+
+    @property
+    def server_optimizer(self) -> Any:
+        """The server optimizer as it stands before this round's step (read it, don't step it)."""
+
+
+class Protocol(ABC):
+    """An aggregation algorithm. Subclasses keep their arithmetic in module-level pure functions."""
+
+    name: str = "abstract"
+    #: the plaintext items the server learns on an encrypted backend, besides the training
+    #: phase's ``n_samples``; the audit summary lists anything else as undeclared
+    reveals: tuple[str, ...] = ("global_update",)
+
+    def train_fields(self, rnd: RoundAPI, client: str) -> dict[str, Field]:
+        """Extra fields for a client's training request (none by default)."""
+        return {}
+
+    @abstractmethod
+    def aggregate(self, rnd: RoundAPI, uploads: Mapping[str, Upload]) -> np.ndarray:
+        """Combine the uploads and return the revealed global pseudo-gradient."""
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name}

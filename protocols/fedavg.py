@@ -1,0 +1,32 @@
+"""FedAvg (McMahan et al. 2017) and, with a server optimizer, FedOpt (Reddi et al. 2021).
+
+    G_global = Σ_i (n_i / Σ_j n_j) · G_i,     W ← W + ServerOpt(G_global)
+
+FedAvg is this with server SGD at lr 1; FedAdam / FedYogi / FedAdagrad / momentum only change
+the optimizer, which the round engine applies.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from protocols.base import Protocol, RoundAPI, Upload
+
+
+def sample_size_weights(n_samples: Mapping[str, float]) -> dict[str, float]:
+    total = float(sum(n_samples.values()))
+    if total <= 0:
+        raise ValueError("sample-size weights need a positive total number of samples")
+    return {c: float(n) / total for c, n in n_samples.items()}
+
+
+class FedAvg(Protocol):
+    name = "fedavg"
+    reveals = ("global_update",)
+
+    def aggregate(self, rnd: RoundAPI, uploads: Mapping[str, Upload]) -> np.ndarray:
+        weights = sample_size_weights({c: u.n_samples for c, u in uploads.items()})
+        g_global = rnd.weighted_sum({c: u.handle for c, u in uploads.items()}, weights)
+        return rnd.reveal(g_global, "global_update")

@@ -1,0 +1,57 @@
+"""The aggregation interface every protocol is written against.
+
+A backend has two halves that never live in the same process in a real deployment:
+
+- :class:`ClientBackend`, in each client: turns a flat float vector into a wire field
+  (``protect``) and reads an aggregate the server sent back (``open``). It may hold secret keys.
+- :class:`ServerBackend`, in the server: loads uploaded fields into opaque *handles*, forms
+  weighted sums of handles, and ships a handle back as a field. It never holds a secret key;
+  ``can_read`` says whether it can look inside a handle at all (only ``plain`` can).
+
+Revealing an aggregate is the round engine's job (``server.round.RoundContext.reveal``): on a
+backend whose server cannot read, it asks a decryptor client.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, Sequence
+
+import numpy as np
+
+from secagg.wire import Envelope, Field
+
+
+class ClientBackend(ABC):
+    name: str
+
+    @abstractmethod
+    def protect(self, values: np.ndarray) -> Field:
+        """Encode (and, if the backend encrypts, encrypt) a flat vector for upload."""
+
+    @abstractmethod
+    def open(self, envelope: Envelope, name: str, length: int) -> np.ndarray:
+        """Read an aggregate field the server sent; decrypt it if needed."""
+
+
+class ServerBackend(ABC):
+    name: str
+    #: wire kind of a protected vector: what the server receives when a client uploads one
+    upload_kind: str
+    #: whether the server can read a handle (True only for the plaintext baseline)
+    can_read: bool
+
+    @abstractmethod
+    def load(self, envelope: Envelope, name: str, length: int) -> Any:
+        """Validate an uploaded field and return a handle; raise ClientInputError if bad."""
+
+    @abstractmethod
+    def weighted_sum(self, handles: Sequence[Any], weights: Sequence[float]) -> Any:
+        """Σ weights[i] · handles[i], without looking inside the handles."""
+
+    @abstractmethod
+    def to_field(self, handle: Any) -> Field:
+        """Encode a handle (typically an aggregate) to send it to clients."""
+
+    def read(self, handle: Any) -> np.ndarray:
+        raise PermissionError(f"the {self.name} server backend cannot read ciphertexts")

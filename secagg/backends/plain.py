@@ -1,0 +1,48 @@
+"""The plaintext baseline: uploads are float vectors and the server sees everything."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from secagg import wire
+from secagg.backends.base import ClientBackend, ServerBackend
+from secagg.wire import Envelope, Field
+
+
+class PlainClient(ClientBackend):
+    name = "plain"
+
+    def __init__(self, dtype: str = "float32"):
+        # float32 is what the torch model holds: 4 bytes per parameter on the wire
+        self.dtype = np.dtype(dtype)
+
+    def protect(self, values: np.ndarray) -> Field:
+        return wire.vector(np.asarray(values, dtype=self.dtype))
+
+    def open(self, envelope: Envelope, name: str, length: int) -> np.ndarray:
+        return envelope.vector(name, length)
+
+
+class PlainServer(ServerBackend):
+    name = "plain"
+    upload_kind = wire.VECTOR
+    can_read = True
+
+    def load(self, envelope: Envelope, name: str, length: int) -> np.ndarray:
+        return envelope.vector(name, length)
+
+    def weighted_sum(self, handles: Sequence[np.ndarray], weights: Sequence[float]) -> np.ndarray:
+        if len(handles) != len(weights) or not handles:
+            raise ValueError(f"{len(handles)} vectors but {len(weights)} weights")
+        total = np.zeros_like(handles[0], dtype=np.float64)
+        for h, w in zip(handles, weights):
+            total += float(w) * h
+        return total
+
+    def to_field(self, handle: np.ndarray) -> Field:
+        return wire.vector(handle)
+
+    def read(self, handle: np.ndarray) -> np.ndarray:
+        return np.asarray(handle, dtype=np.float64)

@@ -1,0 +1,53 @@
+"""Typed errors. Every error a caller can act on derives from :class:`SecaggError`.
+
+The round engine catches :class:`ClientInputError` subclasses per client: the offending
+client is excluded from the round and the audit records why; the run goes on.
+"""
+
+
+class SecaggError(Exception):
+    """Base class of every error secagg raises on purpose."""
+
+
+class ConfigError(SecaggError, ValueError):
+    """An option or preset is invalid; the message says which and what is allowed."""
+
+
+class ClientInputError(SecaggError):
+    """Something a client sent cannot be used. The client is excluded from the round."""
+
+
+class WireError(ClientInputError):
+    """Bytes that do not decode to a valid envelope."""
+
+
+class TruncatedMessage(WireError):
+    """The bytes end before the envelope says they should."""
+
+
+class OversizedMessage(WireError):
+    """The envelope is larger than the receiver accepts."""
+
+
+class UnsupportedVersion(WireError):
+    """The envelope was written by an incompatible wire-format version."""
+
+
+class MalformedMessage(WireError):
+    """The bytes are not an envelope, or its header is inconsistent."""
+
+
+class UnexpectedField(ClientInputError):
+    """A field is missing, has the wrong kind, or is not finite."""
+
+
+class UnknownSender(ClientInputError):
+    """The envelope names a sender the server did not address."""
+
+
+class DuplicateMessage(ClientInputError):
+    """A second message from the same sender in the same round and phase."""
+
+
+class RoundFailed(SecaggError):
+    """Too few clients survived a round for the protocol to go on."""

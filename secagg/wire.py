@@ -1,0 +1,268 @@
+"""The versioned byte envelope every client <-> server message travels in.
+
+Even the in-process simulation serialises every message, so byte counts are what a network
+would carry and the same code can later run over sockets.
+
+Layout (all integers big-endian)::
+
+    0      4  magic  b"SAGG"
+    4      2  wire-format version
+    6      4  header length H
+    10     H  header: UTF-8 JSON {sender, recipient, round, phase, fields: [...]}
+    10+H   .. payload: the field blobs, concatenated in header order
+
+Each field has a *kind* that says what the receiver learns from it:
+
+- ``ciphertext``: opaque encrypted bytes (possibly several parts, e.g. CKKS chunks);
+- ``scalar``: one plaintext float64;
+- ``vector``: a plaintext float32/float64 array;
+- ``config``: plaintext JSON control data (hyperparameters, optimizer settings).
+
+Decoding checks everything before trusting anything and raises a typed
+:class:`~secagg.errors.WireError` otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+
+from secagg.errors import (
+    MalformedMessage,
+    OversizedMessage,
+    TruncatedMessage,
+    UnexpectedField,
+    UnsupportedVersion,
+)
+
+MAGIC = b"SAGG"
+WIRE_VERSION = 1
+_PREFIX = struct.Struct(">4sHI")
+#: Largest envelope a receiver accepts by default (1 GiB); callers may lower it.
+DEFAULT_MAX_BYTES = 1 << 30
+_MAX_HEADER_BYTES = 1 << 20
+
+CIPHERTEXT = "ciphertext"
+SCALAR = "scalar"
+VECTOR = "vector"
+CONFIG = "config"
+KINDS = (CIPHERTEXT, SCALAR, VECTOR, CONFIG)
+_VECTOR_DTYPES = {"<f4": np.dtype("<f4"), "<f8": np.dtype("<f8")}
+
+
+@dataclass(frozen=True)
+class Field:
+    """One named value of an envelope, already encoded to bytes."""
+
+    kind: str
+    data: bytes
+    dtype: str | None = None  # vectors only
+    parts: tuple[int, ...] | None = None  # ciphertexts only: byte length of each part
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.data)
+
+
+def scalar(value: float) -> Field:
+    value = float(value)
+    if not math.isfinite(value):
+        raise UnexpectedField(f"refusing to send a non-finite scalar ({value})")
+    return Field(SCALAR, struct.pack("<d", value))
+
+
+def vector(values: Any) -> Field:
+    arr = np.asarray(values)
+    if arr.dtype not in (np.float32, np.float64):
+        arr = arr.astype(np.float64)
+    arr = np.ascontiguousarray(arr.ravel(), dtype=arr.dtype.newbyteorder("<"))
+    if not np.all(np.isfinite(arr)):
+        raise UnexpectedField("refusing to send a vector with non-finite entries")
+    return Field(VECTOR, arr.tobytes(), dtype=arr.dtype.str)
+
+
+def ciphertext(parts: bytes | list[bytes] | tuple[bytes, ...]) -> Field:
+    if isinstance(parts, (bytes, bytearray)):
+        parts = [bytes(parts)]
+    parts = [bytes(p) for p in parts]
+    return Field(CIPHERTEXT, b"".join(parts), parts=tuple(len(p) for p in parts))
+
+
+def config(values: Mapping[str, Any]) -> Field:
+    return Field(CONFIG, json.dumps(values, sort_keys=True, allow_nan=False).encode())
+
+
+@dataclass(frozen=True)
+class Envelope:
+    sender: str
+    recipient: str
+    round: int
+    phase: str
+    fields: dict[str, Field] = field(default_factory=dict)
+
+    # ---- encoding -------------------------------------------------------------------
+    def to_bytes(self) -> bytes:
+        header = {
+            "sender": self.sender,
+            "recipient": self.recipient,
+            "round": int(self.round),
+            "phase": self.phase,
+            "fields": [_field_header(name, f) for name, f in self.fields.items()],
+        }
+        head = json.dumps(header, separators=(",", ":")).encode()
+        payload = b"".join(f.data for f in self.fields.values())
+        return _PREFIX.pack(MAGIC, WIRE_VERSION, len(head)) + head + payload
+
+    @property
+    def header_nbytes(self) -> int:
+        """Bytes of framing and header: the envelope's cost beyond its field payloads."""
+        return len(self.to_bytes()) - sum(f.nbytes for f in self.fields.values())
+
+    # ---- typed accessors ------------------------------------------------------------
+    def get(self, name: str, kind: str) -> Field:
+        f = self.fields.get(name)
+        if f is None:
+            raise UnexpectedField(f"{self.phase} message from {self.sender} lacks field {name!r}")
+        if f.kind != kind:
+            raise UnexpectedField(
+                f"field {name!r} from {self.sender} is a {f.kind}, expected a {kind}"
+            )
+        return f
+
+    def scalar(self, name: str) -> float:
+        (value,) = struct.unpack("<d", self.get(name, SCALAR).data)
+        if not math.isfinite(value):
+            raise UnexpectedField(f"scalar {name!r} from {self.sender} is not finite ({value})")
+        return value
+
+    def vector(self, name: str, length: int | None = None) -> np.ndarray:
+        f = self.get(name, VECTOR)
+        arr = np.frombuffer(f.data, dtype=_VECTOR_DTYPES[f.dtype])
+        if length is not None and arr.size != length:
+            raise UnexpectedField(
+                f"vector {name!r} from {self.sender} has {arr.size} entries, expected {length}"
+            )
+        if not np.all(np.isfinite(arr)):
+            raise UnexpectedField(f"vector {name!r} from {self.sender} has non-finite entries")
+        return arr.astype(np.float64)
+
+    def ciphertext_parts(self, name: str) -> list[bytes]:
+        f = self.get(name, CIPHERTEXT)
+        out, pos = [], 0
+        for n in f.parts or (len(f.data),):
+            out.append(f.data[pos : pos + n])
+            pos += n
+        return out
+
+    def config(self, name: str) -> dict[str, Any]:
+        return json.loads(self.get(name, CONFIG).data)
+
+    # ---- decoding -------------------------------------------------------------------
+    @classmethod
+    def from_bytes(cls, data: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> "Envelope":
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise MalformedMessage(f"expected bytes, got {type(data).__name__}")
+        data = bytes(data)
+        if len(data) > max_bytes:
+            raise OversizedMessage(f"message of {len(data)} bytes exceeds the limit of {max_bytes}")
+        if len(data) < _PREFIX.size:
+            raise TruncatedMessage(f"message of {len(data)} bytes is shorter than the frame")
+        magic, version, head_len = _PREFIX.unpack_from(data)
+        if magic != MAGIC:
+            raise MalformedMessage("not a secagg envelope (bad magic bytes)")
+        if version != WIRE_VERSION:
+            raise UnsupportedVersion(
+                f"wire-format version {version}; this build reads version {WIRE_VERSION}"
+            )
+        if head_len > _MAX_HEADER_BYTES:
+            raise OversizedMessage(f"header of {head_len} bytes exceeds {_MAX_HEADER_BYTES}")
+        start = _PREFIX.size
+        if len(data) < start + head_len:
+            raise TruncatedMessage("message ends inside its header")
+        try:
+            header = json.loads(data[start : start + head_len].decode())
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise MalformedMessage(f"header is not valid JSON: {exc}") from None
+        sender, recipient, rnd, phase, specs = _check_header(header)
+        fields: dict[str, Field] = {}
+        pos = start + head_len
+        for spec in specs:
+            name, f_kind, nbytes = spec["name"], spec["kind"], spec["nbytes"]
+            if pos + nbytes > len(data):
+                raise TruncatedMessage(f"message ends inside field {name!r}")
+            fields[name] = _check_field(name, f_kind, data[pos : pos + nbytes], spec)
+            pos += nbytes
+        if pos != len(data):
+            raise MalformedMessage(f"{len(data) - pos} trailing bytes after the last field")
+        return cls(sender, recipient, rnd, phase, fields)
+
+
+def _field_header(name: str, f: Field) -> dict[str, Any]:
+    h: dict[str, Any] = {"name": name, "kind": f.kind, "nbytes": f.nbytes}
+    if f.dtype is not None:
+        h["dtype"] = f.dtype
+    if f.parts is not None:
+        h["parts"] = list(f.parts)
+    return h
+
+
+def _check_header(header: Any):
+    if not isinstance(header, dict):
+        raise MalformedMessage("header is not a JSON object")
+    try:
+        sender, recipient = header["sender"], header["recipient"]
+        rnd, phase, specs = header["round"], header["phase"], header["fields"]
+    except KeyError as exc:
+        raise MalformedMessage(f"header lacks {exc.args[0]!r}") from None
+    if not (isinstance(sender, str) and isinstance(recipient, str) and isinstance(phase, str)):
+        raise MalformedMessage("sender, recipient and phase must be strings")
+    if not isinstance(rnd, int) or isinstance(rnd, bool) or rnd < 0:
+        raise MalformedMessage(f"round must be a non-negative integer, got {rnd!r}")
+    if not isinstance(specs, list):
+        raise MalformedMessage("fields must be a list")
+    seen = set()
+    for spec in specs:
+        if not isinstance(spec, dict):
+            raise MalformedMessage("each field header must be an object")
+        name, f_kind, nbytes = spec.get("name"), spec.get("kind"), spec.get("nbytes")
+        if not isinstance(name, str) or name in seen:
+            raise MalformedMessage(f"field name {name!r} is missing or repeated")
+        seen.add(name)
+        if f_kind not in KINDS:
+            raise MalformedMessage(f"field {name!r} has unknown kind {f_kind!r}")
+        if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 0:
+            raise MalformedMessage(f"field {name!r} has an invalid length {nbytes!r}")
+    return sender, recipient, rnd, phase, specs
+
+
+def _check_field(name: str, f_kind: str, blob: bytes, spec: dict[str, Any]) -> Field:
+    if f_kind == SCALAR:
+        if len(blob) != 8:
+            raise MalformedMessage(f"scalar {name!r} has {len(blob)} bytes, expected 8")
+        return Field(SCALAR, blob)
+    if f_kind == VECTOR:
+        dtype = spec.get("dtype")
+        if dtype not in _VECTOR_DTYPES:
+            raise MalformedMessage(f"vector {name!r} has unsupported dtype {dtype!r}")
+        if len(blob) % _VECTOR_DTYPES[dtype].itemsize:
+            raise MalformedMessage(f"vector {name!r} length is not a whole number of {dtype}")
+        return Field(VECTOR, blob, dtype=dtype)
+    if f_kind == CIPHERTEXT:
+        parts = spec.get("parts", [len(blob)])
+        if (
+            not isinstance(parts, list)
+            or not all(isinstance(p, int) and not isinstance(p, bool) and p >= 0 for p in parts)
+            or sum(parts) != len(blob)
+        ):
+            raise MalformedMessage(f"ciphertext {name!r} part lengths do not add up")
+        return Field(CIPHERTEXT, blob, parts=tuple(parts))
+    try:
+        json.loads(blob)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise MalformedMessage(f"config {name!r} is not valid JSON") from None
+    return Field(CONFIG, blob)

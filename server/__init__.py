@@ -1,0 +1,1 @@
+"""The round engine, transport, and audit. Never imports ``clients`` or any dataset."""

@@ -1,0 +1,119 @@
+"""The audit: every message the server sent or received, and what it learned in plaintext.
+
+One record per message: run, round, phase, direction, peer, and per field its name, kind,
+bytes and — for plaintext scalars — the value itself. Reveals (aggregates the server reads)
+and exclusions (with the reason) are records too. Byte accounting is derived from the same
+records, so the bytes reported are the bytes audited.
+
+``summary()`` states what the server learned in plaintext: every received non-ciphertext
+field and every revealed aggregate, counted by name, the items the protocol did not declare,
+and ``individual_updates_revealed`` — true when any client's own update arrived readable.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any, Iterable
+
+from secagg import wire
+from secagg.wire import Envelope
+
+ENVELOPE = "<envelope>"  # pseudo-field: framing and header bytes of a message
+KIND_LABEL = {wire.CIPHERTEXT: "ciphertext", wire.SCALAR: "plaintext scalar",
+              wire.VECTOR: "plaintext vector", wire.CONFIG: "plaintext config"}
+
+
+class AuditLog:
+    def __init__(self, update_fields: Iterable[str] = ("pseudo_gradient",)):
+        #: fields that carry one client's own model update
+        self.update_fields = set(update_fields)
+        self.records: list[dict[str, Any]] = []
+        self.run: str = "0"
+        self.declared: set[str] = set()
+
+    # ---- recording ----------------------------------------------------------------------
+    def message(self, direction: str, env: Envelope, total_bytes: int, peer: str) -> None:
+        fields = []
+        for name, f in env.fields.items():
+            item: dict[str, Any] = {"name": name, "kind": KIND_LABEL[f.kind], "bytes": f.nbytes}
+            if f.kind == wire.SCALAR:
+                item["value"] = env.scalar(name)
+            fields.append(item)
+        header = total_bytes - sum(f.nbytes for f in env.fields.values())
+        fields.append({"name": ENVELOPE, "kind": "framing", "bytes": header})
+        self.records.append({"event": "message", "run": self.run, "round": env.round,
+                             "phase": env.phase, "direction": direction, "peer": peer,
+                             "bytes": total_bytes, "fields": fields})
+
+    def undecodable(self, rnd: int, phase: str, peer: str, nbytes: int, reason: str) -> None:
+        self.records.append({"event": "message", "run": self.run, "round": rnd, "phase": phase,
+                             "direction": "received", "peer": peer, "bytes": nbytes,
+                             "fields": [{"name": ENVELOPE, "kind": "undecodable",
+                                         "bytes": nbytes}], "error": reason})
+
+    def reveal(self, rnd: int, phase: str, name: str, length: int, by: str) -> None:
+        self.records.append({"event": "reveal", "run": self.run, "round": rnd, "phase": phase,
+                             "name": name, "kind": "plaintext vector", "length": length,
+                             "by": by})
+
+    def excluded(self, rnd: int, phase: str, peer: str, error: Exception) -> None:
+        self.records.append({"event": "excluded", "run": self.run, "round": rnd,
+                             "phase": phase, "peer": peer, "error": type(error).__name__,
+                             "reason": str(error)})
+
+    # ---- views --------------------------------------------------------------------------
+    def traffic(self) -> list[dict[str, Any]]:
+        """One row per (message, field): the byte-accounting view of the audit."""
+        rows = []
+        for r in self.records:
+            if r["event"] != "message":
+                continue
+            for f in r["fields"]:
+                rows.append({"run": r["run"], "round": r["round"], "phase": r["phase"],
+                             "direction": "up" if r["direction"] == "received" else "down",
+                             "peer": r["peer"], "field": f["name"], "kind": f["kind"],
+                             "bytes": f["bytes"]})
+        return rows
+
+    def summary(self) -> dict[str, Any]:
+        learned: dict[str, Counter] = defaultdict(Counter)
+        sent: dict[str, Counter] = defaultdict(Counter)
+        individual = False
+        excluded = []
+        for r in self.records:
+            if r["event"] == "reveal":
+                learned[r["name"]]["revealed aggregate (plaintext vector)"] += 1
+            elif r["event"] == "excluded":
+                excluded.append({k: r[k] for k in ("run", "round", "phase", "peer", "reason")})
+            elif r["event"] == "message":
+                for f in r["fields"]:
+                    if f["name"] == ENVELOPE or f["kind"] == "ciphertext":
+                        continue
+                    if r["direction"] == "received":
+                        learned[f["name"]][f["kind"]] += 1
+                        individual |= f["name"] in self.update_fields
+                    else:
+                        sent[f["name"]][f["kind"]] += 1
+        runs = sorted({r["run"] for r in self.records})
+        return {
+            "runs": len(runs),
+            "individual_updates_revealed": individual,
+            "learned_in_plaintext": {k: dict(v) for k, v in sorted(learned.items())},
+            "declared_by_protocol": sorted(self.declared),
+            "undeclared_plaintext_items": sorted(set(learned) - self.declared),
+            "sent_in_plaintext": {k: dict(v) for k, v in sorted(sent.items())},
+            "ciphertext_fields_received": sorted({
+                f["name"] for r in self.records if r["event"] == "message"
+                and r["direction"] == "received" for f in r["fields"]
+                if f["kind"] == "ciphertext"}),
+            "exclusions": excluded,
+        }
+
+    def write(self, folder: Path) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(folder / "audit.jsonl", "w") as fh:
+            for r in self.records:
+                fh.write(json.dumps(r) + "\n")
+        (folder / "audit_summary.json").write_text(json.dumps(self.summary(), indent=2) + "\n")

@@ -1,0 +1,126 @@
+"""One round as a protocol sees it: ask clients, sum their protected vectors, reveal.
+
+Every request and reply goes through ``ask``, which serialises the envelope, counts and
+audits it, and checks the reply before a protocol touches it: a client whose reply is
+undecodable, from the wrong sender, for the wrong round or phase, a repeat, or lacking an
+expected field is excluded from the rest of the round, and the audit says why.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from typing import Any, Mapping
+
+import numpy as np
+
+from protocols.optimizers import ServerOptimizer
+from secagg import wire
+from secagg.backends import ServerBackend
+from secagg.errors import (ClientInputError, DuplicateMessage, MalformedMessage,
+                           UnexpectedField, UnknownSender)
+from secagg.wire import Envelope, Field
+from server.audit import AuditLog
+from server.transport import InProcessTransport
+
+SERVER = "server"
+
+
+class RoundContext:
+    def __init__(self, rnd: int, clients: list[str], n_params: int, backend: ServerBackend,
+                 transport: InProcessTransport, audit: AuditLog, optimizer: ServerOptimizer,
+                 max_message_bytes: int = wire.DEFAULT_MAX_BYTES):
+        self.round = rnd
+        self.n_params = n_params
+        self.backend = backend
+        self.transport = transport
+        self.audit = audit
+        self._optimizer = optimizer
+        self.max_message_bytes = max_message_bytes
+        self.active = list(clients)
+        self.excluded: dict[str, str] = {}
+        self.seconds: dict[str, float] = defaultdict(float)
+        self._answered: set[tuple[str, str]] = set()
+
+    @property
+    def server_optimizer(self) -> ServerOptimizer:
+        return self._optimizer
+
+    def exclude(self, client: str, phase: str, error: Exception) -> None:
+        if client in self.active:
+            self.active.remove(client)
+        self.excluded[client] = f"{phase}: {type(error).__name__}: {error}"
+        self.audit.excluded(self.round, phase, client, error)
+
+    # ---- messaging ----------------------------------------------------------------------
+    def ask(self, phase: str, messages: Mapping[str, Mapping[str, Field]],
+            expect: Mapping[str, str] | None = None) -> dict[str, Envelope]:
+        """Send each active client its fields; return the replies that pass every check.
+
+        ``expect`` maps reply field names to wire kinds; scalars are also checked finite.
+        """
+        start = time.perf_counter()
+        replies: dict[str, Envelope] = {}
+        for client, fields in messages.items():
+            if client not in self.active:
+                continue
+            request = Envelope(SERVER, client, self.round, phase, dict(fields))
+            data = request.to_bytes()
+            self.audit.message("sent", request, len(data), client)
+            try:
+                raw = self.transport.request(client, data)
+                replies[client] = self._accept(client, phase, raw, expect or {})
+            except ClientInputError as exc:
+                self.exclude(client, phase, exc)
+        self.seconds[phase] += time.perf_counter() - start
+        return replies
+
+    def _accept(self, client: str, phase: str, raw: bytes, expect: Mapping[str, str]
+                ) -> Envelope:
+        try:
+            reply = Envelope.from_bytes(raw, self.max_message_bytes)
+        except ClientInputError as exc:
+            self.audit.undecodable(self.round, phase, client, len(raw), str(exc))
+            raise
+        self.audit.message("received", reply, len(raw), client)
+        if reply.sender != client or reply.recipient != SERVER:
+            raise UnknownSender(f"reply to {client} claims to come from {reply.sender!r}")
+        if reply.round != self.round or reply.phase != phase:
+            raise DuplicateMessage(
+                f"{client} answered round {reply.round} phase {reply.phase!r} "
+                f"during round {self.round} phase {phase!r} (replayed or stale)")
+        if (client, phase) in self._answered:
+            raise DuplicateMessage(f"{client} already answered phase {phase!r} this round")
+        self._answered.add((client, phase))
+        for name, kind in expect.items():
+            reply.get(name, kind)
+            if kind == wire.SCALAR:
+                reply.scalar(name)
+        extra = set(reply.fields) - set(expect)
+        if expect and extra:
+            raise UnexpectedField(f"{client} sent undeclared fields {sorted(extra)}")
+        return reply
+
+    # ---- aggregation --------------------------------------------------------------------
+    def weighted_sum(self, handles: Mapping[str, Any], weights: Mapping[str, float]) -> Any:
+        clients = [c for c in handles if c in weights and c in self.active]
+        if not clients:
+            raise MalformedMessage("no client left to aggregate")
+        start = time.perf_counter()
+        total = self.backend.weighted_sum([handles[c] for c in clients],
+                                          [float(weights[c]) for c in clients])
+        self.seconds["aggregate"] += time.perf_counter() - start
+        return total
+
+    def as_field(self, handle: Any) -> Field:
+        return self.backend.to_field(handle)
+
+    def reveal(self, handle: Any, name: str) -> np.ndarray:
+        if not self.backend.can_read:
+            raise NotImplementedError(
+                f"revealing through a decryptor client is not available on {self.backend.name}")
+        start = time.perf_counter()
+        value = self.backend.read(handle)
+        self.seconds["reveal"] += time.perf_counter() - start
+        self.audit.reveal(self.round, "reveal", name, int(value.size), by=SERVER)
+        return value

@@ -1,0 +1,186 @@
+"""The in-process experiment driver: builds clients and server, runs seeds, evaluates.
+
+This is the only place that imports both ``clients`` and ``server``: it plays the part of the
+network (an in-process transport) and of the experimenter, who may evaluate the global model
+on the pooled test set — data no party of the protocol holds.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import pandas as pd
+import torch
+
+from clients.runtime import Client
+from clients.tasks import ClientData, FederatedData, Task, get_task
+from clients.tasks.tcga_brca import random_client_splits
+from clients.training import LocalTrainer, flat_params, set_flat_params
+from protocols import PROTOCOLS, default_server_optimizer, make_protocol
+from protocols.optimizers import StepSchedule, make_optimizer
+from secagg.backends import BACKENDS, make_backends
+from secagg.errors import ConfigError
+from server.audit import AuditLog
+from server.engine import Server
+from server.transport import InProcessTransport
+
+
+@dataclass
+class ExperimentConfig:
+    task: str = "tcga-brca"
+    protocol: str = "fedavg"
+    backend: str = "plain"
+    rounds: int = 5
+    seeds: list[int] = field(default_factory=lambda: [42])
+    local_steps: int = 100
+    batch_size: int = 8
+    client_lr: str = "0.1"  # a StepSchedule: "0.1" or "5e-5@0,5e-6@7"
+    server_opt: dict[str, Any] = field(default_factory=dict)  # overrides the protocol default
+    protocol_options: dict[str, Any] = field(default_factory=dict)
+    #: LARC paper's second protocol: per-client random train/test split with this test share
+    client_split: float | None = None
+
+    def validate(self) -> "ExperimentConfig":
+        get_task(self.task)
+        if self.protocol not in PROTOCOLS:
+            raise ConfigError(f"unknown protocol {self.protocol!r}; choose from "
+                              f"{', '.join(PROTOCOLS)}")
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"unknown backend {self.backend!r}; available: {BACKENDS}")
+        for key in ("rounds", "local_steps", "batch_size"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{key} must be a positive integer, got {value!r}")
+        if not self.seeds or not all(isinstance(s, int) for s in self.seeds):
+            raise ConfigError(f"seeds must be a non-empty list of integers, got {self.seeds!r}")
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ConfigError(f"seeds repeat: {self.seeds}")
+        if self.client_split is not None and not 0 < self.client_split < 1:
+            raise ConfigError(f"client_split must lie in (0, 1), got {self.client_split}")
+        StepSchedule.parse(self.client_lr)
+        make_optimizer({**self.optimizer_config(), "dim": 1})
+        make_protocol(self.protocol, **self.protocol_options)
+        return self
+
+    def optimizer_config(self) -> dict[str, Any]:
+        cfg = default_server_optimizer(self.protocol)
+        if "name" in self.server_opt and self.server_opt["name"] != cfg["name"]:
+            cfg = {"name": self.server_opt["name"]}  # a different optimizer: its own defaults
+        cfg.update(self.server_opt)
+        return cfg
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "resolved_server_opt": self.optimizer_config()}
+
+
+def evaluate(task: Task, data: FederatedData, params: np.ndarray) -> dict[str, float]:
+    """Metric of the global model on the pooled test set, each client's test set, and the
+    pooled training set. Client sets where the metric is undefined count as NaN."""
+    model = task.make_model()
+    set_flat_params(model, params)
+    model.eval()
+
+    def score(part: ClientData) -> float:
+        with torch.no_grad():
+            pred = model(part.x).numpy()
+        try:
+            return task.metric(part.y.numpy(), pred)
+        except ZeroDivisionError:  # lifelines: no admissible pairs in a tiny client set
+            return float("nan")
+
+    out = {"train_pooled": score(ClientData.concat(data.train))}
+    with torch.no_grad():
+        out["train_loss"] = float(task.loss(model(ClientData.concat(data.train).x),
+                                            ClientData.concat(data.train).y))
+    if data.test is not None:
+        per_client = [score(p) for p in data.test]
+        out["test_pooled"] = score(ClientData.concat(data.test))
+        out["test_client_avg"] = float(np.nanmean(per_client))
+        out.update({f"test_client_{k}": v for k, v in enumerate(per_client)})
+    return out
+
+
+def run_seed(config: ExperimentConfig, seed: int, audit: AuditLog,
+             data: FederatedData | None = None,
+             progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """One federated run; returns one row per round (round 0 = the initial model)."""
+    task = get_task(config.task)
+    data = data if data is not None else task.load()
+    if config.client_split is not None:
+        data = random_client_splits(data, seed, config.client_split)
+
+    torch.manual_seed(seed)  # FLamby: the seed fixes the initial model ...
+    initial = flat_params(task.make_model())
+    server_backend, client_backends = make_backends(config.backend, data.n_clients)
+    clients = {}
+    for k, (part, backend) in enumerate(zip(data.train, client_backends)):
+        # ... and each client's batch order
+        trainer = LocalTrainer(task.make_model(), part, task.loss, config.batch_size,
+                               seed=seed * 1000 + k)
+        clients[f"client_{k}"] = Client(f"client_{k}", trainer, backend)
+    transport = InProcessTransport({cid: c.handle for cid, c in clients.items()})
+    audit.run = str(seed)
+    server = Server(
+        make_protocol(config.protocol, **config.protocol_options), server_backend,
+        make_optimizer({**config.optimizer_config(), "dim": initial.size}), transport, initial,
+        client_lr=StepSchedule.parse(config.client_lr), local_steps=config.local_steps,
+        audit=audit)
+
+    base = {"seed": seed, "task": config.task, "protocol": config.protocol,
+            "backend": config.backend}
+    rows = [{**base, "round": 0, **evaluate(task, data, server.params)}]
+    for rnd in range(config.rounds):
+        first_record = len(audit.records)
+        start = time.perf_counter()
+        report = server.run_round(rnd)
+        wall = time.perf_counter() - start
+        traffic = [r for r in audit.records[first_record:] if r["event"] == "message"]
+        row = {**base, "round": rnd + 1, **evaluate(task, data, server.params),
+               "clients": len(report.clients), "excluded": len(report.excluded),
+               "bytes_up": sum(r["bytes"] for r in traffic if r["direction"] == "received"),
+               "bytes_down": sum(r["bytes"] for r in traffic if r["direction"] == "sent"),
+               "seconds_round": wall,
+               **{f"seconds_{k}": v for k, v in report.seconds.items()}}
+        rows.append(row)
+        if progress:
+            metric = row.get("test_pooled", row["train_pooled"])
+            progress(f"  seed {seed} round {rnd + 1}/{config.rounds}: {task.metric_name} "
+                     f"{metric:.4f}  up {row['bytes_up'] / 1e3:.1f} kB  down "
+                     f"{row['bytes_down'] / 1e3:.1f} kB  {wall:.2f} s"
+                     + (f"  excluded {report.excluded}" if report.excluded else ""))
+    return rows
+
+
+def summarize(metrics: pd.DataFrame) -> pd.DataFrame:
+    """Mean and standard deviation over seeds, per protocol/backend/round."""
+    keys = ["task", "protocol", "backend", "round"]
+    value_cols = [c for c in metrics.columns if c not in keys + ["seed"]
+                  and pd.api.types.is_numeric_dtype(metrics[c])]
+    grouped = metrics.groupby(keys, sort=False)[value_cols]
+    out = grouped.mean().add_suffix("_mean").join(grouped.std(ddof=1).add_suffix("_std"))
+    out.insert(0, "n_seeds", metrics.groupby(keys, sort=False)["seed"].nunique())
+    ordered = ["n_seeds"] + [f"{c}_{s}" for c in value_cols for s in ("mean", "std")]
+    return out[ordered].reset_index()
+
+
+def run_experiment(config: ExperimentConfig, audit: AuditLog | None = None,
+                   progress: Callable[[str], None] | None = None
+                   ) -> tuple[pd.DataFrame, AuditLog]:
+    config.validate()
+    audit = audit if audit is not None else AuditLog()
+    data = get_task(config.task).load()
+    rows: list[dict[str, Any]] = []
+    for i, seed in enumerate(config.seeds):
+        if progress:
+            progress(f"[{i + 1}/{len(config.seeds)}] {config.protocol} on {config.backend}, "
+                     f"task {config.task}, seed {seed}")
+        rows += run_seed(config, seed, audit, data, progress)
+    return pd.DataFrame(rows), audit
+
+
+def stderr_progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
