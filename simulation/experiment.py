@@ -43,6 +43,8 @@ class ExperimentConfig:
     protocol_options: dict[str, Any] = field(default_factory=dict)
     #: LARC paper's second protocol: per-client random train/test split with this test share
     client_split: float | None = None
+    #: number of distinct splits; run seed s uses split s % client_split_count (None: one each)
+    client_split_count: int | None = None
 
     def validate(self) -> "ExperimentConfig":
         get_task(self.task)
@@ -61,6 +63,9 @@ class ExperimentConfig:
             raise ConfigError(f"seeds repeat: {self.seeds}")
         if self.client_split is not None and not 0 < self.client_split < 1:
             raise ConfigError(f"client_split must lie in (0, 1), got {self.client_split}")
+        if self.client_split_count is not None and (
+                self.client_split is None or self.client_split_count < 1):
+            raise ConfigError("client_split_count needs client_split and must be positive")
         StepSchedule.parse(self.client_lr)
         make_optimizer({**self.optimizer_config(), "dim": 1})
         make_protocol(self.protocol, **self.protocol_options)
@@ -111,7 +116,8 @@ def run_seed(config: ExperimentConfig, seed: int, audit: AuditLog,
     task = get_task(config.task)
     data = data if data is not None else task.load()
     if config.client_split is not None:
-        data = random_client_splits(data, seed, config.client_split)
+        split = seed % config.client_split_count if config.client_split_count else seed
+        data = random_client_splits(data, split, config.client_split)
 
     torch.manual_seed(seed)  # FLamby: the seed fixes the initial model ...
     initial = flat_params(task.make_model())

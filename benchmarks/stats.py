@@ -1,0 +1,28 @@
+"""Small statistics helpers for benchmark tables: mean ± std, paired differences."""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy import stats
+
+
+def mean_std(values) -> str:
+    v = np.asarray(values, dtype=float)
+    return f"{v.mean():.4f} ± {v.std(ddof=1):.4f}" if v.size > 1 else f"{v.mean():.4f}"
+
+
+def paired_difference(treatment, control, confidence: float = 0.95) -> dict[str, float]:
+    """Mean of treatment − control over paired runs, its t-interval and test p-values."""
+    d = np.asarray(treatment, dtype=float) - np.asarray(control, dtype=float)
+    n = d.size
+    half = stats.t.ppf(0.5 + confidence / 2, n - 1) * d.std(ddof=1) / np.sqrt(n)
+    return {
+        "n_pairs": n,
+        "mean_diff": float(d.mean()),
+        "ci_low": float(d.mean() - half),
+        "ci_high": float(d.mean() + half),
+        "p_ttest": float(stats.ttest_1samp(d, 0.0).pvalue),
+        "p_wilcoxon": float(stats.wilcoxon(d).pvalue) if np.any(d != 0) else 1.0,
+        "wins": int((d > 0).sum()),
+        "losses": int((d < 0).sum()),
+    }

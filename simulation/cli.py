@@ -1,0 +1,177 @@
+"""``secagg`` command line: run experiments, list presets.
+
+Option values come, lowest priority first, from the built-in defaults, a preset or config
+file (TOML, same keys as the options with underscores), and the command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from protocols import PROTOCOLS
+from secagg.backends import BACKENDS
+from secagg.errors import SecaggError
+from simulation.experiment import ExperimentConfig, run_experiment, stderr_progress, summarize
+
+PRESETS = Path(__file__).parent / "presets"
+
+try:  # Python 3.11+
+    import tomllib
+except ModuleNotFoundError:  # pragma: no cover - exercised on 3.10
+    import tomli as tomllib
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``"42"``, ``"42,43,50"`` or ranges ``"42-61"`` (inclusive), mixed freely."""
+    seeds: list[int] = []
+    try:
+        for item in str(text).split(","):
+            lo, sep, hi = item.strip().partition("-")
+            seeds += list(range(int(lo), int(hi) + 1)) if sep else [int(lo)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"cannot read seeds {text!r}; write e.g. 42 or 42,43 or 42-61") from None
+    return seeds
+
+
+def load_config_file(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise SecaggError(f"config file {path} does not exist; `secagg presets` lists presets")
+    try:
+        values = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise SecaggError(f"{path} is not valid TOML: {exc}") from None
+    known = set(ExperimentConfig.__dataclass_fields__) | {"out"}
+    unknown = set(values) - known
+    if unknown:
+        raise SecaggError(f"{path}: unknown keys {sorted(unknown)}; allowed: {sorted(known)}")
+    if isinstance(values.get("seeds"), str):
+        values["seeds"] = parse_seeds(values["seeds"])
+    return values
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="secagg",
+        description="Federated aggregation algorithms on plaintext and encrypted backends, "
+                    "with byte accounting and an audit of what the server saw.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser(
+        "run", help="run an experiment over one or more seeds",
+        description="Run a federated experiment in-process and write metrics.csv, "
+                    "summary.csv, traffic.csv, audit.jsonl, audit_summary.json and "
+                    "convergence.png to --out.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    src = run.add_mutually_exclusive_group()
+    src.add_argument("--preset", help="a named preset from `secagg presets`")
+    src.add_argument("--config", type=Path, help="a TOML file with the same keys as the options")
+    run.add_argument("--task", help="tcga-brca (FLamby split, pooled/client test sets) or "
+                                    "tcga-brca-idash (iDASH 2024 variant, training-set eval)")
+    run.add_argument("--protocol", choices=list(PROTOCOLS),
+                     help="aggregation algorithm; the fed* variants are FedAvg weighting with "
+                          "that server optimizer")
+    run.add_argument("--backend", choices=list(BACKENDS), help="where aggregation happens")
+    run.add_argument("--rounds", type=int, help="federated rounds (FLamby: 5)")
+    run.add_argument("--seeds", type=parse_seeds,
+                     help="seeds, e.g. 42 or 42,43 or 42-61; each seed fixes the initial model "
+                          "and the clients' batch order")
+    run.add_argument("--local-steps", type=int, help="client SGD steps per round (FLamby: 100)")
+    run.add_argument("--batch-size", type=int, help="client batch size (FLamby: 8)")
+    run.add_argument("--client-lr",
+                     help="client learning rate, or a step schedule rate@round,... "
+                          "(RoLePRO OptAlgo A: 5e-5@0,5e-6@7)")
+    run.add_argument("--client-split", type=float,
+                     help="split every client's data at random into train/test with this test "
+                          "share (LARC paper's second protocol: 0.1667); split seed = run seed")
+    opt = run.add_argument_group("server optimizer (defaults depend on --protocol)")
+    opt.add_argument("--server-opt", choices=["sgd", "momentum", "adam", "yogi", "adagrad"])
+    opt.add_argument("--server-lr", type=float)
+    opt.add_argument("--tau", type=float, help="adaptivity for adam/yogi/adagrad")
+    opt.add_argument("--beta1", type=float)
+    opt.add_argument("--beta2", type=float)
+    opt.add_argument("--momentum", type=float, help="beta of the momentum optimizer")
+    larc = run.add_argument_group("LARC (iDASH 2024 Track 2)")
+    larc.add_argument("--larc-q", type=float, help="softmax temperature q (paper: 19)")
+    larc.add_argument("--larc-b", type=float, help="base weight b (paper: 0.5)")
+    larc.add_argument("--larc-normalize", action="store_true", default=None,
+                      help="rescale α to sum to 1 (the paper and its code do not)")
+    larc.add_argument("--larc-loss-check", choices=["full", "weights_only"],
+                      help="'weights_only' drops the bias in the client loss, as the team's code "
+                           "does (no effect on the Cox loss)")
+    run.add_argument("--out", type=Path, help="output folder (default results/<protocol>-<backend>)")
+    run.add_argument("--quiet", action="store_true", help="no progress output")
+
+    sub.add_parser("presets", help="list the bundled experiment presets")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> tuple[ExperimentConfig, Path]:
+    values: dict[str, Any] = {}
+    if args.preset:
+        values = load_config_file(PRESETS / f"{args.preset}.toml")
+    elif args.config:
+        values = load_config_file(args.config)
+    for key in ("task", "protocol", "backend", "rounds", "seeds", "local_steps", "batch_size",
+                "client_lr", "client_split"):
+        if getattr(args, key) is not None:
+            values[key] = getattr(args, key)
+    server_opt = dict(values.get("server_opt", {}))
+    for arg, key in (("server_opt", "name"), ("server_lr", "lr"), ("tau", "tau"),
+                     ("beta1", "beta1"), ("beta2", "beta2"), ("momentum", "beta")):
+        if getattr(args, arg) is not None:
+            server_opt[key] = getattr(args, arg)
+    values["server_opt"] = server_opt
+    protocol_options = dict(values.get("protocol_options", {}))
+    for arg, key in (("larc_q", "q"), ("larc_b", "b"), ("larc_normalize", "normalize"),
+                     ("larc_loss_check", "loss_check")):
+        if getattr(args, arg) is not None:
+            protocol_options[key] = getattr(args, arg)
+    values["protocol_options"] = protocol_options
+    out = args.out or values.pop("out", None)
+    values.pop("out", None)
+    values["client_lr"] = str(values.get("client_lr", ExperimentConfig.client_lr))
+    config = ExperimentConfig(**values).validate()
+    out = Path(out) if out else Path("results") / f"{config.protocol}-{config.backend}"
+    return config, out
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from simulation.report import write_outputs  # matplotlib only when writing results
+
+    config, out = config_from_args(args)
+    progress = None if args.quiet else stderr_progress
+    metrics, audit = run_experiment(config, progress=progress)
+    summary = summarize(metrics)
+    write_outputs(out, config, metrics, summary, audit)
+    final = summary[summary["round"] == config.rounds].iloc[0]
+    metric = "test_pooled" if "test_pooled_mean" in summary else "train_pooled"
+    print(f"{config.protocol} on {config.backend}, {len(config.seeds)} seed(s), "
+          f"{config.rounds} rounds: {metric} c-index {final[f'{metric}_mean']:.4f} ± "
+          f"{final[f'{metric}_std'] if len(config.seeds) > 1 else 0:.4f}; "
+          f"bytes/round up {final['bytes_up_mean']:.0f}, down {final['bytes_down_mean']:.0f}")
+    print(f"results in {out}/")
+    return 0
+
+
+def cmd_presets(_: argparse.Namespace) -> int:
+    for path in sorted(PRESETS.glob("*.toml")):
+        first = path.read_text().splitlines()[0].lstrip("# ")
+        print(f"{path.stem:24s} {first}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return {"run": cmd_run, "presets": cmd_presets}[args.command](args)
+    except SecaggError as exc:
+        print(f"secagg: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
