@@ -13,6 +13,7 @@ import argparse
 from pathlib import Path
 
 import pandas as pd
+from scipy import stats
 
 from benchmarks.stats import mean_std
 from simulation.cli import parse_seeds
@@ -59,15 +60,18 @@ def main() -> None:
     out.mkdir(exist_ok=True)
     runs.to_csv(out / "flamby_tcga_runs.csv", index=False)
 
-    lines = ["| method | source | seeds | pooled-test c-index | client-average c-index |",
-             "|---|---|---|---|---|"]
-    for (method, source), g in runs.groupby(["method", "source"], sort=False):
-        lines.append(f"| {method} | {source} | {len(g)} | {mean_std(g['test_pooled'])} | "
-                     f"{mean_std(g['test_client_avg'])} |")
+    lines = ["| method | source | seeds | pooled-test c-index | median | client-average "
+             "c-index | Mann-Whitney p vs FLamby (pooled) |", "|---|---|---|---|---|---|---|"]
     ours_same = runs[(runs["source"] == "secagg (plain)") & runs["seed"].between(42, 46)]
-    for method, g in ours_same.groupby("method", sort=False):
-        lines.append(f"| {method} | secagg, seeds 42-46 only | {len(g)} | "
-                     f"{mean_std(g['test_pooled'])} | {mean_std(g['test_client_avg'])} |")
+    groups = list(runs.groupby(["method", "source"], sort=False)) + [
+        ((m, "secagg, seeds 42-46 only"), g) for m, g in ours_same.groupby("method", sort=False)]
+    for (method, source), g in groups:
+        ref = runs[(runs["method"] == method) & (runs["source"] == "FLamby (published)")]
+        p = ("" if source.startswith("FLamby") else
+             f"{stats.mannwhitneyu(g['test_pooled'], ref['test_pooled']).pvalue:.2f}")
+        lines.append(f"| {method} | {source} | {len(g)} | {mean_std(g['test_pooled'])} | "
+                     f"{g['test_pooled'].median():.4f} | {mean_std(g['test_client_avg'])} | "
+                     f"{p} |")
     table = "\n".join(lines)
     (out / "flamby_tcga.md").write_text(
         "# FLamby configs on Fed-TCGA-BRCA (5 rounds, 100 local steps, batch 8)\n\n"

@@ -2,7 +2,7 @@
 
 Every request and reply goes through ``ask``, which serialises the envelope, counts and
 audits it, and checks the reply before a protocol touches it: a client whose reply is
-undecodable, from the wrong sender, for the wrong round or phase, a repeat, or lacking an
+undecodable, from the wrong sender, for the wrong round or phase (a replay), or lacking an
 expected field is excluded from the rest of the round, and the audit says why.
 """
 
@@ -40,7 +40,6 @@ class RoundContext:
         self.active = list(clients)
         self.excluded: dict[str, str] = {}
         self.seconds: dict[str, float] = defaultdict(float)
-        self._answered: set[tuple[str, str]] = set()
 
     @property
     def server_optimizer(self) -> ServerOptimizer:
@@ -89,9 +88,6 @@ class RoundContext:
             raise DuplicateMessage(
                 f"{client} answered round {reply.round} phase {reply.phase!r} "
                 f"during round {self.round} phase {phase!r} (replayed or stale)")
-        if (client, phase) in self._answered:
-            raise DuplicateMessage(f"{client} already answered phase {phase!r} this round")
-        self._answered.add((client, phase))
         for name, kind in expect.items():
             reply.get(name, kind)
             if kind == wire.SCALAR:

@@ -1,0 +1,43 @@
+"""Scripted clients for testing the server without torch or data."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import pytest
+
+from protocols import make_protocol
+from protocols.optimizers import SGD, StepSchedule
+from secagg import wire
+from secagg.backends.plain import PlainServer
+from secagg.wire import Envelope
+from server.audit import AuditLog
+from server.engine import Server
+from server.transport import InProcessTransport
+
+
+def honest_client(cid: str, g: np.ndarray, n: float) -> Callable[[bytes], bytes]:
+    """Uploads a fixed pseudo-gradient; answers a LARC probe with ΔL = sum(g)."""
+    def handle(data: bytes) -> bytes:
+        req = Envelope.from_bytes(data)
+        if req.phase == "train":
+            fields = {"pseudo_gradient": wire.vector(g), "n_samples": wire.scalar(n)}
+        else:
+            fields = {"delta_loss": wire.scalar(float(np.sum(g)))}
+        return Envelope(cid, "server", req.round, req.phase, fields).to_bytes()
+    return handle
+
+
+def make_server(handlers: dict, dim: int = 3, protocol: str = "fedavg",
+                audit: AuditLog | None = None) -> Server:
+    return Server(make_protocol(protocol), PlainServer(), SGD(dim, lr=1.0),
+                  InProcessTransport(handlers), np.zeros(dim), client_lr=StepSchedule(),
+                  local_steps=1, audit=audit or AuditLog())
+
+
+@pytest.fixture
+def honest():
+    gs = {"client_0": (np.array([1.0, 0.0, 2.0]), 10.0),
+          "client_1": (np.array([3.0, 1.0, 0.0]), 30.0)}
+    return gs, {c: honest_client(c, g, n) for c, (g, n) in gs.items()}

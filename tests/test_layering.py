@@ -1,0 +1,51 @@
+"""Dependencies point one way: server -> protocols -> secagg; clients -> protocols, secagg.
+
+The server never imports the client package, a task, or anything that loads data; only the
+experiment driver (simulation/) wires both sides together.
+"""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("secagg", "protocols", "clients", "server", "simulation")
+FORBIDDEN = {
+    "secagg": {"protocols", "clients", "server", "simulation", "torch", "pandas", "lifelines"},
+    "protocols": {"clients", "server", "simulation", "torch", "pandas", "lifelines"},
+    "server": {"clients", "simulation", "torch", "pandas", "lifelines", "sklearn"},
+    "clients": {"server", "simulation"},
+}
+
+
+def imported_roots(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    roots = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            roots |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            roots.add(node.module.split(".")[0])
+    return roots
+
+
+@pytest.mark.parametrize("package", list(FORBIDDEN))
+def test_static_imports_respect_layering(package):
+    offenders = {}
+    for path in (ROOT / package).rglob("*.py"):
+        bad = imported_roots(path) & FORBIDDEN[package]
+        if bad:
+            offenders[str(path.relative_to(ROOT))] = sorted(bad)
+    assert not offenders, f"layering violated: {offenders}"
+
+
+def test_importing_the_server_loads_no_client_code_or_data_library():
+    code = ("import sys, server.engine, server.round, server.audit, protocols; "
+            "bad = [m for m in sys.modules if m.split('.')[0] in "
+            "('clients', 'simulation', 'torch', 'pandas', 'lifelines')]; print(bad)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, check=True).stdout.strip()
+    assert out == "[]"
