@@ -19,11 +19,11 @@ CURVES = (("test_pooled", "pooled test"), ("test_client_avg", "client-average te
 
 
 def traffic_table(audit: AuditLog) -> pd.DataFrame:
-    """Bytes per run, round, phase, direction, field and kind, summed over clients."""
+    """Bytes per run, round, phase, direction, client, field and kind."""
     rows = pd.DataFrame(audit.traffic())
     if rows.empty:
         return rows
-    keys = ["run", "round", "phase", "direction", "field", "kind"]
+    keys = ["run", "round", "phase", "direction", "peer", "field", "kind"]
     table = rows.groupby(keys, sort=False)["bytes"].agg(["sum", "count"]).reset_index()
     return table.rename(columns={"sum": "bytes", "count": "messages"})
 
