@@ -33,6 +33,7 @@ class Client:
         self._handlers: dict[str, Callable[[Envelope], dict[str, Field]]] = {
             "train": self.on_train,
             "larc_probe": self.on_larc_probe,
+            **backend.handlers(),
         }
 
     def handle(self, request: bytes) -> bytes:

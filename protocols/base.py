@@ -57,6 +57,8 @@ class Protocol(ABC):
     #: the plaintext items the server learns on an encrypted backend, besides the training
     #: phase's ``n_samples``; the audit summary lists anything else as undeclared
     reveals: tuple[str, ...] = ("global_update",)
+    #: aggregates decrypted for the server per round (sizes the CKKS flooding budget)
+    reveals_per_round: int = 1
 
     def train_fields(self, rnd: RoundAPI, client: str) -> dict[str, Field]:
         """Extra fields for a client's training request (none by default)."""

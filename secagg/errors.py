@@ -51,3 +51,19 @@ class DuplicateMessage(ClientInputError):
 
 class RoundFailed(SecaggError):
     """Too few clients survived a round for the protocol to go on."""
+
+
+class MalformedCiphertext(ClientInputError):
+    """Ciphertext bytes that SEAL cannot load, or the wrong number or kind of ciphertexts."""
+
+
+class WrongContext(ClientInputError):
+    """A ciphertext made under other parameters (another preset, level or scale)."""
+
+
+class ValueRangeError(SecaggError, ValueError):
+    """A value is too large for the CKKS preset (CKKS would overflow silently)."""
+
+
+class KeySetupError(SecaggError):
+    """Key material is missing, or a wrapped key does not open (tampered or misaddressed)."""

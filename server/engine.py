@@ -19,7 +19,7 @@ import numpy as np
 from protocols.base import Protocol, Upload
 from protocols.optimizers import ServerOptimizer, StepSchedule
 from secagg import wire
-from secagg.backends import ServerBackend
+from secagg.backends.base import ServerBackend
 from secagg.errors import ClientInputError, RoundFailed
 from server.audit import AuditLog
 from server.round import RoundContext
@@ -50,13 +50,24 @@ class Server:
         self.client_lr = client_lr
         self.local_steps = local_steps
         self.audit = audit if audit is not None else AuditLog()
-        self.audit.declared |= set(ENGINE_DECLARED) | set(protocol.reveals)
+        self.audit.declared |= set(ENGINE_DECLARED) | set(protocol.reveals) | set(backend.declares)
         self.min_clients = min_clients
         self.max_message_bytes = max_message_bytes
 
     @property
     def n_params(self) -> int:
         return self.params.size
+
+    def setup(self, rounds: int, flooding_bits: int = 30) -> dict[str, str]:
+        """Run the backend's one-off phases (CKKS key setup) before round 0.
+
+        The decryption budget is what the run will release: rounds × reveals per round.
+        Returns the clients excluded during setup, with reasons.
+        """
+        ctx = RoundContext(0, self.transport.peers, self.n_params, self.backend,
+                           self.transport, self.audit, self.optimizer, self.max_message_bytes)
+        self.backend.setup(ctx, rounds * self.protocol.reveals_per_round, flooding_bits)
+        return dict(ctx.excluded)
 
     def run_round(self, rnd: int) -> RoundReport:
         ctx = RoundContext(rnd, self.transport.peers, self.n_params, self.backend,

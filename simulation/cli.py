@@ -102,6 +102,13 @@ def build_parser() -> argparse.ArgumentParser:
     larc.add_argument("--larc-loss-check", choices=["full", "weights_only"],
                       help="'weights_only' drops the bias in the client loss, as the team's code "
                            "does (no effect on the Cox loss)")
+    enc = run.add_argument_group("CKKS backend")
+    enc.add_argument("--ckks-preset", choices=["compact", "wide"],
+                     help="parameter set: compact (N=4096, 90-bit modulus) or wide (N=8192, "
+                          "120-bit); both 128-bit secure (default compact)")
+    enc.add_argument("--flooding-bits", type=int,
+                     help="statistical security of the noise flooding of revealed aggregates "
+                          "(default 30; 0 turns flooding off and is insecure)")
     run.add_argument("--out", type=Path, help="output folder (default results/<protocol>-<backend>)")
     run.add_argument("--quiet", action="store_true", help="no progress output")
 
@@ -116,7 +123,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[ExperimentConfig, Path]:
     elif args.config:
         values = load_config_file(args.config)
     for key in ("task", "protocol", "backend", "rounds", "seeds", "local_steps", "batch_size",
-                "client_lr", "client_split"):
+                "client_lr", "client_split", "ckks_preset", "flooding_bits"):
         if getattr(args, key) is not None:
             values[key] = getattr(args, key)
     server_opt = dict(values.get("server_opt", {}))

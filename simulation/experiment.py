@@ -23,6 +23,7 @@ from clients.training import LocalTrainer, flat_params, set_flat_params
 from protocols import PROTOCOLS, default_server_optimizer, make_protocol
 from protocols.optimizers import StepSchedule, make_optimizer
 from secagg.backends import BACKENDS, make_backends
+from secagg.ckks.presets import get_preset
 from secagg.errors import ConfigError
 from server.audit import AuditLog
 from server.engine import Server
@@ -45,6 +46,9 @@ class ExperimentConfig:
     client_split: float | None = None
     #: number of distinct splits; run seed s uses split s % client_split_count (None: one each)
     client_split_count: int | None = None
+    ckks_preset: str = "compact"
+    #: statistical security of the noise flooding of revealed aggregates; 0 turns it off
+    flooding_bits: int = 30
 
     def validate(self) -> "ExperimentConfig":
         get_task(self.task)
@@ -66,6 +70,11 @@ class ExperimentConfig:
         if self.client_split_count is not None and (
                 self.client_split is None or self.client_split_count < 1):
             raise ConfigError("client_split_count needs client_split and must be positive")
+        if self.backend == "ckks":
+            get_preset(self.ckks_preset)
+        if not isinstance(self.flooding_bits, int) or not 0 <= self.flooding_bits <= 128:
+            raise ConfigError(f"flooding_bits must be an integer in [0, 128], got "
+                              f"{self.flooding_bits!r}")
         StepSchedule.parse(self.client_lr)
         make_optimizer({**self.optimizer_config(), "dim": 1})
         make_protocol(self.protocol, **self.protocol_options)
@@ -109,10 +118,26 @@ def evaluate(task: Task, data: FederatedData, params: np.ndarray) -> dict[str, f
     return out
 
 
+@dataclass
+class SeedRun:
+    rows: list[dict[str, Any]]  # one per round, round 0 = the initial model
+    final_params: np.ndarray
+
+
+@dataclass
+class ExperimentResult:
+    metrics: pd.DataFrame
+    audit: AuditLog
+    final_params: dict[int, np.ndarray]  # per seed
+
+    def __iter__(self):  # ``metrics, audit = run_experiment(...)`` keeps working
+        return iter((self.metrics, self.audit))
+
+
 def run_seed(config: ExperimentConfig, seed: int, audit: AuditLog,
              data: FederatedData | None = None,
-             progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
-    """One federated run; returns one row per round (round 0 = the initial model)."""
+             progress: Callable[[str], None] | None = None) -> SeedRun:
+    """One federated run, evaluated after every round."""
     task = get_task(config.task)
     data = data if data is not None else task.load()
     if config.client_split is not None:
@@ -121,13 +146,14 @@ def run_seed(config: ExperimentConfig, seed: int, audit: AuditLog,
 
     torch.manual_seed(seed)  # FLamby: the seed fixes the initial model ...
     initial = flat_params(task.make_model())
-    server_backend, client_backends = make_backends(config.backend, data.n_clients)
+    ids = [f"client_{k}" for k in range(data.n_clients)]
+    server_backend, client_backends = make_backends(config.backend, ids, config.ckks_preset)
     clients = {}
-    for k, (part, backend) in enumerate(zip(data.train, client_backends)):
+    for k, (cid, part) in enumerate(zip(ids, data.train)):
         # ... and each client's batch order
         trainer = LocalTrainer(task.make_model(), part, task.loss, config.batch_size,
                                seed=seed * 1000 + k)
-        clients[f"client_{k}"] = Client(f"client_{k}", trainer, backend)
+        clients[cid] = Client(cid, trainer, client_backends[cid])
     transport = InProcessTransport({cid: c.handle for cid, c in clients.items()})
     audit.run = str(seed)
     server = Server(
@@ -135,6 +161,9 @@ def run_seed(config: ExperimentConfig, seed: int, audit: AuditLog,
         make_optimizer({**config.optimizer_config(), "dim": initial.size}), transport, initial,
         client_lr=StepSchedule.parse(config.client_lr), local_steps=config.local_steps,
         audit=audit)
+    setup_excluded = server.setup(config.rounds, config.flooding_bits)
+    if setup_excluded and progress:
+        progress(f"  key setup excluded {setup_excluded}")
 
     base = {"seed": seed, "task": config.task, "protocol": config.protocol,
             "backend": config.backend}
@@ -158,7 +187,7 @@ def run_seed(config: ExperimentConfig, seed: int, audit: AuditLog,
                      f"{metric:.4f}  up {row['bytes_up'] / 1e3:.1f} kB  down "
                      f"{row['bytes_down'] / 1e3:.1f} kB  {wall:.2f} s"
                      + (f"  excluded {report.excluded}" if report.excluded else ""))
-    return rows
+    return SeedRun(rows, server.params.copy())
 
 
 def summarize(metrics: pd.DataFrame) -> pd.DataFrame:
@@ -174,18 +203,20 @@ def summarize(metrics: pd.DataFrame) -> pd.DataFrame:
 
 
 def run_experiment(config: ExperimentConfig, audit: AuditLog | None = None,
-                   progress: Callable[[str], None] | None = None
-                   ) -> tuple[pd.DataFrame, AuditLog]:
+                   progress: Callable[[str], None] | None = None) -> ExperimentResult:
     config.validate()
     audit = audit if audit is not None else AuditLog()
     data = get_task(config.task).load()
     rows: list[dict[str, Any]] = []
+    final = {}
     for i, seed in enumerate(config.seeds):
         if progress:
             progress(f"[{i + 1}/{len(config.seeds)}] {config.protocol} on {config.backend}, "
                      f"task {config.task}, seed {seed}")
-        rows += run_seed(config, seed, audit, data, progress)
-    return pd.DataFrame(rows), audit
+        run = run_seed(config, seed, audit, data, progress)
+        rows += run.rows
+        final[seed] = run.final_params
+    return ExperimentResult(pd.DataFrame(rows), audit, final)
 
 
 def stderr_progress(line: str) -> None:

@@ -15,7 +15,7 @@ backend whose server cannot read, it asks a decryptor client.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -33,6 +33,10 @@ class ClientBackend(ABC):
     def open(self, envelope: Envelope, name: str, length: int) -> np.ndarray:
         """Read an aggregate field the server sent; decrypt it if needed."""
 
+    def handlers(self) -> dict[str, Callable[[Envelope], dict[str, Field]]]:
+        """Phases the backend itself answers (key setup, reveals); none for plain."""
+        return {}
+
 
 class ServerBackend(ABC):
     name: str
@@ -40,6 +44,8 @@ class ServerBackend(ABC):
     upload_kind: str
     #: whether the server can read a handle (True only for the plaintext baseline)
     can_read: bool
+    #: plaintext items the backend's own phases show the server (public keys, confirmations)
+    declares: tuple[str, ...] = ()
 
     @abstractmethod
     def load(self, envelope: Envelope, name: str, length: int) -> Any:
@@ -55,3 +61,10 @@ class ServerBackend(ABC):
 
     def read(self, handle: Any) -> np.ndarray:
         raise PermissionError(f"the {self.name} server backend cannot read ciphertexts")
+
+    def setup(self, rnd: Any, decryption_budget: int, flooding_bits: int) -> None:
+        """Phases run once before round 0 (key setup); nothing for plain."""
+
+    def reveal(self, rnd: Any, handle: Any, name: str) -> tuple[np.ndarray, str]:
+        """Have an aggregate decrypted for the server; returns (values, who decrypted)."""
+        return self.read(handle), "server"

@@ -1,0 +1,100 @@
+"""Server half of the CKKS backend: a public context, homomorphic sums, a decryptor protocol.
+
+The server holds no key. It runs the clients' key setup (relaying wrapped keys it cannot
+open), sums uploads homomorphically, and has aggregates revealed by a decryptor client that
+floods the decryption before returning it (see ``secagg/ckks/flooding.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from secagg import wire
+from secagg.backends.base import ServerBackend
+from secagg.ckks.presets import CKKSPreset
+from secagg.ckks.public import PublicCKKS, params_fingerprint, to_bytes
+from secagg.errors import KeySetupError, MalformedCiphertext, RoundFailed
+from secagg.wire import Envelope, Field
+
+
+@dataclass
+class CKKSHandle:
+    ciphertexts: list  # seal.Ciphertext, one per chunk
+    n_values: int
+    scale: float
+
+
+class CKKSServer(ServerBackend):
+    name = "ckks"
+    upload_kind = wire.CIPHERTEXT
+    can_read = False
+    declares = ("x25519_public", "installed")  # clients' public keys; key-install receipts
+
+    def __init__(self, preset: CKKSPreset):
+        self.preset = preset
+        self.public = PublicCKKS(preset)
+        self.fingerprint = params_fingerprint(preset)
+        self._reveals = 0
+
+    def setup_config(self, n_clients: int, decryption_budget: int,
+                     flooding_bits: int) -> dict[str, Any]:
+        return {"preset": self.preset.name, "params": self.fingerprint, "n_clients": n_clients,
+                "decryption_budget": decryption_budget, "flooding_bits": flooding_bits}
+
+    # ---- key setup: the clients make one CKKS key and share it through the server ----------
+    def setup(self, rnd, decryption_budget: int, flooding_bits: int) -> None:
+        clients = list(rnd.active)
+        setup = wire.config(self.setup_config(len(clients), decryption_budget, flooding_bits))
+        hello = rnd.ask("key_hello", {c: {"setup": setup} for c in clients},
+                        expect={"x25519_public": wire.CONFIG})
+        publics = {c: env.config("x25519_public")["key"] for c, env in hello.items()}
+        if not publics:
+            raise RoundFailed("no client answered the key setup")
+        leader, *others = list(publics)
+        gen = rnd.ask("key_generate", {leader: {
+            "setup": setup, "peers": wire.config({c: publics[c] for c in others})}},
+            expect={f"wrapped_key.{c}": wire.CIPHERTEXT for c in others})
+        if leader not in gen:
+            raise RoundFailed(f"key leader {leader} failed: {rnd.excluded.get(leader)}")
+        install = {c: {"setup": setup, "leader": wire.config({"id": leader,
+                                                              "key": publics[leader]}),
+                       "wrapped_key": wire.ciphertext(gen[leader].ciphertext_parts(
+                           f"wrapped_key.{c}"))}
+                   for c in others}
+        done = rnd.ask("key_install", install, expect={"installed": wire.CONFIG})
+        for c, env in done.items():
+            if env.config("installed").get("params") != self.fingerprint:
+                rnd.exclude(c, "key_install", KeySetupError("installed other parameters"))
+
+    # ---- aggregation -----------------------------------------------------------------------
+    def load(self, envelope: Envelope, name: str, length: int) -> CKKSHandle:
+        parts = envelope.ciphertext_parts(name)
+        return CKKSHandle(self.public.load_ciphertexts(parts, length), length, self.public.scale)
+
+    def weighted_sum(self, handles: Sequence[CKKSHandle], weights: Sequence[float]) -> CKKSHandle:
+        if any(h.scale != self.public.scale for h in handles):
+            raise MalformedCiphertext("only fresh uploads can be summed")
+        cts = self.public.weighted_sum([h.ciphertexts for h in handles], weights)
+        return CKKSHandle(cts, handles[0].n_values, self.public.sum_scale)
+
+    def to_field(self, handle: CKKSHandle) -> Field:
+        return wire.ciphertext([to_bytes(ct) for ct in handle.ciphertexts])
+
+    # ---- reveal through a decryptor client ---------------------------------------------------
+    def reveal(self, rnd, handle: CKKSHandle, name: str) -> tuple[np.ndarray, str]:
+        """Ask a decryptor (rotating over the active clients) for a flooded decryption."""
+        request = {"aggregate": self.to_field(handle),
+                   "reveal": wire.config({"name": name, "n_values": handle.n_values})}
+        errors = {}
+        candidates = list(rnd.active)
+        for attempt in range(len(candidates)):
+            decryptor = candidates[(self._reveals + attempt) % len(candidates)]
+            reply = rnd.ask("reveal", {decryptor: request}, expect={name: wire.VECTOR})
+            if decryptor in reply:
+                self._reveals += 1
+                return reply[decryptor].vector(name, handle.n_values), decryptor
+            errors[decryptor] = rnd.excluded.get(decryptor)
+        raise RoundFailed(f"no decryptor could reveal {name}: {errors}")

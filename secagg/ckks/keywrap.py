@@ -1,0 +1,72 @@
+"""End-to-end key wrapping between clients: X25519 + HKDF-SHA256 + AES-256-GCM.
+
+The server relays wrapped keys but holds no X25519 private key of any client, so it cannot
+derive the wrapping key. The associated data binds sender, recipient and the CKKS parameter
+fingerprint, so a blob cannot be replayed to another client or under other parameters.
+
+Public keys travel through the server: under the honest-but-curious model it relays them
+faithfully; a server that substitutes keys (an active attack) is out of scope, as the README
+states. ``fingerprint`` gives a short string clients could compare out of band.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from secagg.errors import KeySetupError
+
+_INFO = b"secagg/ckks-secret-key-wrap/v1"
+_NONCE = 12
+
+
+def _aad(sender: str, recipient: str, params: str) -> bytes:
+    return f"{sender}->{recipient}|{params}".encode()
+
+
+def fingerprint(public: bytes) -> str:
+    return hashlib.sha256(public).hexdigest()[:16]
+
+
+class KeyWrapper:
+    """One client's X25519 identity for wrapping and unwrapping key material."""
+
+    def __init__(self):
+        self._private = X25519PrivateKey.generate()
+
+    @property
+    def public_bytes(self) -> bytes:
+        return self._private.public_key().public_bytes(serialization.Encoding.Raw,
+                                                       serialization.PublicFormat.Raw)
+
+    def _key(self, peer_public: bytes, aad: bytes) -> bytes:
+        try:
+            peer = X25519PublicKey.from_public_bytes(peer_public)
+        except ValueError as exc:
+            raise KeySetupError(f"invalid X25519 public key: {exc}") from None
+        shared = self._private.exchange(peer)
+        return HKDF(algorithm=hashes.SHA256(), length=32, salt=None,
+                    info=_INFO + b"|" + aad).derive(shared)
+
+    def wrap(self, payload: bytes, peer_public: bytes, sender: str, recipient: str,
+             params: str) -> bytes:
+        aad = _aad(sender, recipient, params)
+        nonce = os.urandom(_NONCE)
+        return nonce + AESGCM(self._key(peer_public, aad)).encrypt(nonce, payload, aad)
+
+    def unwrap(self, blob: bytes, peer_public: bytes, sender: str, recipient: str,
+               params: str) -> bytes:
+        aad = _aad(sender, recipient, params)
+        if len(blob) <= _NONCE:
+            raise KeySetupError("wrapped key is too short")
+        try:
+            return AESGCM(self._key(peer_public, aad)).decrypt(blob[:_NONCE], blob[_NONCE:], aad)
+        except InvalidTag:
+            raise KeySetupError(f"wrapped key from {sender} does not open for {recipient} "
+                                "(tampered, misaddressed or other parameters)") from None

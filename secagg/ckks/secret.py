@@ -1,0 +1,91 @@
+"""The secret half of CKKS: a client's key holder. Only client code imports this module.
+
+It encrypts (seeded symmetric encryption: half-size uploads), decrypts, and decrypts with
+noise flooding for releases to the server. The secret key leaves it only through
+:meth:`SecretKeyHolder.export_for_wrapping`, whose caller wraps it for another client.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import tenseal.sealapi as seal
+
+from secagg.ckks.flooding import csprng_normal, slot_sigma
+from secagg.ckks.presets import CKKSPreset, chunks_for
+from secagg.ckks.public import PublicCKKS, from_bytes, to_bytes
+from secagg.errors import KeySetupError, ValueRangeError
+
+
+class SecretKeyHolder:
+    def __init__(self, preset: CKKSPreset, secret_key_bytes: bytes | None = None):
+        self.public = PublicCKKS(preset)
+        self.preset = preset
+        ctx = self.public.context
+        if secret_key_bytes is None:
+            self._secret = seal.KeyGenerator(ctx).secret_key()
+        else:
+            try:
+                self._secret = from_bytes(seal.SecretKey(), ctx, secret_key_bytes)
+            except (RuntimeError, ValueError) as exc:
+                raise KeySetupError(f"secret key does not load for preset {preset.name}: "
+                                    f"{exc}") from None
+        self._encryptor = seal.Encryptor(ctx, self._secret)
+        self._decryptor = seal.Decryptor(ctx, self._secret)
+        self._encoder = seal.CKKSEncoder(ctx)
+
+    def export_for_wrapping(self) -> bytes:
+        return to_bytes(self._secret)
+
+    # ---- encryption -----------------------------------------------------------------------
+    def encrypt(self, values: np.ndarray, bound: float) -> list[bytes]:
+        """Seeded symmetric encryptions of ``values`` packed N reals per ciphertext.
+
+        ``bound`` is the largest |value| the aggregate's headroom allows for one client;
+        CKKS would overflow silently past it, so refuse instead.
+        """
+        values = np.asarray(values, dtype=np.float64).ravel()
+        if not np.all(np.isfinite(values)):
+            raise ValueRangeError("refusing to encrypt non-finite values")
+        peak = float(np.max(np.abs(values))) if values.size else 0.0
+        if peak > bound:
+            i = int(np.argmax(np.abs(values)))
+            raise ValueRangeError(
+                f"value {values[i]:.6g} at index {i} exceeds the CKKS preset "
+                f"{self.preset.name!r} per-client bound {bound:.6g} (aggregate headroom "
+                f"{self.preset.headroom:.6g} shared by the clients); clip or rescale the "
+                "update, or choose the 'wide' preset")
+        per = self.preset.values_per_ciphertext
+        half = per // 2
+        out = []
+        for j in range(chunks_for(values.size, self.preset)):
+            chunk = np.zeros(per)
+            part = values[j * per:(j + 1) * per]
+            chunk[:part.size] = part
+            pt = seal.Plaintext()
+            self._encoder.encode((chunk[:half] + 1j * chunk[half:]).tolist(), self.public.scale,
+                                 pt)
+            out.append(to_bytes(self._encryptor.encrypt_symmetric(pt)))
+        return out
+
+    # ---- decryption -----------------------------------------------------------------------
+    def decrypt(self, parts: Sequence[bytes], n_values: int, scale: float) -> np.ndarray:
+        cts = self.public.load_ciphertexts(parts, n_values, scale=scale)
+        return self._decode(cts, n_values)
+
+    def decrypt_flooded(self, parts: Sequence[bytes], n_values: int, scale: float,
+                        coeff_sigma: float) -> tuple[np.ndarray, float]:
+        """Decrypt and add flooding noise; returns the values and the per-value noise σ."""
+        values = self.decrypt(parts, n_values, scale)
+        sigma = slot_sigma(coeff_sigma, self.preset.poly_modulus_degree, scale)
+        return values + sigma * csprng_normal(values.size), sigma
+
+    def _decode(self, cts: list[seal.Ciphertext], n_values: int) -> np.ndarray:
+        out = []
+        for ct in cts:
+            pt = seal.Plaintext()
+            self._decryptor.decrypt(ct, pt)
+            z = np.asarray(self._encoder.decode_complex(pt))
+            out.append(np.concatenate([z.real, z.imag]))
+        return np.concatenate(out)[:n_values]
