@@ -113,6 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--quiet", action="store_true", help="no progress output")
 
     sub.add_parser("presets", help="list the bundled experiment presets")
+    bench = sub.add_parser("bench", help="run a benchmark (crypto: CKKS cost per parameter)",
+                           add_help=False)
+    bench.add_argument("name", choices=["crypto"])
+    bench.add_argument("rest", nargs=argparse.REMAINDER)
     return parser
 
 
@@ -171,10 +175,17 @@ def cmd_presets(_: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from benchmarks import crypto  # the benchmarks ship with the source tree
+
+    crypto.main(args.rest)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return {"run": cmd_run, "presets": cmd_presets}[args.command](args)
+        return {"run": cmd_run, "presets": cmd_presets, "bench": cmd_bench}[args.command](args)
     except SecaggError as exc:
         print(f"secagg: error: {exc}", file=sys.stderr)
         return 2

@@ -49,3 +49,32 @@ def test_importing_the_server_loads_no_client_code_or_data_library():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                          text=True, check=True).stdout.strip()
     assert out == "[]"
+
+
+SECRET_MODULES = {"secagg.ckks.secret", "secagg.backends.ckks_client", "secagg.ckks.keywrap"}
+PUBLIC_SIDE = [*(ROOT / "server").rglob("*.py"), *(ROOT / "protocols").rglob("*.py"),
+               ROOT / "secagg/backends/ckks_server.py", ROOT / "secagg/ckks/public.py",
+               ROOT / "secagg/ckks/presets.py", ROOT / "secagg/ckks/flooding.py"]
+
+
+def imported_modules(path: Path) -> set[str]:
+    mods = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            mods |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            mods |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+    return mods
+
+
+@pytest.mark.parametrize("path", PUBLIC_SIDE, ids=lambda p: str(p.relative_to(ROOT)))
+def test_server_side_code_never_imports_secret_key_code(path):
+    assert not imported_modules(path) & SECRET_MODULES
+
+
+def test_the_server_process_loads_no_secret_key_code():
+    code = ("import sys, server.engine, secagg.backends.ckks_server; "
+            f"print(sorted(m for m in sys.modules if m in {sorted(SECRET_MODULES)!r}))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, check=True).stdout.strip()
+    assert out == "[]"

@@ -60,11 +60,12 @@ class CKKSPreset:
 
 
 PRESETS: dict[str, CKKSPreset] = {p.name: p.check() for p in (
-    CKKSPreset("compact", 4096, (45, 45, 19), scale_bits=58, weight_bits=24,
-               description="N=4096, 90-bit data modulus: ~11 B/param up, ~23 B/param down"),
-    CKKSPreset("wide", 8192, (60, 60, 60), scale_bits=60, weight_bits=24,
-               description="N=8192, 120-bit data modulus: ~15 B/param up, ~30 B/param down, "
-                           "headroom 2^33"),
+    CKKSPreset("compact", 4096, (47, 46, 16), scale_bits=62, weight_bits=20,
+               description="N=4096, 93-bit data modulus (109 bits with the special prime, "
+                           "SEAL's 128-bit maximum): headroom 181"),
+    CKKSPreset("wide", 8192, (60, 60, 60), scale_bits=80, weight_bits=24,
+               description="N=8192, 120-bit data modulus: headroom 5,800, flooding error "
+                           "below 1e-14"),
 )}
 DEFAULT_PRESET = "compact"
 

@@ -1,0 +1,171 @@
+"""CKKS through the round engine: audits per protocol, key secrecy, bad uploads, parity."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from protocols import PROTOCOLS, make_protocol
+from protocols.fedavg import sample_size_weights
+from protocols.optimizers import SGD, StepSchedule
+from secagg import wire
+from secagg.backends import make_backends
+from secagg.ckks.presets import get_preset
+from secagg.ckks.secret import SecretKeyHolder
+from secagg.wire import Envelope
+from server.audit import AuditLog
+from server.engine import Server
+from server.transport import InProcessTransport
+from simulation.experiment import ExperimentConfig, run_experiment
+
+SMALL = ExperimentConfig(rounds=2, seeds=[1], local_steps=3, backend="ckks")
+
+
+@pytest.mark.parametrize("protocol", list(PROTOCOLS))
+def test_ckks_audit_lists_only_declared_items(protocol):
+    result = run_experiment(replace(SMALL, protocol=protocol))
+    summary = result.audit.summary()
+    assert summary["individual_updates_revealed"] is False
+    assert summary["undeclared_plaintext_items"] == []
+    assert "pseudo_gradient" in summary["ciphertext_fields_received"]
+    assert summary["learned_in_plaintext"]["global_update"] == {"plaintext vector": 2}
+    assert summary["exclusions"] == []
+
+
+def test_plain_and_ckks_give_the_same_model():
+    for protocol in ("fedavg", "larc"):
+        cfg = replace(SMALL, protocol=protocol, rounds=3)
+        plain = run_experiment(replace(cfg, backend="plain"))
+        ckks = run_experiment(cfg)
+        assert np.max(np.abs(plain.final_params[1] - ckks.final_params[1])) < 1e-5
+        a = plain.metrics["test_pooled"].round(4).tolist()
+        assert a == ckks.metrics["test_pooled"].round(4).tolist()
+
+
+def test_secret_key_bytes_never_reach_the_server():
+    received: list[bytes] = []
+    holders: list[SecretKeyHolder] = []
+
+    class Spy(InProcessTransport):
+        def request(self, peer, data):
+            reply = super().request(peer, data)
+            received.append(reply)
+            return reply
+
+    ids = ["client_0", "client_1", "client_2"]
+    server_backend, backends = make_backends("ckks", ids)
+    handlers = {c: _scripted(c, backends[c], np.full(5, 0.01 * k), 10)
+                for k, c in enumerate(ids)}
+    server = Server(make_protocol("fedavg"), server_backend, SGD(5), Spy(handlers), np.zeros(5),
+                    client_lr=StepSchedule(), local_steps=1)
+    server.setup(rounds=2)
+    server.run_round(0)
+    holders = [backends[c].keys for c in ids]
+    secret = holders[0].export_for_wrapping()
+    assert all(h.export_for_wrapping() == secret for h in holders)  # one shared key
+    blob = b"".join(received)
+    for start in range(0, len(secret) - 32, len(secret) // 7):
+        assert secret[start:start + 32] not in blob
+
+
+def _scripted(cid, backend, g, n):
+    """A client with a real CKKS backend and a fixed pseudo-gradient."""
+    handlers = backend.handlers()
+
+    def handle(data):
+        req = Envelope.from_bytes(data)
+        if req.phase in handlers:
+            fields = handlers[req.phase](req)
+        else:
+            fields = {"pseudo_gradient": backend.protect(g), "n_samples": wire.scalar(n)}
+        return Envelope(cid, "server", req.round, req.phase, fields).to_bytes()
+    return handle
+
+
+def _tamper(cid, backend, mutate):
+    honest = _scripted(cid, backend, np.full(5, 0.5), 10)
+
+    def handle(data):
+        req = Envelope.from_bytes(data)
+        reply = Envelope.from_bytes(honest(data))
+        if req.phase != "train":
+            return reply.to_bytes()
+        fields = dict(reply.fields)
+        fields["pseudo_gradient"] = mutate(reply, req)
+        return Envelope(cid, "server", reply.round, reply.phase, fields).to_bytes()
+    return handle
+
+
+WIDE = SecretKeyHolder(get_preset("wide"))
+BAD_UPLOADS = {
+    "garbage ciphertext": (lambda r, q: wire.ciphertext([b"\x01" * 100]), "MalformedCiphertext"),
+    "truncated ciphertext": (lambda r, q: wire.ciphertext([r.ciphertext_parts(
+        "pseudo_gradient")[0][:-20]]), "MalformedCiphertext"),
+    "other preset": (lambda r, q: wire.ciphertext(WIDE.encrypt(np.zeros(5), 1.0)),
+                     "(MalformedCiphertext|WrongContext)"),
+    "extra chunk": (lambda r, q: wire.ciphertext(r.ciphertext_parts("pseudo_gradient") * 2),
+                    "MalformedCiphertext"),
+    "plaintext instead": (lambda r, q: wire.vector(np.zeros(5)), "UnexpectedField"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_UPLOADS))
+def test_bad_ckks_upload_excludes_only_that_client(case):
+    mutate, error = BAD_UPLOADS[case]
+    ids = ["client_0", "client_1", "client_bad"]
+    server_backend, backends = make_backends("ckks", ids)
+    gs = {"client_0": np.array([0.1, 0.2, 0.0, -0.1, 0.3]), "client_1": np.full(5, -0.05)}
+    handlers = {c: _scripted(c, backends[c], gs[c], 10 * (k + 1)) for k, c in enumerate(gs)}
+    handlers["client_bad"] = _tamper("client_bad", backends["client_bad"], mutate)
+    audit = AuditLog()
+    server = Server(make_protocol("fedavg"), server_backend, SGD(5), InProcessTransport(handlers),
+                    np.zeros(5), client_lr=StepSchedule(), local_steps=1, audit=audit)
+    server.setup(rounds=2)
+    report = server.run_round(0)
+    assert list(report.excluded) == ["client_bad"]
+    w = sample_size_weights({"client_0": 10, "client_1": 20})
+    np.testing.assert_allclose(server.params, w["client_0"] * gs["client_0"]
+                               + w["client_1"] * gs["client_1"], atol=1e-6)
+    (ex,) = [r for r in audit.records if r["event"] == "excluded"]
+    assert __import__("re").fullmatch(error, ex["error"]), ex
+
+
+def test_replayed_upload_from_an_earlier_round_is_caught():
+    ids = ["client_0", "client_bad"]
+    server_backend, backends = make_backends("ckks", ids)
+    handlers = {"client_0": _scripted("client_0", backends["client_0"], np.full(5, 0.1), 10)}
+    _stash: dict = {}
+
+    def replayer(data):  # resends round 0's whole reply in round 1
+        req = Envelope.from_bytes(data)
+        if req.phase == "train" and "old" in _stash and req.round == 1:
+            return _stash["old"]
+        reply = _scripted("client_bad", backends["client_bad"], np.full(5, 0.2), 10)(data)
+        if req.phase == "train":
+            _stash["old"] = reply
+        return reply
+
+    handlers["client_bad"] = replayer
+    audit = AuditLog()
+    server = Server(make_protocol("fedavg"), server_backend, SGD(5), InProcessTransport(handlers),
+                    np.zeros(5), client_lr=StepSchedule(), local_steps=1, audit=audit)
+    server.setup(rounds=2)
+    assert server.run_round(0).excluded == {}
+    report = server.run_round(1)
+    assert "client_bad" in report.excluded and "DuplicateMessage" in report.excluded["client_bad"]
+
+
+def test_a_client_whose_values_overflow_is_excluded_with_the_reason():
+    ids = ["client_0", "client_big"]
+    server_backend, backends = make_backends("ckks", ids)
+    handlers = {"client_0": _scripted("client_0", backends["client_0"], np.full(5, 0.1), 10),
+                "client_big": _scripted("client_big", backends["client_big"],
+                                        np.full(5, 1e6), 10)}
+    server = Server(make_protocol("fedavg"), server_backend, SGD(5), InProcessTransport(handlers),
+                    np.zeros(5), client_lr=StepSchedule(), local_steps=1)
+    server.setup(rounds=1)
+    report = server.run_round(0)
+    assert "exceeds the CKKS preset" in report.excluded["client_big"]
+    np.testing.assert_allclose(server.params, 0.1, atol=1e-6)
