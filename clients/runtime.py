@@ -14,7 +14,7 @@ import numpy as np
 
 from clients.training import LocalTrainer
 from protocols import larc
-from protocols.optimizers import optimizer_from_envelope
+from protocols.optimizers import ServerOptimizer, make_optimizer, optimizer_from_envelope
 from secagg import wire
 from secagg.backends import ClientBackend
 from secagg.errors import MalformedMessage
@@ -30,9 +30,11 @@ class Client:
         self.backend = backend
         self._w: np.ndarray | None = None  # global model of the current round
         self._g: np.ndarray | None = None  # this client's pseudo-gradient of the current round
+        self._optimizer: ServerOptimizer | None = None  # server-blind runs only
         self._handlers: dict[str, Callable[[Envelope], dict[str, Field]]] = {
             "train": self.on_train,
             "larc_probe": self.on_larc_probe,
+            "apply": self.on_apply,
             **backend.handlers(),
         }
 
@@ -47,9 +49,18 @@ class Client:
         return reply.to_bytes()
 
     # ---- phases -------------------------------------------------------------------------
+    @property
+    def global_model(self) -> np.ndarray | None:
+        return None if self._w is None else self._w.copy()
+
     def on_train(self, env: Envelope) -> dict[str, Field]:
         cfg = env.config("train")
-        self._w = env.vector("model", self.trainer.n_params)
+        if "model" in env.fields:
+            self._w = env.vector("model", self.trainer.n_params)
+        elif self._w is None:
+            raise MalformedMessage(f"{self.id} has no global model to train from")
+        if "server_opt" in env.fields and self._optimizer is None:  # server-blind run
+            self._optimizer = make_optimizer(env.config("server_opt"))
         self._g = self.trainer.train(self._w, lr=float(cfg["lr"]), steps=int(cfg["steps"]))
         return {
             "pseudo_gradient": self.backend.protect(self._g),
@@ -60,10 +71,23 @@ class Client:
         if self._w is None or self._g is None:
             raise MalformedMessage(f"{self.id} got a LARC probe before training")
         g_hat = self.backend.open(env, "g_hat", self.trainer.n_params)
-        optimizer = optimizer_from_envelope(env)
+        # the optimizer's state comes from whoever holds it: the server, or in server-blind
+        # runs this client's own copy
+        optimizer = (optimizer_from_envelope(env) if "server_opt" in env.fields
+                     else self._optimizer)
+        if optimizer is None:
+            raise MalformedMessage(f"{self.id} got a LARC probe without optimizer state")
         drop_bias = env.config("loss_check")["mode"] == "weights_only"
         dl = larc.delta_loss(
             lambda w: self.trainer.loss_at(w, drop_bias=drop_bias),
             self._w, self._g, g_hat, env.scalar("alpha"), optimizer.peek,
         )
         return {"delta_loss": wire.scalar(dl)}
+
+    def on_apply(self, env: Envelope) -> dict[str, Field]:
+        """Server-blind runs: decrypt the global pseudo-gradient and step the optimizer here."""
+        if self._optimizer is None or self._w is None:
+            raise MalformedMessage(f"{self.id} cannot apply an update: no model or optimizer")
+        g_global = self.backend.open(env, "aggregate", self.trainer.n_params)
+        self._w = self._w + self._optimizer.step(g_global)
+        return {"applied": wire.config({"round": env.round})}

@@ -2,10 +2,10 @@
 
 A protocol sees a round through :class:`RoundAPI` (implemented by ``server.round``): it can
 ask clients to compute something, form weighted sums of their protected vectors and reveal an
-aggregate. It never sees how the backend does that, so the same code runs on ``plain`` and on
-encrypted backends. The round engine runs the common first phase (local training, upload of
-``pseudo_gradient`` and ``n_samples``) and applies the server optimizer to what the protocol
-returns.
+intermediate aggregate when its algorithm needs one. It never sees how the backend does that,
+so the same code runs on ``plain`` and on encrypted backends. The round engine runs the common
+first phase (local training, upload of ``pseudo_gradient`` and ``n_samples``), then reveals
+the aggregate the protocol returns and applies the server optimizer to it.
 """
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ class RoundAPI(TypingProtocol):
 
     @property
     def server_optimizer(self) -> Any:
-        """The server optimizer as it stands before this round's step (read it, don't step it)."""
+        """The server optimizer before this round's step (read it, don't step it); None in
+        server-blind runs, where only the clients hold it."""
 
 
 class Protocol(ABC):
@@ -65,8 +66,11 @@ class Protocol(ABC):
         return {}
 
     @abstractmethod
-    def aggregate(self, rnd: RoundAPI, uploads: Mapping[str, Upload]) -> np.ndarray:
-        """Combine the uploads and return the revealed global pseudo-gradient."""
+    def aggregate(self, rnd: RoundAPI, uploads: Mapping[str, Upload]) -> Any:
+        """Combine the uploads into the global pseudo-gradient, still protected (a handle).
+
+        The engine reveals it to the server, or in server-blind runs sends it to the clients,
+        who decrypt it and apply the optimizer themselves."""
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name}

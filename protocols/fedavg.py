@@ -8,9 +8,7 @@ the optimizer, which the round engine applies.
 
 from __future__ import annotations
 
-from typing import Mapping
-
-import numpy as np
+from typing import Any, Mapping
 
 from protocols.base import Protocol, RoundAPI, Upload
 
@@ -26,7 +24,6 @@ class FedAvg(Protocol):
     name = "fedavg"
     reveals = ("global_update",)
 
-    def aggregate(self, rnd: RoundAPI, uploads: Mapping[str, Upload]) -> np.ndarray:
+    def aggregate(self, rnd: RoundAPI, uploads: Mapping[str, Upload]) -> Any:
         weights = sample_size_weights({c: u.n_samples for c, u in uploads.items()})
-        g_global = rnd.weighted_sum({c: u.handle for c, u in uploads.items()}, weights)
-        return rnd.reveal(g_global, "global_update")
+        return rnd.weighted_sum({c: u.handle for c, u in uploads.items()}, weights)

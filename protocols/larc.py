@@ -6,8 +6,8 @@ Round t, with α_i^{-1} = 1:
 2. the server forms Ĝ = Σ_i α_i^{t-1} G_i and sends it to every client with its α_i^{t-1};
 3. client i returns  ΔL_i = L(W + Opt(α_i G_i), D_i) − L(W + Opt(Ĝ − α_i G_i), D_i),
    where Opt is the server optimizer's update with its *current* state (not advanced);
-4. the server sets p = softmax(−q·ΔL), α_i = (p_i / max p + b) / (1 + b) and reveals
-   G_global = Σ_i α_i G_i; the engine then applies W ← W + Opt(G_global).
+4. the server sets p = softmax(−q·ΔL), α_i = (p_i / max p + b) / (1 + b) and forms
+   G_global = Σ_i α_i G_i; the engine reveals it and applies W ← W + Opt(G_global).
 
 The paper's defaults are q = 19, b = 0.5. Two options cover where the team's published code
 departs from a reader's expectation:
@@ -23,7 +23,7 @@ departs from a reader's expectation:
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -70,15 +70,13 @@ class LARC(Protocol):
         return {"name": self.name, "q": self.q, "b": self.b, "normalize": self.normalize,
                 "loss_check": self.loss_check}
 
-    def aggregate(self, rnd: RoundAPI, uploads: Mapping[str, Upload]) -> np.ndarray:
+    def aggregate(self, rnd: RoundAPI, uploads: Mapping[str, Upload]) -> Any:
         handles = {c: u.handle for c, u in uploads.items()}
         alpha_prev = {c: self.alpha_prev.get(c, 1.0) for c in uploads}
         g_hat = rnd.as_field(rnd.weighted_sum(handles, alpha_prev))
-        probe = {
-            "g_hat": g_hat,
-            "loss_check": wire.config({"mode": self.loss_check}),
-            **optimizer_fields(rnd.server_optimizer),
-        }
+        probe = {"g_hat": g_hat, "loss_check": wire.config({"mode": self.loss_check})}
+        if rnd.server_optimizer is not None:  # server-blind runs: clients hold the optimizer
+            probe.update(optimizer_fields(rnd.server_optimizer))
         replies = rnd.ask("larc_probe", {
             c: {**probe, "alpha": wire.scalar(alpha_prev[c])} for c in uploads
         }, expect={"delta_loss": wire.SCALAR})
@@ -86,6 +84,5 @@ class LARC(Protocol):
         alpha = larc_weights(np.array([replies[c].scalar("delta_loss") for c in answered]),
                              self.q, self.b, self.normalize)
         self.alpha_prev.update(zip(answered, alpha.tolist()))
-        g_global = rnd.weighted_sum({c: handles[c] for c in answered},
-                                    dict(zip(answered, alpha.tolist())))
-        return rnd.reveal(g_global, "global_update")
+        return rnd.weighted_sum({c: handles[c] for c in answered},
+                                dict(zip(answered, alpha.tolist())))

@@ -4,9 +4,14 @@ Per round:
 
 1. ``train`` phase: every client gets the global model W and its training settings and
    uploads its protected pseudo-gradient and its sample count;
-2. the protocol combines the uploads (possibly asking clients more) and reveals the global
+2. the protocol combines the uploads (possibly asking clients more) into the protected global
    pseudo-gradient G;
-3. the server optimizer turns G into an update: W ← W + Opt(G).
+3. the server has G revealed and applies its optimizer: W ← W + Opt(G).
+
+Server-blind runs (NVFlare's model) skip the reveal: the server sends the encrypted G to every
+client in an ``apply`` phase, and the clients decrypt it and apply their own copy of the
+server optimizer. The server then never learns W after round 0 (where it sends the public
+initial model); a client that misses an ``apply`` is out of step and leaves the run.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from protocols.base import Protocol, Upload
 from protocols.optimizers import ServerOptimizer, StepSchedule
 from secagg import wire
 from secagg.backends.base import ServerBackend
-from secagg.errors import ClientInputError, RoundFailed
+from secagg.errors import ClientInputError, ConfigError, RoundFailed
 from server.audit import AuditLog
 from server.round import RoundContext
 from server.transport import InProcessTransport
@@ -41,7 +46,11 @@ class Server:
     def __init__(self, protocol: Protocol, backend: ServerBackend, optimizer: ServerOptimizer,
                  transport: InProcessTransport, initial_params: np.ndarray, *,
                  client_lr: StepSchedule, local_steps: int, audit: AuditLog | None = None,
-                 min_clients: int = 1, max_message_bytes: int = wire.DEFAULT_MAX_BYTES):
+                 min_clients: int = 1, max_message_bytes: int = wire.DEFAULT_MAX_BYTES,
+                 server_blind: bool = False):
+        if server_blind and backend.can_read:
+            raise ConfigError("server-blind runs need an encrypted backend: on plain the "
+                              "server reads every upload anyway")
         self.protocol = protocol
         self.backend = backend
         self.optimizer = optimizer
@@ -51,8 +60,12 @@ class Server:
         self.local_steps = local_steps
         self.audit = audit if audit is not None else AuditLog()
         self.audit.declared |= set(ENGINE_DECLARED) | set(protocol.reveals) | set(backend.declares)
+        if server_blind:
+            self.audit.declared.add("applied")  # clients' receipts for the apply phase
         self.min_clients = min_clients
         self.max_message_bytes = max_message_bytes
+        self.server_blind = server_blind
+        self.left: dict[str, str] = {}  # clients that left the run (blind: missed an apply)
 
     @property
     def n_params(self) -> int:
@@ -70,13 +83,17 @@ class Server:
         return dict(ctx.excluded)
 
     def run_round(self, rnd: int) -> RoundReport:
-        ctx = RoundContext(rnd, self.transport.peers, self.n_params, self.backend,
-                           self.transport, self.audit, self.optimizer, self.max_message_bytes)
-        train_cfg = wire.config({"lr": self.client_lr.at(rnd), "steps": self.local_steps})
-        model = wire.vector(self.params.astype(np.float32))
+        peers = [c for c in self.transport.peers if c not in self.left]
+        ctx = RoundContext(rnd, peers, self.n_params, self.backend, self.transport, self.audit,
+                           None if self.server_blind else self.optimizer,
+                           self.max_message_bytes)
+        train = {"train": wire.config({"lr": self.client_lr.at(rnd), "steps": self.local_steps})}
+        if not self.server_blind or rnd == 0:  # blind: only the public initial model
+            train["model"] = wire.vector(self.params.astype(np.float32))
+        if self.server_blind:
+            train["server_opt"] = wire.config(self.optimizer.config)
         replies = ctx.ask("train", {
-            c: {"model": model, "train": train_cfg, **self.protocol.train_fields(ctx, c)}
-            for c in ctx.active
+            c: {**train, **self.protocol.train_fields(ctx, c)} for c in ctx.active
         }, expect={"pseudo_gradient": self.backend.upload_kind, "n_samples": wire.SCALAR})
 
         uploads: dict[str, Upload] = {}
@@ -93,9 +110,22 @@ class Server:
                               f"{self.min_clients}; exclusions: {ctx.excluded}")
 
         g_global = self.protocol.aggregate(ctx, uploads)
+        if self.server_blind:
+            self._apply_blind(ctx, g_global)
+            return RoundReport(rnd, list(ctx.active), dict(ctx.excluded), dict(ctx.seconds))
+        g_global = ctx.reveal(g_global, "global_update")
         start = time.perf_counter()
         update = self.optimizer.step(g_global)
         self.params += update
         ctx.seconds["optimizer"] += time.perf_counter() - start
         return RoundReport(rnd, list(ctx.active), dict(ctx.excluded), dict(ctx.seconds),
                            float(np.linalg.norm(update)))
+
+    def _apply_blind(self, ctx: RoundContext, g_global) -> None:
+        field = ctx.as_field(g_global)
+        done = ctx.ask("apply", {c: {"aggregate": field} for c in self.transport.peers
+                                 if c not in self.left},
+                       expect={"applied": wire.CONFIG}, reach_excluded=True)
+        for c in self.transport.peers:
+            if c not in done and c not in self.left:
+                self.left[c] = f"missed the apply phase of round {ctx.round}"

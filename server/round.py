@@ -28,7 +28,8 @@ SERVER = "server"
 
 class RoundContext:
     def __init__(self, rnd: int, clients: list[str], n_params: int, backend: ServerBackend,
-                 transport: InProcessTransport, audit: AuditLog, optimizer: ServerOptimizer,
+                 transport: InProcessTransport, audit: AuditLog,
+                 optimizer: ServerOptimizer | None,
                  max_message_bytes: int = wire.DEFAULT_MAX_BYTES):
         self.round = rnd
         self.n_params = n_params
@@ -42,7 +43,7 @@ class RoundContext:
         self.seconds: dict[str, float] = defaultdict(float)
 
     @property
-    def server_optimizer(self) -> ServerOptimizer:
+    def server_optimizer(self) -> ServerOptimizer | None:
         return self._optimizer
 
     def exclude(self, client: str, phase: str, error: Exception) -> None:
@@ -53,15 +54,18 @@ class RoundContext:
 
     # ---- messaging ----------------------------------------------------------------------
     def ask(self, phase: str, messages: Mapping[str, Mapping[str, Field]],
-            expect: Mapping[str, str] | None = None) -> dict[str, Envelope]:
+            expect: Mapping[str, str] | None = None, reach_excluded: bool = False
+            ) -> dict[str, Envelope]:
         """Send each active client its fields; return the replies that pass every check.
 
         ``expect`` maps reply field names to wire kinds; scalars are also checked finite.
+        ``reach_excluded`` also addresses clients excluded earlier in the round (to keep
+        their state in step); a failure then is recorded but changes nothing else.
         """
         start = time.perf_counter()
         replies: dict[str, Envelope] = {}
         for client, fields in messages.items():
-            if client not in self.active:
+            if client not in self.active and not reach_excluded:
                 continue
             request = Envelope(SERVER, client, self.round, phase, dict(fields))
             data = request.to_bytes()

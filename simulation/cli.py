@@ -109,6 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
     enc.add_argument("--flooding-bits", type=int,
                      help="statistical security of the noise flooding of revealed aggregates "
                           "(default 30; 0 turns flooding off and is insecure)")
+    enc.add_argument("--server-blind", action="store_true", default=None,
+                     help="the server never learns the global update: clients decrypt it and "
+                          "apply the server optimizer themselves (NVFlare's model)")
     run.add_argument("--out", type=Path, help="output folder (default results/<protocol>-<backend>)")
     run.add_argument("--quiet", action="store_true", help="no progress output")
 
@@ -127,7 +130,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[ExperimentConfig, Path]:
     elif args.config:
         values = load_config_file(args.config)
     for key in ("task", "protocol", "backend", "rounds", "seeds", "local_steps", "batch_size",
-                "client_lr", "client_split", "ckks_preset", "flooding_bits"):
+                "client_lr", "client_split", "ckks_preset", "flooding_bits", "server_blind"):
         if getattr(args, key) is not None:
             values[key] = getattr(args, key)
     server_opt = dict(values.get("server_opt", {}))

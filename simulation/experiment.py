@@ -49,6 +49,8 @@ class ExperimentConfig:
     ckks_preset: str = "compact"
     #: statistical security of the noise flooding of revealed aggregates; 0 turns it off
     flooding_bits: int = 30
+    #: the server never learns the global update; clients apply the optimizer (ckks only)
+    server_blind: bool = False
 
     def validate(self) -> "ExperimentConfig":
         get_task(self.task)
@@ -72,6 +74,9 @@ class ExperimentConfig:
             raise ConfigError("client_split_count needs client_split and must be positive")
         if self.backend == "ckks":
             get_preset(self.ckks_preset)
+        elif self.server_blind:
+            raise ConfigError("server_blind needs an encrypted backend (--backend ckks): on "
+                              "plain the server reads every upload anyway")
         if not isinstance(self.flooding_bits, int) or not 0 <= self.flooding_bits <= 128:
             raise ConfigError(f"flooding_bits must be an integer in [0, 128], got "
                               f"{self.flooding_bits!r}")
@@ -160,21 +165,30 @@ def run_seed(config: ExperimentConfig, seed: int, audit: AuditLog,
         make_protocol(config.protocol, **config.protocol_options), server_backend,
         make_optimizer({**config.optimizer_config(), "dim": initial.size}), transport, initial,
         client_lr=StepSchedule.parse(config.client_lr), local_steps=config.local_steps,
-        audit=audit)
+        audit=audit, server_blind=config.server_blind)
     setup_excluded = server.setup(config.rounds, config.flooding_bits)
     if setup_excluded and progress:
         progress(f"  key setup excluded {setup_excluded}")
 
     base = {"seed": seed, "task": config.task, "protocol": config.protocol,
             "backend": config.backend}
-    rows = [{**base, "round": 0, **evaluate(task, data, server.params)}]
+
+    def global_model() -> np.ndarray:
+        # the experimenter's view; in server-blind runs only the clients hold the model
+        if not config.server_blind or server.params is None:
+            return server.params
+        first = next(c for c in clients if c not in server.left)
+        model = clients[first].global_model
+        return server.params if model is None else model
+
+    rows = [{**base, "round": 0, **evaluate(task, data, global_model())}]
     for rnd in range(config.rounds):
         first_record = len(audit.records)
         start = time.perf_counter()
         report = server.run_round(rnd)
         wall = time.perf_counter() - start
         traffic = [r for r in audit.records[first_record:] if r["event"] == "message"]
-        row = {**base, "round": rnd + 1, **evaluate(task, data, server.params),
+        row = {**base, "round": rnd + 1, **evaluate(task, data, global_model()),
                "clients": len(report.clients), "excluded": len(report.excluded),
                "bytes_up": sum(r["bytes"] for r in traffic if r["direction"] == "received"),
                "bytes_down": sum(r["bytes"] for r in traffic if r["direction"] == "sent"),
@@ -187,7 +201,7 @@ def run_seed(config: ExperimentConfig, seed: int, audit: AuditLog,
                      f"{metric:.4f}  up {row['bytes_up'] / 1e3:.1f} kB  down "
                      f"{row['bytes_down'] / 1e3:.1f} kB  {wall:.2f} s"
                      + (f"  excluded {report.excluded}" if report.excluded else ""))
-    return SeedRun(rows, server.params.copy())
+    return SeedRun(rows, global_model().copy())
 
 
 def summarize(metrics: pd.DataFrame) -> pd.DataFrame:

@@ -169,3 +169,24 @@ def test_a_client_whose_values_overflow_is_excluded_with_the_reason():
     report = server.run_round(0)
     assert "exceeds the CKKS preset" in report.excluded["client_big"]
     np.testing.assert_allclose(server.params, 0.1, atol=1e-6)
+
+
+def test_server_blind_runs_give_the_same_model_and_the_server_never_learns_it():
+    cfg = replace(SMALL, protocol="larc", rounds=3)
+    normal = run_experiment(cfg)
+    blind = run_experiment(replace(cfg, server_blind=True))
+    assert np.max(np.abs(normal.final_params[1] - blind.final_params[1])) < 1e-5
+    summary = blind.audit.summary()
+    assert "global_update" not in summary["learned_in_plaintext"]
+    assert summary["undeclared_plaintext_items"] == []
+    assert summary["individual_updates_revealed"] is False
+    sent_models = [r for r in blind.audit.records if r["event"] == "message"
+                   and r["direction"] == "sent" and any(f["name"] == "model" for f in r["fields"])]
+    assert {r["round"] for r in sent_models} == {0}  # only the public initial model
+
+
+def test_server_blind_on_plain_is_refused():
+    from secagg.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="server_blind needs an encrypted backend"):
+        run_experiment(replace(SMALL, backend="plain", server_blind=True))
