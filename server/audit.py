@@ -101,7 +101,7 @@ class AuditLog:
             "runs": len(runs),
             "individual_updates_revealed": individual,
             "learned_in_plaintext": {k: dict(v) for k, v in sorted(learned.items())},
-            "declared_by_protocol": sorted(self.declared),
+            "declared_plaintext_items": sorted(self.declared),
             "undeclared_plaintext_items": sorted(set(learned) - self.declared),
             "sent_in_plaintext": {k: dict(v) for k, v in sorted(sent.items())},
             "ciphertext_fields_received": sorted({
