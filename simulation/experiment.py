@@ -175,7 +175,7 @@ def run_seed(config: ExperimentConfig, seed: int, audit: AuditLog,
 
     def global_model() -> np.ndarray:
         # the experimenter's view; in server-blind runs only the clients hold the model
-        if not config.server_blind or server.params is None:
+        if not config.server_blind:
             return server.params
         first = next(c for c in clients if c not in server.left)
         model = clients[first].global_model
