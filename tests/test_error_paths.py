@@ -1,0 +1,132 @@
+"""Error paths not covered elsewhere: each bad input gets its typed error and a clear message."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from protocols import make_protocol
+from protocols.optimizers import SGD, StepSchedule
+from secagg import wire
+from secagg.backends import make_backends
+from secagg.backends.ckks_client import CKKSClient, _unb64
+from secagg.ckks.presets import get_preset
+from secagg.errors import ConfigError, KeySetupError, RoundFailed, SecaggError
+from secagg.wire import Envelope
+from server.engine import Server
+from server.transport import InProcessTransport
+from simulation.cli import load_config_file
+from simulation.experiment import ExperimentConfig
+
+
+@pytest.mark.parametrize("changes,message", [
+    ({"seeds": [1, 1]}, "seeds repeat"),
+    ({"seeds": []}, "non-empty list"),
+    ({"backend": "ckks", "ckks_preset": "huge"}, "unknown CKKS preset"),
+    ({"flooding_bits": -1}, "flooding_bits"),
+    ({"client_split_count": 10}, "client_split_count needs client_split"),
+    ({"task": "mnist"}, "unknown task"),
+    ({"protocol": "fedsgd"}, "unknown protocol"),
+    ({"backend": "paillier"}, "unknown backend"),
+    ({"protocol": "larc", "protocol_options": {"q": 19, "temperature": 2}}, "bad options"),
+])
+def test_invalid_experiment_configs(changes, message):
+    with pytest.raises(ConfigError, match=message):
+        replace(ExperimentConfig(), **changes).validate()
+
+
+def test_invalid_toml_is_reported(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("rounds = = 3")
+    with pytest.raises(SecaggError, match="not valid TOML"):
+        load_config_file(bad)
+
+
+def test_unknown_preset_name():
+    with pytest.raises(ConfigError, match="unknown CKKS preset"):
+        get_preset("huge")
+
+
+def test_a_client_on_other_parameters_is_excluded_at_key_setup():
+    ids = ["client_0", "client_1", "client_odd"]
+    server_backend, backends = make_backends("ckks", ids)
+    backends["client_odd"] = CKKSClient("client_odd", get_preset("wide"))
+
+    def handler(cid):
+        handlers = backends[cid].handlers()
+
+        def handle(data):
+            req = Envelope.from_bytes(data)
+            return Envelope(cid, "server", req.round, req.phase,
+                            handlers[req.phase](req)).to_bytes()
+        return handle
+
+    server = Server(make_protocol("fedavg"), server_backend, SGD(3),
+                    InProcessTransport({c: handler(c) for c in ids}), np.zeros(3),
+                    client_lr=StepSchedule(), local_steps=1)
+    excluded = server.setup(rounds=1)
+    assert list(excluded) == ["client_odd"] and "KeySetupError" in excluded["client_odd"]
+    assert "wide" in excluded["client_odd"]
+
+
+def test_key_setup_fails_clearly_when_no_client_answers():
+    server_backend, _ = make_backends("ckks", ["client_0"])
+    server = Server(make_protocol("fedavg"), server_backend, SGD(3),
+                    InProcessTransport({"client_0": lambda data: b"junk"}), np.zeros(3),
+                    client_lr=StepSchedule(), local_steps=1)
+    with pytest.raises(RoundFailed, match="no client answered the key setup"):
+        server.setup(rounds=1)
+
+
+def test_a_client_without_a_key_refuses_to_encrypt():
+    with pytest.raises(KeySetupError, match="no CKKS key yet"):
+        CKKSClient("client_0", get_preset("compact")).protect(np.zeros(3))
+
+
+def test_public_keys_must_be_base64():
+    with pytest.raises(KeySetupError, match="base64"):
+        _unb64("not base64!")
+
+
+def _client(task_name="tcga-brca"):
+    from clients.runtime import Client
+    from clients.tasks import get_task
+    from clients.training import LocalTrainer
+    from secagg.backends.plain import PlainClient
+
+    task = get_task(task_name)
+    trainer = LocalTrainer(task.make_model(), task.load().train[5], task.loss, 8, seed=0)
+    return Client("client_5", trainer, PlainClient())
+
+
+def test_client_rejects_misaddressed_unknown_and_out_of_order_requests():
+    from secagg.errors import MalformedMessage
+
+    client = _client()
+    with pytest.raises(MalformedMessage, match="for client_9"):
+        client.handle(Envelope("server", "client_9", 0, "train").to_bytes())
+    with pytest.raises(MalformedMessage, match="no handler for phase 'dance'"):
+        client.handle(Envelope("server", "client_5", 0, "dance").to_bytes())
+    with pytest.raises(MalformedMessage, match="LARC probe before training"):
+        client.handle(Envelope("server", "client_5", 0, "larc_probe").to_bytes())
+    with pytest.raises(MalformedMessage, match="no global model"):
+        client.handle(Envelope("server", "client_5", 0, "train", {
+            "train": wire.config({"lr": 0.1, "steps": 1})}).to_bytes())
+    with pytest.raises(MalformedMessage, match="cannot apply an update"):
+        client.handle(Envelope("server", "client_5", 0, "apply").to_bytes())
+
+
+def test_larc_probe_without_any_optimizer_state_is_refused():
+    from secagg.errors import MalformedMessage
+
+    client = _client()
+    client.handle(Envelope("server", "client_5", 0, "train", {
+        "model": wire.vector(np.zeros(40, dtype=np.float32)),
+        "train": wire.config({"lr": 0.1, "steps": 1})}).to_bytes())
+    probe = Envelope("server", "client_5", 0, "larc_probe", {
+        "g_hat": wire.vector(np.zeros(40)), "alpha": wire.scalar(1.0),
+        "loss_check": wire.config({"mode": "full"})})
+    with pytest.raises(MalformedMessage, match="without optimizer state"):
+        client.handle(probe.to_bytes())
