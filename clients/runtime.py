@@ -13,7 +13,7 @@ from typing import Callable
 import numpy as np
 
 from clients.training import LocalTrainer
-from protocols import larc
+from protocols import larc, rolepro
 from protocols.optimizers import ServerOptimizer, make_optimizer, optimizer_from_envelope
 from secagg import wire
 from secagg.backends import ClientBackend
@@ -31,10 +31,13 @@ class Client:
         self._w: np.ndarray | None = None  # global model of the current round
         self._g: np.ndarray | None = None  # this client's pseudo-gradient of the current round
         self._optimizer: ServerOptimizer | None = None  # server-blind runs only
+        self._last_trained_loss: float | None = None  # l(w^c_{t-1}) for CostWAgg
         self._handlers: dict[str, Callable[[Envelope], dict[str, Field]]] = {
             "train": self.on_train,
             "larc_probe": self.on_larc_probe,
             "apply": self.on_apply,
+            "regagg_terms": self.on_regagg_terms,
+            "plaintext_update": self.on_plaintext_update,
             **backend.handlers(),
         }
 
@@ -59,13 +62,29 @@ class Client:
             self._w = env.vector("model", self.trainer.n_params)
         elif self._w is None:
             raise MalformedMessage(f"{self.id} has no global model to train from")
-        if "server_opt" in env.fields and self._optimizer is None:  # server-blind run
-            self._optimizer = make_optimizer(env.config("server_opt"))
+        if "server_opt" in env.fields:  # server-blind run: keep a copy of the optimizer
+            opt_cfg = env.config("server_opt")
+            if self._optimizer is None:
+                self._optimizer = make_optimizer(opt_cfg)
+            self._optimizer.hyper["lr"] = opt_cfg["lr"]  # phase-wise server rates
         self._g = self.trainer.train(self._w, lr=float(cfg["lr"]), steps=int(cfg["steps"]))
-        return {
+        reply = {
             "pseudo_gradient": self.backend.protect(self._g),
             "n_samples": wire.scalar(len(self.trainer.data)),
         }
+        if "report" in env.fields:
+            reply["loss_ratio"] = wire.scalar(self._loss_ratio(env.config("report")))
+        return reply
+
+    def _loss_ratio(self, report: dict) -> float:
+        """RoLePRO's r_c on the local data: "round" = l(w_{t-1}) / l(w^c_t); "cost" =
+        l(w^c_{t-1}) / l(w^c_t), falling back to "round" in the client's first round."""
+        after = self.trainer.loss_at(self._w + self._g)
+        before = self.trainer.loss_at(self._w)
+        if report.get("loss_ratio") == "cost" and self._last_trained_loss is not None:
+            before = self._last_trained_loss
+        self._last_trained_loss = after
+        return before / after
 
     def on_larc_probe(self, env: Envelope) -> dict[str, Field]:
         if self._w is None or self._g is None:
@@ -91,3 +110,19 @@ class Client:
         g_global = self.backend.open(env, "aggregate", self.trainer.n_params)
         self._w = self._w + self._optimizer.step(g_global)
         return {"applied": wire.config({"round": env.round})}
+
+    def on_regagg_terms(self, env: Envelope) -> dict[str, Field]:
+        """RegAgg/SimAgg second phase: the scaled terms of A and B, protected."""
+        if self._g is None:
+            raise MalformedMessage(f"{self.id} got RegAgg terms before training")
+        centre = self.backend.open(env, "centre", self.trainer.n_params)
+        numerator, denominator = rolepro.regagg_terms(self._g, centre, env.scalar("nu"),
+                                                      env.scalar("tau"))
+        return {"numerator": self.backend.protect(numerator),
+                "denominator": self.backend.protect(denominator)}
+
+    def on_plaintext_update(self, env: Envelope) -> dict[str, Field]:
+        """Only for aggregators that cannot work on sums, in runs that allowed it."""
+        if self._g is None:
+            raise MalformedMessage(f"{self.id} has no update to send")
+        return {"pseudo_gradient": wire.vector(self._g)}

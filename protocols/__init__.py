@@ -11,6 +11,9 @@ from typing import Any, Callable
 from protocols.base import Protocol, Upload
 from protocols.fedavg import FedAvg
 from protocols.larc import LARC
+from protocols.rolepro import (CostWAgg, RegAgg, RegCostAgg, RegMedAgg, RoundCWAgg, SimAgg,
+                               TopKRegCost, TrimmedMean)
+from protocols.twophase import TwoPhase
 from secagg.errors import ConfigError
 
 # name -> (protocol class, default server optimizer config)
@@ -22,6 +25,11 @@ PROTOCOLS: dict[str, tuple[Callable[..., Protocol], dict[str, Any]]] = {
     "fedadagrad": (FedAvg, {"name": "adagrad", "lr": 1.0, "beta1": 0.9, "beta2": 0.999,
                             "tau": 1e-8}),
     "larc": (LARC, {"name": "adam", "lr": 0.01, "beta1": 0.9, "beta2": 0.999, "tau": 1e-3}),
+    # RoLePRO's judicious aggregators; pick OptAlgo B/C with --server-opt momentum/adam
+    **{cls.name: (cls, {"name": "sgd", "lr": 1.0}) for cls in (
+        CostWAgg, RoundCWAgg, RegCostAgg, TopKRegCost, RegAgg, SimAgg, RegMedAgg, TrimmedMean)},
+    # FedAvg then a judicious aggregator: --protocol-option then=regagg switch_round=3
+    "rolepro": (TwoPhase, {"name": "sgd", "lr": 1.0}),
 }
 
 

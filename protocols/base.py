@@ -11,7 +11,7 @@ the aggregate the protocol returns and applies the server optimizer to it.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol as TypingProtocol
 
 import numpy as np
@@ -25,11 +25,20 @@ class Upload:
 
     handle: Any  # protected pseudo-gradient (a vector on plain, ciphertexts otherwise)
     n_samples: float
+    extra: Mapping[str, float] = field(default_factory=dict)  # scalars the protocol asked for
+
+
+@dataclass(frozen=True)
+class Plaintext:
+    """An aggregate the server already holds in the clear (computed from revealed sums)."""
+
+    values: Any
 
 
 class RoundAPI(TypingProtocol):
     round: int
     n_params: int
+    upload_kind: str  # wire kind of a protected vector on this backend
 
     def ask(self, phase: str, messages: Mapping[str, Mapping[str, Field]],
             expect: Mapping[str, str] | None = None) -> dict[str, Envelope]:
@@ -44,6 +53,16 @@ class RoundAPI(TypingProtocol):
 
     def reveal(self, handle: Any, name: str) -> np.ndarray:
         """Decrypt an aggregate for the server; recorded in the audit as a revealed item."""
+
+    def load(self, replies: Mapping[str, Envelope], name: str) -> dict[str, Any]:
+        """Protected vectors from replies (clients whose field is bad are excluded)."""
+
+    def plaintext(self, values: np.ndarray) -> Plaintext:
+        """Mark a result the server computed in the clear from revealed aggregates."""
+
+    def individual_updates(self, uploads: Mapping[str, Upload]) -> dict[str, np.ndarray]:
+        """Each client's update in plaintext: free on plain; on encrypted backends only if
+        the run allows plaintext updates (the audit then records them)."""
 
     @property
     def server_optimizer(self) -> Any:
@@ -60,9 +79,17 @@ class Protocol(ABC):
     reveals: tuple[str, ...] = ("global_update",)
     #: aggregates decrypted for the server per round (sizes the CKKS flooding budget)
     reveals_per_round: int = 1
+    #: the server forms the update in plaintext (from revealed sums): no server-blind runs
+    server_computes_update: bool = False
+    #: needs each client's own update (medians, trimming): not expressible as sums
+    needs_individual_updates: bool = False
 
     def train_fields(self, rnd: RoundAPI, client: str) -> dict[str, Field]:
         """Extra fields for a client's training request (none by default)."""
+        return {}
+
+    def train_reply(self, rnd: RoundAPI) -> dict[str, str]:
+        """Extra scalar fields the training reply must carry (name -> wire kind)."""
         return {}
 
     @abstractmethod

@@ -47,10 +47,14 @@ class Server:
                  transport: InProcessTransport, initial_params: np.ndarray, *,
                  client_lr: StepSchedule, local_steps: int, audit: AuditLog | None = None,
                  min_clients: int = 1, max_message_bytes: int = wire.DEFAULT_MAX_BYTES,
-                 server_blind: bool = False):
+                 server_blind: bool = False, allow_plaintext_updates: bool = False,
+                 server_lr: StepSchedule | None = None):
         if server_blind and backend.can_read:
             raise ConfigError("server-blind runs need an encrypted backend: on plain the "
                               "server reads every upload anyway")
+        if server_blind and protocol.server_computes_update:
+            raise ConfigError(f"{protocol.name} forms the global update in plaintext on the "
+                              "server (from revealed sums), so it cannot run server-blind")
         self.protocol = protocol
         self.backend = backend
         self.optimizer = optimizer
@@ -65,6 +69,8 @@ class Server:
         self.min_clients = min_clients
         self.max_message_bytes = max_message_bytes
         self.server_blind = server_blind
+        self.allow_plaintext_updates = allow_plaintext_updates
+        self.server_lr = server_lr
         self.left: dict[str, str] = {}  # clients that left the run (blind: missed an apply)
 
     @property
@@ -84,9 +90,11 @@ class Server:
 
     def run_round(self, rnd: int) -> RoundReport:
         peers = [c for c in self.transport.peers if c not in self.left]
+        if self.server_lr is not None:
+            self.optimizer.hyper["lr"] = self.server_lr.at(rnd)
         ctx = RoundContext(rnd, peers, self.n_params, self.backend, self.transport, self.audit,
                            None if self.server_blind else self.optimizer,
-                           self.max_message_bytes)
+                           self.max_message_bytes, self.allow_plaintext_updates)
         train = {"train": wire.config({"lr": self.client_lr.at(rnd), "steps": self.local_steps})}
         if not self.server_blind or rnd == 0:  # blind: only the public initial model
             train["model"] = wire.vector(self.params.astype(np.float32))
@@ -94,7 +102,8 @@ class Server:
             train["server_opt"] = wire.config(self.optimizer.config)
         replies = ctx.ask("train", {
             c: {**train, **self.protocol.train_fields(ctx, c)} for c in ctx.active
-        }, expect={"pseudo_gradient": self.backend.upload_kind, "n_samples": wire.SCALAR})
+        }, expect={"pseudo_gradient": self.backend.upload_kind, "n_samples": wire.SCALAR,
+                   **self.protocol.train_reply(ctx)})
 
         uploads: dict[str, Upload] = {}
         for c, env in replies.items():
@@ -102,7 +111,9 @@ class Server:
                 n = env.scalar("n_samples")
                 if not n > 0:
                     raise ClientInputError(f"{c} reports {n} samples")
-                uploads[c] = Upload(self.backend.load(env, "pseudo_gradient", self.n_params), n)
+                extra = {k: env.scalar(k) for k in self.protocol.train_reply(ctx)}
+                uploads[c] = Upload(self.backend.load(env, "pseudo_gradient", self.n_params), n,
+                                    extra)
             except ClientInputError as exc:
                 ctx.exclude(c, "train", exc)
         if len(uploads) < self.min_clients:

@@ -17,7 +17,8 @@ import numpy as np
 from protocols.optimizers import ServerOptimizer
 from secagg import wire
 from secagg.backends.base import ServerBackend
-from secagg.errors import (ClientInputError, DuplicateMessage, MalformedMessage,
+from protocols.base import Plaintext, Upload
+from secagg.errors import (ClientInputError, ConfigError, DuplicateMessage, MalformedMessage,
                            UnexpectedField, UnknownSender)
 from secagg.wire import Envelope, Field
 from server.audit import AuditLog
@@ -30,7 +31,8 @@ class RoundContext:
     def __init__(self, rnd: int, clients: list[str], n_params: int, backend: ServerBackend,
                  transport: InProcessTransport, audit: AuditLog,
                  optimizer: ServerOptimizer | None,
-                 max_message_bytes: int = wire.DEFAULT_MAX_BYTES):
+                 max_message_bytes: int = wire.DEFAULT_MAX_BYTES,
+                 allow_plaintext_updates: bool = False):
         self.round = rnd
         self.n_params = n_params
         self.backend = backend
@@ -38,9 +40,14 @@ class RoundContext:
         self.audit = audit
         self._optimizer = optimizer
         self.max_message_bytes = max_message_bytes
+        self.allow_plaintext_updates = allow_plaintext_updates
         self.active = list(clients)
         self.excluded: dict[str, str] = {}
         self.seconds: dict[str, float] = defaultdict(float)
+
+    @property
+    def upload_kind(self) -> str:
+        return self.backend.upload_kind
 
     @property
     def server_optimizer(self) -> ServerOptimizer | None:
@@ -115,9 +122,38 @@ class RoundContext:
     def as_field(self, handle: Any) -> Field:
         return self.backend.to_field(handle)
 
+    def load(self, replies: Mapping[str, Envelope], name: str) -> dict[str, Any]:
+        handles = {}
+        for client, env in replies.items():
+            try:
+                handles[client] = self.backend.load(env, name, self.n_params)
+            except ClientInputError as exc:
+                self.exclude(client, env.phase, exc)
+        return handles
+
+    @staticmethod
+    def plaintext(values: np.ndarray) -> Plaintext:
+        return Plaintext(np.asarray(values, dtype=np.float64))
+
+    def individual_updates(self, uploads: Mapping[str, Upload]) -> dict[str, np.ndarray]:
+        if self.backend.can_read:
+            return {c: self.backend.read(u.handle) for c, u in uploads.items()
+                    if c in self.active}
+        if not self.allow_plaintext_updates:
+            raise ConfigError(
+                "this aggregator needs every client's update in plaintext (a median or a "
+                "trimmed mean is not a sum); on an encrypted backend allow it explicitly "
+                "(--allow-plaintext-updates) and the audit will record the revealed updates")
+        replies = self.ask("plaintext_update", {c: {} for c in uploads},
+                           expect={"pseudo_gradient": wire.VECTOR})
+        return {c: env.vector("pseudo_gradient", self.n_params) for c, env in replies.items()}
+
     def reveal(self, handle: Any, name: str) -> np.ndarray:
         """The backend reveals: plain reads it, ckks asks a decryptor client (audited as a
-        received plaintext vector named ``name``)."""
+        received plaintext vector named ``name``). A :class:`Plaintext` result is already
+        the server's: it was computed from revealed aggregates."""
+        if isinstance(handle, Plaintext):
+            return handle.values
         start = time.perf_counter()
         value, by = self.backend.reveal(self, handle, name)
         if by == SERVER:  # a decryptor's reveal is timed and audited by ``ask``

@@ -37,6 +37,22 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
+def parse_option(text: str) -> tuple[str, Any]:
+    """``key=value`` with value read as int, float, true/false, or left a string."""
+    key, sep, raw = str(text).partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"write protocol options as key=value, got {text!r}")
+    lowered = raw.strip().lower()
+    if lowered in ("true", "false"):
+        return key.strip(), lowered == "true"
+    for cast in (int, float):
+        try:
+            return key.strip(), cast(raw)
+        except ValueError:
+            pass
+    return key.strip(), raw.strip()
+
+
 def load_config_file(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise SecaggError(f"config file {path} does not exist; `secagg presets` lists presets")
@@ -94,6 +110,10 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_argument("--beta1", type=float)
     opt.add_argument("--beta2", type=float)
     opt.add_argument("--momentum", type=float, help="beta of the momentum optimizer")
+    run.add_argument("--protocol-option", type=parse_option, action="append", metavar="KEY=VALUE",
+                     help="a protocol setting, repeatable: alpha=0.5 (costwagg), tau=1e-5 "
+                          "(regagg), drop_fraction=0.2 (trimmedmean, topkregcost), then=regagg "
+                          "and switch_round=3 (rolepro two-phase)")
     larc = run.add_argument_group("LARC (iDASH 2024 Track 2)")
     larc.add_argument("--larc-q", type=float, help="softmax temperature q (paper: 19)")
     larc.add_argument("--larc-b", type=float, help="base weight b (paper: 0.5)")
@@ -112,6 +132,12 @@ def build_parser() -> argparse.ArgumentParser:
     enc.add_argument("--server-blind", action="store_true", default=None,
                      help="the server never learns the global update: clients decrypt it and "
                           "apply the server optimizer themselves (NVFlare's model)")
+    enc.add_argument("--allow-plaintext-updates", action="store_true", default=None,
+                     help="let aggregators that are not sums (regmedagg, trimmedmean) receive "
+                          "each client's update in plaintext on ckks; the audit says so")
+    opt.add_argument("--server-lr-schedule",
+                     help="server learning rate per round, rate@round,... (RoLePRO's two "
+                          "phases: 0.003@0,0.002@3)")
     run.add_argument("--out", type=Path, help="output folder (default results/<protocol>-<backend>)")
     run.add_argument("--quiet", action="store_true", help="no progress output")
 
@@ -130,7 +156,8 @@ def config_from_args(args: argparse.Namespace) -> tuple[ExperimentConfig, Path]:
     elif args.config:
         values = load_config_file(args.config)
     for key in ("task", "protocol", "backend", "rounds", "seeds", "local_steps", "batch_size",
-                "client_lr", "client_split", "ckks_preset", "flooding_bits", "server_blind"):
+                "client_lr", "client_split", "ckks_preset", "flooding_bits", "server_blind", "allow_plaintext_updates",
+                "server_lr_schedule"):
         if getattr(args, key) is not None:
             values[key] = getattr(args, key)
     server_opt = dict(values.get("server_opt", {}))
@@ -140,6 +167,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[ExperimentConfig, Path]:
             server_opt[key] = getattr(args, arg)
     values["server_opt"] = server_opt
     protocol_options = dict(values.get("protocol_options", {}))
+    protocol_options.update(dict(args.protocol_option or []))
     for arg, key in (("larc_q", "q"), ("larc_b", "b"), ("larc_normalize", "normalize"),
                      ("larc_loss_check", "loss_check")):
         if getattr(args, arg) is not None:

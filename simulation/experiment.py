@@ -51,6 +51,10 @@ class ExperimentConfig:
     flooding_bits: int = 30
     #: the server never learns the global update; clients apply the optimizer (ckks only)
     server_blind: bool = False
+    #: let aggregators that are not sums (median, trimmed mean) see plaintext updates on ckks
+    allow_plaintext_updates: bool = False
+    #: server learning rate schedule ("0.003@0,0.002@3"); None keeps the optimizer's lr
+    server_lr_schedule: str | None = None
 
     def validate(self) -> "ExperimentConfig":
         get_task(self.task)
@@ -81,8 +85,19 @@ class ExperimentConfig:
             raise ConfigError(f"flooding_bits must be an integer in [0, 128], got "
                               f"{self.flooding_bits!r}")
         StepSchedule.parse(self.client_lr)
+        if self.server_lr_schedule is not None:
+            StepSchedule.parse(self.server_lr_schedule)
         make_optimizer({**self.optimizer_config(), "dim": 1})
-        make_protocol(self.protocol, **self.protocol_options)
+        protocol = make_protocol(self.protocol, **self.protocol_options)
+        if (protocol.needs_individual_updates and self.backend != "plain"
+                and not self.allow_plaintext_updates):
+            raise ConfigError(
+                f"{self.protocol} needs every client's update in plaintext (it is not a sum), "
+                f"so it cannot run on {self.backend} as is; pass --allow-plaintext-updates to "
+                "accept that (the audit will then report individual_updates_revealed: true)")
+        if self.server_blind and protocol.server_computes_update:
+            raise ConfigError(f"{self.protocol} forms the global update in plaintext on the "
+                              "server, so it cannot run server-blind")
         return self
 
     def optimizer_config(self) -> dict[str, Any]:
@@ -165,7 +180,10 @@ def run_seed(config: ExperimentConfig, seed: int, audit: AuditLog,
         make_protocol(config.protocol, **config.protocol_options), server_backend,
         make_optimizer({**config.optimizer_config(), "dim": initial.size}), transport, initial,
         client_lr=StepSchedule.parse(config.client_lr), local_steps=config.local_steps,
-        audit=audit, server_blind=config.server_blind)
+        audit=audit, server_blind=config.server_blind,
+        allow_plaintext_updates=config.allow_plaintext_updates,
+        server_lr=(StepSchedule.parse(config.server_lr_schedule)
+                   if config.server_lr_schedule else None))
     setup_excluded = server.setup(config.rounds, config.flooding_bits)
     if setup_excluded and progress:
         progress(f"  key setup excluded {setup_excluded}")

@@ -25,13 +25,27 @@ SMALL = ExperimentConfig(rounds=2, seeds=[1], local_steps=3, backend="ckks")
 
 @pytest.mark.parametrize("protocol", list(PROTOCOLS))
 def test_ckks_audit_lists_only_declared_items(protocol):
-    result = run_experiment(replace(SMALL, protocol=protocol))
+    proto = make_protocol(protocol)
+    allow = proto.needs_individual_updates  # medians and trimmed means cannot run on sums
+    result = run_experiment(replace(SMALL, protocol=protocol, allow_plaintext_updates=allow))
     summary = result.audit.summary()
-    assert summary["individual_updates_revealed"] is False
+    assert summary["individual_updates_revealed"] is allow
     assert summary["undeclared_plaintext_items"] == []
     assert "pseudo_gradient" in summary["ciphertext_fields_received"]
-    assert summary["learned_in_plaintext"]["global_update"] == {"plaintext vector": 2}
+    vectors = {k: v["plaintext vector"] for k, v in summary["learned_in_plaintext"].items()
+               if "plaintext vector" in v}
+    assert vectors and set(vectors) <= set(proto.reveals) | {"global_update"}
+    per_round = 6 if allow else 1  # one reveal per round, or every client's update
+    assert all(count == SMALL.rounds * per_round for count in vectors.values()), vectors
     assert summary["exclusions"] == []
+
+
+def test_aggregators_that_are_not_sums_are_refused_on_ckks_without_consent():
+    from secagg.errors import ConfigError
+
+    for protocol in ("regmedagg", "trimmedmean"):
+        with pytest.raises(ConfigError, match="--allow-plaintext-updates"):
+            run_experiment(replace(SMALL, protocol=protocol))
 
 
 def test_plain_and_ckks_give_the_same_model():

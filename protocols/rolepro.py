@@ -1,0 +1,268 @@
+"""RoLePRO's aggregators (FeTS 2022, "Robust Learning Protocol", §3.2–3.3).
+
+All formulas act on client parameters w_c = W + G_c. Every client starts the round from the
+same W and every weighting below sums to 1, so the same formulas on pseudo-gradients G_c give
+ŵ − W; that is what the functions here compute.
+
+- CostWAgg (Eq. 3):  ŵ = Σ_c (α ν_c + (1−α) r_c / Σr) w_c, ν_c = n_c / N, with the cost ratio
+  r_c = l_c(w^c_{t−1}) / l_c(w^c_t) of the client's loss after training last round and this
+  round (α = 0.5). RoundCWAgg uses r_c = l_c(w_{t−1}) / l_c(w^c_t), the loss of the global
+  model before and after this round's local training (α = 0.1).
+- RegCostAgg (Eq. 5): ŵ = Σ r_c ν_c w_c / Σ r_c ν_c.
+- RegAgg (Eq. 4): per coordinate, u_c ∝ 1/|w_c − mean|_τ and ŵ = Σ u_c ν_c w_c / Σ u_c ν_c;
+  SimAgg uses the additive u_c + ν_c (u normalised to sum to 1); |x|_τ = |x| + τ, τ = 1e-5.
+  RegMedAgg uses the coordinate-wise median instead of the mean.
+- TrimmedMean (20 %): per coordinate, drop the 20 % of clients farthest from the median and
+  average the rest without weights (our reading of "trimmed by discounting the ones that are
+  too far from the median").
+- TopKRegCost (20 %): score s_c = ν_c · r_c (CostWAgg's ratio), drop the 20 % lowest scores,
+  average the rest without weights; the selection is common to all coordinates.
+
+Losses are each client's training loss on its own data (FeTS used local validation sets;
+Fed-TCGA-BRCA clients hold no separate one). Clients report only the ratio r_c.
+
+Encrypted execution: scalar-weight aggregators are one weighted sum. RegAgg and SimAgg take
+two phases: the server sends the encrypted mean back, each client decrypts it and uploads
+Enc(τ ν_c G_c / |G_c − mean|_τ) and Enc(τ ν_c / |G_c − mean|_τ) (the factor τ keeps every
+value ≤ 1 for CKKS's headroom and cancels), and the server reveals only the two sums
+A and B: the per-client normaliser cancels, ŵ − W = A / B. SimAgg also needs the FedAvg sum.
+Precision: the τ scaling makes the entries of A and B small (τ ν / |G − mean|, ~1e-5 for
+typical updates), so the flooded reveal's ~1e-10 absolute noise costs ~1e-5 relative on ŵ.
+RegMedAgg and TrimmedMean are not sums: on an encrypted backend they need clients to send
+their updates in plaintext, which the run must allow explicitly (and the audit then says so).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import numpy as np
+
+from protocols.base import Protocol, RoundAPI, Upload
+from protocols.fedavg import sample_size_weights
+from secagg import wire
+from secagg.errors import ConfigError
+
+TAU = 1e-5
+
+# ---- pure arithmetic -------------------------------------------------------------------------
+
+
+def cost_weights(nu: np.ndarray, r: np.ndarray, alpha: float) -> np.ndarray:
+    """CostWAgg / RoundCWAgg: α ν + (1 − α) r / Σr."""
+    return alpha * nu + (1 - alpha) * r / r.sum()
+
+
+def regcost_weights(nu: np.ndarray, r: np.ndarray) -> np.ndarray:
+    """RegCostAgg: r ν / Σ r ν."""
+    return r * nu / np.sum(r * nu)
+
+
+def top_k_keep(scores: np.ndarray, drop_fraction: float) -> np.ndarray:
+    """Indices of the clients kept after dropping the lowest-scoring fraction (stable)."""
+    n_drop = int(math.floor(drop_fraction * scores.size))
+    order = np.argsort(-scores, kind="stable")
+    return np.sort(order[:scores.size - n_drop])
+
+
+def regagg_terms(g: np.ndarray, centre: np.ndarray, nu: float, tau: float = TAU
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """One client's scaled RegAgg summands: (τ ν g / |g − centre|_τ, τ ν / |g − centre|_τ)."""
+    inv = tau / (np.abs(g - centre) + tau)  # in (0, 1]
+    return nu * inv * g, nu * inv
+
+
+def regagg(gs: np.ndarray, nu: np.ndarray, tau: float = TAU, centre: np.ndarray | None = None
+           ) -> np.ndarray:
+    """One-shot RegAgg on stacked updates gs (clients × params); centre defaults to the mean."""
+    centre = gs.mean(axis=0) if centre is None else centre
+    u = 1.0 / (np.abs(gs - centre) + tau)
+    return np.sum(u * nu[:, None] * gs, axis=0) / np.sum(u * nu[:, None], axis=0)
+
+
+def simagg(gs: np.ndarray, nu: np.ndarray, tau: float = TAU) -> np.ndarray:
+    """One-shot SimAgg: weights (u_c + ν_c) / 2 with u normalised per coordinate."""
+    inv = 1.0 / (np.abs(gs - gs.mean(axis=0)) + tau)
+    u = inv / inv.sum(axis=0)
+    return np.sum((u + nu[:, None]) * gs, axis=0) / 2.0
+
+
+def trimmed_mean(gs: np.ndarray, drop_fraction: float = 0.2) -> np.ndarray:
+    """Per coordinate, drop the clients farthest from the median; average the rest."""
+    n_keep = gs.shape[0] - int(math.floor(drop_fraction * gs.shape[0]))
+    distance = np.abs(gs - np.median(gs, axis=0))
+    keep = np.argsort(distance, axis=0, kind="stable")[:n_keep]
+    return np.take_along_axis(gs, keep, axis=0).mean(axis=0)
+
+
+# ---- protocols ---------------------------------------------------------------------------------
+
+
+def _ordered(uploads: Mapping[str, Upload]) -> tuple[list[str], np.ndarray]:
+    clients = list(uploads)
+    nu = sample_size_weights({c: uploads[c].n_samples for c in clients})
+    return clients, np.array([nu[c] for c in clients])
+
+
+class _LossRatio(Protocol):
+    """Aggregators whose clients report a loss ratio with their upload."""
+
+    ratio = "cost"  # "cost": l(w^c_{t-1}) / l(w^c_t); "round": l(w_{t-1}) / l(w^c_t)
+    reveals = ("loss_ratio", "global_update")
+
+    def train_fields(self, rnd: RoundAPI, client: str):
+        return {"report": wire.config({"loss_ratio": self.ratio})}
+
+    def train_reply(self, rnd: RoundAPI) -> dict[str, str]:
+        return {"loss_ratio": wire.SCALAR}
+
+    def ratios(self, uploads: Mapping[str, Upload], clients: list[str]) -> np.ndarray:
+        r = np.array([uploads[c].extra["loss_ratio"] for c in clients])
+        if np.any(r <= 0):
+            raise ConfigError(f"loss ratios must be positive, got {r}")
+        return r
+
+
+class CostWAgg(_LossRatio):
+    name = "costwagg"
+
+    def __init__(self, alpha: float = 0.5):
+        if not 0 <= alpha <= 1:
+            raise ConfigError(f"CostWAgg needs 0 <= alpha <= 1, got {alpha}")
+        self.alpha = alpha
+
+    def describe(self):
+        return {"name": self.name, "alpha": self.alpha, "ratio": self.ratio}
+
+    def aggregate(self, rnd: RoundAPI, uploads: Mapping[str, Upload]) -> Any:
+        clients, nu = _ordered(uploads)
+        w = cost_weights(nu, self.ratios(uploads, clients), self.alpha)
+        return rnd.weighted_sum({c: uploads[c].handle for c in clients}, dict(zip(clients, w)))
+
+
+class RoundCWAgg(CostWAgg):
+    name = "roundcwagg"
+    ratio = "round"
+
+    def __init__(self, alpha: float = 0.1):
+        super().__init__(alpha)
+
+
+class RegCostAgg(_LossRatio):
+    name = "regcostagg"
+
+    def aggregate(self, rnd: RoundAPI, uploads: Mapping[str, Upload]) -> Any:
+        clients, nu = _ordered(uploads)
+        w = regcost_weights(nu, self.ratios(uploads, clients))
+        return rnd.weighted_sum({c: uploads[c].handle for c in clients}, dict(zip(clients, w)))
+
+
+class TopKRegCost(_LossRatio):
+    name = "topkregcost"
+
+    def __init__(self, drop_fraction: float = 0.2):
+        if not 0 <= drop_fraction < 1:
+            raise ConfigError(f"drop_fraction must lie in [0, 1), got {drop_fraction}")
+        self.drop_fraction = drop_fraction
+
+    def aggregate(self, rnd: RoundAPI, uploads: Mapping[str, Upload]) -> Any:
+        clients, nu = _ordered(uploads)
+        keep = [clients[i] for i in top_k_keep(nu * self.ratios(uploads, clients),
+                                               self.drop_fraction)]
+        return rnd.weighted_sum({c: uploads[c].handle for c in keep},
+                                {c: 1.0 / len(keep) for c in keep})
+
+
+class RegAgg(Protocol):
+    """Two phases on every backend: mean back to clients, then the sums A and B."""
+
+    name = "regagg"
+    reveals = ("regagg_numerator", "regagg_denominator")
+    reveals_per_round = 2
+    server_computes_update = True  # ŵ = A / B is formed in plaintext by the server
+
+    def __init__(self, tau: float = TAU):
+        if not tau > 0:
+            raise ConfigError(f"tau must be positive, got {tau}")
+        self.tau = tau
+
+    def describe(self):
+        return {"name": self.name, "tau": self.tau}
+
+    def _ratio(self, rnd: RoundAPI, uploads: Mapping[str, Upload], nu: Mapping[str, float]
+               ) -> tuple[np.ndarray, list[str]]:
+        """A / B with A = Σ τ ν_c G_c / |G_c − mean|_τ, B = Σ τ ν_c / |G_c − mean|_τ."""
+        clients = list(uploads)
+        handles = {c: uploads[c].handle for c in clients}
+        mean = rnd.as_field(rnd.weighted_sum(handles, {c: 1.0 / len(clients) for c in clients}))
+        replies = rnd.ask("regagg_terms", {
+            c: {"centre": mean, "nu": wire.scalar(nu[c]), "tau": wire.scalar(self.tau)}
+            for c in clients},
+            expect={"numerator": rnd.upload_kind, "denominator": rnd.upload_kind})
+        ones = {c: 1.0 for c in replies}
+        a = rnd.reveal(rnd.weighted_sum(rnd.load(replies, "numerator"), ones),
+                       "regagg_numerator")
+        b = rnd.reveal(rnd.weighted_sum(rnd.load(replies, "denominator"), ones),
+                       "regagg_denominator")
+        return a / b, [c for c in clients if c in replies]
+
+    def aggregate(self, rnd: RoundAPI, uploads: Mapping[str, Upload]) -> Any:
+        nu = sample_size_weights({c: u.n_samples for c, u in uploads.items()})
+        ratio, _ = self._ratio(rnd, uploads, nu)
+        return rnd.plaintext(ratio)
+
+
+class SimAgg(RegAgg):
+    """ŵ − W = ½ Σ u_c G_c + ½ Σ ν_c G_c, with Σ u_c G_c = A / B computed without ν."""
+
+    name = "simagg"
+    reveals = ("regagg_numerator", "regagg_denominator", "fedavg_sum")
+    reveals_per_round = 3
+
+    def aggregate(self, rnd: RoundAPI, uploads: Mapping[str, Upload]) -> Any:
+        ratio, answered = self._ratio(rnd, uploads, {c: 1.0 for c in uploads})
+        nu = sample_size_weights({c: uploads[c].n_samples for c in answered})
+        fedavg = rnd.reveal(rnd.weighted_sum({c: uploads[c].handle for c in answered}, nu),
+                            "fedavg_sum")
+        return rnd.plaintext((ratio + fedavg) / 2.0)
+
+
+class _Individual(Protocol):
+    """Aggregators that need every client's update itself (not expressible as sums)."""
+
+    needs_individual_updates = True
+    server_computes_update = True
+    reveals = ("pseudo_gradient",)
+
+    def combine(self, gs: np.ndarray, nu: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def aggregate(self, rnd: RoundAPI, uploads: Mapping[str, Upload]) -> Any:
+        updates = rnd.individual_updates(uploads)
+        clients = list(updates)
+        nu = sample_size_weights({c: uploads[c].n_samples for c in clients})
+        return rnd.plaintext(self.combine(np.stack([updates[c] for c in clients]),
+                                          np.array([nu[c] for c in clients])))
+
+
+class RegMedAgg(_Individual):
+    name = "regmedagg"
+
+    def __init__(self, tau: float = TAU):
+        self.tau = tau
+
+    def combine(self, gs: np.ndarray, nu: np.ndarray) -> np.ndarray:
+        return regagg(gs, nu, self.tau, centre=np.median(gs, axis=0))
+
+
+class TrimmedMean(_Individual):
+    name = "trimmedmean"
+
+    def __init__(self, drop_fraction: float = 0.2):
+        if not 0 <= drop_fraction < 1:
+            raise ConfigError(f"drop_fraction must lie in [0, 1), got {drop_fraction}")
+        self.drop_fraction = drop_fraction
+
+    def combine(self, gs: np.ndarray, nu: np.ndarray) -> np.ndarray:
+        return trimmed_mean(gs, self.drop_fraction)

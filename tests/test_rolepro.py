@@ -1,0 +1,174 @@
+"""RoLePRO aggregators: arithmetic on hand-computed cases, the two-phase RegAgg identity on
+plain and ckks, the clients' loss ratios, and the two-phase protocol switch."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from protocols import make_protocol
+from protocols.optimizers import SGD, StepSchedule
+from protocols.rolepro import (cost_weights, regagg, regagg_terms, regcost_weights, simagg,
+                               top_k_keep, trimmed_mean)
+from secagg import wire
+from secagg.backends import make_backends
+from secagg.errors import ConfigError
+from secagg.wire import Envelope
+from server.engine import Server
+from server.transport import InProcessTransport
+
+NU = np.array([0.5, 0.3, 0.2])
+R = np.array([1.0, 2.0, 1.0])
+
+
+def test_cost_weights_hand_computed():
+    # α=0.5: 0.5·ν + 0.5·r/Σr with r/Σr = [0.25, 0.5, 0.25]
+    np.testing.assert_allclose(cost_weights(NU, R, 0.5), [0.375, 0.4, 0.225])
+    assert cost_weights(NU, R, 0.1).sum() == pytest.approx(1.0)
+
+
+def test_regcost_weights_hand_computed():
+    # r·ν = [0.5, 0.6, 0.2] / 1.3
+    np.testing.assert_allclose(regcost_weights(NU, R), np.array([0.5, 0.6, 0.2]) / 1.3)
+
+
+def test_top_k_drops_the_lowest_twenty_percent():
+    scores = np.array([0.3, 0.1, 0.5, 0.2, 0.9, 0.4])  # floor(0.2·6) = 1 dropped
+    assert top_k_keep(scores, 0.2).tolist() == [0, 2, 3, 4, 5]
+    assert top_k_keep(scores[:4], 0.2).tolist() == [0, 1, 2, 3]  # floor(0.8) = 0
+
+
+def test_regagg_hand_computed_one_coordinate():
+    gs = np.array([[1.0], [2.0], [6.0]])  # mean 3: distances 2, 1, 3
+    nu = np.array([1 / 3, 1 / 3, 1 / 3])
+    u = np.array([1 / 2, 1 / 1, 1 / 3])  # τ = 0
+    assert regagg(gs, nu, tau=1e-12)[0] == pytest.approx(np.sum(u * gs[:, 0]) / u.sum())
+
+
+def test_regagg_favours_updates_near_the_mean():
+    gs = np.array([[0.0], [0.1], [10.0]])
+    assert abs(regagg(gs, np.ones(3) / 3)[0]) < abs(gs.mean())
+
+
+def test_simagg_is_half_similarity_half_fedavg():
+    gs = np.array([[1.0, -1.0], [2.0, 0.0], [6.0, 4.0]])
+    inv = 1 / (np.abs(gs - gs.mean(0)) + 1e-5)
+    u = inv / inv.sum(0)
+    np.testing.assert_allclose(simagg(gs, NU), 0.5 * (u * gs).sum(0) + 0.5 * NU @ gs)
+
+
+def test_trimmed_mean_drops_the_farthest_from_the_median():
+    gs = np.array([[1.0], [2.0], [3.0], [4.0], [100.0]])  # floor(0.2·5) = 1 dropped: 100
+    assert trimmed_mean(gs, 0.2)[0] == pytest.approx(2.5)
+
+
+def test_scaled_terms_are_bounded_and_their_ratio_is_regagg():
+    rng = np.random.default_rng(0)
+    gs = rng.normal(0, 0.1, (4, 50))
+    nu = np.array([0.1, 0.2, 0.3, 0.4])
+    terms = [regagg_terms(g, gs.mean(0), v) for g, v in zip(gs, nu)]
+    a = sum(t[0] for t in terms)
+    b = sum(t[1] for t in terms)
+    assert max(np.abs(t[1]).max() for t in terms) <= 1.0
+    np.testing.assert_allclose(a / b, regagg(gs, nu), rtol=1e-12)
+
+
+# ---- the two-phase identity through the round engine -------------------------------------------
+
+GS = {"client_0": np.array([0.10, -0.20, 0.05, 0.00]),
+      "client_1": np.array([0.12, 0.30, 0.04, 0.01]),
+      "client_2": np.array([-0.50, -0.10, 0.06, 0.02])}
+NS = {"client_0": 30.0, "client_1": 20.0, "client_2": 50.0}
+
+
+def scripted(cid, backend):
+    handlers = backend.handlers()
+    g = GS[cid]
+
+    def handle(data):
+        req = Envelope.from_bytes(data)
+        if req.phase in handlers:
+            fields = handlers[req.phase](req)
+        elif req.phase == "train":
+            fields = {"pseudo_gradient": backend.protect(g), "n_samples": wire.scalar(NS[cid])}
+        elif req.phase == "regagg_terms":
+            centre = backend.open(req, "centre", g.size)
+            a, b = regagg_terms(g, centre, req.scalar("nu"), req.scalar("tau"))
+            fields = {"numerator": backend.protect(a), "denominator": backend.protect(b)}
+        return Envelope(cid, "server", req.round, req.phase, fields).to_bytes()
+    return handle
+
+
+@pytest.mark.parametrize("backend", ["plain", "ckks"])
+@pytest.mark.parametrize("protocol", ["regagg", "simagg"])
+def test_two_phase_result_equals_the_one_shot_formula(backend, protocol):
+    server_backend, backends = make_backends(backend, list(GS))
+    server = Server(make_protocol(protocol), server_backend, SGD(4),
+                    InProcessTransport({c: scripted(c, backends[c]) for c in GS}), np.zeros(4),
+                    client_lr=StepSchedule(), local_steps=1)
+    server.setup(rounds=1)
+    server.run_round(0)
+    gs = np.stack(list(GS.values()))
+    nu = np.array(list(NS.values())) / sum(NS.values())
+    expected = regagg(gs, nu) if protocol == "regagg" else simagg(gs, nu)
+    # on ckks, A and B hold τ-scaled entries (~1e-5 here): the flooded reveal's ~1e-10
+    # absolute noise is ~1e-5 of them, see protocols/rolepro.py
+    np.testing.assert_allclose(server.params, expected,
+                               rtol=1e-4 if backend == "ckks" else 1e-12, atol=1e-12)
+
+
+def test_loss_ratios_reported_by_a_real_client():
+    from clients.runtime import Client
+    from clients.tasks import tcga_brca
+    from clients.training import LocalTrainer
+    from secagg.backends.plain import PlainClient
+
+    trainer = LocalTrainer(tcga_brca.make_model(), tcga_brca.load().train[3],
+                           tcga_brca.cox_loss, 8, seed=0)
+    client = Client("client_3", trainer, PlainClient())
+    w0 = np.zeros(40)
+
+    def train(rnd, w, ratio):
+        req = Envelope("server", "client_3", rnd, "train", {
+            "model": wire.vector(w.astype(np.float32)),
+            "train": wire.config({"lr": 0.05, "steps": 5}),
+            "report": wire.config({"loss_ratio": ratio})})
+        reply = Envelope.from_bytes(client.handle(req.to_bytes()))
+        return reply.scalar("loss_ratio"), reply.vector("pseudo_gradient")
+
+    r0, g0 = train(0, w0, "cost")  # first round: falls back to l(W) / l(W + G)
+    assert r0 == pytest.approx(trainer.loss_at(w0) / trainer.loss_at(w0 + g0), rel=1e-5)
+    w1 = w0 + 0.5 * g0
+    r1, g1 = train(1, w1, "cost")  # l(w^c_0) / l(w^c_1)
+    assert r1 == pytest.approx(trainer.loss_at(w0 + g0) / trainer.loss_at(w1 + g1), rel=1e-5)
+    r2, g2 = train(2, w1, "round")
+    assert r2 == pytest.approx(trainer.loss_at(w1) / trainer.loss_at(w1 + g2), rel=1e-5)
+
+
+def test_two_phase_switches_aggregator():
+    from tests.conftest import honest_client
+
+    gs = {"client_0": (np.array([0.0, 1.0]), 10.0), "client_1": (np.array([0.1, 0.9]), 10.0),
+          "client_2": (np.array([3.0, -2.0]), 10.0)}
+    proto = make_protocol("rolepro", then="trimmedmean", switch_round=1)
+    server_backend, _ = make_backends("plain", list(gs))
+    server = Server(proto, server_backend, SGD(2), InProcessTransport(
+        {c: honest_client(c, g, n) for c, (g, n) in gs.items()}), np.zeros(2),
+        client_lr=StepSchedule(), local_steps=1)
+    server.run_round(0)  # FedAvg: plain mean
+    np.testing.assert_allclose(server.params, [3.1 / 3, -0.1 / 3])
+    before = server.params.copy()
+    server.run_round(1)  # trimmed mean of 3 clients drops floor(0.6) = 0: mean again
+    np.testing.assert_allclose(server.params - before, [3.1 / 3, -0.1 / 3])
+    assert proto.current(type("R", (), {"round": 5})()).name == "trimmedmean"
+
+
+def test_bad_rolepro_options():
+    with pytest.raises(ConfigError):
+        make_protocol("costwagg", alpha=2.0)
+    with pytest.raises(ConfigError):
+        make_protocol("rolepro", then="fedavg")
+    with pytest.raises(ConfigError):
+        make_protocol("regagg", tau=0.0)
+    with pytest.raises(ConfigError):
+        make_protocol("topkregcost", drop_fraction=1.0)
