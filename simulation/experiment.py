@@ -131,6 +131,9 @@ def evaluate(task: Task, data: FederatedData, params: np.ndarray) -> dict[str, f
         out["train_loss"] = float(task.loss(model(ClientData.concat(data.train).x),
                                             ClientData.concat(data.train).y))
     if data.test is not None:
+        pooled_test = ClientData.concat(data.test)
+        with torch.no_grad():
+            out["test_loss"] = float(task.loss(model(pooled_test.x), pooled_test.y))
         per_client = [score(p) for p in data.test]
         out["test_pooled"] = score(ClientData.concat(data.test))
         out["test_client_avg"] = float(np.nanmean(per_client))

@@ -48,14 +48,23 @@ def test_aggregators_that_are_not_sums_are_refused_on_ckks_without_consent():
             run_experiment(replace(SMALL, protocol=protocol))
 
 
-def test_plain_and_ckks_give_the_same_model():
-    for protocol in ("fedavg", "larc"):
-        cfg = replace(SMALL, protocol=protocol, rounds=3)
-        plain = run_experiment(replace(cfg, backend="plain"))
-        ckks = run_experiment(cfg)
-        assert np.max(np.abs(plain.final_params[1] - ckks.final_params[1])) < 1e-5
-        a = plain.metrics["test_pooled"].round(4).tolist()
-        assert a == ckks.metrics["test_pooled"].round(4).tolist()
+@pytest.mark.parametrize("protocol", list(PROTOCOLS))
+def test_plain_and_ckks_give_the_same_model(protocol):
+    allow = make_protocol(protocol).needs_individual_updates
+    cfg = replace(SMALL, protocol=protocol, rounds=3, allow_plaintext_updates=allow)
+    if cfg.optimizer_config()["name"] in ("adam", "yogi", "adagrad"):
+        # FLamby's τ = 1e-8 lets Adam-type steps blow any difference in a near-zero gradient
+        # up to order lr (README, "Parity"); compare at the iDASH baseline's τ = 1e-3
+        cfg = replace(cfg, server_opt={"tau": 1e-3})
+    if protocol in ("regagg", "simagg", "rolepro"):
+        # A and B hold τ-scaled entries ~1e-5: compact's flooding noise (~1e-10) is ~1e-5 of
+        # them; the wide preset's Δ = 2^80 makes it negligible
+        cfg = replace(cfg, ckks_preset="wide")
+    plain = run_experiment(replace(cfg, backend="plain"))
+    ckks = run_experiment(cfg)
+    assert np.max(np.abs(plain.final_params[1] - ckks.final_params[1])) < 1e-5
+    assert (plain.metrics["test_pooled"].round(4).tolist()
+            == ckks.metrics["test_pooled"].round(4).tolist())
 
 
 def test_secret_key_bytes_never_reach_the_server():
