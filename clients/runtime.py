@@ -67,7 +67,9 @@ class Client:
             if self._optimizer is None:
                 self._optimizer = make_optimizer(opt_cfg)
             self._optimizer.hyper["lr"] = opt_cfg["lr"]  # phase-wise server rates
-        self._g = self.trainer.train(self._w, lr=float(cfg["lr"]), steps=int(cfg["steps"]))
+        steps = (int(cfg["epochs"]) * -(-len(self.trainer.data) // self.trainer.batch_size)
+                 if "epochs" in cfg else int(cfg["steps"]))
+        self._g = self.trainer.train(self._w, lr=float(cfg["lr"]), steps=steps)
         reply = {
             "pseudo_gradient": self.backend.protect(self._g),
             "n_samples": wire.scalar(len(self.trainer.data)),

@@ -55,6 +55,7 @@ class LocalTrainer:
                  loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
                  batch_size: int, seed: int):
         self.model, self.data, self.loss_fn = model, data, loss_fn
+        self.batch_size = batch_size
         self.stream = BatchStream(len(data), batch_size, np.random.default_rng(seed))
 
     @property

@@ -45,7 +45,8 @@ class RoundReport:
 class Server:
     def __init__(self, protocol: Protocol, backend: ServerBackend, optimizer: ServerOptimizer,
                  transport: InProcessTransport, initial_params: np.ndarray, *,
-                 client_lr: StepSchedule, local_steps: int, audit: AuditLog | None = None,
+                 client_lr: StepSchedule, local_steps: int, local_epochs: int | None = None,
+                 audit: AuditLog | None = None,
                  min_clients: int = 1, max_message_bytes: int = wire.DEFAULT_MAX_BYTES,
                  server_blind: bool = False, allow_plaintext_updates: bool = False,
                  server_lr: StepSchedule | None = None):
@@ -62,6 +63,7 @@ class Server:
         self.params = np.asarray(initial_params, dtype=np.float64).copy()
         self.client_lr = client_lr
         self.local_steps = local_steps
+        self.local_epochs = local_epochs
         self.audit = audit if audit is not None else AuditLog()
         self.audit.declared |= set(ENGINE_DECLARED) | set(protocol.reveals) | set(backend.declares)
         if server_blind:
@@ -95,7 +97,9 @@ class Server:
         ctx = RoundContext(rnd, peers, self.n_params, self.backend, self.transport, self.audit,
                            None if self.server_blind else self.optimizer,
                            self.max_message_bytes, self.allow_plaintext_updates)
-        train = {"train": wire.config({"lr": self.client_lr.at(rnd), "steps": self.local_steps})}
+        work = ({"epochs": self.local_epochs} if self.local_epochs else
+                {"steps": self.local_steps})
+        train = {"train": wire.config({"lr": self.client_lr.at(rnd), **work})}
         if not self.server_blind or rnd == 0:  # blind: only the public initial model
             train["model"] = wire.vector(self.params.astype(np.float32))
         if self.server_blind:

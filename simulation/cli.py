@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from clients.tasks import get_task
 from protocols import PROTOCOLS
 from secagg.backends import BACKENDS
 from secagg.errors import SecaggError
@@ -85,8 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
     src = run.add_mutually_exclusive_group()
     src.add_argument("--preset", help="a named preset from `secagg presets`")
     src.add_argument("--config", type=Path, help="a TOML file with the same keys as the options")
-    run.add_argument("--task", help="tcga-brca (FLamby split, pooled/client test sets) or "
-                                    "tcga-brca-idash (iDASH 2024 variant, training-set eval)")
+    run.add_argument("--task", help="tcga-brca (FLamby split, pooled/client test sets), "
+                                    "tcga-brca-idash (iDASH 2024 variant, training-set eval), "
+                                    "digits-niid1, digits-niid2, digits-dir8 (label-skewed "
+                                    "scikit-learn digits)")
     run.add_argument("--protocol", choices=list(PROTOCOLS),
                      help="aggregation algorithm; the fed* variants are FedAvg weighting with "
                           "that server optimizer")
@@ -96,6 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="seeds, e.g. 42 or 42,43 or 42-61; each seed fixes the initial model "
                           "and the clients' batch order")
     run.add_argument("--local-steps", type=int, help="client SGD steps per round (FLamby: 100)")
+    run.add_argument("--local-epochs", type=int,
+                     help="client epochs per round instead of steps (FedDisco: 10)")
     run.add_argument("--batch-size", type=int, help="client batch size (FLamby: 8)")
     run.add_argument("--client-lr",
                      help="client learning rate, or a step schedule rate@round,... "
@@ -155,7 +160,8 @@ def config_from_args(args: argparse.Namespace) -> tuple[ExperimentConfig, Path]:
         values = load_config_file(PRESETS / f"{args.preset}.toml")
     elif args.config:
         values = load_config_file(args.config)
-    for key in ("task", "protocol", "backend", "rounds", "seeds", "local_steps", "batch_size",
+    for key in ("task", "protocol", "backend", "rounds", "seeds", "local_steps", "local_epochs",
+                "batch_size",
                 "client_lr", "client_split", "ckks_preset", "flooding_bits", "server_blind", "allow_plaintext_updates",
                 "server_lr_schedule"):
         if getattr(args, key) is not None:
@@ -191,8 +197,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     write_outputs(out, config, metrics, summary, audit)
     final = summary[summary["round"] == config.rounds].iloc[0]
     metric = "test_pooled" if "test_pooled_mean" in summary else "train_pooled"
+    name = get_task(config.task).metric_name
     print(f"{config.protocol} on {config.backend}, {len(config.seeds)} seed(s), "
-          f"{config.rounds} rounds: {metric} c-index {final[f'{metric}_mean']:.4f} ± "
+          f"{config.rounds} rounds: {metric} {name} {final[f'{metric}_mean']:.4f} ± "
           f"{final[f'{metric}_std'] if len(config.seeds) > 1 else 0:.4f}; "
           f"bytes/round up {final['bytes_up_mean']:.0f}, down {final['bytes_down_mean']:.0f}")
     print(f"results in {out}/")

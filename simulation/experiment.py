@@ -38,6 +38,8 @@ class ExperimentConfig:
     rounds: int = 5
     seeds: list[int] = field(default_factory=lambda: [42])
     local_steps: int = 100
+    #: local epochs instead of steps (each client: epochs × ceil(n_k / batch) steps)
+    local_epochs: int | None = None
     batch_size: int = 8
     client_lr: str = "0.1"  # a StepSchedule: "0.1" or "5e-5@0,5e-6@7"
     server_opt: dict[str, Any] = field(default_factory=dict)  # overrides the protocol default
@@ -63,6 +65,10 @@ class ExperimentConfig:
                               f"{', '.join(PROTOCOLS)}")
         if self.backend not in BACKENDS:
             raise ConfigError(f"unknown backend {self.backend!r}; available: {BACKENDS}")
+        if self.local_epochs is not None and (not isinstance(self.local_epochs, int)
+                                              or self.local_epochs < 1):
+            raise ConfigError(f"local_epochs must be a positive integer, got "
+                              f"{self.local_epochs!r}")
         for key in ("rounds", "local_steps", "batch_size"):
             value = getattr(self, key)
             if not isinstance(value, int) or value < 1:
@@ -130,6 +136,10 @@ def evaluate(task: Task, data: FederatedData, params: np.ndarray) -> dict[str, f
     with torch.no_grad():
         out["train_loss"] = float(task.loss(model(ClientData.concat(data.train).x),
                                             ClientData.concat(data.train).y))
+    if data.pooled_test is not None:
+        out["test_pooled"] = score(data.pooled_test)
+        with torch.no_grad():
+            out["test_loss"] = float(task.loss(model(data.pooled_test.x), data.pooled_test.y))
     if data.test is not None:
         pooled_test = ClientData.concat(data.test)
         with torch.no_grad():
@@ -183,6 +193,7 @@ def run_seed(config: ExperimentConfig, seed: int, audit: AuditLog,
         make_protocol(config.protocol, **config.protocol_options), server_backend,
         make_optimizer({**config.optimizer_config(), "dim": initial.size}), transport, initial,
         client_lr=StepSchedule.parse(config.client_lr), local_steps=config.local_steps,
+        local_epochs=config.local_epochs,
         audit=audit, server_blind=config.server_blind,
         allow_plaintext_updates=config.allow_plaintext_updates,
         server_lr=(StepSchedule.parse(config.server_lr_schedule)

@@ -11,6 +11,7 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from clients.tasks import get_task  # noqa: E402
 from server.audit import AuditLog  # noqa: E402
 from simulation.experiment import ExperimentConfig  # noqa: E402
 
@@ -28,7 +29,8 @@ def traffic_table(audit: AuditLog) -> pd.DataFrame:
     return table.rename(columns={"sum": "bytes", "count": "messages"})
 
 
-def plot_convergence(summary: pd.DataFrame, path: Path, title: str) -> None:
+def plot_convergence(summary: pd.DataFrame, path: Path, title: str,
+                     metric_name: str = "c-index") -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     for col, label in CURVES:
         if f"{col}_mean" not in summary:
@@ -37,7 +39,7 @@ def plot_convergence(summary: pd.DataFrame, path: Path, title: str) -> None:
         ax.plot(summary["round"], mean, marker="o", label=label)
         ax.fill_between(summary["round"], mean - std, mean + std, alpha=0.2)
     ax.set_xlabel("round")
-    ax.set_ylabel("c-index (mean ± std over seeds)")
+    ax.set_ylabel(f"{metric_name} (mean ± std over seeds)")
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()
@@ -56,4 +58,4 @@ def write_outputs(out: Path, config: ExperimentConfig, metrics: pd.DataFrame,
     (out / "config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
     plot_convergence(summary, out / "convergence.png",
                      f"{config.protocol} on {config.backend}, {config.task}, "
-                     f"{len(config.seeds)} seed(s)")
+                     f"{len(config.seeds)} seed(s)", get_task(config.task).metric_name)

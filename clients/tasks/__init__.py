@@ -7,7 +7,7 @@ from typing import Callable
 
 import torch
 
-from clients.tasks import tcga_brca
+from clients.tasks import digits, tcga_brca
 from clients.tasks.tcga_brca import ClientData, FederatedData
 from secagg.errors import ConfigError
 
@@ -32,6 +32,10 @@ TASKS = {
         "tcga-brca-idash", "iDASH 2024 Track 2 variant (900 patients, training-set evaluation)",
         lambda: tcga_brca.load("idash2024"), tcga_brca.make_model, tcga_brca.cox_loss,
         tcga_brca.c_index, "c_index"),
+    **{f"digits-{split}": Task(
+        f"digits-{split}", f"scikit-learn digits, split {split} (see clients/tasks/digits.py)",
+        lambda split=split: digits.load(split), digits.make_model, digits.cross_entropy,
+        digits.accuracy, "accuracy") for split in digits.SPLITS},
 }
 
 

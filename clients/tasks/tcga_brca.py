@@ -50,7 +50,8 @@ class ClientData:
 class FederatedData:
     name: str
     train: list[ClientData]
-    test: list[ClientData] | None  # None: the variant has no held-out set
+    test: list[ClientData] | None  # per-client held-out sets; None if there are none
+    pooled_test: ClientData | None = None  # a held-out set no client owns (image tasks)
 
     @property
     def n_clients(self) -> int:
