@@ -8,12 +8,12 @@ fields its handlers return.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
 from clients.training import LocalTrainer
-from protocols import larc, rolepro
+from protocols import feddisco, larc, rolepro
 from protocols.optimizers import ServerOptimizer, make_optimizer, optimizer_from_envelope
 from secagg import wire
 from secagg.backends import ClientBackend
@@ -32,12 +32,15 @@ class Client:
         self._g: np.ndarray | None = None  # this client's pseudo-gradient of the current round
         self._optimizer: ServerOptimizer | None = None  # server-blind runs only
         self._last_trained_loss: float | None = None  # l(w^c_{t-1}) for CostWAgg
+        #: FedDisco: the federated β-VAE's encoder, x -> latent means (set before round 0)
+        self.encoder: Callable[[Any], np.ndarray] | None = None
         self._handlers: dict[str, Callable[[Envelope], dict[str, Field]]] = {
             "train": self.on_train,
             "larc_probe": self.on_larc_probe,
             "apply": self.on_apply,
             "regagg_terms": self.on_regagg_terms,
             "plaintext_update": self.on_plaintext_update,
+            "discrepancy": self.on_discrepancy,
             **backend.handlers(),
         }
 
@@ -128,3 +131,10 @@ class Client:
         if self._g is None:
             raise MalformedMessage(f"{self.id} has no update to send")
         return {"pseudo_gradient": wire.vector(self._g)}
+
+    def on_discrepancy(self, env: Envelope) -> dict[str, Field]:
+        """FedDisco: d_k of this client's samples under the federated β-VAE's encoder."""
+        if self.encoder is None:
+            raise MalformedMessage(f"{self.id} has no β-VAE encoder for FedDisco")
+        return {"discrepancy": wire.scalar(feddisco.discrepancy(
+            self.encoder(self.trainer.data.x)))}

@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 from protocols.base import Protocol, Upload
 from protocols.fedavg import FedAvg
+from protocols.feddisco import FedDisco
 from protocols.larc import LARC
 from protocols.rolepro import (CostWAgg, RegAgg, RegCostAgg, RegMedAgg, RoundCWAgg, SimAgg,
                                TopKRegCost, TrimmedMean)
@@ -28,6 +29,8 @@ PROTOCOLS: dict[str, tuple[Callable[..., Protocol], dict[str, Any]]] = {
     # RoLePRO's judicious aggregators; pick OptAlgo B/C with --server-opt momentum/adam
     **{cls.name: (cls, {"name": "sgd", "lr": 1.0}) for cls in (
         CostWAgg, RoundCWAgg, RegCostAgg, TopKRegCost, RegAgg, SimAgg, RegMedAgg, TrimmedMean)},
+    # β-VAE discrepancy weights; the run first trains the VAE with FedAvg (vae_rounds)
+    "feddisco": (FedDisco, {"name": "sgd", "lr": 1.0}),
     # FedAvg then a judicious aggregator: --protocol-option then=regagg switch_round=3
     "rolepro": (TwoPhase, {"name": "sgd", "lr": 1.0}),
 }

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable
 
 import numpy as np
@@ -19,6 +19,7 @@ import torch
 from clients.runtime import Client
 from clients.tasks import ClientData, FederatedData, Task, get_task
 from clients.tasks.tcga_brca import random_client_splits
+from clients.tasks.vae import BetaVAE, autoencoding, reconstruction_score, vae_loss
 from clients.training import LocalTrainer, flat_params, set_flat_params
 from protocols import PROTOCOLS, default_server_optimizer, make_protocol
 from protocols.optimizers import StepSchedule, make_optimizer
@@ -57,6 +58,9 @@ class ExperimentConfig:
     allow_plaintext_updates: bool = False
     #: server learning rate schedule ("0.003@0,0.002@3"); None keeps the optimizer's lr
     server_lr_schedule: str | None = None
+    #: FedDisco: rounds of federated β-VAE training before the classifier, and its client lr
+    vae_rounds: int = 10
+    vae_lr: float = 0.05
 
     def validate(self) -> "ExperimentConfig":
         get_task(self.task)
@@ -167,11 +171,34 @@ class ExperimentResult:
         return iter((self.metrics, self.audit))
 
 
+def pretrain_vae(config: ExperimentConfig, seed: int, audit: AuditLog, data: FederatedData,
+                 progress: Callable[[str], None] | None = None) -> Callable:
+    """FedDisco's first stage: train the β-VAE with FedAvg on the same clients and backend;
+    return its encoder, which every client then holds."""
+    n_in = data.train[0].x.shape[1]
+    vae_task = Task("vae", "β-VAE on the task's samples", lambda: data,
+                    lambda: BetaVAE(n_in), vae_loss, reconstruction_score, "-MSE")
+    vae_config = replace(config, protocol="fedavg", server_opt={}, protocol_options={},
+                         rounds=config.vae_rounds, client_lr=str(config.vae_lr),
+                         server_lr_schedule=None, client_split=None)
+    run = run_seed(vae_config, seed, audit, autoencoding(data), progress, task=vae_task,
+                   label=f"{seed}-vae")
+    model = BetaVAE(n_in)
+    set_flat_params(model, run.final_params)
+    model.eval()
+
+    def encode(x: torch.Tensor) -> np.ndarray:
+        with torch.no_grad():
+            return model.encode(x).numpy()
+    return encode
+
+
 def run_seed(config: ExperimentConfig, seed: int, audit: AuditLog,
              data: FederatedData | None = None,
-             progress: Callable[[str], None] | None = None) -> SeedRun:
+             progress: Callable[[str], None] | None = None, task: Task | None = None,
+             label: str | None = None) -> SeedRun:
     """One federated run, evaluated after every round."""
-    task = get_task(config.task)
+    task = task if task is not None else get_task(config.task)
     data = data if data is not None else task.load()
     if config.client_split is not None:
         split = seed % config.client_split_count if config.client_split_count else seed
@@ -187,8 +214,12 @@ def run_seed(config: ExperimentConfig, seed: int, audit: AuditLog,
         trainer = LocalTrainer(task.make_model(), part, task.loss, config.batch_size,
                                seed=seed * 1000 + k)
         clients[cid] = Client(cid, trainer, client_backends[cid])
+    if config.protocol == "feddisco":
+        encoder = pretrain_vae(config, seed, audit, data, progress)
+        for client in clients.values():
+            client.encoder = encoder
     transport = InProcessTransport({cid: c.handle for cid, c in clients.items()})
-    audit.run = str(seed)
+    audit.run = label or str(seed)
     server = Server(
         make_protocol(config.protocol, **config.protocol_options), server_backend,
         make_optimizer({**config.optimizer_config(), "dim": initial.size}), transport, initial,

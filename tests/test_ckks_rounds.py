@@ -23,11 +23,21 @@ from simulation.experiment import ExperimentConfig, run_experiment
 SMALL = ExperimentConfig(rounds=2, seeds=[1], local_steps=3, backend="ckks")
 
 
+def small(protocol: str, **changes) -> ExperimentConfig:
+    """A short run of the protocol on its paper's kind of task."""
+    allow = make_protocol(protocol).needs_individual_updates  # medians: not sums
+    cfg = replace(SMALL, protocol=protocol, allow_plaintext_updates=allow, **changes)
+    if protocol == "feddisco":  # a β-VAE over images: the digits task
+        cfg = replace(cfg, task="digits-niid2", local_epochs=1, batch_size=64, client_lr="0.5",
+                      vae_rounds=2, protocol_options={"alpha": 0.0})
+    return cfg
+
+
 @pytest.mark.parametrize("protocol", list(PROTOCOLS))
 def test_ckks_audit_lists_only_declared_items(protocol):
     proto = make_protocol(protocol)
     allow = proto.needs_individual_updates  # medians and trimmed means cannot run on sums
-    result = run_experiment(replace(SMALL, protocol=protocol, allow_plaintext_updates=allow))
+    result = run_experiment(small(protocol))
     summary = result.audit.summary()
     assert summary["individual_updates_revealed"] is allow
     assert summary["undeclared_plaintext_items"] == []
@@ -36,7 +46,8 @@ def test_ckks_audit_lists_only_declared_items(protocol):
                if "plaintext vector" in v}
     assert vectors and set(vectors) <= set(proto.reveals) | {"global_update"}
     per_round = 6 if allow else 1  # one reveal per round, or every client's update
-    assert all(count == SMALL.rounds * per_round for count in vectors.values()), vectors
+    rounds = SMALL.rounds + (small(protocol).vae_rounds if protocol == "feddisco" else 0)
+    assert all(count == rounds * per_round for count in vectors.values()), vectors
     assert summary["exclusions"] == []
 
 
@@ -50,8 +61,7 @@ def test_aggregators_that_are_not_sums_are_refused_on_ckks_without_consent():
 
 @pytest.mark.parametrize("protocol", list(PROTOCOLS))
 def test_plain_and_ckks_give_the_same_model(protocol):
-    allow = make_protocol(protocol).needs_individual_updates
-    cfg = replace(SMALL, protocol=protocol, rounds=3, allow_plaintext_updates=allow)
+    cfg = small(protocol, rounds=3)
     if cfg.optimizer_config()["name"] in ("adam", "yogi", "adagrad"):
         # FLamby's τ = 1e-8 lets Adam-type steps blow any difference in a near-zero gradient
         # up to order lr (README, "Parity"); compare at the iDASH baseline's τ = 1e-3
