@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 import time
+from functools import partial
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable
 
@@ -60,7 +61,8 @@ class ExperimentConfig:
     server_lr_schedule: str | None = None
     #: FedDisco: rounds of federated β-VAE training before the classifier, and its client lr
     vae_rounds: int = 10
-    vae_lr: float = 0.05
+    vae_lr: float = 0.1
+    vae_beta: float = 0.1
 
     def validate(self) -> "ExperimentConfig":
         get_task(self.task)
@@ -177,7 +179,8 @@ def pretrain_vae(config: ExperimentConfig, seed: int, audit: AuditLog, data: Fed
     return its encoder, which every client then holds."""
     n_in = data.train[0].x.shape[1]
     vae_task = Task("vae", "β-VAE on the task's samples", lambda: data,
-                    lambda: BetaVAE(n_in), vae_loss, reconstruction_score, "-MSE")
+                    lambda: BetaVAE(n_in), partial(vae_loss, beta=config.vae_beta),
+                    reconstruction_score, "-MSE")
     vae_config = replace(config, protocol="fedavg", server_opt={}, protocol_options={},
                          rounds=config.vae_rounds, client_lr=str(config.vae_lr),
                          server_lr_schedule=None, client_split=None)

@@ -14,7 +14,7 @@ from torch import nn
 from clients.tasks.tcga_brca import ClientData, FederatedData
 
 LATENT = 4
-BETA = 1.0
+BETA = 0.1  # β < 1: with β = 1 and client SGD the encoder collapses onto the prior
 
 
 class BetaVAE(nn.Module):
