@@ -92,6 +92,10 @@ class Protocol(ABC):
         """Extra scalar fields the training reply must carry (name -> wire kind)."""
         return {}
 
+    def check_upload(self, client: str, upload: Upload) -> None:
+        """Raise ClientInputError if an upload's extra scalars are unusable: the engine then
+        excludes that client from the round instead of failing the run."""
+
     @abstractmethod
     def aggregate(self, rnd: RoundAPI, uploads: Mapping[str, Upload]) -> Any:
         """Combine the uploads into the global pseudo-gradient, still protected (a handle).

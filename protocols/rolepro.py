@@ -42,7 +42,7 @@ import numpy as np
 from protocols.base import Protocol, RoundAPI, Upload
 from protocols.fedavg import sample_size_weights
 from secagg import wire
-from secagg.errors import ConfigError
+from secagg.errors import ClientInputError, ConfigError
 
 TAU = 1e-5
 
@@ -117,11 +117,14 @@ class _LossRatio(Protocol):
     def train_reply(self, rnd: RoundAPI) -> dict[str, str]:
         return {"loss_ratio": wire.SCALAR}
 
-    def ratios(self, uploads: Mapping[str, Upload], clients: list[str]) -> np.ndarray:
-        r = np.array([uploads[c].extra["loss_ratio"] for c in clients])
-        if np.any(r <= 0):
-            raise ConfigError(f"loss ratios must be positive, got {r}")
-        return r
+    def check_upload(self, client: str, upload: Upload) -> None:
+        if not upload.extra["loss_ratio"] > 0:
+            raise ClientInputError(f"{client} reports a loss ratio of "
+                                   f"{upload.extra['loss_ratio']}; ratios of losses are > 0")
+
+    @staticmethod
+    def ratios(uploads: Mapping[str, Upload], clients: list[str]) -> np.ndarray:
+        return np.array([uploads[c].extra["loss_ratio"] for c in clients])
 
 
 class CostWAgg(_LossRatio):

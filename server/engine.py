@@ -116,8 +116,10 @@ class Server:
                 if not n > 0:
                     raise ClientInputError(f"{c} reports {n} samples")
                 extra = {k: env.scalar(k) for k in self.protocol.train_reply(ctx)}
-                uploads[c] = Upload(self.backend.load(env, "pseudo_gradient", self.n_params), n,
-                                    extra)
+                upload = Upload(self.backend.load(env, "pseudo_gradient", self.n_params), n,
+                                extra)
+                self.protocol.check_upload(c, upload)
+                uploads[c] = upload
             except ClientInputError as exc:
                 ctx.exclude(c, "train", exc)
         if len(uploads) < self.min_clients:

@@ -171,3 +171,24 @@ def test_bad_rolepro_options():
         make_protocol("regagg", tau=0.0)
     with pytest.raises(ConfigError):
         make_protocol("topkregcost", drop_fraction=1.0)
+
+
+def test_a_non_positive_loss_ratio_excludes_only_that_client():
+    def client(cid, g, ratio):
+        def handle(data):
+            req = Envelope.from_bytes(data)
+            return Envelope(cid, "server", req.round, req.phase, {
+                "pseudo_gradient": wire.vector(g), "n_samples": wire.scalar(10),
+                "loss_ratio": wire.scalar(ratio)}).to_bytes()
+        return handle
+
+    handlers = {"client_0": client("client_0", np.ones(2), 1.2),
+                "client_1": client("client_1", np.zeros(2), 0.9),
+                "client_bad": client("client_bad", np.full(2, 9.0), -1.0)}
+    server_backend, _ = make_backends("plain", list(handlers))
+    server = Server(make_protocol("regcostagg"), server_backend, SGD(2),
+                    InProcessTransport(handlers), np.zeros(2), client_lr=StepSchedule(),
+                    local_steps=1)
+    report = server.run_round(0)
+    assert "loss ratio of -1.0" in report.excluded["client_bad"]
+    np.testing.assert_allclose(server.params, 1.2 / (1.2 + 0.9))
