@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from benchmarks.stats import mean_std, paired_difference
+from benchmarks.stats import format_difference, mean_std, paired_difference
 from simulation.cli import parse_seeds
 from simulation.experiment import ExperimentConfig, run_experiment, stderr_progress
 
@@ -52,8 +52,7 @@ def main() -> None:
     for alpha, g in runs.groupby("alpha"):
         g = g.sort_values("seed")
         d = paired_difference(g["avg_acc_last5"].to_numpy(), base["avg_acc_last5"].to_numpy())
-        diff = "—" if alpha == 0 else (f"{d['mean_diff']:+.4f} [{d['ci_low']:+.4f}, "
-                                       f"{d['ci_high']:+.4f}]")
+        diff = "—" if alpha == 0 else format_difference(d)
         lines.append(f"| {alpha:g} | {mean_std(g['final_acc'])} | "
                      f"{mean_std(g['avg_acc_last5'])} | {diff} |")
     table = "\n".join(lines)

@@ -23,7 +23,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from benchmarks.stats import mean_std, paired_difference  # noqa: E402
+from benchmarks.stats import format_difference, mean_std, paired_difference  # noqa: E402
 from simulation.cli import parse_seeds  # noqa: E402
 from simulation.experiment import ExperimentConfig, run_experiment, stderr_progress  # noqa
 
@@ -65,8 +65,8 @@ def main() -> None:
         base, larc = wide[list(ARMS)[0]], wide[list(ARMS)[1]]
         d = paired_difference(larc, base)
         lines.append(
-            f"| {study} | {mean_std(base)} | {mean_std(larc)} | {d['mean_diff']:+.4f} "
-            f"[{d['ci_low']:+.4f}, {d['ci_high']:+.4f}] | {d['p_ttest']:.3g} / "
+            f"| {study} | {mean_std(base)} | {mean_std(larc)} | {format_difference(d)} | "
+            f"{d['p_ttest']:.3g} / "
             f"{d['p_wilcoxon']:.3g} | {d['wins']}/{d['n_pairs']} pairs |")
         ax.boxplot([base, larc], labels=["FedAdam", "LARC"])
         ax.set_title(f"{study}\n(n={d['n_pairs']} paired seeds)")

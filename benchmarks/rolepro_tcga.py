@@ -22,7 +22,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from benchmarks.stats import mean_std, paired_difference  # noqa: E402
+from benchmarks.stats import format_difference, mean_std, paired_difference  # noqa: E402
 from simulation.cli import parse_seeds  # noqa: E402
 from simulation.experiment import ExperimentConfig, run_experiment, stderr_progress  # noqa
 
@@ -81,8 +81,7 @@ def main() -> None:
         for method, m in g.groupby("method", sort=False):
             d = paired_difference(m.sort_values("seed")["avg_c_index"].to_numpy(),
                                   ref.sort_values("seed")["avg_c_index"].to_numpy())
-            diff = ("—" if m is ref or method in ("fedavg", "fedavg only") else
-                    f"{d['mean_diff']:+.4f} [{d['ci_low']:+.4f}, {d['ci_high']:+.4f}]")
+            diff = "—" if method in ("fedavg", "fedavg only") else format_difference(d)
             lines.append(f"| {method} | {mean_std(m['best_c_index'])} | "
                          f"{mean_std(m['avg_c_index'])} | {mean_std(m['best_loss'])} | "
                          f"{mean_std(m['avg_loss'])} | {diff} |")

@@ -36,3 +36,8 @@ def markdown_table(frame, floatfmt: str = ".6g") -> str:
              "|" + "---|" * len(frame.columns)]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in frame.itertuples(False)]
     return "\n".join(lines)
+
+
+def format_difference(d: dict[str, float]) -> str:
+    """``+0.0123 [+0.0045, +0.0201]``: a paired_difference() result for a table cell."""
+    return f"{d['mean_diff']:+.4f} [{d['ci_low']:+.4f}, {d['ci_high']:+.4f}]"
