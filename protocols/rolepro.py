@@ -99,6 +99,18 @@ def trimmed_mean(gs: np.ndarray, drop_fraction: float = 0.2) -> np.ndarray:
 # ---- protocols ---------------------------------------------------------------------------------
 
 
+def _checked_fraction(drop_fraction: float) -> float:
+    if not 0 <= drop_fraction < 1:
+        raise ConfigError(f"drop_fraction must lie in [0, 1), got {drop_fraction}")
+    return drop_fraction
+
+
+def _checked_tau(tau: float) -> float:
+    if not tau > 0:
+        raise ConfigError(f"tau must be positive, got {tau}")
+    return tau
+
+
 def _ordered(uploads: Mapping[str, Upload]) -> tuple[list[str], np.ndarray]:
     clients = list(uploads)
     nu = sample_size_weights({c: uploads[c].n_samples for c in clients})
@@ -165,9 +177,7 @@ class TopKRegCost(_LossRatio):
     name = "topkregcost"
 
     def __init__(self, drop_fraction: float = 0.2):
-        if not 0 <= drop_fraction < 1:
-            raise ConfigError(f"drop_fraction must lie in [0, 1), got {drop_fraction}")
-        self.drop_fraction = drop_fraction
+        self.drop_fraction = _checked_fraction(drop_fraction)
 
     def aggregate(self, rnd: RoundAPI, uploads: Mapping[str, Upload]) -> Any:
         clients, nu = _ordered(uploads)
@@ -186,9 +196,7 @@ class RegAgg(Protocol):
     server_computes_update = True  # ŵ = A / B is formed in plaintext by the server
 
     def __init__(self, tau: float = TAU):
-        if not tau > 0:
-            raise ConfigError(f"tau must be positive, got {tau}")
-        self.tau = tau
+        self.tau = _checked_tau(tau)
 
     def describe(self):
         return {"name": self.name, "tau": self.tau}
@@ -253,7 +261,7 @@ class RegMedAgg(_Individual):
     name = "regmedagg"
 
     def __init__(self, tau: float = TAU):
-        self.tau = tau
+        self.tau = _checked_tau(tau)
 
     def combine(self, gs: np.ndarray, nu: np.ndarray) -> np.ndarray:
         return regagg(gs, nu, self.tau, centre=np.median(gs, axis=0))
@@ -263,9 +271,7 @@ class TrimmedMean(_Individual):
     name = "trimmedmean"
 
     def __init__(self, drop_fraction: float = 0.2):
-        if not 0 <= drop_fraction < 1:
-            raise ConfigError(f"drop_fraction must lie in [0, 1), got {drop_fraction}")
-        self.drop_fraction = drop_fraction
+        self.drop_fraction = _checked_fraction(drop_fraction)
 
     def combine(self, gs: np.ndarray, nu: np.ndarray) -> np.ndarray:
         return trimmed_mean(gs, self.drop_fraction)

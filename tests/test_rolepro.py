@@ -171,6 +171,10 @@ def test_bad_rolepro_options():
         make_protocol("regagg", tau=0.0)
     with pytest.raises(ConfigError):
         make_protocol("topkregcost", drop_fraction=1.0)
+    with pytest.raises(ConfigError):
+        make_protocol("trimmedmean", drop_fraction=-0.1)
+    with pytest.raises(ConfigError):
+        make_protocol("regmedagg", tau=-1.0)
 
 
 def test_a_non_positive_loss_ratio_excludes_only_that_client():
