@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from clients.tasks import ClientData
 from clients.training import LocalTrainer
 from protocols import feddisco, larc, rolepro
 from protocols.optimizers import ServerOptimizer, make_optimizer, optimizer_from_envelope
@@ -24,10 +25,12 @@ SERVER = "server"
 
 
 class Client:
-    def __init__(self, client_id: str, trainer: LocalTrainer, backend: ClientBackend):
+    def __init__(self, client_id: str, trainer: LocalTrainer, backend: ClientBackend,
+                 validation: ClientData | None = None):
         self.id = client_id
         self.trainer = trainer
         self.backend = backend
+        self.validation = validation  # held-out local samples (Auto-FedRL's reward)
         self._w: np.ndarray | None = None  # global model of the current round
         self._g: np.ndarray | None = None  # this client's pseudo-gradient of the current round
         self._optimizer: ServerOptimizer | None = None  # server-blind runs only
@@ -41,6 +44,7 @@ class Client:
             "regagg_terms": self.on_regagg_terms,
             "plaintext_update": self.on_plaintext_update,
             "discrepancy": self.on_discrepancy,
+            "validate": self.on_validate,
             **backend.handlers(),
         }
 
@@ -72,7 +76,8 @@ class Client:
             self._optimizer.hyper["lr"] = opt_cfg["lr"]  # phase-wise server rates
         steps = (int(cfg["epochs"]) * -(-len(self.trainer.data) // self.trainer.batch_size)
                  if "epochs" in cfg else int(cfg["steps"]))
-        self._g = self.trainer.train(self._w, lr=float(cfg["lr"]), steps=steps)
+        self._g = self.trainer.train(self._w, lr=float(cfg["lr"]), steps=steps,
+                                     prox_mu=float(cfg.get("prox_mu", 0.0)))
         reply = {
             "pseudo_gradient": self.backend.protect(self._g),
             "n_samples": wire.scalar(len(self.trainer.data)),
@@ -138,3 +143,14 @@ class Client:
             raise MalformedMessage(f"{self.id} has no β-VAE encoder for FedDisco")
         return {"discrepancy": wire.scalar(feddisco.discrepancy(
             self.encoder(self.trainer.data.x)))}
+
+    def on_validate(self, env: Envelope) -> dict[str, Field]:
+        """Auto-FedRL: the loss of the global model on this client's validation samples.
+        A request that carries the model also makes it this client's global model."""
+        if self.validation is None:
+            raise MalformedMessage(f"{self.id} holds no validation samples")
+        if "model" in env.fields:
+            self._w = env.vector("model", self.trainer.n_params)
+        if self._w is None:
+            raise MalformedMessage(f"{self.id} has no global model to validate")
+        return {"val_loss": wire.scalar(self.trainer.loss_at(self._w, data=self.validation))}

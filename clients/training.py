@@ -62,30 +62,40 @@ class LocalTrainer:
     def n_params(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
 
-    def train(self, w: np.ndarray, lr: float, steps: int) -> np.ndarray:
-        """Run ``steps`` SGD steps from ``w``; return the pseudo-gradient (new − old)."""
+    def train(self, w: np.ndarray, lr: float, steps: int, prox_mu: float = 0.0) -> np.ndarray:
+        """Run ``steps`` SGD steps from ``w``; return the pseudo-gradient (new − old).
+
+        ``prox_mu`` > 0 is FedProx (Li et al. 2020): the local objective gains
+        μ/2 · ||θ − w||², which keeps the local model near the global one.
+        """
         set_flat_params(self.model, w)
         start = flat_params(self.model)
+        anchor = [p.detach().clone() for p in self.model.parameters()]
         opt = torch.optim.SGD(self.model.parameters(), lr=lr)
         self.model.train()
         for _ in range(steps):
             idx = torch.from_numpy(self.stream.next())
             loss = self.loss_fn(self.model(self.data.x[idx]), self.data.y[idx])
+            if prox_mu:
+                loss = loss + prox_mu / 2 * sum(((p - a) ** 2).sum() for p, a in
+                                                zip(self.model.parameters(), anchor))
             opt.zero_grad()
             loss.backward()
             opt.step()
         return flat_params(self.model) - start
 
     @torch.no_grad()
-    def loss_at(self, w: np.ndarray, drop_bias: bool = False) -> float:
-        """The training loss on all local samples with parameters ``w``.
+    def loss_at(self, w: np.ndarray, drop_bias: bool = False,
+                data: ClientData | None = None) -> float:
+        """The loss on all local training samples (or on ``data``) with parameters ``w``.
 
         ``drop_bias`` zeroes every bias parameter first (the LARC team's code variant).
         """
+        data = self.data if data is None else data
         set_flat_params(self.model, w)
         if drop_bias:
             for name, p in self.model.named_parameters():
                 if name.endswith("bias"):
                     p.zero_()
         self.model.eval()
-        return float(self.loss_fn(self.model(self.data.x), self.data.y))
+        return float(self.loss_fn(self.model(data.x), data.y))

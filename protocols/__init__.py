@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from protocols.autofedrl import AutoFedRL
 from protocols.base import Protocol, Upload
 from protocols.fedavg import FedAvg
 from protocols.feddisco import FedDisco
@@ -33,6 +34,9 @@ PROTOCOLS: dict[str, tuple[Callable[..., Protocol], dict[str, Any]]] = {
     "feddisco": (FedDisco, {"name": "sgd", "lr": 1.0}),
     # FedAvg then a judicious aggregator: --protocol-option then=regagg switch_round=3
     "rolepro": (TwoPhase, {"name": "sgd", "lr": 1.0}),
+    # online RL search of client lr, local steps, aggregation weights and server lr (SGD);
+    # clients need validation samples (--validation-split)
+    "autofedrl": (AutoFedRL, {"name": "sgd", "lr": 1.0}),
 }
 
 

@@ -1,261 +1,198 @@
-"""Auto-FedRL's online hyperparameter agents (Guo et al., MICCAI 2022, §3.2, Eq. 4–10).
+"""Auto-FedRL: online RL hyperparameter search during one federated run (Guo et al., MICCAI
+2022, Alg. 1, Fig. 3).
 
-The agent keeps a distribution P(h | ψ) over a normalised hyperparameter vector h (client
-learning rate, local iterations, server learning rate, per-client aggregation weights), draws
-h^q for round q, and after the round receives the reward
+Round q:
 
-    r^q = (L_h^q − L_h^{q+1}) / L_h^q,   L_h^q = mean_k L_val_k^q      (Eq. 4–5)
+1. the agent samples h^q ~ P(H | ψ^q): the client learning rate, the local iterations, one
+   aggregation weight per client and the server learning rate (whichever are searched);
+2. clients train from Θ^q with h^q's learning rate and iterations and upload their
+   pseudo-gradients Δ_k (the engine's training phase);
+3. the server forms Δ^q = Σ_k p_k Δ_k with p_k ∝ n_k · exp(aw_k) and steps SGD with h^q's
+   server learning rate: Θ^{q+1} = Θ^q + γ_s Δ^q (Eq. 3);
+4. clients report their validation loss of Θ^{q+1}; the reward is the relative reduction of
+   the mean, r^q = (L^q − L^{q+1}) / L^q (Eq. 4–5), and the agent steps (Eq. 8–9).
 
-and updates ψ by REINFORCE with a windowed baseline (Eq. 8–9): the policy-gradient objective is
-Σ_{τ=q−Z}^{q} (r^τ − r̂^q) log P(h^τ | ψ) with r̂^q the mean reward of the window; Adam
-(γ_h = 1e-2) ascends it. (Eq. 8 writes "ψ − γ_h ∇": the descent step on the negated
-objective.) The log-probabilities of the window's actions are evaluated at the current ψ, so
-nothing but the window's actions and rewards is kept between rounds. Gradients are written
-out (Gaussian log-densities, a one-hidden-layer MLP), so the server side needs no torch.
+The agents are in ``protocols.hpo_agents``. Aggregation weights: the paper leaves their
+parametrisation open; the authors' NVFlare port turns the searched values aw_k ∈ [0.1, 1]
+into softmax(aw)_k and its aggregator multiplies them by each contribution's size, which is
+the p_k above. Search ranges default to the port's (client lr 5e-4–5e-2, server lr 0.5–1.5);
+local iterations are local SGD steps, 2–40. The initial σ = 0.66 (in units where the range
+spans [−1, 1]) is the port's initial precision 85; the window Z = 5 is its cutoff interval.
 
-Agents, as small classes with ``sample`` / ``step`` (like Opacus' accountants):
-
-- :class:`ContinuousAgent` — Auto-FedRL(CS): h ~ N(μ, diag σ²), ψ = (μ, log σ);
-- :class:`DiscreteAgent` — Auto-FedRL(DS): a discrete Gaussian over a normalised grid, the
-  probabilities of every grid point computed (its memory grows with the grid: the paper's
-  Table 2 point);
-- :class:`MLPAgent` — Auto-FedRL(MLP): ψ^q = MLP(ψ^{q−1}), the MLP's weights trained instead.
-  Not validated yet: on a 1-D toy reward the iterated map converges for some seeds and drifts
-  for others (the CS and DS agents converge; tests/test_autofedrl_agents.py).
-
-This module is the agents' arithmetic; wiring them into a protocol is still to come.
+On an encrypted backend nothing changes for the updates (the weights are chosen before the
+upload, so Δ^q is one weighted sum); the server additionally learns every client's
+validation loss, declared as ``val_loss``.
 """
 
 from __future__ import annotations
 
-import itertools
-import math
-from dataclasses import dataclass
+import time
+from typing import Any, Mapping
 
 import numpy as np
 
-from secagg.errors import ConfigError
+from protocols.base import Protocol, RoundAPI, Upload
+from protocols.hpo_agents import ContinuousAgent, DiscreteAgent, MLPAgent, SearchSpace
+from secagg.errors import ClientInputError, ConfigError
+
+SEARCHABLE = ("client_lr", "local_steps", "aggregation_weights", "server_lr")
+AGENTS = ("cs", "ds", "mlp")
 
 
 def relative_loss_reduction(previous: float, current: float) -> float:
-    """Eq. 5: the reward of a round."""
+    """Eq. 5: r = (L^q − L^{q+1}) / L^q."""
     if not previous > 0:
         raise ValueError(f"the previous mean validation loss must be positive, got {previous}")
     return (previous - current) / previous
 
 
-@dataclass(frozen=True)
-class SearchSpace:
-    """Maps a normalised vector in [−1, 1]^D to hyperparameters (log scale where asked)."""
-
-    names: tuple[str, ...]
-    lows: tuple[float, ...]
-    highs: tuple[float, ...]
-    log_scale: tuple[bool, ...]
-    integer: tuple[bool, ...]
-
-    def __post_init__(self):
-        sizes = {len(self.names), len(self.lows), len(self.highs), len(self.log_scale),
-                 len(self.integer)}
-        if len(sizes) != 1:
-            raise ConfigError("every search-space field needs one entry per hyperparameter")
-        if any(not lo < hi for lo, hi in zip(self.lows, self.highs)):
-            raise ConfigError("each hyperparameter range needs low < high")
-        if any(lg and lo <= 0 for lg, lo in zip(self.log_scale, self.lows)):
-            raise ConfigError("log-scale ranges must be positive")
-
-    @property
-    def dim(self) -> int:
-        return len(self.names)
-
-    def values(self, h: np.ndarray) -> dict[str, float]:
-        h = np.clip(np.asarray(h, dtype=np.float64), -1.0, 1.0)
-        out = {}
-        for i, name in enumerate(self.names):
-            lo, hi = self.lows[i], self.highs[i]
-            if self.log_scale[i]:
-                v = math.exp(math.log(lo) + (h[i] + 1) / 2 * (math.log(hi) - math.log(lo)))
-            else:
-                v = lo + (h[i] + 1) / 2 * (hi - lo)
-            out[name] = float(round(v)) if self.integer[i] else v
-        return out
+def searched_weights(n_samples: Mapping[str, float], aw: Mapping[str, float]
+                     ) -> dict[str, float]:
+    """p_k = n_k · exp(aw_k) / Σ_j n_j · exp(aw_j)  (sample sizes times softmax(aw))."""
+    clients = list(n_samples)
+    logits = np.array([np.log(n_samples[c]) + aw[c] for c in clients])
+    p = np.exp(logits - logits.max())
+    return dict(zip(clients, (p / p.sum()).tolist()))
 
 
-class Adam:
-    """Adam (Kingma & Ba) ascending an objective, for the agents' few parameters."""
-
-    def __init__(self, shapes: list[tuple[int, ...]], lr: float, betas=(0.9, 0.999),
-                 eps: float = 1e-8):
-        self.lr, self.betas, self.eps, self.t = lr, betas, eps, 0
-        self.m = [np.zeros(s) for s in shapes]
-        self.v = [np.zeros(s) for s in shapes]
-
-    def ascend(self, params: list[np.ndarray], grads: list[np.ndarray]) -> None:
-        self.t += 1
-        b1, b2 = self.betas
-        for p, g, m, v in zip(params, grads, self.m, self.v):
-            m *= b1
-            m += (1 - b1) * g
-            v *= b2
-            v += (1 - b2) * g * g
-            p += self.lr * (m / (1 - b1 ** self.t)) / (np.sqrt(v / (1 - b2 ** self.t)) + self.eps)
+def parse_range(text: Any, name: str) -> tuple[float, float]:
+    """``"5e-4:5e-2"`` -> (5e-4, 5e-2)."""
+    try:
+        lo, hi = (float(v) for v in str(text).split(":"))
+    except ValueError:
+        raise ConfigError(f"{name} must be written low:high, got {text!r}") from None
+    if not lo < hi:
+        raise ConfigError(f"{name} needs low < high, got {text!r}")
+    return lo, hi
 
 
-def gaussian_log_prob(h: np.ndarray, mu: np.ndarray, log_sigma: np.ndarray) -> float:
-    z = (h - mu) / np.exp(log_sigma)
-    return float(np.sum(-0.5 * z * z - log_sigma - 0.5 * math.log(2 * math.pi)))
+class AutoFedRL(Protocol):
+    name = "autofedrl"
+    reveals = ("val_loss", "global_update")
+    observes_validation = True
 
+    def __init__(self, agent: str = "cs",
+                 search: str = "client_lr,local_steps,aggregation_weights,server_lr",
+                 agent_lr: float = 1e-2, window: int = 5, init_sigma: float = 0.66,
+                 grid_points: int = 3, client_lr_range: str = "5e-4:5e-2",
+                 local_steps_range: str = "2:40", aggregation_weight_range: str = "0.1:1",
+                 server_lr_range: str = "0.5:1.5"):
+        if agent not in AGENTS:
+            raise ConfigError(f"agent must be one of {AGENTS}, got {agent!r}")
+        self.searched = tuple(s.strip() for s in str(search).split(",") if s.strip())
+        unknown = set(self.searched) - set(SEARCHABLE)
+        if unknown or not self.searched:
+            raise ConfigError(f"search takes a comma-separated subset of {SEARCHABLE}, "
+                              f"got {search!r}")
+        if grid_points < 2:
+            raise ConfigError(f"grid_points must be at least 2, got {grid_points}")
+        if not 0 < init_sigma <= 2:
+            raise ConfigError(f"init_sigma must lie in (0, 2], got {init_sigma}")
+        self.agent_kind, self.agent_lr, self.window = agent, agent_lr, window
+        self.init_sigma, self.grid_points = init_sigma, grid_points
+        self.ranges = {"client_lr": parse_range(client_lr_range, "client_lr_range"),
+                       "local_steps": parse_range(local_steps_range, "local_steps_range"),
+                       "aggregation_weights": parse_range(aggregation_weight_range,
+                                                          "aggregation_weight_range"),
+                       "server_lr": parse_range(server_lr_range, "server_lr_range")}
+        if self.ranges["local_steps"][0] < 1 or self.ranges["client_lr"][0] <= 0 \
+                or self.ranges["server_lr"][0] <= 0:
+            raise ConfigError("learning rates must be positive and local steps at least 1")
+        self._seed = 0
+        self.agent: ContinuousAgent | DiscreteAgent | None = None
+        self.space: SearchSpace | None = None
+        self.clients: list[str] = []
+        self.plan: dict[str, Any] = {}  # this round's hyperparameters
+        self._awaiting_reward = False
+        self._previous_loss: float | None = None
+        self.search_seconds = 0.0  # the agent's own time (sampling and updates)
+        self.trajectory: list[dict[str, Any]] = []  # per round: h^q, L^{q+1}, r^q
 
-def gaussian_log_prob_grads(h, mu, log_sigma) -> tuple[np.ndarray, np.ndarray]:
-    """∂/∂μ and ∂/∂log σ of log N(h | μ, σ²) (diagonal)."""
-    sigma2 = np.exp(2 * log_sigma)
-    return (h - mu) / sigma2, (h - mu) ** 2 / sigma2 - 1.0
+    def describe(self):
+        return {"name": self.name, "agent": self.agent_kind, "search": list(self.searched),
+                "agent_lr": self.agent_lr, "window": self.window,
+                "init_sigma": self.init_sigma, "ranges": self.ranges}
 
+    def seed(self, seed: int) -> None:
+        self._seed = seed
 
-class _Agent:
-    """Shared windowed REINFORCE: subclasses give log-probability gradients."""
+    # ---- the search space -----------------------------------------------------------------
+    def _build(self, clients: list[str]) -> None:
+        """Dimensions: [client_lr] [local_steps] [aw_k for each client] [server_lr]."""
+        self.clients = sorted(clients)
+        names, lows, highs, logs, ints = [], [], [], [], []
+        for key in SEARCHABLE:
+            if key not in self.searched:
+                continue
+            lo, hi = self.ranges[key]
+            dims = ([f"aw_{c}" for c in self.clients] if key == "aggregation_weights"
+                    else [key])
+            for name in dims:
+                names.append(name)
+                lows.append(lo)
+                highs.append(hi)
+                logs.append(False)  # linear, like the authors' port
+                ints.append(key == "local_steps")
+        self.space = SearchSpace(tuple(names), tuple(lows), tuple(highs), tuple(logs),
+                                 tuple(ints))
+        kw = dict(lr=self.agent_lr, window=self.window, seed=self._seed)
+        if self.agent_kind == "ds":
+            self.agent = DiscreteAgent(self.space.dim, points=self.grid_points,
+                                       init_sigma=self.init_sigma, **kw)
+        elif self.agent_kind == "mlp":
+            self.agent = MLPAgent(self.space.dim, init_sigma=self.init_sigma, **kw)
+        else:
+            self.agent = ContinuousAgent(self.space.dim, init_sigma=self.init_sigma, **kw)
 
-    def __init__(self, dim: int, lr: float, window: int, seed: int):
-        if window < 0 or dim < 1:
-            raise ConfigError(f"need dim >= 1 and window >= 0, got {dim}, {window}")
-        self.dim, self.window, self.lr = dim, window, lr
-        self.rng = np.random.default_rng(seed)
-        self.history: list[tuple[np.ndarray, float]] = []
-        self._last: np.ndarray | None = None
+    # ---- the round ----------------------------------------------------------------------
+    def begin_round(self, rnd: RoundAPI) -> float | None:
+        if self.agent is None:
+            self._build(list(rnd.active))
+        start = time.perf_counter()
+        h = self.agent.sample()
+        self.search_seconds += time.perf_counter() - start
+        self.plan = self.space.values(h)
+        self._awaiting_reward = True
+        return self.plan.get("server_lr")
 
-    def sample(self) -> np.ndarray:
-        raise NotImplementedError
+    def train_settings(self, rnd: RoundAPI, client: str, settings: dict[str, Any]
+                       ) -> dict[str, Any]:
+        if "client_lr" in self.plan:
+            settings["lr"] = self.plan["client_lr"]
+        if "local_steps" in self.plan:
+            settings.pop("epochs", None)
+            settings["steps"] = int(self.plan["local_steps"])
+        return settings
 
-    def _grads(self, h: np.ndarray) -> list[np.ndarray]:
-        """Gradients of log P(h | ψ) with respect to the trainable parameters."""
-        raise NotImplementedError
+    def aggregate(self, rnd: RoundAPI, uploads: Mapping[str, Upload]) -> Any:
+        n = {c: u.n_samples for c, u in uploads.items()}
+        if "aggregation_weights" in self.searched:
+            # a client unknown at round 0 gets the middle of the range
+            mid = sum(self.ranges["aggregation_weights"]) / 2
+            aw = {c: self.plan.get(f"aw_{c}", mid) for c in uploads}
+        else:
+            aw = {c: 0.0 for c in uploads}
+        weights = searched_weights(n, aw)
+        return rnd.weighted_sum({c: u.handle for c, u in uploads.items()}, weights)
 
-    def _params(self) -> list[np.ndarray]:
-        raise NotImplementedError
+    def round_log(self) -> dict[str, float]:
+        last = self.trajectory[-1] if self.trajectory else {}
+        return {**{k: v for k, v in last.items() if k != "round"},
+                "agent_seconds": self.search_seconds}
 
-    def step(self, reward: float) -> None:
-        """Eq. 8–9: ascend Σ_window (r − r̂) log P(h | ψ) for the last sampled h."""
-        if self._last is None:
-            raise ConfigError("step() needs a sample() first")
-        self.history.append((self._last, float(reward)))
-        self._last = None
-        recent = self.history[-(self.window + 1):]
-        baseline = sum(r for _, r in recent) / len(recent)
-        total = [np.zeros_like(p) for p in self._params()]
-        for h, r in recent:
-            for acc, g in zip(total, self._grads(h)):
-                acc += (r - baseline) * g
-        self.optimizer.ascend(self._params(), total)
-        self._after_step()
+    def check_validation(self, client: str, loss: float) -> None:
+        if loss < 0:
+            raise ClientInputError(f"{client} reports a negative validation loss {loss}")
 
-    def _after_step(self) -> None:
-        pass
-
-
-class ContinuousAgent(_Agent):
-    """Auto-FedRL(CS): a diagonal Gaussian over the normalised search space."""
-
-    def __init__(self, dim: int, lr: float = 1e-2, window: int = 5, init_sigma: float = 0.3,
-                 seed: int = 0):
-        super().__init__(dim, lr, window, seed)
-        self.mu = np.zeros(dim)
-        self.log_sigma = np.full(dim, math.log(init_sigma))
-        self.optimizer = Adam([(dim,), (dim,)], lr)
-
-    def _params(self):
-        return [self.mu, self.log_sigma]
-
-    def _grads(self, h):
-        return list(gaussian_log_prob_grads(h, self.mu, self.log_sigma))
-
-    def log_prob(self, h: np.ndarray) -> float:
-        return gaussian_log_prob(h, self.mu, self.log_sigma)
-
-    def sample(self) -> np.ndarray:
-        self._last = self.mu + np.exp(self.log_sigma) * self.rng.standard_normal(self.dim)
-        return self._last.copy()
-
-
-class DiscreteAgent(_Agent):
-    """Auto-FedRL(DS): a discrete Gaussian on a grid of ``points`` values per dimension.
-
-    Every grid point's probability is computed, so memory and time grow as points^D.
-    """
-
-    def __init__(self, dim: int, points: int = 5, lr: float = 1e-2, window: int = 5,
-                 init_sigma: float = 0.5, seed: int = 0):
-        super().__init__(dim, lr, window, seed)
-        axis = np.linspace(-1.0, 1.0, points)
-        self.grid = np.array(list(itertools.product(axis, repeat=dim)))
-        self.mu = np.zeros(dim)
-        self.log_sigma = np.full(dim, math.log(init_sigma))
-        self.optimizer = Adam([(dim,), (dim,)], lr)
-
-    def _params(self):
-        return [self.mu, self.log_sigma]
-
-    def probabilities(self) -> np.ndarray:
-        z = (self.grid - self.mu) / np.exp(self.log_sigma)
-        logits = np.sum(-0.5 * z * z, axis=1)  # the σ normaliser cancels over the grid
-        p = np.exp(logits - logits.max())
-        return p / p.sum()
-
-    def log_prob(self, h: np.ndarray) -> float:
-        return float(np.log(self.probabilities()[self._index(h)]))
-
-    def _index(self, h: np.ndarray) -> int:
-        return int(np.argmin(np.abs(self.grid - h).sum(axis=1)))
-
-    def _grads(self, h):
-        p = self.probabilities()
-        sigma2 = np.exp(2 * self.log_sigma)
-        d_mu = (self.grid - self.mu) / sigma2          # ∂ logit_j / ∂μ
-        d_ls = (self.grid - self.mu) ** 2 / sigma2      # ∂ logit_j / ∂log σ
-        i = self._index(h)
-        return [d_mu[i] - p @ d_mu, d_ls[i] - p @ d_ls]
-
-    def sample(self) -> np.ndarray:
-        self._last = self.grid[self.rng.choice(len(self.grid), p=self.probabilities())].copy()
-        return self._last.copy()
-
-
-class MLPAgent(ContinuousAgent):
-    """Auto-FedRL(MLP): ψ^q = ψ^{q−1} + MLP(ψ^{q−1}), ψ = (μ, log σ); the MLP's weights
-    learn (one tanh hidden layer, output initialised to zero: it starts as the identity)."""
-
-    def __init__(self, dim: int, hidden: int = 16, lr: float = 1e-2, window: int = 5,
-                 init_sigma: float = 0.3, seed: int = 0):
-        super().__init__(dim, lr, window, init_sigma, seed)
-        self.psi = np.concatenate([self.mu, self.log_sigma])
-        self.w1 = self.rng.normal(0, 1 / math.sqrt(2 * dim), (hidden, 2 * dim))
-        self.b1 = np.zeros(hidden)
-        self.w2 = np.zeros((2 * dim, hidden))
-        self.b2 = np.zeros(2 * dim)
-        self.optimizer = Adam([p.shape for p in self._params()], lr)
-
-    def _params(self):
-        return [self.w1, self.b1, self.w2, self.b2]
-
-    def _forward(self):
-        a = np.tanh(self.w1 @ self.psi + self.b1)
-        out = self.psi + self.w2 @ a + self.b2
-        return out[:self.dim], out[self.dim:], a
-
-    def _grads(self, h):
-        mu, log_sigma, a = self._forward()
-        g_out = np.concatenate(gaussian_log_prob_grads(h, mu, log_sigma))
-        g_pre = (self.w2.T @ g_out) * (1 - a * a)
-        return [np.outer(g_pre, self.psi), g_pre, np.outer(g_out, a), g_out]
-
-    def log_prob(self, h: np.ndarray) -> float:
-        mu, log_sigma, _ = self._forward()
-        return gaussian_log_prob(h, mu, log_sigma)
-
-    def sample(self) -> np.ndarray:
-        mu, log_sigma, _ = self._forward()
-        self._last = mu + np.exp(log_sigma) * self.rng.standard_normal(self.dim)
-        return self._last.copy()
-
-    def _after_step(self) -> None:
-        mu, log_sigma, _ = self._forward()  # the new ψ is the next round's input
-        self.psi = np.concatenate([mu, log_sigma])
+    def observe_validation(self, rnd: RoundAPI, losses: Mapping[str, float]) -> None:
+        mean_loss = float(np.mean(list(losses.values())))
+        if self._awaiting_reward and self._previous_loss is not None:
+            reward = (relative_loss_reduction(self._previous_loss, mean_loss)
+                      if self._previous_loss > 0 else 0.0)
+            start = time.perf_counter()
+            self.agent.step(reward)
+            self.search_seconds += time.perf_counter() - start
+            self.trajectory.append({"round": rnd.round, **self.plan, "val_loss": mean_loss,
+                                    "reward": reward})
+            self._awaiting_reward = False
+        self._previous_loss = mean_loss

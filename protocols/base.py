@@ -40,6 +40,10 @@ class RoundAPI(TypingProtocol):
     n_params: int
     upload_kind: str  # wire kind of a protected vector on this backend
 
+    @property
+    def active(self) -> list[str]:
+        """The clients still in this round."""
+
     def ask(self, phase: str, messages: Mapping[str, Mapping[str, Field]],
             expect: Mapping[str, str] | None = None) -> dict[str, Envelope]:
         """Send each client its fields; return the replies that carry ``expect``'s fields
@@ -84,6 +88,29 @@ class Protocol(ABC):
     #: needs each client's own update (medians, trimming): not expressible as sums
     needs_individual_updates: bool = False
 
+    #: clients report their validation loss of the global model before round 0 and after
+    #: every update (Auto-FedRL's reward); the engine then calls ``observe_validation``
+    observes_validation: bool = False
+
+    def seed(self, seed: int) -> None:
+        """Protocols with randomness of their own draw it from the run's seed."""
+
+    def begin_round(self, rnd: RoundAPI) -> float | None:
+        """Called before the training phase; may return this round's server learning rate."""
+        return None
+
+    def train_settings(self, rnd: RoundAPI, client: str, settings: dict[str, Any]
+                       ) -> dict[str, Any]:
+        """A client's training settings (``lr``, ``steps`` or ``epochs``, ``prox_mu``) for
+        this round; the engine's defaults unless the protocol chooses them."""
+        return settings
+
+    def check_validation(self, client: str, loss: float) -> None:
+        """Raise ClientInputError if a reported validation loss is unusable."""
+
+    def observe_validation(self, rnd: RoundAPI, losses: Mapping[str, float]) -> None:
+        """The clients' validation losses of the current global model."""
+
     def train_fields(self, rnd: RoundAPI, client: str) -> dict[str, Field]:
         """Extra fields for a client's training request (none by default)."""
         return {}
@@ -102,6 +129,10 @@ class Protocol(ABC):
 
         The engine reveals it to the server, or in server-blind runs sends it to the clients,
         who decrypt it and apply the optimizer themselves."""
+
+    def round_log(self) -> dict[str, float]:
+        """Numbers worth a column in the run's per-round metrics (e.g. chosen settings)."""
+        return {}
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name}

@@ -6,7 +6,10 @@ Per round:
    uploads its protected pseudo-gradient and its sample count;
 2. the protocol combines the uploads (possibly asking clients more) into the protected global
    pseudo-gradient G;
-3. the server has G revealed and applies its optimizer: W ← W + Opt(G).
+3. the server has G revealed and applies its optimizer: W ← W + Opt(G);
+4. protocols that observe validation losses (Auto-FedRL) get each client's loss of the new
+   W in a ``validate`` phase (and of the initial W before round 0). That phase carries W, so
+   the next training request does not send it again.
 
 Server-blind runs (NVFlare's model) skip the reveal: the server sends the encrypted G to every
 client in an ``apply`` phase, and the clients decrypt it and apply their own copy of the
@@ -49,7 +52,7 @@ class Server:
                  audit: AuditLog | None = None,
                  min_clients: int = 1, max_message_bytes: int = wire.DEFAULT_MAX_BYTES,
                  server_blind: bool = False, allow_plaintext_updates: bool = False,
-                 server_lr: StepSchedule | None = None):
+                 server_lr: StepSchedule | None = None, prox_mu: float = 0.0):
         if server_blind and backend.can_read:
             raise ConfigError("server-blind runs need an encrypted backend: on plain the "
                               "server reads every upload anyway")
@@ -73,6 +76,8 @@ class Server:
         self.server_blind = server_blind
         self.allow_plaintext_updates = allow_plaintext_updates
         self.server_lr = server_lr
+        self.prox_mu = prox_mu  # FedProx: clients add μ/2·||w − W||² to their loss
+        self._holding: set[str] = set()  # clients already holding the current W
         self.left: dict[str, str] = {}  # clients that left the run (blind: missed an apply)
 
     @property
@@ -97,17 +102,31 @@ class Server:
         ctx = RoundContext(rnd, peers, self.n_params, self.backend, self.transport, self.audit,
                            None if self.server_blind else self.optimizer,
                            self.max_message_bytes, self.allow_plaintext_updates)
+        if rnd == 0 and self.protocol.observes_validation:
+            self._validate(ctx, send_model=True)  # the public initial model
+        server_lr = self.protocol.begin_round(ctx)
+        if server_lr is not None:
+            self.optimizer.hyper["lr"] = float(server_lr)
         work = ({"epochs": self.local_epochs} if self.local_epochs else
                 {"steps": self.local_steps})
-        train = {"train": wire.config({"lr": self.client_lr.at(rnd), **work})}
-        if not self.server_blind or rnd == 0:  # blind: only the public initial model
-            train["model"] = wire.vector(self.params.astype(np.float32))
+        settings = {"lr": self.client_lr.at(rnd), **work}
+        if self.prox_mu:
+            settings["prox_mu"] = self.prox_mu
+        common = {}
         if self.server_blind:
-            train["server_opt"] = wire.config(self.optimizer.config)
-        replies = ctx.ask("train", {
-            c: {**train, **self.protocol.train_fields(ctx, c)} for c in ctx.active
-        }, expect={"pseudo_gradient": self.backend.upload_kind, "n_samples": wire.SCALAR,
-                   **self.protocol.train_reply(ctx)})
+            common["server_opt"] = wire.config(self.optimizer.config)
+        requests = {}
+        for c in ctx.active:
+            request = {**common, "train": wire.config(
+                self.protocol.train_settings(ctx, c, dict(settings)))}
+            # blind runs send only the public initial model; clients that validated the
+            # current W already hold it
+            if (rnd == 0 or not self.server_blind) and c not in self._holding:
+                request["model"] = self._model_field()
+            requests[c] = {**request, **self.protocol.train_fields(ctx, c)}
+        replies = ctx.ask("train", requests, expect={
+            "pseudo_gradient": self.backend.upload_kind, "n_samples": wire.SCALAR,
+            **self.protocol.train_reply(ctx)})
 
         uploads: dict[str, Upload] = {}
         for c, env in replies.items():
@@ -127,16 +146,47 @@ class Server:
                               f"{self.min_clients}; exclusions: {ctx.excluded}")
 
         g_global = self.protocol.aggregate(ctx, uploads)
+        self._holding = set()
         if self.server_blind:
             self._apply_blind(ctx, g_global)
-            return RoundReport(rnd, list(ctx.active), dict(ctx.excluded), dict(ctx.seconds))
-        g_global = ctx.reveal(g_global, "global_update")
-        start = time.perf_counter()
-        update = self.optimizer.step(g_global)
-        self.params += update
-        ctx.seconds["optimizer"] += time.perf_counter() - start
-        return RoundReport(rnd, list(ctx.active), dict(ctx.excluded), dict(ctx.seconds),
-                           float(np.linalg.norm(update)))
+            norm = 0.0
+        else:
+            g_global = ctx.reveal(g_global, "global_update")
+            start = time.perf_counter()
+            update = self.optimizer.step(g_global)
+            self.params += update
+            ctx.seconds["optimizer"] += time.perf_counter() - start
+            norm = float(np.linalg.norm(update))
+        if self.protocol.observes_validation:
+            self._validate(ctx, send_model=not self.server_blind)
+        return RoundReport(rnd, list(ctx.active), dict(ctx.excluded), dict(ctx.seconds), norm)
+
+    def _model_field(self) -> wire.Field:
+        return wire.vector(self.params.astype(np.float32))
+
+    def _validate(self, ctx: RoundContext, send_model: bool) -> None:
+        """Every client still in the run reports its validation loss of the current W.
+
+        With ``send_model`` the request carries W and the clients keep it for the next
+        training phase; in blind runs after an update the clients already hold W."""
+        peers = [c for c in self.transport.peers if c not in self.left]
+        fields = {"model": self._model_field()} if send_model else {}
+        replies = ctx.ask("validate", {c: fields for c in peers},
+                          expect={"val_loss": wire.SCALAR}, reach_excluded=True)
+        losses = {}
+        for c, env in replies.items():
+            try:
+                loss = env.scalar("val_loss")
+                self.protocol.check_validation(c, loss)
+                losses[c] = loss
+            except ClientInputError as exc:
+                ctx.exclude(c, "validate", exc)
+        if send_model:
+            self._holding = set(replies)
+        if not losses:
+            raise RoundFailed(f"round {ctx.round}: no usable validation loss; exclusions: "
+                              f"{ctx.excluded}")
+        self.protocol.observe_validation(ctx, losses)
 
     def _apply_blind(self, ctx: RoundContext, g_global) -> None:
         field = ctx.as_field(g_global)

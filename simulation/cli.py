@@ -108,6 +108,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--client-split", type=float,
                      help="split every client's data at random into train/test with this test "
                           "share (LARC paper's second protocol: 0.1667); split seed = run seed")
+    run.add_argument("--validation-split", type=float,
+                     help="hold out this share of each client's training samples as its "
+                          "validation set (needed by autofedrl; e.g. 0.2)")
+    run.add_argument("--fedprox-mu", type=float,
+                     help="FedProx: clients add mu/2 ||w - W||^2 to their local loss")
     opt = run.add_argument_group("server optimizer (defaults depend on --protocol)")
     opt.add_argument("--server-opt", choices=["sgd", "momentum", "adam", "yogi", "adagrad"])
     opt.add_argument("--server-lr", type=float)
@@ -118,7 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--protocol-option", type=parse_option, action="append", metavar="KEY=VALUE",
                      help="a protocol setting, repeatable: alpha=0.5 (costwagg), tau=1e-5 "
                           "(regagg), drop_fraction=0.2 (trimmedmean, topkregcost), then=regagg "
-                          "and switch_round=3 (rolepro two-phase)")
+                          "and switch_round=3 (rolepro two-phase), agent=cs|ds|mlp and "
+                          "search=client_lr,local_steps,aggregation_weights,server_lr and "
+                          "client_lr_range=5e-4:5e-2 (autofedrl)")
     larc = run.add_argument_group("LARC (iDASH 2024 Track 2)")
     larc.add_argument("--larc-q", type=float, help="softmax temperature q (paper: 19)")
     larc.add_argument("--larc-b", type=float, help="base weight b (paper: 0.5)")
@@ -161,9 +168,9 @@ def config_from_args(args: argparse.Namespace) -> tuple[ExperimentConfig, Path]:
     elif args.config:
         values = load_config_file(args.config)
     for key in ("task", "protocol", "backend", "rounds", "seeds", "local_steps", "local_epochs",
-                "batch_size",
-                "client_lr", "client_split", "ckks_preset", "flooding_bits", "server_blind", "allow_plaintext_updates",
-                "server_lr_schedule"):
+                "batch_size", "client_lr", "client_split", "ckks_preset", "flooding_bits",
+                "server_blind", "allow_plaintext_updates", "server_lr_schedule",
+                "validation_split", "fedprox_mu"):
         if getattr(args, key) is not None:
             values[key] = getattr(args, key)
     server_opt = dict(values.get("server_opt", {}))

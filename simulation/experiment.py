@@ -63,6 +63,11 @@ class ExperimentConfig:
     vae_rounds: int = 10
     vae_lr: float = 0.1
     vae_beta: float = 0.1
+    #: share of each client's training samples held out as its validation set (Auto-FedRL's
+    #: reward); the same fixed split for every seed and protocol
+    validation_split: float | None = None
+    #: FedProx's proximal weight μ (0: plain local SGD)
+    fedprox_mu: float = 0.0
 
     def validate(self) -> "ExperimentConfig":
         get_task(self.task)
@@ -85,6 +90,11 @@ class ExperimentConfig:
             raise ConfigError(f"seeds repeat: {self.seeds}")
         if self.client_split is not None and not 0 < self.client_split < 1:
             raise ConfigError(f"client_split must lie in (0, 1), got {self.client_split}")
+        if self.validation_split is not None and not 0 < self.validation_split < 1:
+            raise ConfigError(f"validation_split must lie in (0, 1), got "
+                              f"{self.validation_split}")
+        if not isinstance(self.fedprox_mu, (int, float)) or not self.fedprox_mu >= 0:
+            raise ConfigError(f"fedprox_mu must be a number >= 0, got {self.fedprox_mu!r}")
         if self.client_split_count is not None and (
                 self.client_split is None or self.client_split_count < 1):
             raise ConfigError("client_split_count needs client_split and must be positive")
@@ -107,6 +117,10 @@ class ExperimentConfig:
                 f"{self.protocol} needs every client's update in plaintext (it is not a sum), "
                 f"so it cannot run on {self.backend} as is; pass --allow-plaintext-updates to "
                 "accept that (the audit will then report individual_updates_revealed: true)")
+        if protocol.observes_validation and self.validation_split is None:
+            raise ConfigError(f"{self.protocol} rewards its agent with the clients' validation "
+                              "loss: give the clients validation samples with "
+                              "--validation-split (e.g. 0.2)")
         if self.server_blind and protocol.server_computes_update:
             raise ConfigError(f"{self.protocol} forms the global update in plaintext on the "
                               "server, so it cannot run server-blind")
@@ -207,6 +221,10 @@ def run_seed(config: ExperimentConfig, seed: int, audit: AuditLog,
         split = seed % config.client_split_count if config.client_split_count else seed
         data = random_client_splits(data, split, config.client_split)
 
+    validation = [None] * data.n_clients
+    if config.validation_split is not None:
+        data, validation = hold_out_validation(data, config.validation_split)
+
     torch.manual_seed(seed)  # FLamby: the seed fixes the initial model ...
     initial = flat_params(task.make_model())
     ids = [f"client_{k}" for k in range(data.n_clients)]
@@ -216,22 +234,25 @@ def run_seed(config: ExperimentConfig, seed: int, audit: AuditLog,
         # ... and each client's batch order
         trainer = LocalTrainer(task.make_model(), part, task.loss, config.batch_size,
                                seed=seed * 1000 + k)
-        clients[cid] = Client(cid, trainer, client_backends[cid])
+        clients[cid] = Client(cid, trainer, client_backends[cid], validation[k])
     if config.protocol == "feddisco":
         encoder = pretrain_vae(config, seed, audit, data, progress)
         for client in clients.values():
             client.encoder = encoder
     transport = InProcessTransport({cid: c.handle for cid, c in clients.items()})
     audit.run = label or str(seed)
+    protocol = make_protocol(config.protocol, **config.protocol_options)
+    protocol.seed(seed)
     server = Server(
-        make_protocol(config.protocol, **config.protocol_options), server_backend,
+        protocol, server_backend,
         make_optimizer({**config.optimizer_config(), "dim": initial.size}), transport, initial,
         client_lr=StepSchedule.parse(config.client_lr), local_steps=config.local_steps,
         local_epochs=config.local_epochs,
         audit=audit, server_blind=config.server_blind,
         allow_plaintext_updates=config.allow_plaintext_updates,
         server_lr=(StepSchedule.parse(config.server_lr_schedule)
-                   if config.server_lr_schedule else None))
+                   if config.server_lr_schedule else None),
+        prox_mu=float(config.fedprox_mu))
     setup_excluded = server.setup(config.rounds, config.flooding_bits)
     if setup_excluded and progress:
         progress(f"  key setup excluded {setup_excluded}")
@@ -259,7 +280,8 @@ def run_seed(config: ExperimentConfig, seed: int, audit: AuditLog,
                "bytes_up": sum(r["bytes"] for r in traffic if r["direction"] == "received"),
                "bytes_down": sum(r["bytes"] for r in traffic if r["direction"] == "sent"),
                "seconds_round": wall,
-               **{f"seconds_{k}": v for k, v in report.seconds.items()}}
+               **{f"seconds_{k}": v for k, v in report.seconds.items()},
+               **protocol.round_log()}
         rows.append(row)
         if progress:
             metric = row.get("test_pooled", row["train_pooled"])
@@ -268,6 +290,23 @@ def run_seed(config: ExperimentConfig, seed: int, audit: AuditLog,
                      f"{row['bytes_down'] / 1e3:.1f} kB  {wall:.2f} s"
                      + (f"  excluded {report.excluded}" if report.excluded else ""))
     return SeedRun(rows, global_model().copy())
+
+
+def hold_out_validation(data: FederatedData, share: float, seed: int = 0
+                        ) -> tuple[FederatedData, list[ClientData]]:
+    """Split each client's training samples into training and validation (a fixed split:
+    every seed and protocol sees the same one)."""
+    rng = np.random.default_rng(seed)
+    train, validation = [], []
+    for part in data.train:
+        order = torch.from_numpy(rng.permutation(len(part)))
+        n_val = max(1, int(round(share * len(part))))
+        if n_val >= len(part):
+            raise ConfigError(f"validation_split {share} leaves a client of {len(part)} "
+                              "samples nothing to train on")
+        validation.append(ClientData(part.x[order[:n_val]], part.y[order[:n_val]]))
+        train.append(ClientData(part.x[order[n_val:]], part.y[order[n_val:]]))
+    return replace(data, train=train), validation
 
 
 def summarize(metrics: pd.DataFrame) -> pd.DataFrame:

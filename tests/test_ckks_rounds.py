@@ -30,6 +30,8 @@ def small(protocol: str, **changes) -> ExperimentConfig:
     if protocol == "feddisco":  # a β-VAE over images: the digits task
         cfg = replace(cfg, task="digits-niid2", local_epochs=1, batch_size=64, client_lr="0.5",
                       vae_rounds=2, protocol_options={"alpha": 0.0})
+    if protocol == "autofedrl":  # the agent's reward needs the clients' validation losses
+        cfg = replace(cfg, task="digits-dir8", batch_size=32, validation_split=0.2)
     return cfg
 
 
