@@ -117,6 +117,9 @@ class AutoFedRL(Protocol):
         self._seed = seed
 
     # ---- the search space -----------------------------------------------------------------
+    def _n_dims(self, n_clients: int) -> int:
+        return sum(n_clients if k == "aggregation_weights" else 1 for k in self.searched)
+
     def _build(self, clients: list[str]) -> None:
         """Dimensions: [client_lr] [local_steps] [aw_k for each client] [server_lr]."""
         self.clients = sorted(clients)

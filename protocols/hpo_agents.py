@@ -222,53 +222,60 @@ class DiscreteAgent(_Agent):
 
 
 class MLPAgent(ContinuousAgent):
-    """Auto-FedRL(MLP): ψ^q = clip(ψ^{q−1} + s·tanh(W2·tanh(W1·ψ^{q−1} + b1) + b2)), with
-    ψ = (μ, log σ); the MLP's weights (W1, b1, W2, b2) learn. W2 starts at zero, so the agent
-    starts as the identity map (it behaves like CS with a frozen ψ until it has learned)."""
+    """Auto-FedRL(MLP): ψ^q = ψ^{q−1} + s·tanh(W2·tanh(W1·ψ^{q−1} + b1) + b2), ψ = (μ, log σ).
+
+    The MLP's weights θ = (W1, b1, W2, b2) learn. ψ^q depends on θ through every earlier
+    application of the map, and the policy gradient has to see that (the authors' port keeps
+    the whole autograd graph across rounds for it); here the Jacobian J^q = dψ^q/dθ is carried
+    forward exactly (real-time recurrent learning: J^q = J^{q−1} + s·diag(1 − t²)·dz/dθ), so
+    ∇_θ log P(h | ψ^q) = (∂ log P / ∂ψ)ᵀ J^q. W2 starts at zero: the agent starts as the
+    identity map. ψ is not clipped (a clip would cut the gradient at the bound); the tanh
+    bounds each round's change by s.
+    """
 
     def __init__(self, dim: int, hidden: int = 16, lr: float = 1e-2, window: int = 5,
                  init_sigma: float = 0.3, max_step: float = 0.02, seed: int = 0):
         super().__init__(dim, lr, window, init_sigma, seed)
         if not max_step > 0:
             raise ConfigError(f"max_step must be positive, got {max_step}")
-        self.max_step = max_step
-        self.psi = np.concatenate([self.mu, self.log_sigma])
-        self.w1 = self.rng.normal(0, 1 / math.sqrt(2 * dim), (hidden, 2 * dim))
+        self.max_step, self.hidden = max_step, hidden
+        n = 2 * dim
+        self.w1 = self.rng.normal(0, 1 / math.sqrt(n), (hidden, n))
         self.b1 = np.zeros(hidden)
-        self.w2 = np.zeros((2 * dim, hidden))
-        self.b2 = np.zeros(2 * dim)
+        self.w2 = np.zeros((n, hidden))
+        self.b2 = np.zeros(n)
         self.optimizer = Adam([p.shape for p in self._params()], lr)
-        self._lows = np.concatenate([np.full(dim, -MU_BOUND), np.full(dim, LOG_SIGMA_BOUNDS[0])])
-        self._highs = np.concatenate([np.full(dim, MU_BOUND), np.full(dim, LOG_SIGMA_BOUNDS[1])])
+        self.psi = np.concatenate([self.mu, self.log_sigma])
+        self.jacobian = np.zeros((n, sum(p.size for p in self._params())))
+        self._advance()
 
     def _params(self):
         return [self.w1, self.b1, self.w2, self.b2]
 
-    def _forward(self):
+    def _advance(self) -> None:
+        """ψ ← ψ + s·tanh(z), and J ← J + s·diag(1 − t²)·dz/dθ (total derivative)."""
+        n, hid = self.psi.size, self.hidden
         a = np.tanh(self.w1 @ self.psi + self.b1)
         t = np.tanh(self.w2 @ a + self.b2)
-        raw = self.psi + self.max_step * t
-        out = np.clip(raw, self._lows, self._highs)
-        free = (raw == out).astype(np.float64)  # clipped outputs pass no gradient
-        return out[:self.dim], out[self.dim:], (a, t, free)
+        du = self.w1 @ self.jacobian  # du/dθ through ψ, plus u's own parameters:
+        du[:, :hid * n] += np.kron(np.eye(hid), self.psi)            # ∂u/∂W1
+        du[:, hid * n:hid * n + hid] += np.eye(hid)                   # ∂u/∂b1
+        dz = self.w2 @ ((1 - a * a)[:, None] * du)
+        off = hid * n + hid
+        dz[:, off:off + n * hid] += np.kron(np.eye(n), a)             # ∂z/∂W2
+        dz[:, off + n * hid:] += np.eye(n)                            # ∂z/∂b2
+        self.jacobian = self.jacobian + self.max_step * (1 - t * t)[:, None] * dz
+        self.psi = self.psi + self.max_step * t
+        self.mu, self.log_sigma = self.psi[:self.dim].copy(), self.psi[self.dim:].copy()
 
     def _grads(self, h):
-        mu, log_sigma, (a, t, free) = self._forward()
-        g_out = np.concatenate(gaussian_log_prob_grads(h, mu, log_sigma)) * free
-        g_z = g_out * self.max_step * (1 - t * t)
-        g_pre = (self.w2.T @ g_z) * (1 - a * a)
-        return [np.outer(g_pre, self.psi), g_pre, np.outer(g_z, a), g_z]
-
-    def log_prob(self, h: np.ndarray) -> float:
-        mu, log_sigma, _ = self._forward()
-        return gaussian_log_prob(h, mu, log_sigma)
-
-    def sample(self) -> np.ndarray:
-        mu, log_sigma, _ = self._forward()
-        self._last = mu + np.exp(log_sigma) * self.rng.standard_normal(self.dim)
-        return self._last.copy()
+        g_psi = np.concatenate(gaussian_log_prob_grads(h, self.mu, self.log_sigma))
+        flat = g_psi @ self.jacobian
+        out, pos = [], 0
+        for p in self._params():
+            out.append(flat[pos:pos + p.size].reshape(p.shape))
+            pos += p.size
+        return out
 
     def _after_step(self) -> None:
-        mu, log_sigma, _ = self._forward()  # the new ψ is the next round's input
-        self.psi = np.concatenate([mu, log_sigma])
-        self.mu, self.log_sigma = mu.copy(), log_sigma.copy()
+        self._advance()  # the next round's ψ from this one, with the updated MLP

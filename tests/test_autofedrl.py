@@ -1,0 +1,158 @@
+"""Auto-FedRL as a protocol: its arithmetic by hand, the engine's validate phase, FedProx."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from clients.tasks import ClientData, get_task
+from clients.training import LocalTrainer
+from protocols.autofedrl import AutoFedRL, parse_range, searched_weights
+from secagg.errors import ClientInputError, ConfigError
+from simulation.experiment import ExperimentConfig, hold_out_validation, run_experiment
+
+
+class FakeRound:
+    """Just enough of RoundAPI for the protocol's own arithmetic."""
+
+    def __init__(self, clients, rnd=0):
+        self.active, self.round = list(clients), rnd
+
+    def weighted_sum(self, handles, weights):
+        return sum(weights[c] * handles[c] for c in handles)
+
+
+def test_searched_weights_by_hand():
+    # n = (1, 3), aw = (ln 3, 0): n·exp(aw) = (3, 3) -> equal weights
+    w = searched_weights({"a": 1.0, "b": 3.0}, {"a": math.log(3.0), "b": 0.0})
+    assert w == pytest.approx({"a": 0.5, "b": 0.5})
+    # equal aw: FedAvg's sample-size weights
+    assert searched_weights({"a": 1.0, "b": 3.0}, {"a": 0.7, "b": 0.7}) == pytest.approx(
+        {"a": 0.25, "b": 0.75})
+
+
+def test_one_round_of_the_protocol_by_hand():
+    proto = AutoFedRL(agent="cs")
+    proto.seed(3)
+    clients = ["c0", "c1"]
+    proto.observe_validation(FakeRound(clients), {"c0": 2.0, "c1": 2.0})  # L^0 = 2
+    server_lr = proto.begin_round(FakeRound(clients))
+    plan = proto.plan
+    assert set(plan) == {"client_lr", "local_steps", "aw_c0", "aw_c1", "server_lr"}
+    assert server_lr == plan["server_lr"] and 0.5 <= server_lr <= 1.5
+    assert 5e-4 <= plan["client_lr"] <= 5e-2 and plan["local_steps"] == int(plan["local_steps"])
+    settings = proto.train_settings(FakeRound(clients), "c0", {"lr": 0.1, "epochs": 3})
+    assert settings == {"lr": plan["client_lr"], "steps": int(plan["local_steps"])}
+
+    from protocols.base import Upload
+    uploads = {"c0": Upload(np.array([1.0, 0.0]), 10.0), "c1": Upload(np.array([0.0, 1.0]), 30.0)}
+    g = proto.aggregate(FakeRound(clients), uploads)
+    e0, e1 = 10 * math.exp(plan["aw_c0"]), 30 * math.exp(plan["aw_c1"])
+    np.testing.assert_allclose(g, [e0 / (e0 + e1), e1 / (e0 + e1)])
+
+    mu_before = proto.agent.mu.copy()
+    proto.observe_validation(FakeRound(clients, 0), {"c0": 1.0, "c1": 2.0})  # L^1 = 1.5
+    assert proto.trajectory[-1]["reward"] == pytest.approx((2.0 - 1.5) / 2.0)
+    assert proto.trajectory[-1]["val_loss"] == pytest.approx(1.5)
+    # a window of one reward has baseline = that reward: no update on the first step
+    np.testing.assert_allclose(proto.agent.mu, mu_before)
+
+
+def test_searching_a_subset_leaves_the_rest_to_the_run():
+    proto = AutoFedRL(search="server_lr")
+    proto.observe_validation(FakeRound(["a"]), {"a": 1.0})
+    proto.begin_round(FakeRound(["a"]))
+    assert proto.train_settings(FakeRound(["a"]), "a", {"lr": 0.1, "steps": 5}) == {
+        "lr": 0.1, "steps": 5}
+
+
+@pytest.mark.parametrize("options, match", [
+    ({"agent": "ppo"}, "agent"), ({"search": "momentum"}, "search"),
+    ({"client_lr_range": "0.1"}, "low:high"), ({"server_lr_range": "2:1"}, "low < high"),
+    ({"grid_points": 1}, "grid_points"), ({"init_sigma": 0.0}, "init_sigma"),
+    ({"local_steps_range": "0:10"}, "at least 1")])
+def test_bad_options_are_config_errors(options, match):
+    with pytest.raises(ConfigError, match=match):
+        AutoFedRL(**options)
+
+
+def test_parse_range():
+    assert parse_range("5e-4:5e-2", "x") == (5e-4, 5e-2)
+
+
+def test_negative_validation_loss_is_refused():
+    with pytest.raises(ClientInputError):
+        AutoFedRL().check_validation("c0", -0.1)
+
+
+SMALL = ExperimentConfig(task="digits-dir8", protocol="autofedrl", rounds=3, seeds=[0],
+                         local_steps=3, batch_size=32, validation_split=0.2)
+
+
+def test_autofedrl_needs_validation_samples():
+    with pytest.raises(ConfigError, match="--validation-split"):
+        run_experiment(replace(SMALL, validation_split=None))
+
+
+@pytest.mark.parametrize("options", [{"agent": "cs"}, {"agent": "ds", "grid_points": 2},
+                                     {"agent": "mlp"}])
+def test_a_run_validates_every_round_and_sends_the_model_once_per_round(options):
+    result = run_experiment(replace(SMALL, protocol_options=options))
+    records = [r for r in result.audit.records if r["event"] == "message"]
+    validate = [r for r in records if r["phase"] == "validate" and r["direction"] == "received"]
+    assert len(validate) == 8 * (SMALL.rounds + 1)  # before round 0 and after each round
+    # the model travels in the validate requests; training requests then omit it
+    model_sends = [r for r in records if r["direction"] == "sent"
+                   and any(f["name"] == "model" for f in r["fields"])]
+    assert {r["phase"] for r in model_sends} == {"validate"}
+    assert len(model_sends) == 8 * (SMALL.rounds + 1)
+    m = result.metrics[result.metrics["round"] > 0]
+    assert m["client_lr"].between(5e-4, 5e-2).all()
+    assert m["local_steps"].between(2, 40).all() and m["server_lr"].between(0.5, 1.5).all()
+    assert np.isfinite(m["reward"]).all()
+
+
+def test_hold_out_validation_is_a_fixed_disjoint_split():
+    data = get_task("digits-dir8").load()
+    train, val = hold_out_validation(data, 0.2)
+    again, val_again = hold_out_validation(data, 0.2)
+    for full, tr, va, va2 in zip(data.train, train.train, val, val_again):
+        assert len(tr) + len(va) == len(full)
+        assert abs(len(va) - 0.2 * len(full)) <= 1
+        assert torch.equal(va.x, va2.x)
+        rows = {tuple(r) for r in tr.x.numpy().round(4).tolist()}
+        # digits has a few duplicate images; nearly all validation rows are unseen
+        assert sum(tuple(r) in rows for r in va.x.numpy().round(4).tolist()) <= 1
+
+
+def _trainer(seed=0):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    g = torch.Generator().manual_seed(1)
+    data = ClientData(torch.randn(12, 3, generator=g), torch.randn(12, 1, generator=g))
+    return LocalTrainer(model, data, torch.nn.functional.mse_loss, batch_size=4, seed=seed)
+
+
+def test_fedprox_adds_mu_times_the_drift_to_every_step():
+    """Step 1 starts at w (no proximal pull); step 2 differs from plain SGD by exactly
+    −lr·μ·(θ1 − w), with θ1 − w the one-step pseudo-gradient."""
+    w = np.zeros(4)
+    lr, mu = 0.1, 0.5
+    one_step = _trainer().train(w, lr=lr, steps=1)
+    plain = _trainer().train(w, lr=lr, steps=2)
+    prox = _trainer().train(w, lr=lr, steps=2, prox_mu=mu)
+    np.testing.assert_allclose(prox - plain, -lr * mu * one_step, rtol=1e-5, atol=1e-7)
+
+
+def test_fedprox_option_reaches_the_clients():
+    base = ExperimentConfig(task="digits-dir8", rounds=2, seeds=[0], local_steps=10,
+                            batch_size=32, client_lr="0.5")
+    plain = run_experiment(base)
+    prox = run_experiment(replace(base, fedprox_mu=5.0))
+    assert not np.allclose(plain.final_params[0], prox.final_params[0])
+    with pytest.raises(ConfigError, match="fedprox_mu"):
+        run_experiment(replace(base, fedprox_mu=-1.0))
