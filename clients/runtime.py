@@ -18,6 +18,7 @@ from protocols import feddisco, larc, rolepro
 from protocols.optimizers import ServerOptimizer, make_optimizer, optimizer_from_envelope
 from secagg import wire
 from secagg.backends import ClientBackend
+from secagg.dp import noised_update, privatize_scalar
 from secagg.errors import MalformedMessage
 from secagg.wire import Envelope, Field
 
@@ -26,11 +27,13 @@ SERVER = "server"
 
 class Client:
     def __init__(self, client_id: str, trainer: LocalTrainer, backend: ClientBackend,
-                 validation: ClientData | None = None):
+                 validation: ClientData | None = None, seed: int = 0):
         self.id = client_id
         self.trainer = trainer
         self.backend = backend
         self.validation = validation  # held-out local samples (Auto-FedRL's reward)
+        self.rng = np.random.default_rng(seed)  # this client's DP noise
+        self._scalar_dp: dict | None = None  # the run's scalar DP settings, once received
         self._w: np.ndarray | None = None  # global model of the current round
         self._g: np.ndarray | None = None  # this client's pseudo-gradient of the current round
         self._optimizer: ServerOptimizer | None = None  # server-blind runs only
@@ -78,12 +81,16 @@ class Client:
                  if "epochs" in cfg else int(cfg["steps"]))
         self._g = self.trainer.train(self._w, lr=float(cfg["lr"]), steps=steps,
                                      prox_mu=float(cfg.get("prox_mu", 0.0)))
+        if "client_dp" in cfg:  # clip and noise before protecting: nobody sees the raw update
+            dp = cfg["client_dp"]
+            self._g = noised_update(self._g, float(dp["clip"]), float(dp["sigma"]), self.rng)
+        self._scalar_dp = cfg.get("scalar_dp", self._scalar_dp)
         reply = {
             "pseudo_gradient": self.backend.protect(self._g),
             "n_samples": wire.scalar(len(self.trainer.data)),
         }
         if "report" in env.fields:
-            reply["loss_ratio"] = wire.scalar(self._loss_ratio(env.config("report")))
+            reply["loss_ratio"] = self._scalar(self._loss_ratio(env.config("report")))
         return reply
 
     def _loss_ratio(self, report: dict) -> float:
@@ -111,7 +118,7 @@ class Client:
             lambda w: self.trainer.loss_at(w, drop_bias=drop_bias),
             self._w, self._g, g_hat, env.scalar("alpha"), optimizer.peek,
         )
-        return {"delta_loss": wire.scalar(dl)}
+        return {"delta_loss": self._scalar(dl)}
 
     def on_apply(self, env: Envelope) -> dict[str, Field]:
         """Server-blind runs: decrypt the global pseudo-gradient and step the optimizer here."""
@@ -141,7 +148,7 @@ class Client:
         """FedDisco: d_k of this client's samples under the federated β-VAE's encoder."""
         if self.encoder is None:
             raise MalformedMessage(f"{self.id} has no β-VAE encoder for FedDisco")
-        return {"discrepancy": wire.scalar(feddisco.discrepancy(
+        return {"discrepancy": self._scalar(feddisco.discrepancy(
             self.encoder(self.trainer.data.x)))}
 
     def on_validate(self, env: Envelope) -> dict[str, Field]:
@@ -153,4 +160,14 @@ class Client:
             self._w = env.vector("model", self.trainer.n_params)
         if self._w is None:
             raise MalformedMessage(f"{self.id} has no global model to validate")
-        return {"val_loss": wire.scalar(self.trainer.loss_at(self._w, data=self.validation))}
+        if "scalar_dp" in env.fields:
+            self._scalar_dp = env.config("scalar_dp")
+        return {"val_loss": self._scalar(self.trainer.loss_at(self._w, data=self.validation))}
+
+    def _scalar(self, value: float) -> Field:
+        """A scalar for the server: clipped and noised when the run asks for scalar DP."""
+        if self._scalar_dp is not None:
+            d = self._scalar_dp
+            value = privatize_scalar(value, float(d["low"]), float(d["high"]),
+                                     float(d["sigma"]), self.rng)
+        return wire.scalar(value)

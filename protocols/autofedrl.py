@@ -33,7 +33,7 @@ import numpy as np
 
 from protocols.base import Protocol, RoundAPI, Upload
 from protocols.hpo_agents import ContinuousAgent, DiscreteAgent, MLPAgent, SearchSpace
-from secagg.errors import ClientInputError, ConfigError
+from secagg.errors import ConfigError
 
 SEARCHABLE = ("client_lr", "local_steps", "aggregation_weights", "server_lr")
 AGENTS = ("cs", "ds", "mlp")
@@ -183,13 +183,10 @@ class AutoFedRL(Protocol):
         return {**{k: v for k, v in last.items() if k != "round"},
                 "agent_seconds": self.search_seconds}
 
-    def check_validation(self, client: str, loss: float) -> None:
-        if loss < 0:
-            raise ClientInputError(f"{client} reports a negative validation loss {loss}")
-
     def observe_validation(self, rnd: RoundAPI, losses: Mapping[str, float]) -> None:
         mean_loss = float(np.mean(list(losses.values())))
         if self._awaiting_reward and self._previous_loss is not None:
+            # with scalar DP the reported losses are noised and the mean can be <= 0
             reward = (relative_loss_reduction(self._previous_loss, mean_loss)
                       if self._previous_loss > 0 else 0.0)
             start = time.perf_counter()

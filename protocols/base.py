@@ -52,8 +52,8 @@ class RoundAPI(TypingProtocol):
     def weighted_sum(self, handles: Mapping[str, Any], weights: Mapping[str, float]) -> Any:
         """Σ_i weights[i] · handles[i] over the clients present in both mappings."""
 
-    def as_field(self, handle: Any) -> Field:
-        """Encode a handle (an aggregate) to send it to clients."""
+    def as_field(self, handle: Any, name: str = "aggregate") -> Field:
+        """Encode a handle (an aggregate) to send it to clients (a release, for DP)."""
 
     def reveal(self, handle: Any, name: str) -> np.ndarray:
         """Decrypt an aggregate for the server; recorded in the audit as a revealed item."""
@@ -88,6 +88,9 @@ class Protocol(ABC):
     #: needs each client's own update (medians, trimming): not expressible as sums
     needs_individual_updates: bool = False
 
+    #: every update the protocol releases is one weighted sum of the (noised) uploads, so
+    #: client-level DP can be accounted from the realised weights
+    client_dp_compatible: bool = True
     #: clients report their validation loss of the global model before round 0 and after
     #: every update (Auto-FedRL's reward); the engine then calls ``observe_validation``
     observes_validation: bool = False

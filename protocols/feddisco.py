@@ -50,6 +50,7 @@ def disco_weights(n_rel: np.ndarray, d: np.ndarray, alpha: float, b: float) -> n
 
 
 class FedDisco(Protocol):
+    client_dp_compatible = False  # its β-VAE pretraining is not accounted
     name = "feddisco"
     reveals = ("discrepancy", "global_update")
 

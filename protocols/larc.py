@@ -73,7 +73,7 @@ class LARC(Protocol):
     def aggregate(self, rnd: RoundAPI, uploads: Mapping[str, Upload]) -> Any:
         handles = {c: u.handle for c, u in uploads.items()}
         alpha_prev = {c: self.alpha_prev.get(c, 1.0) for c in uploads}
-        g_hat = rnd.as_field(rnd.weighted_sum(handles, alpha_prev))
+        g_hat = rnd.as_field(rnd.weighted_sum(handles, alpha_prev), "g_hat")
         probe = {"g_hat": g_hat, "loss_check": wire.config({"mode": self.loss_check})}
         if rnd.server_optimizer is not None:  # server-blind runs: clients hold the optimizer
             probe.update(optimizer_fields(rnd.server_optimizer))

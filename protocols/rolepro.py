@@ -189,6 +189,7 @@ class TopKRegCost(_LossRatio):
 
 class RegAgg(Protocol):
     """Two phases on every backend: mean back to clients, then the sums A and B."""
+    client_dp_compatible = False  # its update is not one weighted sum of the noised uploads
 
     name = "regagg"
     reveals = ("regagg_numerator", "regagg_denominator")
@@ -206,7 +207,8 @@ class RegAgg(Protocol):
         """A / B with A = Σ τ ν_c G_c / |G_c − mean|_τ, B = Σ τ ν_c / |G_c − mean|_τ."""
         clients = list(uploads)
         handles = {c: uploads[c].handle for c in clients}
-        mean = rnd.as_field(rnd.weighted_sum(handles, {c: 1.0 / len(clients) for c in clients}))
+        mean = rnd.as_field(rnd.weighted_sum(handles, {c: 1.0 / len(clients) for c in clients}),
+                           "centre")
         replies = rnd.ask("regagg_terms", {
             c: {"centre": mean, "nu": wire.scalar(nu[c]), "tau": wire.scalar(self.tau)}
             for c in clients},
@@ -226,6 +228,7 @@ class RegAgg(Protocol):
 
 class SimAgg(RegAgg):
     """ŵ − W = ½ Σ u_c G_c + ½ Σ ν_c G_c, with Σ u_c G_c = A / B computed without ν."""
+    client_dp_compatible = False  # its update is not one weighted sum of the noised uploads
 
     name = "simagg"
     reveals = ("regagg_numerator", "regagg_denominator", "fedavg_sum")
@@ -258,6 +261,7 @@ class _Individual(Protocol):
 
 
 class RegMedAgg(_Individual):
+    client_dp_compatible = False  # its update is not one weighted sum of the noised uploads
     name = "regmedagg"
 
     def __init__(self, tau: float = TAU):
@@ -268,6 +272,7 @@ class RegMedAgg(_Individual):
 
 
 class TrimmedMean(_Individual):
+    client_dp_compatible = False  # its update is not one weighted sum of the noised uploads
     name = "trimmedmean"
 
     def __init__(self, drop_fraction: float = 0.2):

@@ -31,6 +31,7 @@ class TwoPhase(Protocol):
         self.reveals_per_round = max(self.first.reveals_per_round, self.then.reveals_per_round)
         self.server_computes_update = self.then.server_computes_update
         self.needs_individual_updates = self.then.needs_individual_updates
+        self.client_dp_compatible = self.then.client_dp_compatible
 
     def describe(self):
         return {"name": self.name, "switch_round": self.switch_round,

@@ -7,7 +7,9 @@ records, so the bytes reported are the bytes audited.
 
 ``summary()`` states what the server learned in plaintext: every received non-ciphertext
 field and every revealed aggregate, counted by name, the items the protocol did not declare,
-and ``individual_updates_revealed`` — true when any client's own update arrived readable.
+and ``individual_updates_revealed`` — true when any client's own update arrived readable — and
+which learned items differential privacy covers (``dp_protected_items``) and which it does
+not (``not_dp_protected_items``: data-derived items learned without DP noise).
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ class AuditLog:
         self.records: list[dict[str, Any]] = []
         self.run: str = "0"
         self.declared: set[str] = set()
+        #: items covered by differential privacy in this run (the engine fills it)
+        self.dp_protected: set[str] = set()
+        #: key-setup and receipt items: protocol machinery, derived from no client data
+        self.infrastructure: set[str] = set()
 
     # ---- recording ----------------------------------------------------------------------
     def message(self, direction: str, env: Envelope, total_bytes: int, peer: str) -> None:
@@ -103,6 +109,10 @@ class AuditLog:
             "learned_in_plaintext": {k: dict(v) for k, v in sorted(learned.items())},
             "declared_plaintext_items": sorted(self.declared),
             "undeclared_plaintext_items": sorted(set(learned) - self.declared),
+            "dp_protected_items": sorted(set(learned) & self.dp_protected),
+            # derived from client data and learned without DP noise
+            "not_dp_protected_items": sorted(set(learned) - self.dp_protected
+                                             - self.infrastructure),
             "sent_in_plaintext": {k: dict(v) for k, v in sorted(sent.items())},
             "ciphertext_fields_received": sorted({
                 f["name"] for r in self.records if r["event"] == "message"

@@ -28,12 +28,15 @@ from protocols.base import Protocol, Upload
 from protocols.optimizers import ServerOptimizer, StepSchedule
 from secagg import wire
 from secagg.backends.base import ServerBackend
+from secagg.dp import ClientDP, ScalarDP, realised_noise_multiplier
 from secagg.errors import ClientInputError, ConfigError, RoundFailed
 from server.audit import AuditLog
 from server.round import RoundContext
 from server.transport import InProcessTransport
 
 ENGINE_DECLARED = ("n_samples",)  # what the training phase itself shows the server
+#: client-reported scalars that scalar DP (clip and noise on the client) covers
+NOISABLE_SCALARS = ("loss_ratio", "delta_loss", "val_loss", "discrepancy")
 
 
 @dataclass
@@ -52,7 +55,8 @@ class Server:
                  audit: AuditLog | None = None,
                  min_clients: int = 1, max_message_bytes: int = wire.DEFAULT_MAX_BYTES,
                  server_blind: bool = False, allow_plaintext_updates: bool = False,
-                 server_lr: StepSchedule | None = None, prox_mu: float = 0.0):
+                 server_lr: StepSchedule | None = None, prox_mu: float = 0.0,
+                 client_dp: ClientDP | None = None, scalar_dp: ScalarDP | None = None):
         if server_blind and backend.can_read:
             raise ConfigError("server-blind runs need an encrypted backend: on plain the "
                               "server reads every upload anyway")
@@ -69,6 +73,7 @@ class Server:
         self.local_epochs = local_epochs
         self.audit = audit if audit is not None else AuditLog()
         self.audit.declared |= set(ENGINE_DECLARED) | set(protocol.reveals) | set(backend.declares)
+        self.audit.infrastructure |= set(backend.declares) | {"applied"}
         if server_blind:
             self.audit.declared.add("applied")  # clients' receipts for the apply phase
         self.min_clients = min_clients
@@ -77,6 +82,17 @@ class Server:
         self.allow_plaintext_updates = allow_plaintext_updates
         self.server_lr = server_lr
         self.prox_mu = prox_mu  # FedProx: clients add μ/2·||w − W||² to their loss
+        if client_dp is not None and not protocol.client_dp_compatible:
+            raise ConfigError(f"{protocol.name}'s update is not one weighted sum of the "
+                              "clients' noised uploads, so client-level DP cannot be accounted "
+                              "for it; use a weighted-sum protocol (fedavg, fedadam, larc, ...)")
+        self.client_dp, self.scalar_dp = client_dp, scalar_dp
+        #: one entry per release of an aggregate: round, name, clients, realised multiplier
+        self.privacy_events: list[dict] = []
+        if client_dp is not None:
+            self.audit.dp_protected.add("global_update")
+        if scalar_dp is not None:
+            self.audit.dp_protected |= set(NOISABLE_SCALARS) & set(protocol.reveals)
         self._holding: set[str] = set()  # clients already holding the current W
         self.left: dict[str, str] = {}  # clients that left the run (blind: missed an apply)
 
@@ -112,6 +128,7 @@ class Server:
         settings = {"lr": self.client_lr.at(rnd), **work}
         if self.prox_mu:
             settings["prox_mu"] = self.prox_mu
+        settings.update(self._dp_settings())
         common = {}
         if self.server_blind:
             common["server_opt"] = wire.config(self.optimizer.config)
@@ -159,7 +176,27 @@ class Server:
             norm = float(np.linalg.norm(update))
         if self.protocol.observes_validation:
             self._validate(ctx, send_model=not self.server_blind)
+        self._account(ctx)
         return RoundReport(rnd, list(ctx.active), dict(ctx.excluded), dict(ctx.seconds), norm)
+
+    def _dp_settings(self) -> dict:
+        """What every client applies before protecting its reply (clients are honest)."""
+        out = {}
+        if self.client_dp is not None:
+            out["client_dp"] = self.client_dp.config()
+        if self.scalar_dp is not None:
+            out["scalar_dp"] = self.scalar_dp.config()
+        return out
+
+    def _account(self, ctx: RoundContext) -> None:
+        """Client-level DP: the realised noise multiplier of every released sum."""
+        if self.client_dp is None:
+            return
+        for name, weights in ctx.releases:
+            self.privacy_events.append({
+                "round": ctx.round, "release": name, "clients": len(weights),
+                "noise_multiplier": realised_noise_multiplier(weights,
+                                                              self.client_dp.client_sigma)})
 
     def _model_field(self) -> wire.Field:
         return wire.vector(self.params.astype(np.float32))
@@ -171,6 +208,8 @@ class Server:
         training phase; in blind runs after an update the clients already hold W."""
         peers = [c for c in self.transport.peers if c not in self.left]
         fields = {"model": self._model_field()} if send_model else {}
+        if self.scalar_dp is not None:
+            fields["scalar_dp"] = wire.config(self.scalar_dp.config())
         replies = ctx.ask("validate", {c: fields for c in peers},
                           expect={"val_loss": wire.SCALAR}, reach_excluded=True)
         losses = {}
@@ -189,7 +228,7 @@ class Server:
         self.protocol.observe_validation(ctx, losses)
 
     def _apply_blind(self, ctx: RoundContext, g_global) -> None:
-        field = ctx.as_field(g_global)
+        field = ctx.as_field(g_global, "global_update")
         done = ctx.ask("apply", {c: {"aggregate": field} for c in self.transport.peers
                                  if c not in self.left},
                        expect={"applied": wire.CONFIG}, reach_excluded=True)

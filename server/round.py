@@ -43,6 +43,11 @@ class RoundContext:
         self.allow_plaintext_updates = allow_plaintext_updates
         self.active = list(clients)
         self.excluded: dict[str, str] = {}
+        #: weights of every weighted sum formed this round, and the sums that left the
+        #: server's protected state (revealed, or sent to clients): client-level DP accounts
+        #: each release with its realised weights
+        self._sums: list[tuple[Any, dict[str, float]]] = []
+        self.releases: list[tuple[str, dict[str, float]]] = []
         self.seconds: dict[str, float] = defaultdict(float)
 
     @property
@@ -117,9 +122,18 @@ class RoundContext:
         total = self.backend.weighted_sum([handles[c] for c in clients],
                                           [float(weights[c]) for c in clients])
         self.seconds["aggregate"] += time.perf_counter() - start
+        self._sums.append((total, {c: float(weights[c]) for c in clients}))
         return total
 
-    def as_field(self, handle: Any) -> Field:
+    def _released(self, handle: Any, name: str) -> None:
+        for i, (total, weights) in enumerate(self._sums):
+            if total is handle:
+                self.releases.append((name, weights))
+                del self._sums[i]
+                return
+
+    def as_field(self, handle: Any, name: str = "aggregate") -> Field:
+        self._released(handle, name)
         return self.backend.to_field(handle)
 
     def load(self, replies: Mapping[str, Envelope], name: str) -> dict[str, Any]:
@@ -154,6 +168,7 @@ class RoundContext:
         the server's: it was computed from revealed aggregates."""
         if isinstance(handle, Plaintext):
             return handle.values
+        self._released(handle, name)
         start = time.perf_counter()
         value, by = self.backend.reveal(self, handle, name)
         if by == SERVER:  # a decryptor's reveal is timed and audited by ``ask``

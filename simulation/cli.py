@@ -54,6 +54,21 @@ def parse_option(text: str) -> tuple[str, Any]:
     return key.strip(), raw.strip()
 
 
+def parse_settings(text: str) -> dict[str, float]:
+    """``clip=1.0,noise=0.8`` -> {"clip": 1.0, "noise": 0.8}."""
+    out = {}
+    for item in str(text).split(","):
+        key, sep, raw = item.partition("=")
+        try:
+            out[key.strip()] = float(raw)
+        except ValueError:
+            sep = ""
+        if not sep or not key.strip():
+            raise argparse.ArgumentTypeError(
+                f"write settings as key=number,key=number (e.g. clip=1.0,noise=0.8), got {text!r}")
+    return out
+
+
 def load_config_file(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise SecaggError(f"config file {path} does not exist; `secagg presets` lists presets")
@@ -113,6 +128,18 @@ def build_parser() -> argparse.ArgumentParser:
                           "validation set (needed by autofedrl; e.g. 0.2)")
     run.add_argument("--fedprox-mu", type=float,
                      help="FedProx: clients add mu/2 ||w - W||^2 to their local loss")
+    dp = run.add_argument_group("differential privacy (README, 'Differential privacy')")
+    dp.add_argument("--dp-sgd", type=parse_settings, metavar="clip=C,noise=Z|epsilon=E",
+                    help="sample-level DP-SGD on every client with Opacus: per-sample clip "
+                         "norm and a noise multiplier, or a target epsilon for the whole run")
+    dp.add_argument("--client-dp", type=parse_settings, metavar="clip=C,noise=Z",
+                    help="client-level DP: clients clip their update to C and add noise so "
+                         "that the revealed sum has multiplier Z with equal weights; the "
+                         "realised multiplier is accounted")
+    dp.add_argument("--scalar-dp", type=parse_settings, metavar="low=L,high=H,noise=S",
+                    help="clip every revealed client scalar (delta_loss, val_loss, loss_ratio, "
+                         "discrepancy) to [L, H] and add N(0, (S(H-L))^2)")
+    dp.add_argument("--dp-delta", type=float, help="delta for every epsilon reported (1e-5)")
     opt = run.add_argument_group("server optimizer (defaults depend on --protocol)")
     opt.add_argument("--server-opt", choices=["sgd", "momentum", "adam", "yogi", "adagrad"])
     opt.add_argument("--server-lr", type=float)
@@ -170,7 +197,8 @@ def config_from_args(args: argparse.Namespace) -> tuple[ExperimentConfig, Path]:
     for key in ("task", "protocol", "backend", "rounds", "seeds", "local_steps", "local_epochs",
                 "batch_size", "client_lr", "client_split", "ckks_preset", "flooding_bits",
                 "server_blind", "allow_plaintext_updates", "server_lr_schedule",
-                "validation_split", "fedprox_mu"):
+                "validation_split", "fedprox_mu", "dp_sgd", "client_dp", "scalar_dp",
+                "dp_delta"):
         if getattr(args, key) is not None:
             values[key] = getattr(args, key)
     server_opt = dict(values.get("server_opt", {}))

@@ -7,6 +7,7 @@ on the pooled test set — data no party of the protocol holds.
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from functools import partial
@@ -17,6 +18,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from clients.privacy import make_private
 from clients.runtime import Client
 from clients.tasks import ClientData, FederatedData, Task, get_task
 from clients.tasks.tcga_brca import random_client_splits
@@ -26,10 +28,12 @@ from protocols import PROTOCOLS, default_server_optimizer, make_protocol
 from protocols.optimizers import StepSchedule, make_optimizer
 from secagg.backends import BACKENDS, make_backends
 from secagg.ckks.presets import get_preset
+from secagg.dp import ClientDP, ScalarDP
 from secagg.errors import ConfigError
 from server.audit import AuditLog
-from server.engine import Server
+from server.engine import NOISABLE_SCALARS, Server
 from server.transport import InProcessTransport
+from simulation.privacy import client_level_epsilon, scalar_epsilons, scalar_release_counts
 
 
 @dataclass
@@ -68,6 +72,15 @@ class ExperimentConfig:
     validation_split: float | None = None
     #: FedProx's proximal weight μ (0: plain local SGD)
     fedprox_mu: float = 0.0
+    #: sample-level DP-SGD on every client (Opacus): {"clip": C, "noise": z} or
+    #: {"clip": C, "epsilon": ε} (ε for the whole run at dp_delta)
+    dp_sgd: dict[str, float] | None = None
+    #: client-level DP: {"clip": C, "noise": z*} — clients clip their update to C and add
+    #: their share of noise so that K equal weights give multiplier z* on the revealed sum
+    client_dp: dict[str, float] | None = None
+    #: revealed scalars clipped to [low, high] and noised: {"low", "high", "noise"}
+    scalar_dp: dict[str, float] | None = None
+    dp_delta: float = 1e-5
 
     def validate(self) -> "ExperimentConfig":
         get_task(self.task)
@@ -95,6 +108,7 @@ class ExperimentConfig:
                               f"{self.validation_split}")
         if not isinstance(self.fedprox_mu, (int, float)) or not self.fedprox_mu >= 0:
             raise ConfigError(f"fedprox_mu must be a number >= 0, got {self.fedprox_mu!r}")
+        self._check_dp()
         if self.client_split_count is not None and (
                 self.client_split is None or self.client_split_count < 1):
             raise ConfigError("client_split_count needs client_split and must be positive")
@@ -117,6 +131,10 @@ class ExperimentConfig:
                 f"{self.protocol} needs every client's update in plaintext (it is not a sum), "
                 f"so it cannot run on {self.backend} as is; pass --allow-plaintext-updates to "
                 "accept that (the audit will then report individual_updates_revealed: true)")
+        if self.client_dp is not None and not protocol.client_dp_compatible:
+            raise ConfigError(f"{self.protocol}'s update is not one weighted sum of the noised "
+                              "uploads, so client-level DP cannot be accounted for it; use "
+                              "fedavg, fedadam, larc, costwagg, autofedrl, ...")
         if protocol.observes_validation and self.validation_split is None:
             raise ConfigError(f"{self.protocol} rewards its agent with the clients' validation "
                               "loss: give the clients validation samples with "
@@ -125,6 +143,40 @@ class ExperimentConfig:
             raise ConfigError(f"{self.protocol} forms the global update in plaintext on the "
                               "server, so it cannot run server-blind")
         return self
+
+    def _check_dp(self) -> None:
+        def need(name, value, keys, optional=()):
+            if value is None:
+                return
+            if not isinstance(value, dict) or not set(keys) <= set(value) \
+                    or not set(value) <= set(keys) | set(optional):
+                raise ConfigError(f"{name} takes {', '.join(keys)}"
+                                  + (f" (and optionally {', '.join(optional)})" if optional
+                                     else "") + f", got {value!r}")
+        if self.dp_sgd is not None:
+            need("dp_sgd", self.dp_sgd, ("clip",), ("noise", "epsilon"))
+            if ("noise" in self.dp_sgd) == ("epsilon" in self.dp_sgd):
+                raise ConfigError("dp_sgd needs exactly one of noise=z and epsilon=ε")
+            if self.fedprox_mu:
+                raise ConfigError("FedProx with DP-SGD is not supported")
+        need("client_dp", self.client_dp, ("clip", "noise"))
+        need("scalar_dp", self.scalar_dp, ("low", "high", "noise"))
+        if not 0 < self.dp_delta < 1:
+            raise ConfigError(f"dp_delta must lie in (0, 1), got {self.dp_delta}")
+        for name, spec in (("dp_sgd", self.dp_sgd), ("client_dp", self.client_dp),
+                           ("scalar_dp", self.scalar_dp)):
+            for key, v in (spec or {}).items():
+                if not isinstance(v, (int, float)) or not math.isfinite(v):
+                    raise ConfigError(f"{name}: {key} must be a number, got {v!r}")
+        if self.client_dp is not None:
+            ClientDP(self.client_dp["clip"], self.client_dp["noise"], 1)
+        if self.scalar_dp is not None:
+            ScalarDP(self.scalar_dp["low"], self.scalar_dp["high"], self.scalar_dp["noise"])
+        if self.dp_sgd is not None and not self.dp_sgd["clip"] > 0:
+            raise ConfigError(f"dp_sgd: clip must be > 0, got {self.dp_sgd['clip']}")
+        if self.dp_sgd is not None and not self.dp_sgd.get("noise",
+                                                           self.dp_sgd.get("epsilon")) > 0:
+            raise ConfigError("dp_sgd: noise or epsilon must be > 0")
 
     def optimizer_config(self) -> dict[str, Any]:
         cfg = default_server_optimizer(self.protocol)
@@ -234,7 +286,14 @@ def run_seed(config: ExperimentConfig, seed: int, audit: AuditLog,
         # ... and each client's batch order
         trainer = LocalTrainer(task.make_model(), part, task.loss, config.batch_size,
                                seed=seed * 1000 + k)
-        clients[cid] = Client(cid, trainer, client_backends[cid], validation[k])
+        if config.dp_sgd is not None:
+            trainer = make_private(trainer, max_grad_norm=config.dp_sgd["clip"],
+                                   total_steps=config.rounds * local_steps_of(config, part),
+                                   noise_multiplier=config.dp_sgd.get("noise"),
+                                   target_epsilon=config.dp_sgd.get("epsilon"),
+                                   delta=config.dp_delta, seed=seed * 1000 + k)
+        clients[cid] = Client(cid, trainer, client_backends[cid], validation[k],
+                              seed=seed * 1000 + k + 500)
     if config.protocol == "feddisco":
         encoder = pretrain_vae(config, seed, audit, data, progress)
         for client in clients.values():
@@ -252,7 +311,11 @@ def run_seed(config: ExperimentConfig, seed: int, audit: AuditLog,
         allow_plaintext_updates=config.allow_plaintext_updates,
         server_lr=(StepSchedule.parse(config.server_lr_schedule)
                    if config.server_lr_schedule else None),
-        prox_mu=float(config.fedprox_mu))
+        prox_mu=float(config.fedprox_mu),
+        client_dp=(ClientDP(config.client_dp["clip"], config.client_dp["noise"],
+                            len(clients)) if config.client_dp else None),
+        scalar_dp=(ScalarDP(config.scalar_dp["low"], config.scalar_dp["high"],
+                            config.scalar_dp["noise"]) if config.scalar_dp else None))
     setup_excluded = server.setup(config.rounds, config.flooding_bits)
     if setup_excluded and progress:
         progress(f"  key setup excluded {setup_excluded}")
@@ -281,7 +344,8 @@ def run_seed(config: ExperimentConfig, seed: int, audit: AuditLog,
                "bytes_down": sum(r["bytes"] for r in traffic if r["direction"] == "sent"),
                "seconds_round": wall,
                **{f"seconds_{k}": v for k, v in report.seconds.items()},
-               **protocol.round_log()}
+               **protocol.round_log(),
+               **privacy_columns(config, server, clients, audit)}
         rows.append(row)
         if progress:
             metric = row.get("test_pooled", row["train_pooled"])
@@ -290,6 +354,36 @@ def run_seed(config: ExperimentConfig, seed: int, audit: AuditLog,
                      f"{row['bytes_down'] / 1e3:.1f} kB  {wall:.2f} s"
                      + (f"  excluded {report.excluded}" if report.excluded else ""))
     return SeedRun(rows, global_model().copy())
+
+
+def local_steps_of(config: ExperimentConfig, part: ClientData) -> int:
+    """A client's SGD steps per round (for DP-SGD's target-ε calibration)."""
+    if config.local_epochs:
+        return config.local_epochs * -(-len(part) // config.batch_size)
+    return config.local_steps
+
+
+def privacy_columns(config: ExperimentConfig, server: Server, clients: dict,
+                    audit: AuditLog) -> dict[str, float]:
+    """ε spent so far, per mechanism (worst client where it differs by client)."""
+    out: dict[str, float] = {}
+    if config.client_dp is not None:
+        out["eps_client_level"] = client_level_epsilon(server.privacy_events, config.dp_delta)
+        last = [e for e in server.privacy_events if e["round"] == server.privacy_events[-1][
+            "round"]] if server.privacy_events else []
+        out["noise_multiplier_realised"] = min((e["noise_multiplier"] for e in last),
+                                               default=float("nan"))
+    if config.dp_sgd is not None:
+        per_client = {f"eps_dp_sgd_{cid}": c.trainer.epsilon(config.dp_delta)
+                      for cid, c in clients.items()}
+        out["eps_dp_sgd_max"] = max(per_client.values())
+        out.update(per_client)
+    if config.scalar_dp is not None:
+        counts = scalar_release_counts(audit.records, audit.run,
+                                       audit.dp_protected & set(NOISABLE_SCALARS))
+        eps = scalar_epsilons(counts, config.scalar_dp["noise"], config.dp_delta)
+        out["eps_scalars_max"] = max(eps.values(), default=0.0)
+    return out
 
 
 def hold_out_validation(data: FederatedData, share: float, seed: int = 0

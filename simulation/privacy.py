@@ -1,0 +1,56 @@
+"""Privacy accounting for a run: ε at δ for each mechanism, with Opacus' RDP accountant.
+
+Three mechanisms, each a Gaussian mechanism or a composition of them:
+
+- client-level DP: every release of an aggregate (the global update; LARC's Ĝ sent back to
+  the clients) is one Gaussian mechanism on every client's data with the realised noise
+  multiplier the engine logged (``Server.privacy_events``), sampling rate 1 (all clients);
+- DP-SGD: each client's own Opacus accountant (Poisson-subsampled Gaussian per local step);
+- scalar DP: each client's revealed scalars, one Gaussian mechanism with multiplier σ_s and
+  sensitivity (high − low) per release, counted from the audit.
+
+The accountant lives here, not on the server: the server only records multipliers (Opacus
+imports torch, which the server package never does).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Iterable, Mapping
+
+from opacus.accountants import RDPAccountant
+
+from secagg.dp import RDP_ORDERS
+
+
+def gaussian_epsilon(steps: Iterable[tuple[float, float, int]], delta: float) -> float:
+    """ε at δ of a composition of (noise multiplier, sampling rate, count) Gaussian steps."""
+    accountant = RDPAccountant()
+    for z, rate, count in steps:
+        if count <= 0:
+            continue
+        if z <= 0:
+            return math.inf
+        accountant.history.append((float(z), float(rate), int(count)))
+    return float(accountant.get_epsilon(delta, alphas=RDP_ORDERS)) if accountant.history \
+        else 0.0
+
+
+def client_level_epsilon(events: Iterable[Mapping], delta: float) -> float:
+    return gaussian_epsilon(((e["noise_multiplier"], 1.0, 1) for e in events), delta)
+
+
+def scalar_release_counts(records: Iterable[Mapping], run: str, names: set[str]
+                          ) -> Counter:
+    """How many protected scalars each client revealed in ``run`` (from the audit)."""
+    counts: Counter = Counter()
+    for r in records:
+        if r["event"] != "message" or r["run"] != run or r["direction"] != "received":
+            continue
+        counts[r["peer"]] += sum(1 for f in r["fields"] if f["name"] in names)
+    return counts
+
+
+def scalar_epsilons(counts: Mapping[str, int], sigma: float, delta: float) -> dict[str, float]:
+    return {c: gaussian_epsilon([(sigma, 1.0, n)], delta) for c, n in counts.items()}

@@ -1,0 +1,158 @@
+"""Differential privacy: clipping, the calibrated noise of a revealed aggregate, accounting
+cross-checked against Google's dp-accounting, and the audit with DP on and off."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import dp_accounting
+import numpy as np
+import pytest
+import torch
+
+from clients.tasks import get_task
+from clients.training import flat_params
+from secagg.dp import (RDP_ORDERS, ClientDP, ScalarDP, clip_l2, noised_update,
+                       privatize_scalar, realised_noise_multiplier)
+from secagg.errors import ConfigError
+from simulation.cli import build_parser, parse_settings
+from simulation.experiment import ExperimentConfig, run_experiment
+from simulation.privacy import gaussian_epsilon
+
+
+def test_clipping_bounds_every_update_and_leaves_short_ones_alone():
+    rng = np.random.default_rng(0)
+    for scale in (1e-3, 1.0, 1e3):
+        for _ in range(20):
+            v = rng.normal(0, scale, 50)
+            c = clip_l2(v, 0.7)
+            assert np.linalg.norm(c) <= 0.7 * (1 + 1e-12)
+            if np.linalg.norm(v) <= 0.7:
+                np.testing.assert_array_equal(c, v)
+            else:  # same direction
+                np.testing.assert_allclose(c / np.linalg.norm(c), v / np.linalg.norm(v))
+
+
+def test_noised_update_has_the_stated_spread():
+    rng = np.random.default_rng(1)
+    noise = noised_update(np.zeros(200_000), clip=0.5, sigma=0.8, rng=rng)
+    assert noise.std() == pytest.approx(0.4, rel=0.01)
+
+
+def test_realised_noise_multiplier_by_hand():
+    dp = ClientDP(clip=1.0, noise_multiplier=2.0, expected_clients=4)
+    assert dp.client_sigma == pytest.approx(1.0)
+    # four equal weights: z* itself
+    assert realised_noise_multiplier({c: 0.25 for c in "abcd"}, dp.client_sigma) \
+        == pytest.approx(2.0)
+    # (0.5, 0.25, 0.25): ||w|| = sqrt(0.375), max 0.5 -> 1.2247
+    assert realised_noise_multiplier({"a": 0.5, "b": 0.25, "c": 0.25}, 1.0) \
+        == pytest.approx(math.sqrt(0.375) / 0.5)
+    # LARC-style unnormalised weights: only the ratios matter
+    assert realised_noise_multiplier({"a": 2.0, "b": 1.0, "c": 1.0}, 1.0) \
+        == pytest.approx(math.sqrt(0.375) / 0.5)
+
+
+def test_privatized_scalars_are_clipped_then_noised():
+    rng = np.random.default_rng(2)
+    draws = np.array([privatize_scalar(5.0, -1.0, 1.0, 0.5, rng) for _ in range(20_000)])
+    assert draws.mean() == pytest.approx(1.0, abs=0.03)  # clipped to the top of the range
+    assert draws.std() == pytest.approx(1.0, rel=0.03)  # 0.5 · (1 − (−1))
+
+
+@pytest.mark.parametrize("backend", ["plain", "ckks"])
+def test_revealed_aggregate_carries_the_calibrated_noise(backend):
+    """Clients with ~zero updates (client lr 1e-12): the revealed FedAvg update is pure noise
+    Σ w_i ν_i with per-coordinate variance (σ_c C)² Σ w_i²; check it with a χ² bound."""
+    cfg = ExperimentConfig(task="digits-dir8", protocol="fedavg", backend=backend, rounds=1,
+                           seeds=[3], local_steps=1, batch_size=32, client_lr="1e-12",
+                           client_dp={"clip": 0.5, "noise": 1.5})
+    result = run_experiment(cfg)
+    task = get_task(cfg.task)
+    torch.manual_seed(3)
+    initial = flat_params(task.make_model())
+    noise = result.final_params[3] - initial
+    sizes = np.array([len(p) for p in task.load().train], dtype=float)
+    w = sizes / sizes.sum()
+    sigma_c = 1.5 / math.sqrt(len(sizes))
+    expected_var = (sigma_c * 0.5) ** 2 * np.sum(w ** 2)
+    n = noise.size
+    ratio = np.sum(noise ** 2) / (n * expected_var)  # χ²_n / n: mean 1, sd sqrt(2/n)
+    assert abs(ratio - 1) < 5 * math.sqrt(2 / n), ratio
+    assert abs(noise.mean()) < 5 * math.sqrt(expected_var / n)
+    # and the accountant was fed the realised multiplier of these weights
+    z = result.metrics["noise_multiplier_realised"].dropna().iloc[-1]
+    assert z == pytest.approx(sigma_c * np.linalg.norm(w) / w.max(), rel=1e-9)
+
+
+@pytest.mark.parametrize("z, q, steps", [(1.0, 1.0, 10), (0.8, 0.01, 1000), (1.5, 0.05, 300),
+                                          (4.0, 1.0, 50), (1.1, 0.004, 5000)])
+def test_rdp_epsilon_matches_google_dp_accounting_within_2_percent(z, q, steps):
+    delta = 1e-5
+    ours = gaussian_epsilon([(z, q, steps)], delta)
+    google = dp_accounting.rdp.RdpAccountant(orders=RDP_ORDERS)
+    event = dp_accounting.GaussianDpEvent(z)
+    if q < 1:
+        event = dp_accounting.PoissonSampledDpEvent(q, event)
+    google.compose(dp_accounting.SelfComposedDpEvent(event, steps))
+    theirs = google.get_epsilon(delta)
+    assert ours == pytest.approx(theirs, rel=0.02), (ours, theirs)
+
+
+def test_no_noise_means_no_finite_epsilon():
+    assert gaussian_epsilon([(0.0, 1.0, 3)], 1e-5) == math.inf
+    assert gaussian_epsilon([], 1e-5) == 0.0
+
+
+def test_dp_sgd_reaches_its_target_epsilon_and_reports_it_per_client():
+    cfg = ExperimentConfig(task="digits-dir8", protocol="fedavg", rounds=2, seeds=[0],
+                           local_steps=5, batch_size=32, dp_sgd={"clip": 1.0, "epsilon": 3.0})
+    m = run_experiment(cfg).metrics
+    per_client = [c for c in m.columns if c.startswith("eps_dp_sgd_client_")]
+    assert len(per_client) == 8
+    final = m[m["round"] == 2]
+    for c in per_client:
+        assert final[c].iloc[0] == pytest.approx(3.0, rel=0.02)
+    after_one = m[m["round"] == 1]
+    assert (after_one[per_client].to_numpy() < final[per_client].to_numpy()).all()
+
+
+def test_dp_on_and_off_under_ckks_show_the_server_the_same_items():
+    base = ExperimentConfig(task="tcga-brca", protocol="larc", backend="ckks", rounds=2,
+                            seeds=[1], local_steps=3)
+    off = run_experiment(base).audit.summary()
+    on = run_experiment(replace(base, client_dp={"clip": 1.0, "noise": 1.0},
+                                scalar_dp={"low": -1.0, "high": 1.0, "noise": 1.0},
+                                dp_sgd={"clip": 1.0, "noise": 1.0})).audit.summary()
+    assert set(on["learned_in_plaintext"]) == set(off["learned_in_plaintext"])
+    assert on["undeclared_plaintext_items"] == off["undeclared_plaintext_items"] == []
+    assert on["individual_updates_revealed"] is False
+    assert on["dp_protected_items"] == ["delta_loss", "global_update"]
+    assert off["dp_protected_items"] == []
+    assert "delta_loss" in off["not_dp_protected_items"]
+    assert on["not_dp_protected_items"] == ["n_samples"]
+
+
+@pytest.mark.parametrize("changes, match", [
+    ({"protocol": "regagg", "client_dp": {"clip": 1.0, "noise": 1.0}}, "weighted sum"),
+    ({"dp_sgd": {"clip": 1.0, "noise": 1.0, "epsilon": 2.0}}, "exactly one"),
+    ({"dp_sgd": {"noise": 1.0}}, "clip"),
+    ({"client_dp": {"clip": -1.0, "noise": 1.0}}, "clip norm"),
+    ({"scalar_dp": {"low": 1.0, "high": 0.0, "noise": 1.0}}, "low < high"),
+    ({"dp_delta": 2.0}, "dp_delta"),
+])
+def test_bad_dp_settings_are_config_errors(changes, match):
+    with pytest.raises(ConfigError, match=match):
+        ExperimentConfig(**changes).validate()
+
+
+def test_cli_reads_dp_settings():
+    args = build_parser().parse_args(["run", "--client-dp", "clip=0.5,noise=1.2",
+                                      "--dp-sgd", "clip=1,epsilon=8"])
+    assert args.client_dp == {"clip": 0.5, "noise": 1.2}
+    assert args.dp_sgd == {"clip": 1.0, "epsilon": 8.0}
+    with pytest.raises(Exception):
+        parse_settings("clip:0.5")
+    with pytest.raises(ConfigError):
+        ScalarDP(0.0, 1.0, 0.0)
