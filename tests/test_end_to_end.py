@@ -103,3 +103,20 @@ def test_seed_lists():
     assert parse_seeds("1,3-5") == [1, 3, 4, 5]
     with pytest.raises(Exception, match="cannot read seeds"):
         parse_seeds("a-b")
+
+
+def test_a_dp_run_writes_its_privacy_report(tmp_path):
+    assert main(["run", "--protocol", "larc", "--backend", "ckks", *SMALL, "--out",
+                 str(tmp_path), "--client-dp", "clip=0.5,noise=1",
+                 "--scalar-dp", "low=-1,high=1,noise=2"]) == 0
+    report = json.loads((tmp_path / "privacy.json").read_text())
+    eps = report["client_level"]["epsilon_per_seed"]
+    assert set(eps) == {"1", "2"} and all(0 < e < float("inf") for e in eps.values())
+    assert report["scalars"]["worst_client_epsilon_per_seed"]["1"] > 0
+    assert report["dp_protected_items"] == ["delta_loss", "global_update"]
+    assert report["not_dp_protected_items"] == ["n_samples"]
+    assert report["assumptions"]
+    metrics = pd.read_csv(tmp_path / "metrics.csv")
+    # ε only grows round by round
+    for _, g in metrics[metrics["round"] > 0].groupby("seed"):
+        assert g["eps_client_level"].is_monotonic_increasing
