@@ -108,9 +108,6 @@ class Protocol(ABC):
         this round; the engine's defaults unless the protocol chooses them."""
         return settings
 
-    def check_validation(self, client: str, loss: float) -> None:
-        """Raise ClientInputError if a reported validation loss is unusable."""
-
     def observe_validation(self, rnd: RoundAPI, losses: Mapping[str, float]) -> None:
         """The clients' validation losses of the current global model."""
 

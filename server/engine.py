@@ -212,14 +212,8 @@ class Server:
             fields["scalar_dp"] = wire.config(self.scalar_dp.config())
         replies = ctx.ask("validate", {c: fields for c in peers},
                           expect={"val_loss": wire.SCALAR}, reach_excluded=True)
-        losses = {}
-        for c, env in replies.items():
-            try:
-                loss = env.scalar("val_loss")
-                self.protocol.check_validation(c, loss)
-                losses[c] = loss
-            except ClientInputError as exc:
-                ctx.exclude(c, "validate", exc)
+        # ``ask`` already excluded clients whose val_loss is missing or not finite
+        losses = {c: env.scalar("val_loss") for c, env in replies.items()}
         if send_model:
             self._holding = set(replies)
         if not losses:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+from collections import Counter
 from functools import partial
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable
@@ -332,12 +333,15 @@ def run_seed(config: ExperimentConfig, seed: int, audit: AuditLog,
         return server.params if model is None else model
 
     rows = [{**base, "round": 0, **evaluate(task, data, global_model())}]
+    scalar_releases: Counter = Counter()  # protected scalars each client revealed so far
     for rnd in range(config.rounds):
         first_record = len(audit.records)
         start = time.perf_counter()
         report = server.run_round(rnd)
         wall = time.perf_counter() - start
         traffic = [r for r in audit.records[first_record:] if r["event"] == "message"]
+        scalar_releases += scalar_release_counts(audit.records[first_record:], audit.run,
+                                                 audit.dp_protected & set(NOISABLE_SCALARS))
         row = {**base, "round": rnd + 1, **evaluate(task, data, global_model()),
                "clients": len(report.clients), "excluded": len(report.excluded),
                "bytes_up": sum(r["bytes"] for r in traffic if r["direction"] == "received"),
@@ -345,7 +349,7 @@ def run_seed(config: ExperimentConfig, seed: int, audit: AuditLog,
                "seconds_round": wall,
                **{f"seconds_{k}": v for k, v in report.seconds.items()},
                **protocol.round_log(),
-               **privacy_columns(config, server, clients, audit)}
+               **privacy_columns(config, server, clients, rnd, scalar_releases)}
         rows.append(row)
         if progress:
             metric = row.get("test_pooled", row["train_pooled"])
@@ -363,25 +367,22 @@ def local_steps_of(config: ExperimentConfig, part: ClientData) -> int:
     return config.local_steps
 
 
-def privacy_columns(config: ExperimentConfig, server: Server, clients: dict,
-                    audit: AuditLog) -> dict[str, float]:
-    """ε spent so far, per mechanism (worst client where it differs by client)."""
+def privacy_columns(config: ExperimentConfig, server: Server, clients: dict, rnd: int,
+                    scalar_releases: Counter) -> dict[str, float]:
+    """ε spent up to round ``rnd``, per mechanism (worst client where it differs by client)."""
     out: dict[str, float] = {}
     if config.client_dp is not None:
         out["eps_client_level"] = client_level_epsilon(server.privacy_events, config.dp_delta)
-        last = [e for e in server.privacy_events if e["round"] == server.privacy_events[-1][
-            "round"]] if server.privacy_events else []
-        out["noise_multiplier_realised"] = min((e["noise_multiplier"] for e in last),
-                                               default=float("nan"))
+        out["noise_multiplier_realised"] = min(
+            (e["noise_multiplier"] for e in server.privacy_events if e["round"] == rnd),
+            default=float("nan"))
     if config.dp_sgd is not None:
         per_client = {f"eps_dp_sgd_{cid}": c.trainer.epsilon(config.dp_delta)
                       for cid, c in clients.items()}
         out["eps_dp_sgd_max"] = max(per_client.values())
         out.update(per_client)
     if config.scalar_dp is not None:
-        counts = scalar_release_counts(audit.records, audit.run,
-                                       audit.dp_protected & set(NOISABLE_SCALARS))
-        eps = scalar_epsilons(counts, config.scalar_dp["noise"], config.dp_delta)
+        eps = scalar_epsilons(scalar_releases, config.scalar_dp["noise"], config.dp_delta)
         out["eps_scalars_max"] = max(eps.values(), default=0.0)
     return out
 
