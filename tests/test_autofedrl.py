@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from clients.tasks import ClientData, get_task
-from clients.training import LocalTrainer
+from clients.training import LocalTrainer, flat_params
 from protocols.autofedrl import AutoFedRL, parse_range, searched_weights
 from secagg.errors import ConfigError
 from simulation.experiment import ExperimentConfig, hold_out_validation, run_experiment
@@ -160,3 +160,42 @@ def test_fedprox_option_reaches_the_clients():
     assert not np.allclose(plain.final_params[0], prox.final_params[0])
     with pytest.raises(ConfigError, match="fedprox_mu"):
         run_experiment(replace(base, fedprox_mu=-1.0))
+
+
+@pytest.mark.parametrize("share", [0.0, 1.0, 1.5])
+def test_validation_split_outside_zero_one_is_a_config_error(share):
+    with pytest.raises(ConfigError, match="validation_split"):
+        replace(SMALL, validation_split=share).validate()
+
+
+def test_a_split_that_leaves_a_client_nothing_to_train_on_is_refused():
+    data = get_task("digits-dir8").load()
+    tiny = replace(data, train=[ClientData(p.x[:1], p.y[:1]) for p in data.train])
+    with pytest.raises(ConfigError, match="nothing to train on"):
+        hold_out_validation(tiny, 0.2)
+
+
+def test_a_client_without_validation_samples_is_excluded_with_the_reason():
+    from clients.runtime import Client
+    from secagg.backends import make_backends
+    from server.audit import AuditLog
+    from server.engine import Server
+    from server.transport import InProcessTransport
+    from protocols.optimizers import SGD, StepSchedule
+
+    data = get_task("digits-dir8").load()
+    task = get_task("digits-dir8")
+    ids = ["c0", "c1"]
+    _, backends = make_backends("plain", ids)
+    server_backend, _ = make_backends("plain", ids)
+    clients = {cid: Client(cid, LocalTrainer(task.make_model(), data.train[k], task.loss, 32,
+                                             seed=k), backends[cid],
+                           validation=data.train[k] if cid == "c0" else None)
+               for k, cid in enumerate(ids)}
+    w = flat_params(task.make_model())
+    server = Server(AutoFedRL(), server_backend, SGD(dim=w.size, lr=1.0),
+                    InProcessTransport({c: cl.handle for c, cl in clients.items()}), w,
+                    client_lr=StepSchedule.parse("0.1"), local_steps=2, audit=AuditLog())
+    report = server.run_round(0)
+    assert "c1" in report.excluded and "no validation samples" in report.excluded["c1"]
+    assert report.clients == ["c0"]

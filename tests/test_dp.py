@@ -156,3 +156,43 @@ def test_cli_reads_dp_settings():
         parse_settings("clip:0.5")
     with pytest.raises(ConfigError):
         ScalarDP(0.0, 1.0, 0.0)
+
+
+@pytest.mark.parametrize("changes, match", [
+    ({"dp_sgd": {"clip": 1.0, "noise": 0.0}}, "must be > 0"),
+    ({"dp_sgd": {"clip": 1.0, "epsilon": -2.0}}, "must be > 0"),
+    ({"dp_sgd": {"clip": 0.0, "noise": 1.0}}, "clip must be > 0"),
+    ({"dp_sgd": {"clip": 1.0, "noise": 1.0}, "fedprox_mu": 0.1}, "FedProx"),
+    ({"scalar_dp": {"low": 0.0, "high": 1.0, "noise": "lots"}}, "must be a number"),
+    ({"client_dp": {"clip": 1.0}}, "client_dp takes"),
+    ({"scalar_dp": {"low": 0.0, "high": 1.0, "noise": 0.0}}, "noise multiplier > 0"),
+])
+def test_more_bad_dp_settings_are_config_errors(changes, match):
+    with pytest.raises(ConfigError, match=match):
+        ExperimentConfig(**changes).validate()
+
+
+def test_the_engine_itself_refuses_client_dp_for_protocols_that_are_not_sums():
+    from protocols import make_protocol
+    from protocols.optimizers import SGD, StepSchedule
+    from secagg.backends import make_backends
+    from server.engine import Server
+    from server.transport import InProcessTransport
+
+    server_backend, _ = make_backends("plain", ["c0"])
+    with pytest.raises(ConfigError, match="not one weighted sum"):
+        Server(make_protocol("regagg"), server_backend, SGD(dim=3), InProcessTransport({}),
+               np.zeros(3), client_lr=StepSchedule.parse("0.1"), local_steps=1,
+               client_dp=ClientDP(1.0, 1.0, 1))
+
+
+def test_make_private_needs_exactly_one_noise_setting():
+    from clients.privacy import make_private
+    from clients.training import LocalTrainer
+
+    task = get_task("digits-dir8")
+    trainer = LocalTrainer(task.make_model(), task.load().train[0], task.loss, 32, seed=0)
+    with pytest.raises(ConfigError, match="exactly one"):
+        make_private(trainer, max_grad_norm=1.0, total_steps=10)
+    with pytest.raises(ConfigError, match="noise_multiplier > 0"):
+        make_private(trainer, max_grad_norm=1.0, total_steps=10, noise_multiplier=0.0)
