@@ -41,6 +41,7 @@ class Client:
         #: FedDisco: the federated β-VAE's encoder, x -> latent means (set before round 0)
         self.encoder: Callable[[Any], np.ndarray] | None = None
         self._handlers: dict[str, Callable[[Envelope], dict[str, Field]]] = {
+            "enroll": self.on_enroll,
             "train": self.on_train,
             "larc_probe": self.on_larc_probe,
             "apply": self.on_apply,
@@ -65,6 +66,11 @@ class Client:
     @property
     def global_model(self) -> np.ndarray | None:
         return None if self._w is None else self._w.copy()
+
+    def on_enroll(self, env: Envelope) -> dict[str, Field]:
+        """Streaming runs: the sample count, once, so the server can fix FedAvg's weights
+        before the uploads arrive (it learns the same number with every upload anyway)."""
+        return {"n_samples": wire.scalar(len(self.trainer.data))}
 
     def on_train(self, env: Envelope) -> dict[str, Field]:
         cfg = env.config("train")

@@ -70,6 +70,7 @@ class AutoFedRL(Protocol):
     name = "autofedrl"
     reveals = ("val_loss", "global_update")
     observes_validation = True
+    streams = True  # this round's weights are drawn before training
 
     def __init__(self, agent: str = "cs",
                  search: str = "client_lr,local_steps,aggregation_weights,server_lr",
@@ -167,15 +168,20 @@ class AutoFedRL(Protocol):
             settings["steps"] = int(self.plan["local_steps"])
         return settings
 
-    def aggregate(self, rnd: RoundAPI, uploads: Mapping[str, Upload]) -> Any:
-        n = {c: u.n_samples for c, u in uploads.items()}
+    def planned_weights(self, rnd: RoundAPI, n_samples: Mapping[str, float]
+                        ) -> dict[str, float]:
+        """n_k·exp(aw_k) / Σ with this round's aw drawn in ``begin_round``: known before the
+        uploads, so the server can fold them as they arrive."""
         if "aggregation_weights" in self.searched:
             # a client unknown at round 0 gets the middle of the range
             mid = sum(self.ranges["aggregation_weights"]) / 2
-            aw = {c: self.plan.get(f"aw_{c}", mid) for c in uploads}
+            aw = {c: self.plan.get(f"aw_{c}", mid) for c in n_samples}
         else:
-            aw = {c: 0.0 for c in uploads}
-        weights = searched_weights(n, aw)
+            aw = {c: 0.0 for c in n_samples}
+        return searched_weights(n_samples, aw)
+
+    def aggregate(self, rnd: RoundAPI, uploads: Mapping[str, Upload]) -> Any:
+        weights = self.planned_weights(rnd, {c: u.n_samples for c, u in uploads.items()})
         return rnd.weighted_sum({c: u.handle for c, u in uploads.items()}, weights)
 
     def round_log(self) -> dict[str, float]:

@@ -52,6 +52,9 @@ class RoundAPI(TypingProtocol):
     def weighted_sum(self, handles: Mapping[str, Any], weights: Mapping[str, float]) -> Any:
         """Σ_i weights[i] · handles[i] over the clients present in both mappings."""
 
+    def running_sum(self, weights: Mapping[str, float]) -> Any:
+        """An empty sum with these weights that uploads are folded into as they arrive."""
+
     def as_field(self, handle: Any, name: str = "aggregate") -> Field:
         """Encode a handle (an aggregate) to send it to clients (a release, for DP)."""
 
@@ -91,6 +94,9 @@ class Protocol(ABC):
     #: every update the protocol releases is one weighted sum of the (noised) uploads, so
     #: client-level DP can be accounted from the realised weights
     client_dp_compatible: bool = True
+    #: the weights can be fixed before the uploads arrive, from each client's sample count
+    #: (reported once, before round 0) and public state: see ``planned_weights``
+    streams: bool = False
     #: clients report their validation loss of the global model before round 0 and after
     #: every update (Auto-FedRL's reward); the engine then calls ``observe_validation``
     observes_validation: bool = False
@@ -118,6 +124,17 @@ class Protocol(ABC):
     def train_reply(self, rnd: RoundAPI) -> dict[str, str]:
         """Extra scalar fields the training reply must carry (name -> wire kind)."""
         return {}
+
+    def planned_weights(self, rnd: RoundAPI, n_samples: Mapping[str, float]
+                        ) -> Mapping[str, float] | None:
+        """This round's weights, fixed before any upload arrives (protocols with ``streams``).
+
+        ``n_samples`` are the sample counts the active clients reported at enrolment. With
+        planned weights the server folds each upload into a running sum as it arrives and
+        drops it (memory O(model), not O(clients × model)); a client that drops out is
+        renormalised away. ``aggregate`` must give the same sum. None: this round needs every
+        upload at once (the weights depend on all of them, or a second phase reuses them)."""
+        return None
 
     def check_upload(self, client: str, upload: Upload) -> None:
         """Raise ClientInputError if an upload's extra scalars are unusable: the engine then

@@ -23,7 +23,12 @@ def sample_size_weights(n_samples: Mapping[str, float]) -> dict[str, float]:
 class FedAvg(Protocol):
     name = "fedavg"
     reveals = ("global_update",)
+    streams = True  # n_i / Σn is known before the uploads: the server folds them as they come
+
+    def planned_weights(self, rnd: RoundAPI, n_samples: Mapping[str, float]
+                        ) -> dict[str, float]:
+        return sample_size_weights(n_samples)
 
     def aggregate(self, rnd: RoundAPI, uploads: Mapping[str, Upload]) -> Any:
-        weights = sample_size_weights({c: u.n_samples for c, u in uploads.items()})
+        weights = self.planned_weights(rnd, {c: u.n_samples for c, u in uploads.items()})
         return rnd.weighted_sum({c: u.handle for c, u in uploads.items()}, weights)

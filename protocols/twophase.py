@@ -32,6 +32,7 @@ class TwoPhase(Protocol):
         self.server_computes_update = self.then.server_computes_update
         self.needs_individual_updates = self.then.needs_individual_updates
         self.client_dp_compatible = self.then.client_dp_compatible
+        self.streams = self.first.streams or self.then.streams
 
     def describe(self):
         return {"name": self.name, "switch_round": self.switch_round,
@@ -45,6 +46,9 @@ class TwoPhase(Protocol):
 
     def train_reply(self, rnd: RoundAPI) -> dict[str, str]:
         return self.current(rnd).train_reply(rnd)
+
+    def planned_weights(self, rnd: RoundAPI, n_samples: Mapping[str, float]):
+        return self.current(rnd).planned_weights(rnd, n_samples)
 
     def aggregate(self, rnd: RoundAPI, uploads: Mapping[str, Upload]) -> Any:
         return self.current(rnd).aggregate(rnd, uploads)

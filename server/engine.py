@@ -11,6 +11,11 @@ Per round:
    W in a ``validate`` phase (and of the initial W before round 0). That phase carries W, so
    the next training request does not send it again.
 
+Streaming: when the protocol can fix its weights before the uploads arrive (FedAvg and the
+FedOpt family, Auto-FedRL; ``Protocol.planned_weights``), the clients report their sample
+counts once before round 0 (``enroll``), and the server folds each upload into a running
+sum as it arrives and drops it, so its memory is one model's worth, not one per client.
+
 Server-blind runs (NVFlare's model) skip the reveal: the server sends the encrypted G to every
 client in an ``apply`` phase, and the clients decrypt it and apply their own copy of the
 server optimizer. The server then never learns W after round 0 (where it sends the public
@@ -31,8 +36,8 @@ from secagg.backends.base import ServerBackend
 from secagg.dp import ClientDP, ScalarDP, realised_noise_multiplier
 from secagg.errors import ClientInputError, ConfigError, RoundFailed
 from server.audit import AuditLog
-from server.round import RoundContext
-from server.transport import InProcessTransport
+from server.round import RoundContext, StreamedSum
+from server.transport import Transport
 
 ENGINE_DECLARED = ("n_samples",)  # what the training phase itself shows the server
 #: client-reported scalars that scalar DP (clip and noise on the client) covers
@@ -50,13 +55,14 @@ class RoundReport:
 
 class Server:
     def __init__(self, protocol: Protocol, backend: ServerBackend, optimizer: ServerOptimizer,
-                 transport: InProcessTransport, initial_params: np.ndarray, *,
+                 transport: Transport, initial_params: np.ndarray, *,
                  client_lr: StepSchedule, local_steps: int, local_epochs: int | None = None,
                  audit: AuditLog | None = None,
                  min_clients: int = 1, max_message_bytes: int = wire.DEFAULT_MAX_BYTES,
                  server_blind: bool = False, allow_plaintext_updates: bool = False,
                  server_lr: StepSchedule | None = None, prox_mu: float = 0.0,
-                 client_dp: ClientDP | None = None, scalar_dp: ScalarDP | None = None):
+                 client_dp: ClientDP | None = None, scalar_dp: ScalarDP | None = None,
+                 streaming: bool = True):
         if server_blind and backend.can_read:
             raise ConfigError("server-blind runs need an encrypted backend: on plain the "
                               "server reads every upload anyway")
@@ -93,6 +99,9 @@ class Server:
             self.audit.dp_protected.add("global_update")
         if scalar_dp is not None:
             self.audit.dp_protected |= set(NOISABLE_SCALARS) & set(protocol.reveals)
+        #: fold uploads as they arrive where the protocol plans its weights (needs ``setup``)
+        self.streaming = streaming and protocol.streams
+        self.enrolled: dict[str, float] = {}  # sample counts reported before round 0
         self._holding: set[str] = set()  # clients already holding the current W
         self.left: dict[str, str] = {}  # clients that left the run (blind: missed an apply)
 
@@ -109,7 +118,21 @@ class Server:
         ctx = RoundContext(0, self.transport.peers, self.n_params, self.backend,
                            self.transport, self.audit, self.optimizer, self.max_message_bytes)
         self.backend.setup(ctx, rounds * self.protocol.reveals_per_round, flooding_bits)
+        if self.streaming:
+            self._enroll(ctx)
         return dict(ctx.excluded)
+
+    def _enroll(self, ctx: RoundContext) -> None:
+        """Streaming runs: every client reports its sample count once, so the weights can be
+        fixed before the uploads arrive. Each upload's count is checked against it."""
+        replies = ctx.ask("enroll", {c: {} for c in ctx.active},
+                          expect={"n_samples": wire.SCALAR})
+        for c, env in replies.items():
+            n = env.scalar("n_samples")
+            if n > 0:
+                self.enrolled[c] = n
+            else:
+                ctx.exclude(c, "enroll", ClientInputError(f"{c} reports {n} samples"))
 
     def run_round(self, rnd: int) -> RoundReport:
         peers = [c for c in self.transport.peers if c not in self.left]
@@ -132,6 +155,7 @@ class Server:
         common = {}
         if self.server_blind:
             common["server_opt"] = wire.config(self.optimizer.config)
+        model = self._model_field()  # one copy, shared by every request
         requests = {}
         for c in ctx.active:
             request = {**common, "train": wire.config(
@@ -139,30 +163,27 @@ class Server:
             # blind runs send only the public initial model; clients that validated the
             # current W already hold it
             if (rnd == 0 or not self.server_blind) and c not in self._holding:
-                request["model"] = self._model_field()
+                request["model"] = model
             requests[c] = {**request, **self.protocol.train_fields(ctx, c)}
-        replies = ctx.ask("train", requests, expect={
-            "pseudo_gradient": self.backend.upload_kind, "n_samples": wire.SCALAR,
-            **self.protocol.train_reply(ctx)})
-
-        uploads: dict[str, Upload] = {}
-        for c, env in replies.items():
-            try:
-                n = env.scalar("n_samples")
-                if not n > 0:
-                    raise ClientInputError(f"{c} reports {n} samples")
-                extra = {k: env.scalar(k) for k in self.protocol.train_reply(ctx)}
-                upload = Upload(self.backend.load(env, "pseudo_gradient", self.n_params), n,
-                                extra)
-                self.protocol.check_upload(c, upload)
-                uploads[c] = upload
-            except ClientInputError as exc:
-                ctx.exclude(c, "train", exc)
-        if len(uploads) < self.min_clients:
-            raise RoundFailed(f"round {rnd}: {len(uploads)} usable uploads, need "
-                              f"{self.min_clients}; exclusions: {ctx.excluded}")
-
-        g_global = self.protocol.aggregate(ctx, uploads)
+        expect = {"pseudo_gradient": self.backend.upload_kind, "n_samples": wire.SCALAR,
+                  **self.protocol.train_reply(ctx)}
+        plan = self._planned_weights(ctx)
+        if plan is None:
+            replies = ctx.ask("train", requests, expect=expect)
+            uploads: dict[str, Upload] = {}
+            for c, env in replies.items():
+                try:
+                    uploads[c] = self._upload(ctx, c, env)
+                except ClientInputError as exc:
+                    ctx.exclude(c, "train", exc)
+            self._check_enough(rnd, len(uploads), ctx)
+            g_global = self.protocol.aggregate(ctx, uploads)
+        else:
+            total = ctx.running_sum(plan)
+            ctx.ask("train", requests, expect=expect,
+                    on_reply=lambda c, env: self._fold(ctx, total, c, env))
+            self._check_enough(rnd, len(total.folded), ctx)
+            g_global = total.result()
         self._holding = set()
         if self.server_blind:
             self._apply_blind(ctx, g_global)
@@ -178,6 +199,40 @@ class Server:
             self._validate(ctx, send_model=not self.server_blind)
         self._account(ctx)
         return RoundReport(rnd, list(ctx.active), dict(ctx.excluded), dict(ctx.seconds), norm)
+
+    def _planned_weights(self, ctx: RoundContext) -> dict[str, float] | None:
+        if not self.streaming or not self.enrolled:
+            return None
+        counts = {c: self.enrolled[c] for c in ctx.active if c in self.enrolled}
+        plan = self.protocol.planned_weights(ctx, counts) if counts else None
+        return None if plan is None else dict(plan)
+
+    def _upload(self, ctx: RoundContext, client: str, env: wire.Envelope) -> Upload:
+        """Check and load one training reply (raises ClientInputError if it is unusable)."""
+        n = env.scalar("n_samples")
+        if not n > 0:
+            raise ClientInputError(f"{client} reports {n} samples")
+        extra = {k: env.scalar(k) for k in self.protocol.train_reply(ctx)}
+        start = time.perf_counter()
+        upload = Upload(self.backend.load(env, "pseudo_gradient", self.n_params), n, extra)
+        ctx.seconds["load"] += time.perf_counter() - start
+        self.protocol.check_upload(client, upload)
+        return upload
+
+    def _fold(self, ctx: RoundContext, total: StreamedSum, client: str,
+              env: wire.Envelope) -> None:
+        """Streaming: check an upload as it arrives, add it to the running sum, drop it."""
+        upload = self._upload(ctx, client, env)
+        if client in self.enrolled and upload.n_samples != self.enrolled[client]:
+            raise ClientInputError(f"{client} enrolled with {self.enrolled[client]:g} samples "
+                                   f"but reports {upload.n_samples:g}; its weight was fixed "
+                                   "from the first")
+        total.add(client, upload.handle)
+
+    def _check_enough(self, rnd: int, usable: int, ctx: RoundContext) -> None:
+        if usable < self.min_clients:
+            raise RoundFailed(f"round {rnd}: {usable} usable uploads, need "
+                              f"{self.min_clients}; exclusions: {ctx.excluded}")
 
     def _dp_settings(self) -> dict:
         """What every client applies before protecting its reply (clients are honest)."""

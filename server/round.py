@@ -4,13 +4,16 @@ Every request and reply goes through ``ask``, which serialises the envelope, cou
 audits it, and checks the reply before a protocol touches it: a client whose reply is
 undecodable, from the wrong sender, for the wrong round or phase (a replay), or lacking an
 expected field is excluded from the rest of the round, and the audit says why.
+
+``ask`` can hand each reply to a callback as it arrives instead of collecting them: with a
+:class:`StreamedSum` the server folds every upload into a running sum and drops it.
 """
 
 from __future__ import annotations
 
 import time
 from collections import defaultdict
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -22,14 +25,14 @@ from secagg.errors import (ClientInputError, ConfigError, DuplicateMessage, Malf
                            UnexpectedField, UnknownSender)
 from secagg.wire import Envelope, Field
 from server.audit import AuditLog
-from server.transport import InProcessTransport
+from server.transport import Transport
 
 SERVER = "server"
 
 
 class RoundContext:
     def __init__(self, rnd: int, clients: list[str], n_params: int, backend: ServerBackend,
-                 transport: InProcessTransport, audit: AuditLog,
+                 transport: Transport, audit: AuditLog,
                  optimizer: ServerOptimizer | None,
                  max_message_bytes: int = wire.DEFAULT_MAX_BYTES,
                  allow_plaintext_updates: bool = False):
@@ -66,29 +69,49 @@ class RoundContext:
 
     # ---- messaging ----------------------------------------------------------------------
     def ask(self, phase: str, messages: Mapping[str, Mapping[str, Field]],
-            expect: Mapping[str, str] | None = None, reach_excluded: bool = False
-            ) -> dict[str, Envelope]:
+            expect: Mapping[str, str] | None = None, reach_excluded: bool = False,
+            on_reply: Callable[[str, Envelope], Any] | None = None) -> dict[str, Any]:
         """Send each active client its fields; return the replies that pass every check.
 
         ``expect`` maps reply field names to wire kinds; scalars are also checked finite.
         ``reach_excluded`` also addresses clients excluded earlier in the round (to keep
         their state in step); a failure then is recorded but changes nothing else.
+        ``on_reply(client, envelope)`` is called as each good reply arrives and its result
+        is kept instead of the envelope (a ClientInputError it raises excludes the client);
+        its time counts to whatever it does, not to the phase.
+        Replies are returned in the order of ``messages``, however they arrived.
         """
         start = time.perf_counter()
-        replies: dict[str, Envelope] = {}
-        for client, fields in messages.items():
-            if client not in self.active and not reach_excluded:
-                continue
-            request = Envelope(SERVER, client, self.round, phase, dict(fields))
-            data = request.to_bytes()
-            self.audit.message("sent", request, len(data), client)
+        in_callbacks = 0.0
+        targets = [c for c in messages if c in self.active or reach_excluded]
+
+        def outgoing():  # serialised one at a time, as the transport asks for them
+            for client in targets:
+                request = Envelope(SERVER, client, self.round, phase, dict(messages[client]))
+                data = request.to_bytes()
+                self.audit.message("sent", request, len(data), client)
+                yield client, data
+
+        replies: dict[str, Any] = {}
+        for client, raw in self.transport.exchange(outgoing()):
             try:
-                raw = self.transport.request(client, data)
-                replies[client] = self._accept(client, phase, raw, expect or {})
+                if isinstance(raw, ClientInputError):
+                    raise raw
+                reply = self._accept(client, phase, raw, expect or {})
+                del raw
+                if on_reply is None:
+                    replies[client] = reply
+                else:
+                    begin = time.perf_counter()
+                    try:
+                        replies[client] = on_reply(client, reply)
+                    finally:
+                        in_callbacks += time.perf_counter() - begin
+                        del reply  # a streamed upload lives on only in the running sum
             except ClientInputError as exc:
                 self.exclude(client, phase, exc)
-        self.seconds[phase] += time.perf_counter() - start
-        return replies
+        self.seconds[phase] += time.perf_counter() - start - in_callbacks
+        return {c: replies[c] for c in targets if c in replies}
 
     def _accept(self, client: str, phase: str, raw: bytes, expect: Mapping[str, str]
                 ) -> Envelope:
@@ -124,6 +147,9 @@ class RoundContext:
         self.seconds["aggregate"] += time.perf_counter() - start
         self._sums.append((total, {c: float(weights[c]) for c in clients}))
         return total
+
+    def running_sum(self, weights: Mapping[str, float]) -> "StreamedSum":
+        return StreamedSum(self, weights)
 
     def _released(self, handle: Any, name: str) -> None:
         for i, (total, weights) in enumerate(self._sums):
@@ -175,3 +201,36 @@ class RoundContext:
             self.seconds["reveal"] += time.perf_counter() - start
             self.audit.reveal(self.round, "reveal", name, int(value.size), by=SERVER)
         return value
+
+
+class StreamedSum:
+    """A weighted sum whose weights were fixed before the uploads arrived, folded in as each
+    upload arrives. A client that never arrives is renormalised away: the result is
+    Σ_arrived w_i x_i / Σ_arrived w_i, as a buffered sum over the arrived clients would be."""
+
+    def __init__(self, ctx: RoundContext, weights: Mapping[str, float]):
+        self._ctx = ctx
+        self.weights = {c: float(w) for c, w in weights.items()}
+        self.folded: dict[str, float] = {}
+        self._sum = ctx.backend.running_sum(ctx.n_params)
+
+    def add(self, client: str, handle: Any) -> None:
+        if client not in self.weights:
+            raise UnknownSender(f"{client} has no planned weight this round (did it enrol?)")
+        if client in self.folded:
+            raise DuplicateMessage(f"{client}'s upload was already added this round")
+        start = time.perf_counter()
+        self._sum.add(handle, self.weights[client])
+        self.folded[client] = self.weights[client]
+        self._ctx.seconds["aggregate"] += time.perf_counter() - start
+
+    def result(self) -> Any:
+        clients = list(self.folded)  # a folded upload cannot be taken out again
+        if not clients:
+            raise MalformedMessage("no client left to aggregate")
+        normaliser = sum(self.folded[c] for c in clients)
+        start = time.perf_counter()
+        total = self._sum.result(normaliser)
+        self._ctx.seconds["aggregate"] += time.perf_counter() - start
+        self._ctx._sums.append((total, {c: self.folded[c] / normaliser for c in clients}))
+        return total

@@ -174,6 +174,12 @@ def build_parser() -> argparse.ArgumentParser:
     enc.add_argument("--allow-plaintext-updates", action="store_true", default=None,
                      help="let aggregators that are not sums (regmedagg, trimmedmean) receive "
                           "each client's update in plaintext on ckks; the audit says so")
+    perf = run.add_argument_group("server performance")
+    perf.add_argument("--no-streaming", dest="streaming", action="store_false", default=None,
+                      help="keep every upload until the protocol sums them, instead of folding "
+                           "each into a running sum as it arrives (streaming is on by default "
+                           "for fedavg, the FedOpt family, autofedrl and rolepro's FedAvg "
+                           "phase; other protocols always buffer)")
     opt.add_argument("--server-lr-schedule",
                      help="server learning rate per round, rate@round,... (RoLePRO's two "
                           "phases: 0.003@0,0.002@3)")
@@ -198,7 +204,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[ExperimentConfig, Path]:
                 "batch_size", "client_lr", "client_split", "ckks_preset", "flooding_bits",
                 "server_blind", "allow_plaintext_updates", "server_lr_schedule",
                 "validation_split", "fedprox_mu", "dp_sgd", "client_dp", "scalar_dp",
-                "dp_delta"):
+                "dp_delta", "streaming"):
         if getattr(args, key) is not None:
             values[key] = getattr(args, key)
     server_opt = dict(values.get("server_opt", {}))

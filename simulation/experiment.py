@@ -82,6 +82,8 @@ class ExperimentConfig:
     #: revealed scalars clipped to [low, high] and noised: {"low", "high", "noise"}
     scalar_dp: dict[str, float] | None = None
     dp_delta: float = 1e-5
+    #: fold uploads into a running sum as they arrive, where the protocol's weights allow it
+    streaming: bool = True
 
     def validate(self) -> "ExperimentConfig":
         get_task(self.task)
@@ -316,7 +318,8 @@ def run_seed(config: ExperimentConfig, seed: int, audit: AuditLog,
         client_dp=(ClientDP(config.client_dp["clip"], config.client_dp["noise"],
                             len(clients)) if config.client_dp else None),
         scalar_dp=(ScalarDP(config.scalar_dp["low"], config.scalar_dp["high"],
-                            config.scalar_dp["noise"]) if config.scalar_dp else None))
+                            config.scalar_dp["noise"]) if config.scalar_dp else None),
+        streaming=config.streaming)
     setup_excluded = server.setup(config.rounds, config.flooding_bits)
     if setup_excluded and progress:
         progress(f"  key setup excluded {setup_excluded}")

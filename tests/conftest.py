@@ -23,6 +23,8 @@ def honest_client(cid: str, g: np.ndarray, n: float) -> Callable[[bytes], bytes]
         req = Envelope.from_bytes(data)
         if req.phase == "train":
             fields = {"pseudo_gradient": wire.vector(g), "n_samples": wire.scalar(n)}
+        elif req.phase == "enroll":
+            fields = {"n_samples": wire.scalar(n)}
         else:
             fields = {"delta_loss": wire.scalar(float(np.sum(g)))}
         return Envelope(cid, "server", req.round, req.phase, fields).to_bytes()

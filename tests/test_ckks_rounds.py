@@ -113,6 +113,8 @@ def _scripted(cid, backend, g, n):
         req = Envelope.from_bytes(data)
         if req.phase in handlers:
             fields = handlers[req.phase](req)
+        elif req.phase == "enroll":
+            fields = {"n_samples": wire.scalar(n)}
         else:
             fields = {"pseudo_gradient": backend.protect(g), "n_samples": wire.scalar(n)}
         return Envelope(cid, "server", req.round, req.phase, fields).to_bytes()

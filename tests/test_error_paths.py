@@ -65,7 +65,7 @@ def test_a_client_on_other_parameters_is_excluded_at_key_setup():
 
     server = Server(make_protocol("fedavg"), server_backend, SGD(3),
                     InProcessTransport({c: handler(c) for c in ids}), np.zeros(3),
-                    client_lr=StepSchedule(), local_steps=1)
+                    client_lr=StepSchedule(), local_steps=1, streaming=False)  # key setup only
     excluded = server.setup(rounds=1)
     assert list(excluded) == ["client_odd"] and "KeySetupError" in excluded["client_odd"]
     assert "wide" in excluded["client_odd"]

@@ -38,6 +38,21 @@ class ClientBackend(ABC):
         return {}
 
 
+class RunningSum(ABC):
+    """Σ_i weight_i · handle_i, folded one upload at a time: the server adds each upload as
+    it arrives and drops it, so a round holds one model's worth of state, not one per client.
+    """
+
+    @abstractmethod
+    def add(self, handle: Any, weight: float) -> None:
+        """Fold ``weight · handle`` in. Takes the handle over: the caller must not use it again."""
+
+    @abstractmethod
+    def result(self, normaliser: float = 1.0) -> Any:
+        """The sum divided by ``normaliser`` (in (0, 1]: the planned weights of the clients
+        that did arrive), as a handle like ``weighted_sum``'s."""
+
+
 class ServerBackend(ABC):
     name: str
     #: wire kind of a protected vector: what the server receives when a client uploads one
@@ -54,6 +69,10 @@ class ServerBackend(ABC):
     @abstractmethod
     def weighted_sum(self, handles: Sequence[Any], weights: Sequence[float]) -> Any:
         """Σ weights[i] · handles[i], without looking inside the handles."""
+
+    @abstractmethod
+    def running_sum(self, length: int) -> RunningSum:
+        """An empty running sum of ``length``-value vectors."""
 
     @abstractmethod
     def to_field(self, handle: Any) -> Field:

@@ -77,8 +77,7 @@ class CKKSClient(ClientBackend):
         return wire.ciphertext(self.keys.encrypt(values, bound=self.preset.headroom / n_clients))
 
     def open(self, envelope: Envelope, name: str, length: int) -> np.ndarray:
-        return self.keys.decrypt(envelope.ciphertext_parts(name), length,
-                                 scale=self.keys.public.sum_scale)
+        return self.keys.decrypt(envelope.ciphertext_parts(name), length)  # an aggregate
 
     def on_reveal(self, env: Envelope) -> dict[str, Field]:
         """Decrypt an aggregate for the server, flooded for the run's decryption budget."""
@@ -92,8 +91,8 @@ class CKKSClient(ClientBackend):
         sigma = flooding_sigma(error_bound(self._setup["n_clients"], self.preset.weight_bits),
                                budget, int(self._setup["flooding_bits"]))
         values, self.last_flooding_sigma = self.keys.decrypt_flooded(
-            env.ciphertext_parts("aggregate"), int(info["n_values"]),
-            self.keys.public.sum_scale, sigma if self._setup["flooding_bits"] > 0 else 0.0)
+            env.ciphertext_parts("aggregate"), int(info["n_values"]), None,
+            sigma if self._setup["flooding_bits"] > 0 else 0.0)
         self.decryptions += 1
         return {info["name"]: wire.vector(values)}
 

@@ -13,9 +13,9 @@ from typing import Any, Sequence
 import numpy as np
 
 from secagg import wire
-from secagg.backends.base import ServerBackend
+from secagg.backends.base import RunningSum, ServerBackend
 from secagg.ckks.presets import CKKSPreset
-from secagg.ckks.public import PublicCKKS, params_fingerprint, to_bytes
+from secagg.ckks.public import CiphertextSum, PublicCKKS, params_fingerprint, to_bytes
 from secagg.errors import KeySetupError, MalformedCiphertext, RoundFailed
 from secagg.wire import Envelope, Field
 
@@ -80,6 +80,9 @@ class CKKSServer(ServerBackend):
         cts = self.public.weighted_sum([h.ciphertexts for h in handles], weights)
         return CKKSHandle(cts, handles[0].n_values, self.public.sum_scale)
 
+    def running_sum(self, length: int) -> "CKKSRunningSum":
+        return CKKSRunningSum(self.public, length)
+
     def to_field(self, handle: CKKSHandle) -> Field:
         return wire.ciphertext([to_bytes(ct) for ct in handle.ciphertexts])
 
@@ -98,3 +101,22 @@ class CKKSServer(ServerBackend):
                 return reply[decryptor].vector(name, handle.n_values), decryptor
             errors[decryptor] = rnd.excluded.get(decryptor)
         raise RoundFailed(f"no decryptor could reveal {name}: {errors}")
+
+
+class CKKSRunningSum(RunningSum):
+    """Homomorphic running sum of fresh uploads; each upload is multiplied in place and
+    added, then only the sum is kept."""
+
+    def __init__(self, public: PublicCKKS, length: int):
+        self.public = public
+        self.length = length
+        self._sum = CiphertextSum(public)
+
+    def add(self, handle: CKKSHandle, weight: float) -> None:
+        if handle.scale != self.public.scale or handle.n_values != self.length:
+            raise MalformedCiphertext("only fresh uploads of the model's length can be summed")
+        self._sum.add(handle.ciphertexts, weight, consume=True)
+
+    def result(self, normaliser: float = 1.0) -> CKKSHandle:
+        cts = self._sum.result(normaliser)
+        return CKKSHandle(cts, self.length, cts[0].scale)

@@ -5,6 +5,7 @@ Nothing here can decrypt: no function takes or produces a secret key.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import tempfile
@@ -45,7 +46,11 @@ def from_bytes(obj, context: seal.SEALContext, data: bytes):
         path.unlink(missing_ok=True)
 
 
+@functools.lru_cache(maxsize=None)
 def make_context(preset: CKKSPreset) -> seal.SEALContext:
+    """SEAL's context for a preset, built once per process and shared: it is immutable, and
+    building one (NTT tables, prime checks) costs about 10 ms, which 100 clients and the
+    server would otherwise pay twice each."""
     parms = seal.EncryptionParameters(seal.SCHEME_TYPE.CKKS)
     parms.set_poly_modulus_degree(preset.poly_modulus_degree)
     parms.set_coeff_modulus(seal.CoeffModulus.Create(preset.poly_modulus_degree,
@@ -57,6 +62,7 @@ def make_context(preset: CKKSPreset) -> seal.SEALContext:
     return context
 
 
+@functools.lru_cache(maxsize=None)
 def params_fingerprint(preset: CKKSPreset) -> str:
     """A short public identifier of the parameter set, bound into key wrapping."""
     parms = make_context(preset).key_context_data().parms()
@@ -74,8 +80,14 @@ class PublicCKKS:
         self.scale = 2.0 ** preset.scale_bits
 
     def load_ciphertexts(self, parts: Sequence[bytes], n_values: int,
-                         scale: float | None = None) -> list[seal.Ciphertext]:
-        """Load and check ciphertexts for an n-value vector at the fresh-upload level."""
+                         scale: float | None = None, aggregate: bool = False
+                         ) -> list[seal.Ciphertext]:
+        """Load and check ciphertexts for an n-value vector at the fresh-upload level.
+
+        Uploads must carry the fresh scale Δ (or ``scale``). An ``aggregate`` (a weighted
+        sum the server sends back) carries Δ·2^weight_bits, or less when the server
+        renormalised a sum some clients dropped out of: any scale in [Δ, Δ·2^weight_bits].
+        """
         expected = chunks_for(n_values, self.preset)
         if len(parts) != expected:
             raise MalformedCiphertext(
@@ -91,7 +103,15 @@ class PublicCKKS:
                 raise WrongContext(f"ciphertext {i} is not at this preset's fresh level")
             if ct.size() != 2 or not ct.is_ntt_form():
                 raise MalformedCiphertext(f"ciphertext {i} has size {ct.size()}, expected 2")
-            if ct.scale != (self.scale if scale is None else scale):
+            if aggregate:
+                if not self.scale <= ct.scale <= self.sum_scale or (out and
+                                                                    ct.scale != out[0].scale):
+                    raise WrongContext(f"aggregate ciphertext {i} has scale "
+                                       f"2^{np.log2(ct.scale):.1f}, outside [2^"
+                                       f"{self.preset.scale_bits}, 2^"
+                                       f"{self.preset.scale_bits + self.preset.weight_bits}] "
+                                       "or unlike the other chunks")
+            elif ct.scale != (self.scale if scale is None else scale):
                 raise WrongContext(f"ciphertext {i} has scale 2^{np.log2(ct.scale):.1f}, "
                                    f"preset {self.preset.name} uses 2^{self.preset.scale_bits}")
             out.append(ct)
@@ -100,28 +120,71 @@ class PublicCKKS:
     def weighted_sum(self, vectors: Sequence[list[seal.Ciphertext]],
                      weights: Sequence[float]) -> list[seal.Ciphertext]:
         """Σ_i w_i · vectors[i], chunk by chunk, with w_i quantised to 2^-weight_bits."""
-        weights = [float(w) for w in weights]
-        if any(not abs(w) <= 1.0 for w in weights):
-            raise ConfigError(f"CKKS weighted sums need |w| <= 1 (headroom); got {weights}")
-        wscale = 2.0 ** self.preset.weight_bits
-        used = [(v, w) for v, w in zip(vectors, weights) if round(abs(w) * wscale) > 0]
-        if not used:
-            raise ConfigError("every weight rounds to zero at this preset's weight precision")
-        total = []
-        for j in range(len(used[0][0])):
-            acc = None
-            for vec, w in used:
-                pt = seal.Plaintext()
-                self.encoder.encode(w, vec[j].parms_id(), wscale, pt)  # constant round(w·2^wb)
-                term = seal.Ciphertext()
-                self.evaluator.multiply_plain(vec[j], pt, term)
-                if acc is None:
-                    acc = term
-                else:
-                    self.evaluator.add_inplace(acc, term)
-            total.append(acc)
-        return total
+        total = CiphertextSum(self)
+        for vec, w in zip(vectors, weights):
+            total.add(vec, w)
+        return total.result()
 
     @property
     def sum_scale(self) -> float:
         return self.scale * 2.0 ** self.preset.weight_bits
+
+
+class CiphertextSum:
+    """A running Σ_i round(w_i · 2^weight_bits) · ct_i, chunk by chunk.
+
+    The server folds each upload in as it arrives and can drop it at once, so a round holds
+    one model's worth of ciphertexts however many clients take part. Weights need |w| ≤ 1
+    (headroom: each client's values are checked against headroom / n_clients, so any such
+    weights keep the sum inside the modulus); a weight that rounds to zero adds nothing.
+    """
+
+    def __init__(self, public: PublicCKKS):
+        self.public = public
+        self.chunks: list[seal.Ciphertext] | None = None
+        self._wscale = 2.0 ** public.preset.weight_bits
+
+    def add(self, vector: list[seal.Ciphertext], weight: float, consume: bool = False) -> bool:
+        """Fold ``weight · vector`` in; False if the weight rounds to zero at this preset's
+        precision and nothing was added. ``consume`` multiplies ``vector`` in place (no
+        copy) when the caller drops it afterwards, as a streaming server does."""
+        w = float(weight)
+        if not abs(w) <= 1.0:
+            raise ConfigError(f"CKKS weighted sums need |w| <= 1 (headroom); got {w}")
+        if round(abs(w) * self._wscale) == 0:
+            return False
+        if self.chunks is not None and len(vector) != len(self.chunks):
+            raise MalformedCiphertext(f"{len(vector)} chunks, the running sum has "
+                                      f"{len(self.chunks)}")
+        factor = seal.Plaintext()  # the constant round(w·2^wb), encoded once per upload
+        self.public.encoder.encode(w, vector[0].parms_id(), self._wscale, factor)
+        evaluator = self.public.evaluator
+        if consume:
+            for ct in vector:
+                evaluator.multiply_plain_inplace(ct, factor)
+        else:
+            scaled = []
+            for ct in vector:
+                out = seal.Ciphertext()
+                evaluator.multiply_plain(ct, factor, out)
+                scaled.append(out)
+            vector = scaled
+        if self.chunks is None:
+            self.chunks = list(vector)
+        else:
+            for acc, ct in zip(self.chunks, vector):
+                evaluator.add_inplace(acc, ct)
+        return True
+
+    def result(self, normaliser: float = 1.0) -> list[seal.Ciphertext]:
+        """The sum, to be decoded as Σ w_i x_i / normaliser: the normaliser goes into the
+        ciphertexts' scale (SEAL stores the scale with a ciphertext), so a sum that some
+        clients dropped out of is renormalised without another multiplication."""
+        if self.chunks is None:
+            raise ConfigError("every weight rounds to zero at this preset's weight precision")
+        if not 0 < normaliser <= 1 + 1e-9:
+            raise ConfigError(f"a running sum's normaliser must lie in (0, 1], got {normaliser}")
+        if abs(normaliser - 1.0) > 1e-12:
+            for ct in self.chunks:
+                ct.scale = self.public.sum_scale * normaliser
+        return self.chunks

@@ -70,15 +70,20 @@ class SecretKeyHolder:
         return out
 
     # ---- decryption -----------------------------------------------------------------------
-    def decrypt(self, parts: Sequence[bytes], n_values: int, scale: float) -> np.ndarray:
-        cts = self.public.load_ciphertexts(parts, n_values, scale=scale)
+    def decrypt(self, parts: Sequence[bytes], n_values: int, scale: float | None = None
+                ) -> np.ndarray:
+        """Decrypt ciphertexts at ``scale``, or (None) an aggregate at the scale it carries."""
+        cts = self.public.load_ciphertexts(parts, n_values, scale=scale,
+                                           aggregate=scale is None)
         return self._decode(cts, n_values)
 
-    def decrypt_flooded(self, parts: Sequence[bytes], n_values: int, scale: float,
+    def decrypt_flooded(self, parts: Sequence[bytes], n_values: int, scale: float | None,
                         coeff_sigma: float) -> tuple[np.ndarray, float]:
         """Decrypt and add flooding noise; returns the values and the per-value noise σ."""
-        values = self.decrypt(parts, n_values, scale)
-        sigma = slot_sigma(coeff_sigma, self.preset.poly_modulus_degree, scale)
+        cts = self.public.load_ciphertexts(parts, n_values, scale=scale,
+                                           aggregate=scale is None)
+        values = self._decode(cts, n_values)
+        sigma = slot_sigma(coeff_sigma, self.preset.poly_modulus_degree, cts[0].scale)
         return values + sigma * csprng_normal(values.size), sigma
 
     def _decode(self, cts: list[seal.Ciphertext], n_values: int) -> np.ndarray:

@@ -1,0 +1,143 @@
+"""Streaming aggregation: uploads folded into a running sum as they arrive.
+
+The streamed round must give the buffered round's model (bit for bit on plain, within CKKS
+precision on ckks), renormalise a client that drops out, hold at most one upload at a time,
+and exclude a client whose upload disagrees with its enrolment.
+"""
+
+import gc
+import weakref
+
+import numpy as np
+import pytest
+
+from protocols import make_protocol
+from protocols.fedavg import sample_size_weights
+from protocols.optimizers import SGD, StepSchedule
+from secagg import wire
+from secagg.backends import make_backends
+from secagg.backends.plain import PlainServer
+from secagg.ckks.public import PublicCKKS, to_bytes
+from secagg.ckks.presets import get_preset
+from secagg.ckks.secret import SecretKeyHolder
+from secagg.errors import WrongContext
+from secagg.wire import Envelope
+from server.audit import AuditLog
+from server.engine import Server
+from server.transport import InProcessTransport
+
+GS = {f"client_{k}": (np.linspace(-0.2, 0.3, 6) * (k + 1) - 0.01 * k, 10.0 * (k + 2))
+      for k in range(4)}
+
+
+def scripted(cid, backend, g, n, train_n=None):
+    """A client with a real backend half and a fixed pseudo-gradient; ``train_n`` lets it
+    report another sample count with its upload than at enrolment."""
+    handlers = backend.handlers()
+
+    def handle(data):
+        req = Envelope.from_bytes(data)
+        if req.phase in handlers:
+            fields = handlers[req.phase](req)
+        elif req.phase == "enroll":
+            fields = {"n_samples": wire.scalar(n)}
+        else:
+            fields = {"pseudo_gradient": backend.protect(g),
+                      "n_samples": wire.scalar(n if train_n is None else train_n)}
+        return Envelope(cid, "server", req.round, req.phase, fields).to_bytes()
+    return handle
+
+
+def run_one_round(backend, streaming, handlers=None, server_backend=None, protocol="fedavg"):
+    if server_backend is None:
+        server_backend, backends = make_backends(backend, list(GS))
+        handlers = {c: scripted(c, backends[c], g, n) for c, (g, n) in GS.items()}
+    audit = AuditLog()
+    server = Server(make_protocol(protocol), server_backend, SGD(6), InProcessTransport(handlers),
+                    np.zeros(6), client_lr=StepSchedule(), local_steps=1, audit=audit,
+                    streaming=streaming)
+    server.setup(rounds=1)
+    report = server.run_round(0)
+    return server, report, audit
+
+
+@pytest.mark.parametrize("protocol", ["fedavg", "fedadam"])
+def test_streamed_round_is_bit_for_bit_the_buffered_round_on_plain(protocol):
+    streamed, _, audit = run_one_round("plain", True, protocol=protocol)
+    buffered, _, _ = run_one_round("plain", False, protocol=protocol)
+    assert streamed.streaming and not buffered.streaming
+    assert np.array_equal(streamed.params, buffered.params)
+    assert [r["peer"] for r in audit.records if r.get("phase") == "enroll"
+            and r["direction"] == "received"] == list(GS)  # every client enrolled once
+
+
+def test_streamed_round_matches_the_buffered_round_on_ckks():
+    streamed, _, _ = run_one_round("ckks", True)
+    buffered, _, _ = run_one_round("ckks", False)
+    w = sample_size_weights({c: n for c, (_, n) in GS.items()})
+    exact = sum(w[c] * g for c, (g, _) in GS.items())
+    np.testing.assert_allclose(streamed.params, exact, atol=1e-5)
+    np.testing.assert_allclose(streamed.params, buffered.params, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["plain", "ckks"])
+def test_a_dropped_client_is_renormalised_away(backend):
+    server_backend, backends = make_backends(backend, list(GS))
+    handlers = {c: scripted(c, backends[c], g, n) for c, (g, n) in GS.items()}
+
+    def fails_in_training(data):
+        if Envelope.from_bytes(data).phase == "train":
+            raise RuntimeError("out of memory")
+        return scripted("client_3", backends["client_3"], *GS["client_3"])(data)
+    handlers["client_3"] = fails_in_training
+    server, report, _ = run_one_round(backend, True, handlers, server_backend)
+    assert list(report.excluded) == ["client_3"]
+    survivors = {c: GS[c] for c in GS if c != "client_3"}
+    w = sample_size_weights({c: n for c, (_, n) in survivors.items()})
+    np.testing.assert_allclose(server.params, sum(w[c] * g for c, (g, _) in survivors.items()),
+                               atol=1e-5 if backend == "ckks" else 1e-12)
+
+
+def test_an_upload_whose_count_differs_from_its_enrolment_is_excluded():
+    server_backend, backends = make_backends("plain", list(GS))
+    handlers = {c: scripted(c, backends[c], g, n) for c, (g, n) in GS.items()}
+    handlers["client_1"] = scripted("client_1", backends["client_1"], GS["client_1"][0],
+                                    GS["client_1"][1], train_n=1000.0)
+    server, report, audit = run_one_round("plain", True, handlers, server_backend)
+    assert list(report.excluded) == ["client_1"]
+    assert "enrolled with 30 samples but reports 1000" in report.excluded["client_1"]
+
+
+class CountingPlainServer(PlainServer):
+    """Records, at every upload it loads, how many earlier uploads are still alive."""
+
+    def __init__(self):
+        self.alive_at_load: list[int] = []
+        self._refs: list[weakref.ref] = []
+
+    def load(self, envelope, name, length):
+        gc.collect()
+        self.alive_at_load.append(sum(r() is not None for r in self._refs))
+        handle = super().load(envelope, name, length)
+        self._refs.append(weakref.ref(handle))
+        return handle
+
+
+@pytest.mark.parametrize("streaming, most_alive", [(True, 0), (False, len(GS) - 1)])
+def test_the_streaming_server_holds_one_upload_at_a_time(streaming, most_alive):
+    _, backends = make_backends("plain", list(GS))
+    handlers = {c: scripted(c, backends[c], g, n) for c, (g, n) in GS.items()}
+    counting = CountingPlainServer()
+    run_one_round("plain", streaming, handlers, counting)
+    assert max(counting.alive_at_load) == most_alive
+
+
+def test_clients_refuse_an_aggregate_scale_outside_the_preset_range():
+    preset = get_preset("compact")
+    keys, server = SecretKeyHolder(preset), PublicCKKS(preset)
+    up = server.load_ciphertexts(keys.encrypt(np.full(8, 0.1), 1.0), 8)
+    total = server.weighted_sum([up], [0.5])
+    assert np.allclose(keys.decrypt([to_bytes(c) for c in total], 8), 0.05, atol=1e-6)
+    total[0].scale = server.sum_scale * 4
+    with pytest.raises(WrongContext, match="aggregate"):
+        keys.decrypt([to_bytes(c) for c in total], 8)
