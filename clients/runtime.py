@@ -8,6 +8,8 @@ fields its handlers return.
 
 from __future__ import annotations
 
+import time
+from collections import defaultdict
 from typing import Any, Callable
 
 import numpy as np
@@ -40,6 +42,10 @@ class Client:
         self._last_trained_loss: float | None = None  # l(w^c_{t-1}) for CostWAgg
         #: FedDisco: the federated β-VAE's encoder, x -> latent means (set before round 0)
         self.encoder: Callable[[Any], np.ndarray] | None = None
+        #: where this client's time goes (for overhead benchmarks; never sent): "train"
+        #: (local SGD), "protect" (encode + encrypt), "open" (decrypt an aggregate), and the
+        #: whole handling of each phase as "phase:<name>" (envelopes included)
+        self.seconds: dict[str, float] = defaultdict(float)
         self._handlers: dict[str, Callable[[Envelope], dict[str, Field]]] = {
             "enroll": self.on_enroll,
             "train": self.on_train,
@@ -53,14 +59,23 @@ class Client:
         }
 
     def handle(self, request: bytes) -> bytes:
+        start = time.perf_counter()
         env = Envelope.from_bytes(request)
         if env.recipient != self.id or env.sender != SERVER:
             raise MalformedMessage(f"{self.id} got a message for {env.recipient} from {env.sender}")
         handler = self._handlers.get(env.phase)
         if handler is None:
             raise MalformedMessage(f"{self.id} has no handler for phase {env.phase!r}")
-        reply = Envelope(self.id, SERVER, env.round, env.phase, handler(env))
-        return reply.to_bytes()
+        reply = Envelope(self.id, SERVER, env.round, env.phase, handler(env)).to_bytes()
+        self.seconds[f"phase:{env.phase}"] += time.perf_counter() - start
+        return reply
+
+    def _timed(self, key: str, fn: Callable, *args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self.seconds[key] += time.perf_counter() - start
 
     # ---- phases -------------------------------------------------------------------------
     @property
@@ -85,14 +100,14 @@ class Client:
             self._optimizer.hyper["lr"] = opt_cfg["lr"]  # phase-wise server rates
         steps = (int(cfg["epochs"]) * -(-len(self.trainer.data) // self.trainer.batch_size)
                  if "epochs" in cfg else int(cfg["steps"]))
-        self._g = self.trainer.train(self._w, lr=float(cfg["lr"]), steps=steps,
-                                     prox_mu=float(cfg.get("prox_mu", 0.0)))
+        self._g = self._timed("train", self.trainer.train, self._w, lr=float(cfg["lr"]),
+                              steps=steps, prox_mu=float(cfg.get("prox_mu", 0.0)))
         if "client_dp" in cfg:  # clip and noise before protecting: nobody sees the raw update
             dp = cfg["client_dp"]
             self._g = noised_update(self._g, float(dp["clip"]), float(dp["sigma"]), self.rng)
         self._scalar_dp = cfg.get("scalar_dp", self._scalar_dp)
         reply = {
-            "pseudo_gradient": self.backend.protect(self._g),
+            "pseudo_gradient": self._timed("protect", self.backend.protect, self._g),
             "n_samples": wire.scalar(len(self.trainer.data)),
         }
         if "report" in env.fields:
@@ -112,7 +127,7 @@ class Client:
     def on_larc_probe(self, env: Envelope) -> dict[str, Field]:
         if self._w is None or self._g is None:
             raise MalformedMessage(f"{self.id} got a LARC probe before training")
-        g_hat = self.backend.open(env, "g_hat", self.trainer.n_params)
+        g_hat = self._timed("open", self.backend.open, env, "g_hat", self.trainer.n_params)
         # the optimizer's state comes from whoever holds it: the server, or in server-blind
         # runs this client's own copy
         optimizer = (optimizer_from_envelope(env) if "server_opt" in env.fields
@@ -130,7 +145,8 @@ class Client:
         """Server-blind runs: decrypt the global pseudo-gradient and step the optimizer here."""
         if self._optimizer is None or self._w is None:
             raise MalformedMessage(f"{self.id} cannot apply an update: no model or optimizer")
-        g_global = self.backend.open(env, "aggregate", self.trainer.n_params)
+        g_global = self._timed("open", self.backend.open, env, "aggregate",
+                               self.trainer.n_params)
         self._w = self._w + self._optimizer.step(g_global)
         return {"applied": wire.config({"round": env.round})}
 

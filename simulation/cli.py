@@ -180,6 +180,11 @@ def build_parser() -> argparse.ArgumentParser:
                            "each into a running sum as it arrives (streaming is on by default "
                            "for fedavg, the FedOpt family, autofedrl and rolepro's FedAvg "
                            "phase; other protocols always buffer)")
+    perf.add_argument("--workers", type=int,
+                      help="run the clients in this many worker processes, so they train and "
+                           "encrypt in parallel (e.g. the number of cores); 0 (default) runs "
+                           "them one after another in this process. Not yet with "
+                           "--server-blind, --dp-sgd or feddisco")
     opt.add_argument("--server-lr-schedule",
                      help="server learning rate per round, rate@round,... (RoLePRO's two "
                           "phases: 0.003@0,0.002@3)")
@@ -204,7 +209,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[ExperimentConfig, Path]:
                 "batch_size", "client_lr", "client_split", "ckks_preset", "flooding_bits",
                 "server_blind", "allow_plaintext_updates", "server_lr_schedule",
                 "validation_split", "fedprox_mu", "dp_sgd", "client_dp", "scalar_dp",
-                "dp_delta", "streaming"):
+                "dp_delta", "streaming", "workers"):
         if getattr(args, key) is not None:
             values[key] = getattr(args, key)
     server_opt = dict(values.get("server_opt", {}))

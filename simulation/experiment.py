@@ -34,6 +34,7 @@ from secagg.errors import ConfigError
 from server.audit import AuditLog
 from server.engine import NOISABLE_SCALARS, Server
 from server.transport import InProcessTransport
+from simulation.workers import WorkerPoolTransport
 from simulation.privacy import client_level_epsilon, scalar_epsilons, scalar_release_counts
 
 
@@ -84,6 +85,8 @@ class ExperimentConfig:
     dp_delta: float = 1e-5
     #: fold uploads into a running sum as they arrive, where the protocol's weights allow it
     streaming: bool = True
+    #: run the clients in this many worker processes (in parallel); 0: in this process
+    workers: int = 0
 
     def validate(self) -> "ExperimentConfig":
         get_task(self.task)
@@ -112,6 +115,16 @@ class ExperimentConfig:
         if not isinstance(self.fedprox_mu, (int, float)) or not self.fedprox_mu >= 0:
             raise ConfigError(f"fedprox_mu must be a number >= 0, got {self.fedprox_mu!r}")
         self._check_dp()
+        if not isinstance(self.workers, int) or self.workers < 0:
+            raise ConfigError(f"workers must be an integer >= 0, got {self.workers!r}")
+        if self.workers:
+            # these read the clients' own state from the driver, which worker processes keep
+            for needs, what in ((self.server_blind, "server_blind (the model lives on the "
+                                 "clients)"), (self.dp_sgd is not None, "dp_sgd (each "
+                                 "client's epsilon)"), (self.protocol == "feddisco",
+                                 "feddisco (the VAE encoder is handed to the clients)")):
+                if needs:
+                    raise ConfigError(f"--workers cannot run {what} yet; use --workers 0")
         if self.client_split_count is not None and (
                 self.client_split is None or self.client_split_count < 1):
             raise ConfigError("client_split_count needs client_split and must be positive")
@@ -271,37 +284,79 @@ def run_seed(config: ExperimentConfig, seed: int, audit: AuditLog,
              label: str | None = None) -> SeedRun:
     """One federated run, evaluated after every round."""
     task = task if task is not None else get_task(config.task)
-    data = data if data is not None else task.load()
-    if config.client_split is not None:
-        split = seed % config.client_split_count if config.client_split_count else seed
-        data = random_client_splits(data, split, config.client_split)
-
-    validation = [None] * data.n_clients
-    if config.validation_split is not None:
-        data, validation = hold_out_validation(data, config.validation_split)
+    data, validation = seed_data(config, seed, data if data is not None else task.load())
 
     torch.manual_seed(seed)  # FLamby: the seed fixes the initial model ...
     initial = flat_params(task.make_model())
     ids = [f"client_{k}" for k in range(data.n_clients)]
     server_backend, client_backends = make_backends(config.backend, ids, config.ckks_preset)
-    clients = {}
-    for k, (cid, part) in enumerate(zip(ids, data.train)):
-        # ... and each client's batch order
-        trainer = LocalTrainer(task.make_model(), part, task.loss, config.batch_size,
-                               seed=seed * 1000 + k)
-        if config.dp_sgd is not None:
-            trainer = make_private(trainer, max_grad_norm=config.dp_sgd["clip"],
-                                   total_steps=config.rounds * local_steps_of(config, part),
-                                   noise_multiplier=config.dp_sgd.get("noise"),
-                                   target_epsilon=config.dp_sgd.get("epsilon"),
-                                   delta=config.dp_delta, seed=seed * 1000 + k)
-        clients[cid] = Client(cid, trainer, client_backends[cid], validation[k],
-                              seed=seed * 1000 + k + 500)
+    if config.workers:
+        transport = WorkerPoolTransport(WorkerClients(config, seed), ids, config.workers)
+        clients = {}
+    else:
+        clients = {cid: build_client(config, seed, task, data.train[k], validation[k], k, cid,
+                                     client_backends[cid]) for k, cid in enumerate(ids)}
+        transport = InProcessTransport({cid: c.handle for cid, c in clients.items()})
+    try:
+        return _run_rounds(config, seed, audit, task, data, initial, server_backend,
+                           transport, clients, progress, label)
+    finally:
+        if config.workers:
+            transport.close()
+
+
+def build_client(config: ExperimentConfig, seed: int, task: Task, part: ClientData,
+                 validation: ClientData | None, k: int, cid: str, backend) -> Client:
+    """Client k of a seed: its data, a trainer whose batch order the seed fixes, and its half
+    of the backend."""
+    trainer = LocalTrainer(task.make_model(), part, task.loss, config.batch_size,
+                           seed=seed * 1000 + k)
+    if config.dp_sgd is not None:
+        trainer = make_private(trainer, max_grad_norm=config.dp_sgd["clip"],
+                               total_steps=config.rounds * local_steps_of(config, part),
+                               noise_multiplier=config.dp_sgd.get("noise"),
+                               target_epsilon=config.dp_sgd.get("epsilon"),
+                               delta=config.dp_delta, seed=seed * 1000 + k)
+    return Client(cid, trainer, backend, validation, seed=seed * 1000 + k + 500)
+
+
+@dataclass
+class WorkerClients:
+    """Builds a seed's clients inside a worker process (picklable): the worker loads the
+    task's data itself and makes the same clients the in-process run would."""
+
+    config: ExperimentConfig
+    seed: int
+
+    def __call__(self, ids: list[str]) -> dict[str, Client]:
+        task = get_task(self.config.task)
+        data, validation = seed_data(self.config, self.seed, task.load())
+        _, backends = make_backends(self.config.backend, ids, self.config.ckks_preset)
+        return {cid: build_client(self.config, self.seed, task, data.train[k], validation[k],
+                                  k, cid, backends[cid])
+                for cid, k in ((c, int(c.rsplit("_", 1)[1])) for c in ids)}
+
+
+def seed_data(config: ExperimentConfig, seed: int, data: FederatedData
+              ) -> tuple[FederatedData, list[ClientData | None]]:
+    """The clients' training data for a seed (its own random split, if the run asks for
+    one) and their validation sets."""
+    if config.client_split is not None:
+        split = seed % config.client_split_count if config.client_split_count else seed
+        data = random_client_splits(data, split, config.client_split)
+    validation: list[ClientData | None] = [None] * data.n_clients
+    if config.validation_split is not None:
+        data, validation = hold_out_validation(data, config.validation_split)
+    return data, validation
+
+
+def _run_rounds(config: ExperimentConfig, seed: int, audit: AuditLog, task: Task,
+                data: FederatedData, initial: np.ndarray, server_backend, transport,
+                clients: dict[str, Client], progress, label) -> SeedRun:
     if config.protocol == "feddisco":
         encoder = pretrain_vae(config, seed, audit, data, progress)
         for client in clients.values():
             client.encoder = encoder
-    transport = InProcessTransport({cid: c.handle for cid, c in clients.items()})
     audit.run = label or str(seed)
     protocol = make_protocol(config.protocol, **config.protocol_options)
     protocol.seed(seed)
@@ -316,7 +371,7 @@ def run_seed(config: ExperimentConfig, seed: int, audit: AuditLog,
                    if config.server_lr_schedule else None),
         prox_mu=float(config.fedprox_mu),
         client_dp=(ClientDP(config.client_dp["clip"], config.client_dp["noise"],
-                            len(clients)) if config.client_dp else None),
+                            len(transport.peers)) if config.client_dp else None),
         scalar_dp=(ScalarDP(config.scalar_dp["low"], config.scalar_dp["high"],
                             config.scalar_dp["noise"]) if config.scalar_dp else None),
         streaming=config.streaming)
