@@ -5,12 +5,14 @@ Nothing here can decrypt: no function takes or produces a secret key.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import hashlib
+import itertools
 import os
+import shutil
 import tempfile
-import uuid
-from pathlib import Path
+import threading
 from typing import Sequence
 
 import numpy as np
@@ -20,30 +22,40 @@ from secagg.ckks.presets import CKKSPreset, chunks_for
 from secagg.errors import ConfigError, MalformedCiphertext, WrongContext
 
 # SEAL's Python binding (de)serialises through files only: keep them in memory-backed /dev/shm
-# when the machine has it, and delete each file as soon as it has been read.
-_SCRATCH = Path(tempfile.mkdtemp(prefix="secagg-",
-                                 dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
+# when the machine has it, and delete each file as soon as it has been read. Names come from a
+# counter (no uuid, no pathlib: this runs once per ciphertext chunk, hundreds of times per
+# million parameters), with the thread id so that threads never share a file.
+_SCRATCH = tempfile.mkdtemp(prefix="secagg-",
+                            dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+_NAMES = itertools.count()
+atexit.register(shutil.rmtree, _SCRATCH, ignore_errors=True)
+
+
+def _scratch_path() -> str:
+    return f"{_SCRATCH}/{threading.get_ident()}-{next(_NAMES)}"
 
 
 def to_bytes(obj) -> bytes:
     """SEAL object -> bytes (SEAL's own format, zstd-compressed)."""
-    path = _SCRATCH / uuid.uuid4().hex
+    path = _scratch_path()
     try:
-        obj.save(str(path))
-        return path.read_bytes()
+        obj.save(path)
+        with open(path, "rb") as f:
+            return f.read()
     finally:
-        path.unlink(missing_ok=True)
+        os.unlink(path)
 
 
 def from_bytes(obj, context: seal.SEALContext, data: bytes):
     """Load bytes into a fresh SEAL object; SEAL validates them against the context."""
-    path = _SCRATCH / uuid.uuid4().hex
+    path = _scratch_path()
     try:
-        path.write_bytes(data)
-        obj.load(context, str(path))
+        with open(path, "wb") as f:
+            f.write(data)
+        obj.load(context, path)
         return obj
     finally:
-        path.unlink(missing_ok=True)
+        os.unlink(path)
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,0 +1,612 @@
+"""What privacy costs, end to end: round time by phase, bytes by message, peak memory.
+
+    python -m benchmarks.overhead [--quick] [--sweep sizes,clients,dp,buffered] [--rounds 2]
+    secagg bench overhead ...          (the same)
+
+Every configuration runs the real engine (FedAdam, streaming aggregation), real clients
+(``clients.runtime.Client``) in ``--workers`` worker processes, and the real backends, and
+is measured round by round:
+
+- wall time of the round, and where the time goes: on the server (waiting for the training
+  phase, loading uploads, homomorphic aggregation, the reveal, the optimizer) and on the
+  clients, summed over clients (local training, encode + encrypt, decrypt, envelopes);
+  clients and server overlap, so the parts need not add up to the wall time;
+- bytes per message type (phase and direction), from the audit;
+- peak resident memory of the server process and of the busiest worker process during the
+  round (Linux VmHWM, reset before each round). The server process is this one: it holds
+  the engine, the audit and no client, since clients live in the workers.
+
+Workloads: ``mlp`` trains an MLP 64-h-h-10 on scikit-learn's digits (split IID over the
+clients), h chosen for the target parameter count, ``--local-steps`` SGD steps of batch 32
+per round; ``synthetic`` skips training (each client uploads a fresh random vector), so the
+round is pure protocol and crypto overhead. Sweeps (``--sweep``):
+
+- ``sizes``: 1e3 ... 1e7 parameters at 10 clients, plain vs ckks, both workloads;
+- ``clients``: 2 ... 100 clients at 1e6 parameters, plain vs ckks, both workloads;
+- ``dp``: client-level DP (clip 1, z* 1) on and off, plain vs ckks, 1e6 × 10, mlp;
+- ``presets``: CKKS ``compact`` vs ``wide`` at 1e6 × 10;
+- ``buffered``: the server without streaming, ckks synthetic, 1e6 parameters, to show why
+  streaming matters for memory.
+
+Writes benchmarks/results/overhead_rounds.csv (one row per round), overhead.csv (medians
+per configuration), overhead.md (the report, with the machine) and overhead_*.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing as mp
+import os
+import platform
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from benchmarks.stats import markdown_table  # noqa: E402
+from protocols import make_protocol  # noqa: E402
+from protocols.optimizers import StepSchedule, make_optimizer  # noqa: E402
+from secagg.backends import make_backends  # noqa: E402
+from secagg.dp import ClientDP  # noqa: E402
+from server.audit import AuditLog  # noqa: E402
+from server.engine import Server  # noqa: E402
+from simulation.workers import WorkerPoolTransport, peak_rss_bytes, reset_peak_rss  # noqa: E402
+
+HERE = Path(__file__).parent
+SIZES = (1_000, 10_000, 100_000, 1_000_000, 10_000_000)
+CLIENTS = (2, 5, 10, 20, 50, 100)
+SWEEPS = ("sizes", "clients", "dp", "presets", "buffered")
+MB = 1024 ** 2
+
+
+# ---- workloads: built inside the worker processes, so they must pickle -------------------
+def mlp_width(n_params: int) -> int:
+    """h such that an MLP 64-h-h-10 has about ``n_params`` parameters: h² + 76h + 10 = n."""
+    return max(1, round((-76 + math.sqrt(76 ** 2 - 4 * (10 - n_params))) / 2))
+
+
+def mlp(width: int):
+    from torch import nn
+
+    return nn.Sequential(nn.Linear(64, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
+                         nn.Linear(width, 10))
+
+
+class SyntheticTrainer:
+    """Stands in for local training: a fresh pseudo-gradient of small values each round, at
+    the cost of drawing it. Enough of LocalTrainer's interface for FedAvg-family rounds."""
+
+    batch_size = 32
+
+    def __init__(self, n_params: int, n_samples: int, seed: int):
+        self.n_params = n_params
+        self.data = range(n_samples)  # only its length is used: the reported n_samples
+        self.rng = np.random.default_rng(seed)
+
+    def train(self, w: np.ndarray, lr: float, steps: int, prox_mu: float = 0.0) -> np.ndarray:
+        return self.rng.normal(0.0, 0.01, self.n_params)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One configuration's clients (picklable: each worker builds its own share)."""
+
+    kind: str  # "mlp" or "synthetic"
+    n_params: int
+    n_clients: int
+    backend: str
+    preset: str = "compact"
+    local_steps: int = 100
+    batch_size: int = 32
+    seed: int = 0
+
+    def model_params(self) -> int:
+        if self.kind == "synthetic":
+            return self.n_params
+        width = mlp_width(self.n_params)
+        return width * width + 76 * width + 10
+
+    def __call__(self, ids: list[str]) -> dict[str, Any]:
+        from clients.runtime import Client
+
+        _, backends = make_backends(self.backend, ids, self.preset)
+        clients = {}
+        for cid in ids:
+            k = int(cid.rsplit("_", 1)[1])
+            if self.kind == "synthetic":
+                trainer = SyntheticTrainer(self.n_params, 100, self.seed * 1000 + k)
+            else:
+                trainer = self._mlp_trainer(k)
+            clients[cid] = Client(cid, trainer, backends[cid], seed=self.seed * 1000 + k + 500)
+        return clients
+
+    def _mlp_trainer(self, k: int):
+        import torch
+        from sklearn.datasets import load_digits
+
+        from clients.tasks.digits import cross_entropy
+        from clients.tasks.tcga_brca import ClientData
+        from clients.training import LocalTrainer
+
+        digits = load_digits()
+        order = np.random.default_rng(self.seed).permutation(len(digits.target))
+        mine = order[k::self.n_clients]  # IID: every client a 1/K slice of the samples
+        data = ClientData(torch.from_numpy((digits.data[mine] / 16).astype(np.float32)),
+                          torch.from_numpy(digits.target[mine].astype(np.int64)))
+        torch.manual_seed(self.seed * 1000 + k)
+        return LocalTrainer(mlp(mlp_width(self.n_params)), data, cross_entropy,
+                            self.batch_size, seed=self.seed * 1000 + k)
+
+
+# ---- one configuration -------------------------------------------------------------------
+def initial_params(workload: Workload) -> np.ndarray:
+    if workload.kind == "synthetic":
+        return np.zeros(workload.n_params)
+    import torch
+
+    from clients.training import flat_params
+
+    torch.manual_seed(workload.seed)
+    return flat_params(mlp(mlp_width(workload.n_params)))
+
+
+def bytes_by_message(records: list[dict]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for r in records:
+        if r["event"] == "message":
+            key = f"bytes_{r['phase']}_{'up' if r['direction'] == 'received' else 'down'}"
+            out[key] = out.get(key, 0) + r["bytes"]
+    return out
+
+
+def client_seconds(stats: list[dict]) -> dict[str, float]:
+    """Seconds per component summed over every client of every worker."""
+    total: dict[str, float] = {}
+    for worker in stats:
+        for seconds in worker["clients"].values():
+            for key, value in seconds.items():
+                total[key] = total.get(key, 0.0) + value
+    return total
+
+
+def run_config(workload: Workload, rounds: int, workers: int, client_dp: bool = False,
+               streaming: bool = True, label: str = "") -> list[dict[str, Any]]:
+    """Run one configuration in a fresh server process, so that its peak memory is this
+    configuration's alone (this process has run others, and imported torch)."""
+    ctx = mp.get_context("spawn")
+    receive, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_server_process, args=(
+        send, workload, initial_params(workload), rounds, workers, client_dp, streaming, label))
+    proc.start()
+    send.close()
+    try:
+        status, payload = receive.recv()
+    except EOFError:
+        status, payload = "failed", f"server process died (exit code {proc.exitcode})"
+    proc.join()
+    if status != "ok":
+        raise RuntimeError(f"configuration {workload} failed:\n{payload}")
+    return payload
+
+
+def _server_process(conn, *args) -> None:
+    try:
+        conn.send(("ok", measure_rounds(*args)))
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        conn.send(("failed", traceback.format_exc()))
+
+
+def measure_rounds(workload: Workload, initial: np.ndarray, rounds: int, workers: int,
+                   client_dp: bool, streaming: bool, label: str) -> list[dict[str, Any]]:
+    """Run ``rounds`` rounds of one configuration; one measurement row per round."""
+    ids = [f"client_{k}" for k in range(workload.n_clients)]
+    server_backend, _ = make_backends(workload.backend, [], workload.preset)
+    dp = ClientDP(1.0, 1.0, len(ids)) if client_dp else None
+    rows = []
+    with WorkerPoolTransport(workload, ids, workers) as transport:
+        audit = AuditLog()
+        server = Server(make_protocol("fedadam"), server_backend,
+                        make_optimizer({"name": "adam", "lr": 0.01, "dim": initial.size}),
+                        transport, initial, client_lr=StepSchedule.parse("0.05"),
+                        local_steps=workload.local_steps, audit=audit, client_dp=dp,
+                        streaming=streaming)
+        start = time.perf_counter()
+        server.setup(rounds)
+        setup_seconds = time.perf_counter() - start
+        setup_bytes = sum(r["bytes"] for r in audit.records if r["event"] == "message")
+        before = client_seconds(transport.stats())
+        for rnd in range(rounds):
+            transport.reset_peaks()
+            first = len(audit.records)
+            baseline = current_rss_bytes()
+            reset_peak_rss()
+            start = time.perf_counter()
+            report = server.run_round(rnd)
+            wall = time.perf_counter() - start
+            server_peak = peak_rss_bytes()
+            stats = transport.stats()
+            after = client_seconds(stats)
+            spent = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+            before = after
+            row = {"label": label, **asdict(workload), "model_params": initial.size,
+                   "warm": rnd > 0,
+                   "workers": transport.workers, "client_dp": client_dp,
+                   "streaming": streaming and server.streaming, "round": rnd,
+                   "clients_used": len(report.clients), "excluded": len(report.excluded),
+                   "wall_s": wall, "setup_s": setup_seconds, "setup_bytes": setup_bytes,
+                   **{f"server_{k}_s": v for k, v in report.seconds.items()},
+                   "clients_train_s": spent.get("train", 0.0),
+                   "clients_protect_s": spent.get("protect", 0.0),
+                   "clients_open_s": spent.get("open", 0.0),
+                   "decryptor_reveal_s": spent.get("phase:reveal", 0.0),
+                   "clients_envelope_s": spent.get("phase:train", 0.0) - spent.get("train", 0)
+                   - spent.get("protect", 0.0),
+                   **bytes_by_message(audit.records[first:]),
+                   "server_peak_rss_MB": server_peak / MB,
+                   "server_rss_before_MB": baseline / MB,
+                   "worker_peak_rss_MB": max(s["peak_rss_bytes"] for s in stats) / MB}
+            rows.append(row)
+    return rows
+
+
+def current_rss_bytes() -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+# ---- sweeps ------------------------------------------------------------------------------
+def plan(sweeps: list[str], quick: bool) -> list[tuple[str, Workload, dict]]:
+    sizes = SIZES[:4] if quick else SIZES
+    clients = (2, 10, 20) if quick else CLIENTS
+    out = []
+    for kind in ("synthetic", "mlp"):
+        for backend in ("plain", "ckks"):
+            if "sizes" in sweeps:
+                out += [("sizes", Workload(kind, n, 10, backend), {}) for n in sizes]
+            if "clients" in sweeps:
+                out += [("clients", Workload(kind, 1_000_000 if not quick else 100_000, k,
+                                             backend), {}) for k in clients]
+    if "dp" in sweeps:
+        out += [("dp", Workload("mlp", 1_000_000 if not quick else 100_000, 10, backend),
+                 {"client_dp": dp}) for backend in ("plain", "ckks") for dp in (False, True)]
+    if "presets" in sweeps:
+        out += [("presets", Workload(kind, 1_000_000 if not quick else 100_000, 10, "ckks",
+                                     preset), {}) for kind in ("synthetic", "mlp")
+                for preset in ("compact", "wide")]
+    if "buffered" in sweeps:
+        out += [("buffered", Workload("synthetic", 1_000_000 if not quick else 100_000, k,
+                                      "ckks"), {"streaming": False})
+                for k in ((2, 10, 20) if quick else (10, 20, 50, 100))]
+    # the same configuration can appear in two sweeps: run it once
+    seen, unique = set(), []
+    for sweep, workload, opts in out:
+        key = (workload, tuple(sorted(opts.items())))
+        if key not in seen:
+            seen.add(key)
+            unique.append((sweep, workload, opts))
+    return unique
+
+
+def summarise(rounds: pd.DataFrame) -> pd.DataFrame:
+    keys = ["kind", "backend", "n_params", "model_params", "n_clients", "client_dp",
+            "streaming", "local_steps"]
+    keys = keys + ["preset"]
+    numeric = [c for c in rounds.columns if c not in keys + ["label", "round", "seed", "warm",
+                                                            "batch_size", "workers"]
+               and pd.api.types.is_numeric_dtype(rounds[c])]
+    warm = rounds[rounds["warm"]] if rounds["warm"].any() else rounds
+    med = warm.groupby(keys, sort=False)[numeric].median().reset_index()
+    peaks = rounds.groupby(keys, sort=False)[["server_peak_rss_MB", "worker_peak_rss_MB"]].max()
+    med = med.drop(columns=["server_peak_rss_MB", "worker_peak_rss_MB"]).merge(
+        peaks.reset_index(), on=keys)
+    up = [c for c in med.columns if c.startswith("bytes_") and c.endswith("_up")]
+    down = [c for c in med.columns if c.startswith("bytes_") and c.endswith("_down")]
+    med["bytes_up_per_client_param"] = med[up].sum(axis=1) / med["n_clients"] / med[
+        "model_params"]
+    med["bytes_down_per_client_param"] = med[down].sum(axis=1) / med["n_clients"] / med[
+        "model_params"]
+    return med
+
+
+def slope(x, y) -> float:
+    """Exponent b of y ≈ a·x^b (least squares in log-log)."""
+    x, y = np.log(np.asarray(x, float)), np.log(np.asarray(y, float))
+    return float(np.polyfit(x, y, 1)[0])
+
+
+def linear_fit(x, y) -> tuple[float, float]:
+    """y ≈ a + b·x: intercept and slope."""
+    b, a = np.polyfit(np.asarray(x, float), np.asarray(y, float), 1)
+    return float(a), float(b)
+
+
+# ---- report ------------------------------------------------------------------------------
+def machine() -> dict[str, str]:
+    import tenseal
+
+    cpu = "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f
+                       if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    with open("/proc/meminfo") as f:
+        mem = int(f.readline().split()[1]) / 1024 ** 2
+    return {"cpu": cpu, "cores": str(os.cpu_count()), "memory": f"{mem:.0f} GiB",
+            "python": platform.python_version(), "tenseal": tenseal.__version__,
+            "os": platform.platform()}
+
+
+def ratio_table(summary: pd.DataFrame, by: str, where) -> pd.DataFrame:
+    """ckks vs plain round wall time side by side, same run, per ``by`` value."""
+    rows = []
+    part = summary[where]
+    for kind in ("mlp", "synthetic"):
+        for value, g in part[part["kind"] == kind].groupby(by):
+            plain = g[g["backend"] == "plain"]
+            ckks = g[g["backend"] == "ckks"]
+            if plain.empty or ckks.empty:
+                continue
+            p, c = plain.iloc[0], ckks.iloc[0]
+            rows.append({"workload": kind, by: int(value), "plain_wall_s": p["wall_s"],
+                         "ckks_wall_s": c["wall_s"], "ckks/plain": c["wall_s"] / p["wall_s"],
+                         "ckks_up_B_per_param": c["bytes_up_per_client_param"],
+                         "ckks_down_B_per_param": c["bytes_down_per_client_param"],
+                         "plain_up_B_per_param": p["bytes_up_per_client_param"],
+                         "server_peak_MB (plain / ckks)":
+                             f"{p['server_peak_rss_MB']:.0f} / {c['server_peak_rss_MB']:.0f}"})
+    return pd.DataFrame(rows)
+
+
+def breakdown_table(summary: pd.DataFrame) -> pd.DataFrame:
+    cols = {"wall_s": "round wall", "server_train_s": "server: waiting for uploads",
+            "server_load_s": "server: load uploads", "server_aggregate_s": "server: aggregate",
+            "server_reveal_s": "server: reveal (decryptor round trip)",
+            "server_optimizer_s": "server: optimizer", "clients_train_s": "clients: training",
+            "clients_protect_s": "clients: encode + encrypt",
+            "clients_envelope_s": "clients: envelopes",
+            "decryptor_reveal_s": "decryptor: decrypt + flood"}
+    rows = []
+    for _, r in summary.iterrows():
+        rows.append({"config": f"{r['kind']} {r['backend']}"
+                     + (" + client DP" if r["client_dp"] else ""),
+                     **{label: r.get(col, float("nan")) for col, label in cols.items()}})
+    return pd.DataFrame(rows)
+
+
+def main_rows(summary: pd.DataFrame) -> pd.DataFrame:
+    """The default setting: compact preset, streaming, no DP."""
+    return summary[(summary["preset"] == "compact") & summary["streaming"]
+                   & ~summary["client_dp"]]
+
+
+def bytes_table(summary: pd.DataFrame) -> pd.DataFrame:
+    """Bytes per round by message type, per parameter (10 clients, largest common size)."""
+    rows = []
+    for _, r in summary.iterrows():
+        entry = {"config": f"{r['kind']} {r['backend']}"}
+        for col in sorted(c for c in summary.columns if c.startswith("bytes_")
+                          and c.endswith(("_up", "_down"))):
+            if pd.notna(r[col]) and r[col] > 0:
+                entry[col[len("bytes_"):] + " (B/param)"] = r[col] / r["model_params"]
+        rows.append(entry)
+    return pd.DataFrame(rows)
+
+
+def targets(summary: pd.DataFrame, quick: bool) -> list[str]:
+    """The issue's targets, checked against this run's figures."""
+    main = main_rows(summary)
+    n = 100_000 if quick else 1_000_000
+    out = []
+
+    def pick(kind, backend, clients):
+        g = main[(main["kind"] == kind) & (main["backend"] == backend)
+                 & (main["n_params"] == n) & (main["n_clients"] == clients)]
+        return None if g.empty else g.iloc[0]
+
+    for kind in ("mlp", "synthetic"):
+        p, c = pick(kind, "plain", 10), pick(kind, "ckks", 10)
+        if p is not None and c is not None:
+            ratio = c["wall_s"] / p["wall_s"]
+            out.append(f"- {n:.0e} parameters, 10 clients, {kind}: ckks round "
+                       f"{c['wall_s']:.2f} s vs plain {p['wall_s']:.2f} s = {ratio:.2f}× "
+                       f"(target ≤ 1.5×: {'met' if ratio <= 1.5 else 'NOT met'})")
+    for kind in ("synthetic", "mlp"):
+        c10, c100 = pick(kind, "ckks", 10), pick(kind, "ckks", 100)
+        if c100 is not None:
+            out.append(f"- {n:.0e} parameters, 100 clients, {kind}, ckks: round "
+                       f"{c100['wall_s']:.1f} s (target ≤ 600 s: "
+                       f"{'met' if c100['wall_s'] <= 600 else 'NOT met'}); server peak "
+                       f"{c100['server_peak_rss_MB']:.0f} MB (target ≤ 2048 MB: "
+                       f"{'met' if c100['server_peak_rss_MB'] <= 2048 else 'NOT met'})")
+            if c10 is not None:
+                growth = c100["server_peak_rss_MB"] / c10["server_peak_rss_MB"] - 1
+                out.append(f"- server peak memory 10 → 100 clients ({kind}, ckks): "
+                           f"{c10['server_peak_rss_MB']:.0f} → "
+                           f"{c100['server_peak_rss_MB']:.0f} MB, {growth:+.0%} (target ≤ "
+                           f"+20%: {'met' if growth <= 0.2 else 'NOT met'})")
+    return out
+
+
+def write_report(summary: pd.DataFrame, out: Path, args, elapsed: float) -> str:
+    m = machine()
+    n = 100_000 if args.quick else 1_000_000
+    main = main_rows(summary)
+    lines = ["# End-to-end overhead: what privacy costs", "",
+             f"Generated by `python -m benchmarks.overhead {' '.join(args.argv)}` in "
+             f"{elapsed / 60:.1f} minutes. Machine: {m['cpu']}, {m['cores']} cores, "
+             f"{m['memory']}, Python {m['python']}, TenSEAL {m['tenseal']} (SEAL), "
+             f"{m['os']}.", "",
+             f"Setting: FedAdam, streaming aggregation, clients in {args.workers} worker "
+             "processes; CKKS preset `compact` (N=4096, 128-bit security, 30-bit noise "
+             f"flooding) unless stated. Each configuration runs {args.rounds} rounds in a "
+             "fresh server process; the first round is a warm-up (in `overhead_rounds.csv`, "
+             "not in the medians below); peaks are maxima over the measured rounds. "
+             f"`mlp`: MLP 64-h-h-10 on digits (IID split), {args.local_steps} local SGD steps "
+             "of batch 32 per round; `synthetic`: no training, so the round is pure protocol "
+             "and crypto overhead. The machine is shared and noisy: compare within one run.",
+             "", "## Targets", "", *targets(summary, args.quick), ""]
+    sizes = main[main["n_clients"] == 10]
+    if "sizes" in args.sweep and not sizes.empty:
+        lines += ["## Model size (10 clients)", "",
+                  markdown_table(ratio_table(main, "n_params", main["n_clients"] == 10),
+                                 ".3g"), "", "Fitted growth from 1e5 parameters up "
+                  "(round wall ∝ params^b):", ""]
+        for kind in ("mlp", "synthetic"):
+            for backend in ("plain", "ckks"):
+                g = sizes[(sizes["kind"] == kind) & (sizes["backend"] == backend)
+                          & (sizes["model_params"] >= 1e5)]
+                if len(g) >= 2:
+                    a, b = linear_fit(g["model_params"] / 1e6, g["wall_s"])
+                    lines.append(f"- {kind} {backend}: b = "
+                                 f"{slope(g['model_params'], g['wall_s']):.2f}; "
+                                 f"≈ {a:.2f} s + {b:.2f} s per million parameters")
+        lines.append("")
+    clients = main[main["n_params"] == n]
+    if "clients" in args.sweep and not clients.empty:
+        lines += [f"## Client count ({n:.0e} parameters)", "",
+                  markdown_table(ratio_table(main, "n_clients", main["n_params"] == n),
+                                 ".3g"), "", "Fitted growth (least squares, linear in "
+                  "clients):", ""]
+        for kind in ("mlp", "synthetic"):
+            for backend in ("plain", "ckks"):
+                g = clients[(clients["kind"] == kind) & (clients["backend"] == backend)]
+                if len(g) >= 2:
+                    a, b = linear_fit(g["n_clients"], g["wall_s"])
+                    ma, mb = linear_fit(g["n_clients"], g["server_peak_rss_MB"])
+                    lines.append(f"- {kind} {backend}: round ≈ {a:.2f} s + {b:.3f} s per "
+                                 f"client; server peak ≈ {ma:.0f} MB + {mb:.2f} MB per client")
+        lines.append("")
+    at = main[(main["n_params"] == n) & (main["n_clients"] == 10)]
+    if not at.empty:
+        lines += [f"## Bytes per round by message ({n:.0e} parameters, 10 clients)", "",
+                  "Totals over all clients, divided by the model's parameter count "
+                  "(`train_up`: the uploads; `train_down`: the model to every client; "
+                  "`reveal_*`: the aggregate to the decryptor and its flooded plaintext back).",
+                  "", markdown_table(bytes_table(at), ".3g"), ""]
+    presets = summary[(summary["backend"] == "ckks") & (summary["n_params"] == n)
+                      & (summary["n_clients"] == 10) & summary["streaming"]
+                      & ~summary["client_dp"]]
+    if "presets" in args.sweep and presets["preset"].nunique() > 1:
+        table = presets[["kind", "preset", "wall_s", "clients_protect_s", "server_load_s",
+                         "server_aggregate_s", "bytes_up_per_client_param"]]
+        lines += [f"## CKKS presets ({n:.0e} parameters, 10 clients)", "",
+                  markdown_table(table, ".3g"), ""]
+    buffered = summary[~summary["streaming"]]
+    if not buffered.empty:
+        streamed = summary[summary["streaming"] & (summary["kind"] == "synthetic")
+                           & (summary["backend"] == "ckks") & (summary["preset"] == "compact")
+                           & ~summary["client_dp"]
+                           & (summary["n_params"] == buffered["n_params"].iloc[0])]
+        table = buffered[["n_clients", "server_peak_rss_MB", "wall_s"]].merge(
+            streamed[["n_clients", "server_peak_rss_MB", "wall_s"]], on="n_clients",
+            how="left", suffixes=(" buffered", " streaming"))
+        lines += [f"## Streaming vs buffering the uploads (ckks, synthetic, "
+                  f"{buffered['n_params'].iloc[0]:.0e} parameters)", "",
+                  markdown_table(table, ".4g"), ""]
+    dp = summary[(summary["kind"] == "mlp") & (summary["n_clients"] == 10)
+                 & (summary["n_params"] == n) & (summary["preset"] == "compact")
+                 & summary["streaming"]]
+    if not dp.empty:
+        lines += [f"## Where the time goes (mlp, {n:.0e} parameters, 10 clients)", "",
+                  "Seconds per round. Clients' figures are summed over clients: they run in "
+                  f"parallel on {args.workers} workers and overlap the server's work, so the "
+                  "parts do not add up to the wall time.", "",
+                  markdown_table(breakdown_table(dp), ".3g"), ""]
+    lines += ["Raw rows: `overhead_rounds.csv`; medians: `overhead.csv`; plots: "
+              "`overhead_sizes.png`, `overhead_clients.png`.", ""]
+    text = "\n".join(lines)
+    (out / "overhead.md").write_text(text)
+    return text
+
+
+def plot(summary: pd.DataFrame, out: Path) -> None:
+    base = main_rows(summary)
+    for by, title, name in (("model_params", "10 clients", "sizes"),
+                            ("n_clients", "by client count", "clients")):
+        part = base[base["n_clients"] == 10] if by == "model_params" else base[
+            base["n_params"] == base[base["n_clients"] != 10]["n_params"].max()]
+        if part.empty:
+            continue
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+        for (kind, backend), g in part.groupby(["kind", "backend"]):
+            g = g.sort_values(by)
+            style = "-" if backend == "ckks" else "--"
+            axes[0].plot(g[by], g["wall_s"], style, marker="o", label=f"{kind} {backend}")
+            axes[1].plot(g[by], g["server_peak_rss_MB"], style, marker="o",
+                         label=f"{kind} {backend}")
+        for ax, ylabel in zip(axes, ("round wall time (s)", "server peak RSS (MB)")):
+            ax.set_xscale("log")
+            ax.set_yscale("log" if ylabel.startswith("round") else "linear")
+            ax.set_xlabel("model parameters" if by == "model_params" else "clients")
+            ax.set_ylabel(ylabel)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+        fig.suptitle(f"secagg overhead, {title}")
+        fig.tight_layout()
+        fig.savefig(out / f"overhead_{name}.png", dpi=120)
+        plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> pd.DataFrame:
+    parser = argparse.ArgumentParser(prog="secagg bench overhead",
+                                     description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--sweep", default=",".join(SWEEPS),
+                        help="which sweeps to run, comma separated")
+    parser.add_argument("--quick", action="store_true",
+                        help="small sizes and client counts (a minute or two; for checking)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds per configuration; the first is a warm-up, reported in "
+                             "overhead_rounds.csv but not in the medians")
+    parser.add_argument("--local-steps", type=int, default=100,
+                        help="local SGD steps per round of the mlp workload")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                        help="worker processes for the clients")
+    parser.add_argument("--out", type=Path, default=HERE / "results")
+    args = parser.parse_args(argv)
+    args.argv = list(argv if argv is not None else sys.argv[1:])
+    args.sweep = [s.strip() for s in args.sweep.split(",") if s.strip()]
+    unknown = set(args.sweep) - set(SWEEPS)
+    if unknown:
+        parser.error(f"unknown sweeps {sorted(unknown)}; choose from {', '.join(SWEEPS)}")
+    configs = plan(args.sweep, args.quick)
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict] = []
+    start = time.perf_counter()
+    for i, (sweep, workload, opts) in enumerate(configs, 1):
+        workload = Workload(**{**asdict(workload), "local_steps": args.local_steps})
+        name = (f"{workload.kind} {workload.backend} {workload.n_params:.0e} params "
+                f"× {workload.n_clients} clients" + "".join(f" {k}={v}" for k, v in opts.items()))
+        print(f"[{i}/{len(configs)}] {name} ...", flush=True)
+        got = run_config(workload, args.rounds, args.workers, label=sweep, **opts)
+        rows += got
+        print("    " + "  ".join(f"{r['wall_s']:.2f} s" for r in got)
+              + f"  server peak {max(r['server_peak_rss_MB'] for r in got):.0f} MB", flush=True)
+        pd.DataFrame(rows).to_csv(args.out / "overhead_rounds.csv", index=False)
+    rounds = pd.DataFrame(rows)
+    summary = summarise(rounds)
+    summary.to_csv(args.out / "overhead.csv", index=False)
+    plot(summary, args.out)
+    print(write_report(summary, args.out, args, time.perf_counter() - start))
+    (args.out / "overhead_machine.json").write_text(json.dumps(machine(), indent=2))
+    return summary
+
+
+if __name__ == "__main__":
+    main()
