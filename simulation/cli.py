@@ -192,9 +192,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--quiet", action="store_true", help="no progress output")
 
     sub.add_parser("presets", help="list the bundled experiment presets")
-    bench = sub.add_parser("bench", help="run a benchmark (crypto: CKKS cost per parameter)",
+    bench = sub.add_parser("bench", help="run a benchmark: crypto (CKKS cost per parameter "
+                                         "against NVFlare's default) or overhead (end-to-end "
+                                         "rounds: time by phase, bytes, peak memory, over "
+                                         "model sizes and client counts); "
+                                         "`secagg bench NAME --help` for its options",
                            add_help=False)
-    bench.add_argument("name", choices=["crypto"])
+    bench.add_argument("name", choices=["crypto", "overhead"])
     bench.add_argument("rest", nargs=argparse.REMAINDER)
     return parser
 
@@ -260,9 +264,10 @@ def cmd_presets(_: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from benchmarks import crypto  # the benchmarks ship with the source tree
+    import importlib
 
-    crypto.main(args.rest)
+    # the benchmarks ship with the source tree
+    importlib.import_module(f"benchmarks.{args.name}").main(args.rest)
     return 0
 
 
