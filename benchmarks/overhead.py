@@ -26,7 +26,12 @@ round is pure protocol and crypto overhead. Sweeps (``--sweep``):
 - ``dp``: client-level DP (clip 1, z* 1) on and off, plain vs ckks, 1e6 × 10, mlp;
 - ``presets``: CKKS ``compact`` vs ``wide`` at 1e6 × 10;
 - ``buffered``: the server without streaming, ckks synthetic, 1e6 parameters, to show why
-  streaming matters for memory.
+  streaming matters for memory;
+- ``steps``: mlp 1e6 × 10 at 1, 2 and 4 times ``--local-steps``: how much local training
+  it takes to hide the crypto.
+
+``--reuse`` keeps the configurations already in overhead_rounds.csv and runs only the others
+(the report then covers both).
 
 Writes benchmarks/results/overhead_rounds.csv (one row per round), overhead.csv (medians
 per configuration), overhead.md (the report, with the machine) and overhead_*.png.
@@ -61,12 +66,16 @@ from secagg.backends import make_backends  # noqa: E402
 from secagg.dp import ClientDP  # noqa: E402
 from server.audit import AuditLog  # noqa: E402
 from server.engine import Server  # noqa: E402
-from simulation.workers import WorkerPoolTransport, peak_rss_bytes, reset_peak_rss  # noqa: E402
+from simulation.workers import (WorkerPoolTransport, current_rss_bytes, peak_rss_bytes,  # noqa: E402
+                                reset_peak_rss)
 
 HERE = Path(__file__).parent
 SIZES = (1_000, 10_000, 100_000, 1_000_000, 10_000_000)
 CLIENTS = (2, 5, 10, 20, 50, 100)
-SWEEPS = ("sizes", "clients", "dp", "presets", "buffered")
+SWEEPS = ("sizes", "clients", "dp", "presets", "buffered", "steps")
+#: what identifies a configuration (a row of the summary)
+CONFIG_KEYS = ["kind", "backend", "preset", "n_params", "model_params", "n_clients",
+               "local_steps", "client_dp", "streaming"]
 MB = 1024 ** 2
 
 
@@ -260,37 +269,33 @@ def measure_rounds(workload: Workload, initial: np.ndarray, rounds: int, workers
     return rows
 
 
-def current_rss_bytes() -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
 # ---- sweeps ------------------------------------------------------------------------------
-def plan(sweeps: list[str], quick: bool) -> list[tuple[str, Workload, dict]]:
+def plan(sweeps: list[str], quick: bool, steps: int = 100
+         ) -> list[tuple[str, Workload, dict]]:
     sizes = SIZES[:4] if quick else SIZES
     clients = (2, 10, 20) if quick else CLIENTS
+    n = 100_000 if quick else 1_000_000
     out = []
     for kind in ("synthetic", "mlp"):
         for backend in ("plain", "ckks"):
             if "sizes" in sweeps:
-                out += [("sizes", Workload(kind, n, 10, backend), {}) for n in sizes]
+                out += [("sizes", Workload(kind, m, 10, backend, local_steps=steps), {})
+                        for m in sizes]
             if "clients" in sweeps:
-                out += [("clients", Workload(kind, 1_000_000 if not quick else 100_000, k,
-                                             backend), {}) for k in clients]
+                out += [("clients", Workload(kind, n, k, backend, local_steps=steps), {})
+                        for k in clients]
     if "dp" in sweeps:
-        out += [("dp", Workload("mlp", 1_000_000 if not quick else 100_000, 10, backend),
-                 {"client_dp": dp}) for backend in ("plain", "ckks") for dp in (False, True)]
+        out += [("dp", Workload("mlp", n, 10, backend, local_steps=steps), {"client_dp": dp})
+                for backend in ("plain", "ckks") for dp in (False, True)]
     if "presets" in sweeps:
-        out += [("presets", Workload(kind, 1_000_000 if not quick else 100_000, 10, "ckks",
-                                     preset), {}) for kind in ("synthetic", "mlp")
-                for preset in ("compact", "wide")]
+        out += [("presets", Workload(kind, n, 10, "ckks", preset, local_steps=steps), {})
+                for kind in ("synthetic", "mlp") for preset in ("compact", "wide")]
     if "buffered" in sweeps:
-        out += [("buffered", Workload("synthetic", 1_000_000 if not quick else 100_000, k,
-                                      "ckks"), {"streaming": False})
-                for k in ((2, 10, 20) if quick else (10, 20, 50, 100))]
+        out += [("buffered", Workload("synthetic", n, k, "ckks", local_steps=steps),
+                 {"streaming": False}) for k in ((2, 10, 20) if quick else (10, 20, 50, 100))]
+    if "steps" in sweeps:  # how much local training hides the crypto
+        out += [("steps", Workload("mlp", n, 10, backend, local_steps=steps * f), {})
+                for f in (1, 2, 4) for backend in ("plain", "ckks")]
     # the same configuration can appear in two sweeps: run it once
     seen, unique = set(), []
     for sweep, workload, opts in out:
@@ -302,9 +307,7 @@ def plan(sweeps: list[str], quick: bool) -> list[tuple[str, Workload, dict]]:
 
 
 def summarise(rounds: pd.DataFrame) -> pd.DataFrame:
-    keys = ["kind", "backend", "n_params", "model_params", "n_clients", "client_dp",
-            "streaming", "local_steps"]
-    keys = keys + ["preset"]
+    keys = CONFIG_KEYS
     numeric = [c for c in rounds.columns if c not in keys + ["label", "round", "seed", "warm",
                                                             "batch_size", "workers"]
                and pd.api.types.is_numeric_dtype(rounds[c])]
@@ -373,6 +376,19 @@ def ratio_table(summary: pd.DataFrame, by: str, where) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def steps_table(steps: pd.DataFrame) -> pd.DataFrame:
+    """ckks/plain per local-step count, and what ckks adds per round in seconds."""
+    rows = []
+    for count, g in steps.groupby("local_steps"):
+        plain, ckks = g[g["backend"] == "plain"], g[g["backend"] == "ckks"]
+        if plain.empty or ckks.empty:
+            continue
+        p, c = plain["wall_s"].iloc[0], ckks["wall_s"].iloc[0]
+        rows.append({"local steps": int(count), "plain_wall_s": p, "ckks_wall_s": c,
+                     "ckks - plain (s)": c - p, "ckks/plain": c / p})
+    return pd.DataFrame(rows)
+
+
 def breakdown_table(summary: pd.DataFrame) -> pd.DataFrame:
     cols = {"wall_s": "round wall", "server_train_s": "server: waiting for uploads",
             "server_load_s": "server: load uploads", "server_aggregate_s": "server: aggregate",
@@ -389,10 +405,10 @@ def breakdown_table(summary: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def main_rows(summary: pd.DataFrame) -> pd.DataFrame:
-    """The default setting: compact preset, streaming, no DP."""
+def main_rows(summary: pd.DataFrame, steps: int = 100) -> pd.DataFrame:
+    """The default setting: compact preset, streaming, no DP, the run's local steps."""
     return summary[(summary["preset"] == "compact") & summary["streaming"]
-                   & ~summary["client_dp"]]
+                   & ~summary["client_dp"] & (summary["local_steps"] == steps)]
 
 
 def bytes_table(summary: pd.DataFrame) -> pd.DataFrame:
@@ -408,9 +424,9 @@ def bytes_table(summary: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def targets(summary: pd.DataFrame, quick: bool) -> list[str]:
+def targets(summary: pd.DataFrame, quick: bool, steps: int = 100) -> list[str]:
     """The issue's targets, checked against this run's figures."""
-    main = main_rows(summary)
+    main = main_rows(summary, steps)
     n = 100_000 if quick else 1_000_000
     out = []
 
@@ -446,7 +462,10 @@ def targets(summary: pd.DataFrame, quick: bool) -> list[str]:
 def write_report(summary: pd.DataFrame, out: Path, args, elapsed: float) -> str:
     m = machine()
     n = 100_000 if args.quick else 1_000_000
-    main = main_rows(summary)
+    main = main_rows(summary, args.local_steps)
+    summary = summary[summary["local_steps"].isin(
+        [args.local_steps] + ([args.local_steps * f for f in (2, 4)]
+                              if "steps" in args.sweep else []))]
     lines = ["# End-to-end overhead: what privacy costs", "",
              f"Generated by `python -m benchmarks.overhead {' '.join(args.argv)}` in "
              f"{elapsed / 60:.1f} minutes. Machine: {m['cpu']}, {m['cores']} cores, "
@@ -460,7 +479,7 @@ def write_report(summary: pd.DataFrame, out: Path, args, elapsed: float) -> str:
              f"`mlp`: MLP 64-h-h-10 on digits (IID split), {args.local_steps} local SGD steps "
              "of batch 32 per round; `synthetic`: no training, so the round is pure protocol "
              "and crypto overhead. The machine is shared and noisy: compare within one run.",
-             "", "## Targets", "", *targets(summary, args.quick), ""]
+             "", "## Targets", "", *targets(summary, args.quick, args.local_steps), ""]
     sizes = main[main["n_clients"] == 10]
     if "sizes" in args.sweep and not sizes.empty:
         lines += ["## Model size (10 clients)", "",
@@ -501,7 +520,7 @@ def write_report(summary: pd.DataFrame, out: Path, args, elapsed: float) -> str:
                   "", markdown_table(bytes_table(at), ".3g"), ""]
     presets = summary[(summary["backend"] == "ckks") & (summary["n_params"] == n)
                       & (summary["n_clients"] == 10) & summary["streaming"]
-                      & ~summary["client_dp"]]
+                      & ~summary["client_dp"] & (summary["local_steps"] == args.local_steps)]
     if "presets" in args.sweep and presets["preset"].nunique() > 1:
         table = presets[["kind", "preset", "wall_s", "clients_protect_s", "server_load_s",
                          "server_aggregate_s", "bytes_up_per_client_param"]]
@@ -521,13 +540,19 @@ def write_report(summary: pd.DataFrame, out: Path, args, elapsed: float) -> str:
                   markdown_table(table, ".4g"), ""]
     dp = summary[(summary["kind"] == "mlp") & (summary["n_clients"] == 10)
                  & (summary["n_params"] == n) & (summary["preset"] == "compact")
-                 & summary["streaming"]]
+                 & summary["streaming"] & (summary["local_steps"] == args.local_steps)]
     if not dp.empty:
         lines += [f"## Where the time goes (mlp, {n:.0e} parameters, 10 clients)", "",
                   "Seconds per round. Clients' figures are summed over clients: they run in "
                   f"parallel on {args.workers} workers and overlap the server's work, so the "
                   "parts do not add up to the wall time.", "",
                   markdown_table(breakdown_table(dp), ".3g"), ""]
+    steps = summary[(summary["kind"] == "mlp") & (summary["n_params"] == n)
+                    & (summary["n_clients"] == 10) & (summary["preset"] == "compact")
+                    & summary["streaming"] & ~summary["client_dp"]]
+    if "steps" in args.sweep and steps["local_steps"].nunique() > 1:
+        lines += [f"## How much local training hides the crypto (mlp, {n:.0e} parameters, "
+                  "10 clients)", "", markdown_table(steps_table(steps), ".3g"), ""]
     lines += ["Raw rows: `overhead_rounds.csv`; medians: `overhead.csv`; plots: "
               "`overhead_sizes.png`, `overhead_clients.png`.", ""]
     text = "\n".join(lines)
@@ -535,8 +560,8 @@ def write_report(summary: pd.DataFrame, out: Path, args, elapsed: float) -> str:
     return text
 
 
-def plot(summary: pd.DataFrame, out: Path) -> None:
-    base = main_rows(summary)
+def plot(summary: pd.DataFrame, out: Path, steps: int = 100) -> None:
+    base = main_rows(summary, steps)
     for by, title, name in (("model_params", "10 clients", "sizes"),
                             ("n_clients", "by client count", "clients")):
         part = base[base["n_clients"] == 10] if by == "model_params" else base[
@@ -579,20 +604,33 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
                         help="worker processes for the clients")
     parser.add_argument("--out", type=Path, default=HERE / "results")
+    parser.add_argument("--reuse", action="store_true",
+                        help="keep the configurations already in overhead_rounds.csv")
     args = parser.parse_args(argv)
     args.argv = list(argv if argv is not None else sys.argv[1:])
     args.sweep = [s.strip() for s in args.sweep.split(",") if s.strip()]
     unknown = set(args.sweep) - set(SWEEPS)
     if unknown:
         parser.error(f"unknown sweeps {sorted(unknown)}; choose from {', '.join(SWEEPS)}")
-    configs = plan(args.sweep, args.quick)
+    configs = plan(args.sweep, args.quick, args.local_steps)
     args.out.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
+    done: set[tuple] = set()
+    if args.reuse and (args.out / "overhead_rounds.csv").exists():
+        old = pd.read_csv(args.out / "overhead_rounds.csv")
+        rows = old.to_dict("records")
+        done = {tuple(r[k] for k in CONFIG_KEYS) for r in rows}
     start = time.perf_counter()
     for i, (sweep, workload, opts) in enumerate(configs, 1):
-        workload = Workload(**{**asdict(workload), "local_steps": args.local_steps})
         name = (f"{workload.kind} {workload.backend} {workload.n_params:.0e} params "
-                f"× {workload.n_clients} clients" + "".join(f" {k}={v}" for k, v in opts.items()))
+                f"× {workload.n_clients} clients, {workload.local_steps} steps, {workload.preset}"
+                + "".join(f" {k}={v}" for k, v in opts.items()))
+        key = (workload.kind, workload.backend, workload.preset, workload.n_params,
+               workload.model_params(), workload.n_clients, workload.local_steps,
+               opts.get("client_dp", False), opts.get("streaming", True))
+        if key in done:
+            print(f"[{i}/{len(configs)}] {name}: reused", flush=True)
+            continue
         print(f"[{i}/{len(configs)}] {name} ...", flush=True)
         got = run_config(workload, args.rounds, args.workers, label=sweep, **opts)
         rows += got
@@ -602,7 +640,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     rounds = pd.DataFrame(rows)
     summary = summarise(rounds)
     summary.to_csv(args.out / "overhead.csv", index=False)
-    plot(summary, args.out)
+    plot(summary, args.out, args.local_steps)
     print(write_report(summary, args.out, args, time.perf_counter() - start))
     (args.out / "overhead_machine.json").write_text(json.dumps(machine(), indent=2))
     return summary

@@ -33,13 +33,25 @@ from server.transport import ClientUnavailable, Reply, check_reply
 Build = Callable[[list[str]], dict[str, Any]]  # ids -> objects with .handle(bytes) -> bytes
 
 
+def _status_bytes(field: str) -> int:
+    """A memory figure of this process from /proc/self/status (0 where there is none)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
 def peak_rss_bytes() -> int:
     """This process's peak resident memory since start or the last ``reset_peak_rss``."""
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    return 0
+    return _status_bytes("VmHWM")
+
+
+def current_rss_bytes() -> int:
+    return _status_bytes("VmRSS")
 
 
 def reset_peak_rss() -> None:

@@ -31,6 +31,25 @@ def honest_client(cid: str, g: np.ndarray, n: float) -> Callable[[bytes], bytes]
     return handle
 
 
+def backend_client(cid: str, backend, g: np.ndarray, n: float,
+                   train_n: float | None = None) -> Callable[[bytes], bytes]:
+    """A client with a real backend half (key setup, reveals) and a fixed pseudo-gradient;
+    ``train_n`` makes it report another sample count with its upload than at enrolment."""
+    handlers = backend.handlers()
+
+    def handle(data: bytes) -> bytes:
+        req = Envelope.from_bytes(data)
+        if req.phase in handlers:
+            fields = handlers[req.phase](req)
+        elif req.phase == "enroll":
+            fields = {"n_samples": wire.scalar(n)}
+        else:
+            fields = {"pseudo_gradient": backend.protect(g),
+                      "n_samples": wire.scalar(n if train_n is None else train_n)}
+        return Envelope(cid, "server", req.round, req.phase, fields).to_bytes()
+    return handle
+
+
 def make_server(handlers: dict, dim: int = 3, protocol: str = "fedavg",
                 audit: AuditLog | None = None) -> Server:
     return Server(make_protocol(protocol), PlainServer(), SGD(dim, lr=1.0),

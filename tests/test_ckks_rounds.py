@@ -19,6 +19,7 @@ from server.audit import AuditLog
 from server.engine import Server
 from server.transport import InProcessTransport
 from simulation.experiment import ExperimentConfig, run_experiment
+from tests.conftest import backend_client
 
 SMALL = ExperimentConfig(rounds=2, seeds=[1], local_steps=3, backend="ckks")
 
@@ -91,7 +92,7 @@ def test_secret_key_bytes_never_reach_the_server():
 
     ids = ["client_0", "client_1", "client_2"]
     server_backend, backends = make_backends("ckks", ids)
-    handlers = {c: _scripted(c, backends[c], np.full(5, 0.01 * k), 10)
+    handlers = {c: backend_client(c, backends[c], np.full(5, 0.01 * k), 10)
                 for k, c in enumerate(ids)}
     server = Server(make_protocol("fedavg"), server_backend, SGD(5), Spy(handlers), np.zeros(5),
                     client_lr=StepSchedule(), local_steps=1)
@@ -105,24 +106,8 @@ def test_secret_key_bytes_never_reach_the_server():
         assert secret[start:start + 32] not in blob
 
 
-def _scripted(cid, backend, g, n):
-    """A client with a real CKKS backend and a fixed pseudo-gradient."""
-    handlers = backend.handlers()
-
-    def handle(data):
-        req = Envelope.from_bytes(data)
-        if req.phase in handlers:
-            fields = handlers[req.phase](req)
-        elif req.phase == "enroll":
-            fields = {"n_samples": wire.scalar(n)}
-        else:
-            fields = {"pseudo_gradient": backend.protect(g), "n_samples": wire.scalar(n)}
-        return Envelope(cid, "server", req.round, req.phase, fields).to_bytes()
-    return handle
-
-
 def _tamper(cid, backend, mutate):
-    honest = _scripted(cid, backend, np.full(5, 0.5), 10)
+    honest = backend_client(cid, backend, np.full(5, 0.5), 10)
 
     def handle(data):
         req = Envelope.from_bytes(data)
@@ -154,7 +139,7 @@ def test_bad_ckks_upload_excludes_only_that_client(case):
     ids = ["client_0", "client_1", "client_bad"]
     server_backend, backends = make_backends("ckks", ids)
     gs = {"client_0": np.array([0.1, 0.2, 0.0, -0.1, 0.3]), "client_1": np.full(5, -0.05)}
-    handlers = {c: _scripted(c, backends[c], gs[c], 10 * (k + 1)) for k, c in enumerate(gs)}
+    handlers = {c: backend_client(c, backends[c], gs[c], 10 * (k + 1)) for k, c in enumerate(gs)}
     handlers["client_bad"] = _tamper("client_bad", backends["client_bad"], mutate)
     audit = AuditLog()
     server = Server(make_protocol("fedavg"), server_backend, SGD(5), InProcessTransport(handlers),
@@ -172,14 +157,14 @@ def test_bad_ckks_upload_excludes_only_that_client(case):
 def test_replayed_upload_from_an_earlier_round_is_caught():
     ids = ["client_0", "client_bad"]
     server_backend, backends = make_backends("ckks", ids)
-    handlers = {"client_0": _scripted("client_0", backends["client_0"], np.full(5, 0.1), 10)}
+    handlers = {"client_0": backend_client("client_0", backends["client_0"], np.full(5, 0.1), 10)}
     _stash: dict = {}
 
     def replayer(data):  # resends round 0's whole reply in round 1
         req = Envelope.from_bytes(data)
         if req.phase == "train" and "old" in _stash and req.round == 1:
             return _stash["old"]
-        reply = _scripted("client_bad", backends["client_bad"], np.full(5, 0.2), 10)(data)
+        reply = backend_client("client_bad", backends["client_bad"], np.full(5, 0.2), 10)(data)
         if req.phase == "train":
             _stash["old"] = reply
         return reply
@@ -197,8 +182,8 @@ def test_replayed_upload_from_an_earlier_round_is_caught():
 def test_a_client_whose_values_overflow_is_excluded_with_the_reason():
     ids = ["client_0", "client_big"]
     server_backend, backends = make_backends("ckks", ids)
-    handlers = {"client_0": _scripted("client_0", backends["client_0"], np.full(5, 0.1), 10),
-                "client_big": _scripted("client_big", backends["client_big"],
+    handlers = {"client_0": backend_client("client_0", backends["client_0"], np.full(5, 0.1), 10),
+                "client_big": backend_client("client_big", backends["client_big"],
                                         np.full(5, 1e6), 10)}
     server = Server(make_protocol("fedavg"), server_backend, SGD(5), InProcessTransport(handlers),
                     np.zeros(5), client_lr=StepSchedule(), local_steps=1)

@@ -14,7 +14,6 @@ import pytest
 from protocols import make_protocol
 from protocols.fedavg import sample_size_weights
 from protocols.optimizers import SGD, StepSchedule
-from secagg import wire
 from secagg.backends import make_backends
 from secagg.backends.plain import PlainServer
 from secagg.ckks.public import PublicCKKS, to_bytes
@@ -25,33 +24,16 @@ from secagg.wire import Envelope
 from server.audit import AuditLog
 from server.engine import Server
 from server.transport import InProcessTransport
+from tests.conftest import backend_client
 
 GS = {f"client_{k}": (np.linspace(-0.2, 0.3, 6) * (k + 1) - 0.01 * k, 10.0 * (k + 2))
       for k in range(4)}
 
 
-def scripted(cid, backend, g, n, train_n=None):
-    """A client with a real backend half and a fixed pseudo-gradient; ``train_n`` lets it
-    report another sample count with its upload than at enrolment."""
-    handlers = backend.handlers()
-
-    def handle(data):
-        req = Envelope.from_bytes(data)
-        if req.phase in handlers:
-            fields = handlers[req.phase](req)
-        elif req.phase == "enroll":
-            fields = {"n_samples": wire.scalar(n)}
-        else:
-            fields = {"pseudo_gradient": backend.protect(g),
-                      "n_samples": wire.scalar(n if train_n is None else train_n)}
-        return Envelope(cid, "server", req.round, req.phase, fields).to_bytes()
-    return handle
-
-
 def run_one_round(backend, streaming, handlers=None, server_backend=None, protocol="fedavg"):
     if server_backend is None:
         server_backend, backends = make_backends(backend, list(GS))
-        handlers = {c: scripted(c, backends[c], g, n) for c, (g, n) in GS.items()}
+        handlers = {c: backend_client(c, backends[c], g, n) for c, (g, n) in GS.items()}
     audit = AuditLog()
     server = Server(make_protocol(protocol), server_backend, SGD(6), InProcessTransport(handlers),
                     np.zeros(6), client_lr=StepSchedule(), local_steps=1, audit=audit,
@@ -83,12 +65,12 @@ def test_streamed_round_matches_the_buffered_round_on_ckks():
 @pytest.mark.parametrize("backend", ["plain", "ckks"])
 def test_a_dropped_client_is_renormalised_away(backend):
     server_backend, backends = make_backends(backend, list(GS))
-    handlers = {c: scripted(c, backends[c], g, n) for c, (g, n) in GS.items()}
+    handlers = {c: backend_client(c, backends[c], g, n) for c, (g, n) in GS.items()}
 
     def fails_in_training(data):
         if Envelope.from_bytes(data).phase == "train":
             raise RuntimeError("out of memory")
-        return scripted("client_3", backends["client_3"], *GS["client_3"])(data)
+        return backend_client("client_3", backends["client_3"], *GS["client_3"])(data)
     handlers["client_3"] = fails_in_training
     server, report, _ = run_one_round(backend, True, handlers, server_backend)
     assert list(report.excluded) == ["client_3"]
@@ -100,8 +82,8 @@ def test_a_dropped_client_is_renormalised_away(backend):
 
 def test_an_upload_whose_count_differs_from_its_enrolment_is_excluded():
     server_backend, backends = make_backends("plain", list(GS))
-    handlers = {c: scripted(c, backends[c], g, n) for c, (g, n) in GS.items()}
-    handlers["client_1"] = scripted("client_1", backends["client_1"], GS["client_1"][0],
+    handlers = {c: backend_client(c, backends[c], g, n) for c, (g, n) in GS.items()}
+    handlers["client_1"] = backend_client("client_1", backends["client_1"], GS["client_1"][0],
                                     GS["client_1"][1], train_n=1000.0)
     server, report, audit = run_one_round("plain", True, handlers, server_backend)
     assert list(report.excluded) == ["client_1"]
@@ -126,7 +108,7 @@ class CountingPlainServer(PlainServer):
 @pytest.mark.parametrize("streaming, most_alive", [(True, 0), (False, len(GS) - 1)])
 def test_the_streaming_server_holds_one_upload_at_a_time(streaming, most_alive):
     _, backends = make_backends("plain", list(GS))
-    handlers = {c: scripted(c, backends[c], g, n) for c, (g, n) in GS.items()}
+    handlers = {c: backend_client(c, backends[c], g, n) for c, (g, n) in GS.items()}
     counting = CountingPlainServer()
     run_one_round("plain", streaming, handlers, counting)
     assert max(counting.alive_at_load) == most_alive

@@ -63,6 +63,7 @@ class KeyWrapper:
     def unwrap(self, blob: bytes, peer_public: bytes, sender: str, recipient: str,
                params: str) -> bytes:
         aad = _aad(sender, recipient, params)
+        blob = bytes(blob)  # may be a view into the message it came in
         if len(blob) <= _NONCE:
             raise KeySetupError("wrapped key is too short")
         try:
