@@ -60,7 +60,7 @@ class Field:
     """One named value of an envelope, already encoded to bytes."""
 
     kind: str
-    data: bytes
+    data: bytes | memoryview  # a view into a received message for ciphertexts and vectors
     dtype: str | None = None  # vectors only
     parts: tuple[int, ...] | None = None  # ciphertexts only: byte length of each part
 
@@ -115,8 +115,9 @@ class Envelope:
             "fields": [_field_header(name, f) for name, f in self.fields.items()],
         }
         head = json.dumps(header, separators=(",", ":")).encode()
-        payload = b"".join(f.data for f in self.fields.values())
-        return _PREFIX.pack(MAGIC, WIRE_VERSION, len(head)) + head + payload
+        # one join: a model-sized payload is copied once, not once per concatenation
+        return b"".join([_PREFIX.pack(MAGIC, WIRE_VERSION, len(head)), head,
+                         *(f.data for f in self.fields.values())])
 
     @property
     def header_nbytes(self) -> int:
@@ -151,11 +152,12 @@ class Envelope:
             raise UnexpectedField(f"vector {name!r} from {self.sender} has non-finite entries")
         return arr.astype(np.float64)
 
-    def ciphertext_parts(self, name: str) -> list[bytes]:
+    def ciphertext_parts(self, name: str) -> list[memoryview]:
+        """The parts as views into the message (no copy: a model's worth of ciphertext)."""
         f = self.get(name, CIPHERTEXT)
-        out, pos = [], 0
+        view, out, pos = memoryview(f.data), [], 0
         for n in f.parts or (len(f.data),):
-            out.append(f.data[pos : pos + n])
+            out.append(view[pos : pos + n])
             pos += n
         return out
 
@@ -191,11 +193,14 @@ class Envelope:
         sender, recipient, rnd, phase, specs = _check_header(header)
         fields: dict[str, Field] = {}
         pos = start + head_len
+        view = memoryview(data)  # large fields stay views into the message: no copy
         for spec in specs:
             name, f_kind, nbytes = spec["name"], spec["kind"], spec["nbytes"]
             if pos + nbytes > len(data):
                 raise TruncatedMessage(f"message ends inside field {name!r}")
-            fields[name] = _check_field(name, f_kind, data[pos : pos + nbytes], spec)
+            blob = view[pos : pos + nbytes]
+            fields[name] = _check_field(name, f_kind, blob if f_kind in (CIPHERTEXT, VECTOR)
+                                        else bytes(blob), spec)
             pos += nbytes
         if pos != len(data):
             raise MalformedMessage(f"{len(data) - pos} trailing bytes after the last field")
@@ -240,7 +245,8 @@ def _check_header(header: Any):
     return sender, recipient, rnd, phase, specs
 
 
-def _check_field(name: str, f_kind: str, blob: bytes, spec: dict[str, Any]) -> Field:
+def _check_field(name: str, f_kind: str, blob: bytes | memoryview, spec: dict[str, Any]
+                 ) -> Field:
     if f_kind == SCALAR:
         if len(blob) != 8:
             raise MalformedMessage(f"scalar {name!r} has {len(blob)} bytes, expected 8")

@@ -97,7 +97,11 @@ class RoundContext:
             try:
                 if isinstance(raw, ClientInputError):
                     raise raw
-                reply = self._accept(client, phase, raw, expect or {})
+                begin = time.perf_counter()
+                try:
+                    reply = self._accept(client, phase, raw, expect or {})
+                finally:  # decoding and checking envelopes: the server's share of an upload
+                    self.seconds["receive"] += time.perf_counter() - begin
                 del raw
                 if on_reply is None:
                     replies[client] = reply
