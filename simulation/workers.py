@@ -63,6 +63,21 @@ def reset_peak_rss() -> None:
         pass
 
 
+def _send(conn: Connection, kind: str, peer: str | None, payload: Any = None) -> None:
+    """A message on a pipe: a small pickled header, and bytes payloads (envelopes) sent raw
+    after it, so that a model-sized envelope is not copied into a pickle on the way."""
+    if isinstance(payload, (bytes, bytearray)):
+        conn.send((kind, peer, None, True))
+        conn.send_bytes(payload)
+    else:
+        conn.send((kind, peer, payload, False))
+
+
+def _recv(conn: Connection) -> tuple[str, str | None, Any]:
+    kind, peer, payload, raw = conn.recv()
+    return kind, peer, conn.recv_bytes() if raw else payload
+
+
 def _serve(build: Build, ids: list[str], inbox: Connection, outbox: Connection,
            threads: int) -> None:
     """A worker's main loop: build its clients, then answer requests in order."""
@@ -71,15 +86,15 @@ def _serve(build: Build, ids: list[str], inbox: Connection, outbox: Connection,
         if "torch" in sys.modules:  # each worker trains on its own core(s)
             sys.modules["torch"].set_num_threads(threads)
     except BaseException:  # noqa: BLE001 - reported to the parent, which raises
-        outbox.send(("failed", None, traceback.format_exc()))
+        _send(outbox, "failed", None, traceback.format_exc())
         return
-    outbox.send(("ready", None, os.getpid()))
+    _send(outbox, "ready", None, os.getpid())
     pending: queue.Queue = queue.Queue()
 
     def drain():  # always read, so the server never blocks writing a request
         while True:
             try:
-                message = inbox.recv()
+                message = _recv(inbox)
             except (EOFError, OSError):
                 message = ("stop", None, None)
             pending.put(message)
@@ -92,17 +107,18 @@ def _serve(build: Build, ids: list[str], inbox: Connection, outbox: Connection,
             return
         if kind == "request":
             try:
-                outbox.send(("reply", peer, clients[peer].handle(data)))
+                _send(outbox, "reply", peer, clients[peer].handle(data))
             except Exception as exc:  # noqa: BLE001 - a client's failure is a missing answer
-                outbox.send(("error", peer, f"{type(exc).__name__}: {exc}"))
+                _send(outbox, "error", peer, f"{type(exc).__name__}: {exc}")
             del data
         elif kind == "stats":
-            outbox.send(("stats", None, {
+            _send(outbox, "stats", None, {
                 "pid": os.getpid(), "peak_rss_bytes": peak_rss_bytes(),
-                "clients": {c: dict(getattr(obj, "seconds", {})) for c, obj in clients.items()}}))
+                "clients": {c: dict(getattr(obj, "seconds", {}))
+                            for c, obj in clients.items()}})
         elif kind == "reset_peak":
             reset_peak_rss()
-            outbox.send(("reset", None, None))
+            _send(outbox, "reset", None)
 
 
 class WorkerPoolTransport:
@@ -147,7 +163,7 @@ class WorkerPoolTransport:
 
     def _receive(self, w: int) -> tuple:
         try:
-            return self._outboxes[w].recv()
+            return _recv(self._outboxes[w])
         except (EOFError, OSError):
             code = self._procs[w].exitcode
             return ("dead", None, f"worker {w} exited (code {code})")
@@ -179,7 +195,7 @@ class WorkerPoolTransport:
                     return
                 else:
                     try:
-                        self._inboxes[w].send(("request", peer, data))
+                        _send(self._inboxes[w], "request", peer, data)
                         outstanding[w].append(peer)
                     except OSError as exc:  # BrokenPipeError: the worker is gone
                         self._dead.add(w)
@@ -217,7 +233,7 @@ class WorkerPoolTransport:
     # ---- measurement (the experimenter's view, not the server's) --------------------------
     def _broadcast(self, kind: str) -> list[Any]:
         for box in self._inboxes:
-            box.send((kind, None, None))
+            _send(box, kind, None)
         return [self._receive(w)[2] for w in range(len(self._procs))]
 
     def stats(self) -> list[dict[str, Any]]:
@@ -230,7 +246,7 @@ class WorkerPoolTransport:
     def close(self) -> None:
         for box, proc in zip(self._inboxes, self._procs):
             try:
-                box.send(("stop", None, None))
+                _send(box, "stop", None)
             except (BrokenPipeError, OSError):
                 pass
         for proc in self._procs:
