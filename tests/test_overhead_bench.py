@@ -4,7 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from benchmarks.overhead import (Workload, linear_fit, mlp_width, run_config, slope,
+from benchmarks.overhead import (Workload, linear_fit, main, mlp_width, run_config, slope,
                                  summarise, targets)
 
 
@@ -52,3 +52,9 @@ def test_targets_say_met_or_not_from_the_figures():
     assert "1.60× (target ≤ 1.5×: NOT met)" in lines
     assert "round 30.0 s (target ≤ 600 s: met)" in lines
     assert "400 → 450 MB, +12% (target ≤ +20%: met)" in lines
+
+
+def test_an_unknown_sweep_is_refused_before_anything_runs(capsys):
+    with pytest.raises(SystemExit):
+        main(["--sweep", "sizes,everything"])
+    assert "unknown sweeps ['everything']" in capsys.readouterr().err

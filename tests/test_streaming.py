@@ -14,6 +14,7 @@ import pytest
 from protocols import make_protocol
 from protocols.fedavg import sample_size_weights
 from protocols.optimizers import SGD, StepSchedule
+from secagg import wire
 from secagg.backends import make_backends
 from secagg.backends.plain import PlainServer
 from secagg.ckks.public import PublicCKKS, to_bytes
@@ -123,3 +124,57 @@ def test_clients_refuse_an_aggregate_scale_outside_the_preset_range():
     total[0].scale = server.sum_scale * 4
     with pytest.raises(WrongContext, match="aggregate"):
         keys.decrypt([to_bytes(c) for c in total], 8)
+
+
+def test_a_client_that_fails_enrolment_is_excluded_then_and_from_the_sum():
+    server_backend, backends = make_backends("plain", list(GS))
+    handlers = {c: backend_client(c, backends[c], g, n) for c, (g, n) in GS.items()}
+    honest = handlers["client_2"]
+
+    def zero_at_enrolment(data):
+        if Envelope.from_bytes(data).phase == "enroll":
+            return backend_client("client_2", backends["client_2"], GS["client_2"][0], 0.0)(data)
+        return honest(data)
+    handlers["client_2"] = zero_at_enrolment
+    server = Server(make_protocol("fedavg"), server_backend, SGD(6), InProcessTransport(handlers),
+                    np.zeros(6), client_lr=StepSchedule(), local_steps=1)
+    excluded = server.setup(rounds=1)
+    assert "reports 0.0 samples" in excluded["client_2"]
+    report = server.run_round(0)
+    assert "no planned weight" in report.excluded["client_2"]
+    others = {c: GS[c] for c in GS if c != "client_2"}
+    w = sample_size_weights({c: n for c, (_, n) in others.items()})
+    np.testing.assert_allclose(server.params, sum(w[c] * g for c, (g, _) in others.items()))
+
+
+def test_running_sums_refuse_what_they_cannot_add():
+    from secagg.backends.ckks_server import CKKSHandle
+    from secagg.errors import ConfigError, DuplicateMessage, MalformedCiphertext
+    from server.round import RoundContext
+
+    server_backend, backends = make_backends("ckks", ["client_0"])
+    ctx = RoundContext(0, ["client_0"], 5, server_backend, InProcessTransport({}), AuditLog(),
+                       None)
+    total = ctx.running_sum({"client_0": 1.0})
+    keys = SecretKeyHolder(get_preset("compact"))
+
+    def upload(n=5):
+        field = wire.ciphertext(keys.encrypt(np.full(n, 0.1), 1.0))
+        return server_backend.load(Envelope("client_0", "server", 0, "train", {"g": field}),
+                                   "g", n)
+    total.add("client_0", upload())
+    with pytest.raises(DuplicateMessage):
+        total.add("client_0", upload())
+    fresh = upload()
+    aggregate = CKKSHandle(fresh.ciphertexts, 5, server_backend.public.sum_scale)
+    with pytest.raises(MalformedCiphertext, match="fresh uploads"):
+        server_backend.running_sum(5).add(aggregate, 0.5)
+    two_chunks = upload(5000)
+    ciphertext_sum = server_backend.running_sum(5)._sum
+    ciphertext_sum.add(upload().ciphertexts, 0.5)
+    with pytest.raises(MalformedCiphertext, match="chunks"):
+        ciphertext_sum.add(two_chunks.ciphertexts, 0.5)
+    with pytest.raises(ConfigError, match="normaliser"):
+        ciphertext_sum.result(1.5)
+    with pytest.raises(ConfigError, match="rounds to zero"):
+        server_backend.running_sum(5).result()

@@ -44,8 +44,9 @@ def test_replies_arrive_for_every_request_and_failures_are_missing_answers():
     peers = [f"c{k}" for k in range(5)]
     with WorkerPoolTransport(EchoClients(), peers, workers=2, in_flight=1) as transport:
         requests = [(p, b"boom" if p == "c3" else p.encode() * 1000) for p in peers]
-        replies = dict(transport.exchange(iter(requests)))
-        assert set(replies) == set(peers)
+        replies = dict(transport.exchange(iter(requests + [("stranger", b"hi")])))
+        assert set(replies) == set(peers) | {"stranger"}
+        assert "no such client" in str(replies.pop("stranger"))
         for p in peers:
             if p == "c3":
                 assert isinstance(replies[p], ClientUnavailable)
@@ -89,6 +90,16 @@ def test_a_run_with_worker_processes_gives_the_in_process_model(backend):
         np.testing.assert_allclose(up_parallel, up_local, rtol=1e-3)
 
 
-def test_workers_refuse_what_needs_the_clients_state():
-    with pytest.raises(ConfigError, match="server_blind"):
-        ExperimentConfig(backend="ckks", server_blind=True, workers=2).validate()
+@pytest.mark.parametrize("settings, match", [
+    ({"backend": "ckks", "server_blind": True}, "server_blind"),
+    ({"dp_sgd": {"clip": 1.0, "noise": 1.0}}, "dp_sgd"),
+    ({"protocol": "feddisco", "task": "digits-niid2"}, "feddisco")])
+def test_workers_refuse_what_needs_the_clients_state(settings, match):
+    with pytest.raises(ConfigError, match=match):
+        ExperimentConfig(**settings, workers=2).validate()
+
+
+@pytest.mark.parametrize("workers", [-1, 1.5])
+def test_workers_must_be_a_count(workers):
+    with pytest.raises(ConfigError, match="workers must be an integer"):
+        ExperimentConfig(workers=workers).validate()
