@@ -286,10 +286,12 @@ def run_seed(config: ExperimentConfig, seed: int, audit: AuditLog,
     task = task if task is not None else get_task(config.task)
     data, validation = seed_data(config, seed, data if data is not None else task.load())
 
-    torch.manual_seed(seed)  # FLamby: the seed fixes the initial model ...
-    initial = flat_params(task.make_model())
+    torch.manual_seed(seed)  # FLamby: the seed fixes the initial model (and build_client
+    initial = flat_params(task.make_model())  # each client's batch order)
     ids = [f"client_{k}" for k in range(data.n_clients)]
-    server_backend, client_backends = make_backends(config.backend, ids, config.ckks_preset)
+    # with workers, each worker makes its own clients' halves of the backend
+    server_backend, client_backends = make_backends(
+        config.backend, [] if config.workers else ids, config.ckks_preset)
     if config.workers:
         transport = WorkerPoolTransport(WorkerClients(config, seed), ids, config.workers)
         clients = {}

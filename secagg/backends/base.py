@@ -47,10 +47,17 @@ class RunningSum(ABC):
     def add(self, handle: Any, weight: float) -> None:
         """Fold ``weight · handle`` in. Takes the handle over: the caller must not use it again."""
 
-    @abstractmethod
     def result(self, normaliser: float = 1.0) -> Any:
         """The sum divided by ``normaliser`` (in (0, 1]: the planned weights of the clients
-        that did arrive), as a handle like ``weighted_sum``'s."""
+        that did arrive), as a handle like ``weighted_sum``'s.
+
+        Planned weights that sum to 1 up to round-off leave the sum as it is, so a round
+        nobody dropped out of gives bit for bit what a buffered weighted sum gives."""
+        return self._result(1.0 if abs(normaliser - 1.0) <= 1e-12 else normaliser)
+
+    @abstractmethod
+    def _result(self, normaliser: float) -> Any:
+        """The sum divided by ``normaliser`` (exactly 1.0 when nothing is to be divided)."""
 
 
 class ServerBackend(ABC):

@@ -117,6 +117,6 @@ class CKKSRunningSum(RunningSum):
             raise MalformedCiphertext("only fresh uploads of the model's length can be summed")
         self._sum.add(handle.ciphertexts, weight, consume=True)
 
-    def result(self, normaliser: float = 1.0) -> CKKSHandle:
+    def _result(self, normaliser: float) -> CKKSHandle:
         cts = self._sum.result(normaliser)
         return CKKSHandle(cts, self.length, cts[0].scale)

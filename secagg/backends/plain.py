@@ -58,7 +58,5 @@ class PlainRunningSum(RunningSum):
     def add(self, handle: np.ndarray, weight: float) -> None:
         self.total += float(weight) * handle
 
-    def result(self, normaliser: float = 1.0) -> np.ndarray:
-        # the same tolerance as the CKKS sum: planned weights that sum to 1 up to round-off
-        # leave the sum as it is, bit for bit what a buffered weighted sum gives
-        return self.total if abs(normaliser - 1.0) <= 1e-12 else self.total / normaliser
+    def _result(self, normaliser: float) -> np.ndarray:
+        return self.total if normaliser == 1.0 else self.total / normaliser

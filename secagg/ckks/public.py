@@ -196,7 +196,7 @@ class CiphertextSum:
             raise ConfigError("every weight rounds to zero at this preset's weight precision")
         if not 0 < normaliser <= 1 + 1e-9:
             raise ConfigError(f"a running sum's normaliser must lie in (0, 1], got {normaliser}")
-        if abs(normaliser - 1.0) > 1e-12:
+        if normaliser != 1.0:
             for ct in self.chunks:
                 ct.scale = self.public.sum_scale * normaliser
         return self.chunks

@@ -73,18 +73,20 @@ class SecretKeyHolder:
     def decrypt(self, parts: Sequence[bytes], n_values: int, scale: float | None = None
                 ) -> np.ndarray:
         """Decrypt ciphertexts at ``scale``, or (None) an aggregate at the scale it carries."""
-        cts = self.public.load_ciphertexts(parts, n_values, scale=scale,
-                                           aggregate=scale is None)
-        return self._decode(cts, n_values)
+        return self._decode(self._load(parts, n_values, scale), n_values)
 
     def decrypt_flooded(self, parts: Sequence[bytes], n_values: int, scale: float | None,
                         coeff_sigma: float) -> tuple[np.ndarray, float]:
         """Decrypt and add flooding noise; returns the values and the per-value noise σ."""
-        cts = self.public.load_ciphertexts(parts, n_values, scale=scale,
-                                           aggregate=scale is None)
+        cts = self._load(parts, n_values, scale)
         values = self._decode(cts, n_values)
         sigma = slot_sigma(coeff_sigma, self.preset.poly_modulus_degree, cts[0].scale)
         return values + sigma * csprng_normal(values.size), sigma
+
+    def _load(self, parts: Sequence[bytes], n_values: int, scale: float | None
+              ) -> list[seal.Ciphertext]:
+        return self.public.load_ciphertexts(parts, n_values, scale=scale,
+                                            aggregate=scale is None)
 
     def _decode(self, cts: list[seal.Ciphertext], n_values: int) -> np.ndarray:
         out = []
