@@ -37,12 +37,12 @@ import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
 from benchmarks.stats import format_difference, mean_std, paired_difference  # noqa: E402
-from clients.tasks import get_task  # noqa: E402
-from clients.training import set_flat_params  # noqa: E402
-from protocols.autofedrl import AutoFedRL  # noqa: E402
-from protocols.hpo_agents import ContinuousAgent, DiscreteAgent, MLPAgent  # noqa: E402
-from simulation.cli import parse_seeds  # noqa: E402
-from simulation.experiment import (ExperimentConfig, hold_out_validation,  # noqa: E402
+from secagg.clients.tasks import get_task  # noqa: E402
+from secagg.clients.training import set_flat_params  # noqa: E402
+from secagg.protocols.autofedrl import AutoFedRL  # noqa: E402
+from secagg.protocols.hpo_agents import ContinuousAgent, DiscreteAgent, MLPAgent  # noqa: E402
+from secagg.simulation.cli import parse_seeds  # noqa: E402
+from secagg.simulation.experiment import (ExperimentConfig, hold_out_validation,  # noqa: E402
                                    run_experiment, stderr_progress)
 
 HERE = Path(__file__).parent

@@ -37,8 +37,8 @@ import pandas as pd  # noqa: E402
 
 from benchmarks.stats import format_difference, mean_std, paired_difference  # noqa: E402
 from secagg.errors import RoundFailed  # noqa: E402
-from simulation.cli import parse_seeds  # noqa: E402
-from simulation.experiment import ExperimentConfig, run_experiment, stderr_progress  # noqa
+from secagg.simulation.cli import parse_seeds  # noqa: E402
+from secagg.simulation.experiment import ExperimentConfig, run_experiment, stderr_progress  # noqa
 
 HERE = Path(__file__).parent
 BASE = ExperimentConfig(task="tcga-brca", rounds=5, local_steps=100, batch_size=8,

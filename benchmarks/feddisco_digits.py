@@ -18,8 +18,8 @@ from pathlib import Path
 import pandas as pd
 
 from benchmarks.stats import format_difference, mean_std, paired_difference
-from simulation.cli import parse_seeds
-from simulation.experiment import ExperimentConfig, run_experiment, stderr_progress
+from secagg.simulation.cli import parse_seeds
+from secagg.simulation.experiment import ExperimentConfig, run_experiment, stderr_progress
 
 HERE = Path(__file__).parent
 

@@ -16,8 +16,8 @@ import pandas as pd
 from scipy import stats
 
 from benchmarks.stats import mean_std
-from simulation.cli import parse_seeds
-from simulation.experiment import ExperimentConfig, run_experiment, stderr_progress
+from secagg.simulation.cli import parse_seeds
+from secagg.simulation.experiment import ExperimentConfig, run_experiment, stderr_progress
 
 HERE = Path(__file__).parent
 CONFIGS = {

@@ -62,13 +62,13 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from benchmarks.stats import markdown_table  # noqa: E402
-from protocols import make_protocol  # noqa: E402
-from protocols.optimizers import StepSchedule, make_optimizer  # noqa: E402
+from secagg.protocols import make_protocol  # noqa: E402
+from secagg.protocols.optimizers import StepSchedule, make_optimizer  # noqa: E402
 from secagg.backends import make_backends  # noqa: E402
 from secagg.dp import ClientDP  # noqa: E402
-from server.audit import AuditLog  # noqa: E402
-from server.engine import Server  # noqa: E402
-from simulation.workers import (  # noqa: E402
+from secagg.server.audit import AuditLog  # noqa: E402
+from secagg.server.engine import Server  # noqa: E402
+from secagg.simulation.workers import (  # noqa: E402
     WorkerPoolTransport, current_rss_bytes, peak_rss_bytes, reset_peak_rss)
 
 HERE = Path(__file__).parent
@@ -129,7 +129,7 @@ class Workload:
         return width * width + 76 * width + 10
 
     def __call__(self, ids: list[str]) -> dict[str, Any]:
-        from clients.runtime import Client
+        from secagg.clients.runtime import Client
 
         _, backends = make_backends(self.backend, ids, self.preset)
         clients = {}
@@ -146,9 +146,9 @@ class Workload:
         import torch
         from sklearn.datasets import load_digits
 
-        from clients.tasks.digits import cross_entropy
-        from clients.tasks.tcga_brca import ClientData
-        from clients.training import LocalTrainer
+        from secagg.clients.tasks.digits import cross_entropy
+        from secagg.clients.tasks.tcga_brca import ClientData
+        from secagg.clients.training import LocalTrainer
 
         digits = load_digits()
         order = np.random.default_rng(self.seed).permutation(len(digits.target))
@@ -166,7 +166,7 @@ def initial_params(workload: Workload) -> np.ndarray:
         return np.zeros(workload.n_params)
     import torch
 
-    from clients.training import flat_params
+    from secagg.clients.training import flat_params
 
     torch.manual_seed(workload.seed)
     return flat_params(mlp(mlp_width(workload.n_params)))

@@ -16,8 +16,8 @@ import numpy as np
 import pandas as pd
 
 from benchmarks.stats import markdown_table
-from simulation.cli import parse_seeds
-from simulation.experiment import ExperimentConfig, run_experiment
+from secagg.simulation.cli import parse_seeds
+from secagg.simulation.experiment import ExperimentConfig, run_experiment
 
 HERE = Path(__file__).parent
 CONFIGS = {

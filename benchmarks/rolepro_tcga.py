@@ -23,8 +23,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from benchmarks.stats import format_difference, mean_std, paired_difference  # noqa: E402
-from simulation.cli import parse_seeds  # noqa: E402
-from simulation.experiment import ExperimentConfig, run_experiment, stderr_progress  # noqa
+from secagg.simulation.cli import parse_seeds  # noqa: E402
+from secagg.simulation.experiment import ExperimentConfig, run_experiment, stderr_progress  # noqa
 
 HERE = Path(__file__).parent
 OPT_B = {"name": "momentum", "lr": 0.1, "beta": 0.9}

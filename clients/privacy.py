@@ -24,7 +24,7 @@ from opacus import PrivacyEngine
 from opacus.accountants.utils import get_noise_multiplier
 from torch.utils.data import DataLoader, TensorDataset
 
-from clients.training import LocalTrainer, flat_params, set_flat_params
+from secagg.clients.training import LocalTrainer, flat_params, set_flat_params
 from secagg.dp import RDP_ORDERS
 from secagg.errors import ConfigError
 

@@ -14,10 +14,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from clients.tasks import ClientData
-from clients.training import LocalTrainer
-from protocols import feddisco, larc, rolepro
-from protocols.optimizers import ServerOptimizer, make_optimizer, optimizer_from_envelope
+from secagg.clients.tasks import ClientData
+from secagg.clients.training import LocalTrainer
+from secagg.protocols import feddisco, larc, rolepro
+from secagg.protocols.optimizers import ServerOptimizer, make_optimizer, optimizer_from_envelope
 from secagg import wire
 from secagg.backends import ClientBackend
 from secagg.dp import noised_update, privatize_scalar

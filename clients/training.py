@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from clients.tasks import ClientData
+from secagg.clients.tasks import ClientData
 
 
 def flat_params(model: nn.Module) -> np.ndarray:

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from protocols.autofedrl import AutoFedRL
-from protocols.base import Protocol, Upload
-from protocols.fedavg import FedAvg
-from protocols.feddisco import FedDisco
-from protocols.larc import LARC
-from protocols.rolepro import (CostWAgg, RegAgg, RegCostAgg, RegMedAgg, RoundCWAgg, SimAgg,
+from secagg.protocols.autofedrl import AutoFedRL
+from secagg.protocols.base import Protocol, Upload
+from secagg.protocols.fedavg import FedAvg
+from secagg.protocols.feddisco import FedDisco
+from secagg.protocols.larc import LARC
+from secagg.protocols.rolepro import (CostWAgg, RegAgg, RegCostAgg, RegMedAgg, RoundCWAgg, SimAgg,
                                TopKRegCost, TrimmedMean)
-from protocols.twophase import TwoPhase
+from secagg.protocols.twophase import TwoPhase
 from secagg.errors import ConfigError
 
 # name -> (protocol class, default server optimizer config)

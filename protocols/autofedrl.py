@@ -31,8 +31,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from protocols.base import Protocol, RoundAPI, Upload
-from protocols.hpo_agents import ContinuousAgent, DiscreteAgent, MLPAgent, SearchSpace
+from secagg.protocols.base import Protocol, RoundAPI, Upload
+from secagg.protocols.hpo_agents import ContinuousAgent, DiscreteAgent, MLPAgent, SearchSpace
 from secagg.errors import ConfigError
 
 SEARCHABLE = ("client_lr", "local_steps", "aggregation_weights", "server_lr")

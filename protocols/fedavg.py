@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from protocols.base import Protocol, RoundAPI, Upload
+from secagg.protocols.base import Protocol, RoundAPI, Upload
 
 
 def sample_size_weights(n_samples: Mapping[str, float]) -> dict[str, float]:

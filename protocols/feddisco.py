@@ -20,7 +20,7 @@ from typing import Any, Mapping
 import numpy as np
 from scipy.special import ndtri
 
-from protocols.base import Protocol, RoundAPI, Upload
+from secagg.protocols.base import Protocol, RoundAPI, Upload
 from secagg import wire
 from secagg.errors import ConfigError
 

@@ -27,8 +27,8 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from protocols.base import Protocol, RoundAPI, Upload
-from protocols.optimizers import optimizer_fields
+from secagg.protocols.base import Protocol, RoundAPI, Upload
+from secagg.protocols.optimizers import optimizer_fields
 from secagg import wire
 from secagg.errors import ConfigError
 

@@ -39,8 +39,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from protocols.base import Protocol, RoundAPI, Upload
-from protocols.fedavg import sample_size_weights
+from secagg.protocols.base import Protocol, RoundAPI, Upload
+from secagg.protocols.fedavg import sample_size_weights
 from secagg import wire
 from secagg.errors import ClientInputError, ConfigError
 

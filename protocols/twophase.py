@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from protocols.base import Protocol, RoundAPI, Upload
-from protocols.fedavg import FedAvg
+from secagg.protocols.base import Protocol, RoundAPI, Upload
+from secagg.protocols.fedavg import FedAvg
 from secagg.errors import ConfigError
 
 
@@ -19,7 +19,7 @@ class TwoPhase(Protocol):
     name = "rolepro"
 
     def __init__(self, then: str = "regagg", switch_round: int = 3, **then_options: Any):
-        from protocols import make_protocol  # the registry imports this module
+        from secagg.protocols import make_protocol  # the registry imports this module
 
         if then in ("rolepro", "fedavg") or not isinstance(switch_round, int) or switch_round < 0:
             raise ConfigError(f"two-phase needs a judicious second aggregator and a switch "

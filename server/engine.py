@@ -29,15 +29,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from protocols.base import Protocol, Upload
-from protocols.optimizers import ServerOptimizer, StepSchedule
+from secagg.protocols.base import Protocol, Upload
+from secagg.protocols.optimizers import ServerOptimizer, StepSchedule
 from secagg import wire
 from secagg.backends.base import ServerBackend
 from secagg.dp import ClientDP, ScalarDP, realised_noise_multiplier
 from secagg.errors import ClientInputError, ConfigError, RoundFailed
-from server.audit import AuditLog
-from server.round import RoundContext, StreamedSum
-from server.transport import Transport
+from secagg.server.audit import AuditLog
+from secagg.server.round import RoundContext, StreamedSum
+from secagg.server.transport import Transport
 
 ENGINE_DECLARED = ("n_samples",)  # what the training phase itself shows the server
 #: client-reported scalars that scalar DP (clip and noise on the client) covers

@@ -17,15 +17,15 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from protocols.optimizers import ServerOptimizer
+from secagg.protocols.optimizers import ServerOptimizer
 from secagg import wire
 from secagg.backends.base import ServerBackend
-from protocols.base import Plaintext, Upload
+from secagg.protocols.base import Plaintext, Upload
 from secagg.errors import (ClientInputError, ConfigError, DuplicateMessage, MalformedMessage,
                            UnexpectedField, UnknownSender)
 from secagg.wire import Envelope, Field
-from server.audit import AuditLog
-from server.transport import Transport
+from secagg.server.audit import AuditLog
+from secagg.server.transport import Transport
 
 SERVER = "server"
 

@@ -11,11 +11,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from clients.tasks import get_task
-from protocols import PROTOCOLS
+from secagg.clients.tasks import get_task
+from secagg.protocols import PROTOCOLS
 from secagg.backends import BACKENDS
 from secagg.errors import SecaggError
-from simulation.experiment import ExperimentConfig, run_experiment, stderr_progress, summarize
+from secagg.simulation.experiment import ExperimentConfig, run_experiment, stderr_progress, summarize
 
 PRESETS = Path(__file__).parent / "presets"
 
@@ -238,7 +238,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[ExperimentConfig, Path]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from simulation.report import write_outputs  # matplotlib only when writing results
+    from secagg.simulation.report import write_outputs  # matplotlib only when writing results
 
     config, out = config_from_args(args)
     progress = None if args.quiet else stderr_progress
@@ -263,10 +263,24 @@ def cmd_presets(_: argparse.Namespace) -> int:
     return 0
 
 
+def benchmarks_root() -> Path:
+    """The source checkout whose ``benchmarks/`` folder holds the benchmark scripts: they
+    ship with the repository, not in the wheel."""
+    import secagg
+
+    for candidate in (Path.cwd(), Path(secagg.__file__).resolve().parents[1]):
+        if (candidate / "benchmarks" / "__init__.py").is_file():
+            return candidate
+    raise SecaggError("the benchmarks ship with secagg's source repository, not with the "
+                      "installed package: run `secagg bench` from a checkout")
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     import importlib
 
-    # the benchmarks ship with the source tree
+    root = str(benchmarks_root())
+    if root not in sys.path:
+        sys.path.insert(0, root)
     importlib.import_module(f"benchmarks.{args.name}").main(args.rest)
     return 0
 

@@ -19,23 +19,23 @@ import numpy as np
 import pandas as pd
 import torch
 
-from clients.privacy import make_private
-from clients.runtime import Client
-from clients.tasks import ClientData, FederatedData, Task, get_task
-from clients.tasks.tcga_brca import random_client_splits
-from clients.tasks.vae import BetaVAE, autoencoding, reconstruction_score, vae_loss
-from clients.training import LocalTrainer, flat_params, set_flat_params
-from protocols import PROTOCOLS, default_server_optimizer, make_protocol
-from protocols.optimizers import StepSchedule, make_optimizer
+from secagg.clients.privacy import make_private
+from secagg.clients.runtime import Client
+from secagg.clients.tasks import ClientData, FederatedData, Task, get_task
+from secagg.clients.tasks.tcga_brca import random_client_splits
+from secagg.clients.tasks.vae import BetaVAE, autoencoding, reconstruction_score, vae_loss
+from secagg.clients.training import LocalTrainer, flat_params, set_flat_params
+from secagg.protocols import PROTOCOLS, default_server_optimizer, make_protocol
+from secagg.protocols.optimizers import StepSchedule, make_optimizer
 from secagg.backends import BACKENDS, make_backends
 from secagg.ckks.presets import get_preset
 from secagg.dp import ClientDP, ScalarDP
 from secagg.errors import ConfigError
-from server.audit import AuditLog
-from server.engine import NOISABLE_SCALARS, Server
-from server.transport import InProcessTransport
-from simulation.workers import WorkerPoolTransport
-from simulation.privacy import client_level_epsilon, scalar_epsilons, scalar_release_counts
+from secagg.server.audit import AuditLog
+from secagg.server.engine import NOISABLE_SCALARS, Server
+from secagg.server.transport import InProcessTransport
+from secagg.simulation.workers import WorkerPoolTransport
+from secagg.simulation.privacy import client_level_epsilon, scalar_epsilons, scalar_release_counts
 
 
 @dataclass

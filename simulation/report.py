@@ -11,9 +11,9 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from clients.tasks import get_task  # noqa: E402
-from server.audit import AuditLog  # noqa: E402
-from simulation.experiment import ExperimentConfig  # noqa: E402
+from secagg.clients.tasks import get_task  # noqa: E402
+from secagg.server.audit import AuditLog  # noqa: E402
+from secagg.simulation.experiment import ExperimentConfig  # noqa: E402
 
 CURVES = (("test_pooled", "pooled test"), ("test_client_avg", "client-average test"),
           ("train_pooled", "pooled train"))

@@ -28,7 +28,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any, Callable, Iterable, Iterator
 
 from secagg.errors import ConfigError
-from server.transport import ClientUnavailable, Reply, check_reply
+from secagg.server.transport import ClientUnavailable, Reply, check_reply
 
 Build = Callable[[list[str]], dict[str, Any]]  # ids -> objects with .handle(bytes) -> bytes
 

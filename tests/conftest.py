@@ -7,14 +7,14 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from protocols import make_protocol
-from protocols.optimizers import SGD, StepSchedule
+from secagg.protocols import make_protocol
+from secagg.protocols.optimizers import SGD, StepSchedule
 from secagg import wire
 from secagg.backends.plain import PlainServer
 from secagg.wire import Envelope
-from server.audit import AuditLog
-from server.engine import Server
-from server.transport import InProcessTransport
+from secagg.server.audit import AuditLog
+from secagg.server.engine import Server
+from secagg.server.transport import InProcessTransport
 
 
 def honest_client(cid: str, g: np.ndarray, n: float) -> Callable[[bytes], bytes]:

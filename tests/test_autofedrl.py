@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from clients.tasks import ClientData, get_task
-from clients.training import LocalTrainer, flat_params
-from protocols.autofedrl import AutoFedRL, parse_range, searched_weights
+from secagg.clients.tasks import ClientData, get_task
+from secagg.clients.training import LocalTrainer, flat_params
+from secagg.protocols.autofedrl import AutoFedRL, parse_range, searched_weights
 from secagg.errors import ConfigError
-from simulation.experiment import ExperimentConfig, hold_out_validation, run_experiment
+from secagg.simulation.experiment import ExperimentConfig, hold_out_validation, run_experiment
 
 
 class FakeRound:
@@ -48,7 +48,7 @@ def test_one_round_of_the_protocol_by_hand():
     settings = proto.train_settings(FakeRound(clients), "c0", {"lr": 0.1, "epochs": 3})
     assert settings == {"lr": plan["client_lr"], "steps": int(plan["local_steps"])}
 
-    from protocols.base import Upload
+    from secagg.protocols.base import Upload
     uploads = {"c0": Upload(np.array([1.0, 0.0]), 10.0), "c1": Upload(np.array([0.0, 1.0]), 30.0)}
     g = proto.aggregate(FakeRound(clients), uploads)
     e0, e1 = 10 * math.exp(plan["aw_c0"]), 30 * math.exp(plan["aw_c1"])
@@ -176,12 +176,12 @@ def test_a_split_that_leaves_a_client_nothing_to_train_on_is_refused():
 
 
 def test_a_client_without_validation_samples_is_excluded_with_the_reason():
-    from clients.runtime import Client
+    from secagg.clients.runtime import Client
     from secagg.backends import make_backends
-    from server.audit import AuditLog
-    from server.engine import Server
-    from server.transport import InProcessTransport
-    from protocols.optimizers import SGD, StepSchedule
+    from secagg.server.audit import AuditLog
+    from secagg.server.engine import Server
+    from secagg.server.transport import InProcessTransport
+    from secagg.protocols.optimizers import SGD, StepSchedule
 
     data = get_task("digits-dir8").load()
     task = get_task("digits-dir8")

@@ -4,8 +4,8 @@ baseline, and learning on a toy problem whose best hyperparameter is known."""
 import numpy as np
 import pytest
 
-from protocols.autofedrl import relative_loss_reduction
-from protocols.hpo_agents import (ContinuousAgent, DiscreteAgent, MLPAgent, SearchSpace)
+from secagg.protocols.autofedrl import relative_loss_reduction
+from secagg.protocols.hpo_agents import (ContinuousAgent, DiscreteAgent, MLPAgent, SearchSpace)
 from secagg.errors import ConfigError
 
 

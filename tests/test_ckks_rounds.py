@@ -7,18 +7,18 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from protocols import PROTOCOLS, make_protocol
-from protocols.fedavg import sample_size_weights
-from protocols.optimizers import SGD, StepSchedule
+from secagg.protocols import PROTOCOLS, make_protocol
+from secagg.protocols.fedavg import sample_size_weights
+from secagg.protocols.optimizers import SGD, StepSchedule
 from secagg import wire
 from secagg.backends import make_backends
 from secagg.ckks.presets import get_preset
 from secagg.ckks.secret import SecretKeyHolder
 from secagg.wire import Envelope
-from server.audit import AuditLog
-from server.engine import Server
-from server.transport import InProcessTransport
-from simulation.experiment import ExperimentConfig, run_experiment
+from secagg.server.audit import AuditLog
+from secagg.server.engine import Server
+from secagg.server.transport import InProcessTransport
+from secagg.simulation.experiment import ExperimentConfig, run_experiment
 from tests.conftest import backend_client
 
 SMALL = ExperimentConfig(rounds=2, seeds=[1], local_steps=3, backend="ckks")

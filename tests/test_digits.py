@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from clients.tasks import digits
+from secagg.clients.tasks import digits
 from secagg.errors import ConfigError
-from simulation.experiment import ExperimentConfig, run_experiment
+from secagg.simulation.experiment import ExperimentConfig, run_experiment
 
 
 def labels(part):

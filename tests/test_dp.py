@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 import torch
 
-from clients.tasks import get_task
-from clients.training import flat_params
+from secagg.clients.tasks import get_task
+from secagg.clients.training import flat_params
 from secagg.dp import (RDP_ORDERS, ClientDP, ScalarDP, clip_l2, noised_update,
                        privatize_scalar, realised_noise_multiplier)
 from secagg.errors import ConfigError
-from simulation.cli import build_parser, parse_settings
-from simulation.experiment import ExperimentConfig, run_experiment
-from simulation.privacy import gaussian_epsilon
+from secagg.simulation.cli import build_parser, parse_settings
+from secagg.simulation.experiment import ExperimentConfig, run_experiment
+from secagg.simulation.privacy import gaussian_epsilon
 
 
 def test_clipping_bounds_every_update_and_leaves_short_ones_alone():
@@ -173,11 +173,11 @@ def test_more_bad_dp_settings_are_config_errors(changes, match):
 
 
 def test_the_engine_itself_refuses_client_dp_for_protocols_that_are_not_sums():
-    from protocols import make_protocol
-    from protocols.optimizers import SGD, StepSchedule
+    from secagg.protocols import make_protocol
+    from secagg.protocols.optimizers import SGD, StepSchedule
     from secagg.backends import make_backends
-    from server.engine import Server
-    from server.transport import InProcessTransport
+    from secagg.server.engine import Server
+    from secagg.server.transport import InProcessTransport
 
     server_backend, _ = make_backends("plain", ["c0"])
     with pytest.raises(ConfigError, match="not one weighted sum"):
@@ -187,8 +187,8 @@ def test_the_engine_itself_refuses_client_dp_for_protocols_that_are_not_sums():
 
 
 def test_make_private_needs_exactly_one_noise_setting():
-    from clients.privacy import make_private
-    from clients.training import LocalTrainer
+    from secagg.clients.privacy import make_private
+    from secagg.clients.training import LocalTrainer
 
     task = get_task("digits-dir8")
     trainer = LocalTrainer(task.make_model(), task.load().train[0], task.loss, 32, seed=0)

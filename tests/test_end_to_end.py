@@ -5,7 +5,7 @@ import json
 import pandas as pd
 import pytest
 
-from simulation.cli import main, parse_seeds
+from secagg.simulation.cli import main, parse_seeds
 
 SMALL = ["--rounds", "2", "--seeds", "1,2", "--local-steps", "5", "--quiet"]
 

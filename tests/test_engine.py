@@ -7,11 +7,11 @@ while the round goes on with the others and gives FedAvg over the honest clients
 import numpy as np
 import pytest
 
-from protocols.fedavg import sample_size_weights
+from secagg.protocols.fedavg import sample_size_weights
 from secagg import wire
 from secagg.errors import RoundFailed
 from secagg.wire import Envelope
-from server.audit import AuditLog
+from secagg.server.audit import AuditLog
 from tests.conftest import make_server
 
 
@@ -128,7 +128,7 @@ def test_round_fails_clearly_when_nobody_is_left():
 
 
 def test_larc_on_scripted_clients_uses_last_rounds_alpha(honest):
-    from protocols.larc import larc_weights
+    from secagg.protocols.larc import larc_weights
 
     gs, handlers = honest
     audit = AuditLog()

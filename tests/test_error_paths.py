@@ -7,18 +7,18 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from protocols import make_protocol
-from protocols.optimizers import SGD, StepSchedule
+from secagg.protocols import make_protocol
+from secagg.protocols.optimizers import SGD, StepSchedule
 from secagg import wire
 from secagg.backends import make_backends
 from secagg.backends.ckks_client import CKKSClient, _unb64
 from secagg.ckks.presets import get_preset
 from secagg.errors import ConfigError, KeySetupError, RoundFailed, SecaggError
 from secagg.wire import Envelope
-from server.engine import Server
-from server.transport import InProcessTransport
-from simulation.cli import load_config_file
-from simulation.experiment import ExperimentConfig
+from secagg.server.engine import Server
+from secagg.server.transport import InProcessTransport
+from secagg.simulation.cli import load_config_file
+from secagg.simulation.experiment import ExperimentConfig
 
 
 @pytest.mark.parametrize("changes,message", [
@@ -91,9 +91,9 @@ def test_public_keys_must_be_base64():
 
 
 def _client(task_name="tcga-brca"):
-    from clients.runtime import Client
-    from clients.tasks import get_task
-    from clients.training import LocalTrainer
+    from secagg.clients.runtime import Client
+    from secagg.clients.tasks import get_task
+    from secagg.clients.training import LocalTrainer
     from secagg.backends.plain import PlainClient
 
     task = get_task(task_name)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy.special import ndtri
 
-from protocols.feddisco import disco_weights, discrepancy, wasserstein_to_standard_normal
+from secagg.protocols.feddisco import disco_weights, discrepancy, wasserstein_to_standard_normal
 from secagg.errors import ConfigError
 
 
@@ -40,7 +40,7 @@ def test_all_zero_weights_are_a_clear_error():
 
 
 def test_feddisco_pipeline_reports_one_discrepancy_per_client_once():
-    from simulation.experiment import ExperimentConfig, run_experiment
+    from secagg.simulation.experiment import ExperimentConfig, run_experiment
 
     cfg = ExperimentConfig(task="digits-niid2", protocol="feddisco", seeds=[0], rounds=2,
                            backend="ckks",

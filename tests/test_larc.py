@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from clients.tasks import tcga_brca
-from clients.training import LocalTrainer
-from protocols.larc import LARC, delta_loss, larc_weights
-from protocols.optimizers import SGD, Adam
+from secagg.clients.tasks import tcga_brca
+from secagg.clients.training import LocalTrainer
+from secagg.protocols.larc import LARC, delta_loss, larc_weights
+from secagg.protocols.optimizers import SGD, Adam
 from secagg.errors import ConfigError
 
 

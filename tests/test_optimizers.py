@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from protocols.optimizers import (SGD, Adagrad, Adam, Momentum, StepSchedule, Yogi,
+from secagg.protocols.optimizers import (SGD, Adagrad, Adam, Momentum, StepSchedule, Yogi,
                                   make_optimizer)
 from secagg.errors import ConfigError
 

@@ -6,16 +6,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from protocols import make_protocol
-from protocols.optimizers import SGD, StepSchedule
-from protocols.rolepro import (cost_weights, regagg, regagg_terms, regcost_weights, simagg,
+from secagg.protocols import make_protocol
+from secagg.protocols.optimizers import SGD, StepSchedule
+from secagg.protocols.rolepro import (cost_weights, regagg, regagg_terms, regcost_weights, simagg,
                                top_k_keep, trimmed_mean)
 from secagg import wire
 from secagg.backends import make_backends
 from secagg.errors import ConfigError
 from secagg.wire import Envelope
-from server.engine import Server
-from server.transport import InProcessTransport
+from secagg.server.engine import Server
+from secagg.server.transport import InProcessTransport
 
 NU = np.array([0.5, 0.3, 0.2])
 R = np.array([1.0, 2.0, 1.0])
@@ -117,9 +117,9 @@ def test_two_phase_result_equals_the_one_shot_formula(backend, protocol):
 
 
 def test_loss_ratios_reported_by_a_real_client():
-    from clients.runtime import Client
-    from clients.tasks import tcga_brca
-    from clients.training import LocalTrainer
+    from secagg.clients.runtime import Client
+    from secagg.clients.tasks import tcga_brca
+    from secagg.clients.training import LocalTrainer
     from secagg.backends.plain import PlainClient
 
     trainer = LocalTrainer(tcga_brca.make_model(), tcga_brca.load().train[3],

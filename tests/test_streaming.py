@@ -11,9 +11,9 @@ import weakref
 import numpy as np
 import pytest
 
-from protocols import make_protocol
-from protocols.fedavg import sample_size_weights
-from protocols.optimizers import SGD, StepSchedule
+from secagg.protocols import make_protocol
+from secagg.protocols.fedavg import sample_size_weights
+from secagg.protocols.optimizers import SGD, StepSchedule
 from secagg import wire
 from secagg.backends import make_backends
 from secagg.backends.plain import PlainServer
@@ -22,9 +22,9 @@ from secagg.ckks.presets import get_preset
 from secagg.ckks.secret import SecretKeyHolder
 from secagg.errors import WrongContext
 from secagg.wire import Envelope
-from server.audit import AuditLog
-from server.engine import Server
-from server.transport import InProcessTransport
+from secagg.server.audit import AuditLog
+from secagg.server.engine import Server
+from secagg.server.transport import InProcessTransport
 from tests.conftest import backend_client
 
 GS = {f"client_{k}": (np.linspace(-0.2, 0.3, 6) * (k + 1) - 0.01 * k, 10.0 * (k + 2))
@@ -150,7 +150,7 @@ def test_a_client_that_fails_enrolment_is_excluded_then_and_from_the_sum():
 def test_running_sums_refuse_what_they_cannot_add():
     from secagg.backends.ckks_server import CKKSHandle
     from secagg.errors import ConfigError, DuplicateMessage, MalformedCiphertext
-    from server.round import RoundContext
+    from secagg.server.round import RoundContext
 
     server_backend, backends = make_backends("ckks", ["client_0"])
     ctx = RoundContext(0, ["client_0"], 5, server_backend, InProcessTransport({}), AuditLog(),

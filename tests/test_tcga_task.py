@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from clients.tasks import tcga_brca
-from clients.tasks.tcga_brca import c_index, cox_loss
+from secagg.clients.tasks import tcga_brca
+from secagg.clients.tasks.tcga_brca import c_index, cox_loss
 from secagg.errors import ConfigError
 
 

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from clients.tasks import tcga_brca
-from clients.training import BatchStream, LocalTrainer, flat_params, set_flat_params
+from secagg.clients.tasks import tcga_brca
+from secagg.clients.training import BatchStream, LocalTrainer, flat_params, set_flat_params
 
 
 def test_batch_stream_covers_each_epoch_once_with_a_short_last_batch():

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from secagg.errors import ConfigError
-from server.transport import ClientUnavailable
-from simulation.experiment import ExperimentConfig, run_experiment
-from simulation.workers import WorkerPoolTransport
+from secagg.server.transport import ClientUnavailable
+from secagg.simulation.experiment import ExperimentConfig, run_experiment
+from secagg.simulation.workers import WorkerPoolTransport
 
 
 class Echo:

@@ -7,8 +7,8 @@ from typing import Callable
 
 import torch
 
-from clients.tasks import digits, tcga_brca
-from clients.tasks.tcga_brca import ClientData, FederatedData
+from secagg.clients.tasks import digits, tcga_brca
+from secagg.clients.tasks.tcga_brca import ClientData, FederatedData
 from secagg.errors import ConfigError
 
 

@@ -16,7 +16,7 @@ import torch
 from sklearn.datasets import load_digits
 from torch import nn
 
-from clients.tasks.tcga_brca import ClientData, FederatedData
+from secagg.clients.tasks.tcga_brca import ClientData, FederatedData
 from secagg.errors import ConfigError
 
 SPLITS = ("niid1", "niid2", "dir8")

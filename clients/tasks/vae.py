@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from clients.tasks.tcga_brca import ClientData, FederatedData
+from secagg.clients.tasks.tcga_brca import ClientData, FederatedData
 
 LATENT = 4
 BETA = 0.1  # β < 1: with β = 1 and client SGD the encoder collapses onto the prior
