@@ -67,7 +67,8 @@ from secagg.protocols.optimizers import StepSchedule, make_optimizer  # noqa: E4
 from secagg.backends import make_backends  # noqa: E402
 from secagg.dp import ClientDP  # noqa: E402
 from secagg.server.audit import AuditLog  # noqa: E402
-from secagg.server.engine import Server  # noqa: E402
+from secagg.server.engine import Server
+from secagg.server.plan import RunPolicy, TrainingPlan  # noqa: E402
 from secagg.simulation.workers import (  # noqa: E402
     WorkerPoolTransport, current_rss_bytes, peak_rss_bytes, reset_peak_rss)
 
@@ -131,7 +132,7 @@ class Workload:
     def __call__(self, ids: list[str]) -> dict[str, Any]:
         from secagg.clients.runtime import Client
 
-        _, backends = make_backends(self.backend, ids, self.preset)
+        _, backends = make_backends(self.backend, ids, **({"preset": self.preset} if self.backend == "ckks" else {}))
         clients = {}
         for cid in ids:
             k = int(cid.rsplit("_", 1)[1])
@@ -222,16 +223,17 @@ def measure_rounds(workload: Workload, initial: np.ndarray, rounds: int, workers
                    client_dp: bool, streaming: bool, label: str) -> list[dict[str, Any]]:
     """Run ``rounds`` rounds of one configuration; one measurement row per round."""
     ids = [f"client_{k}" for k in range(workload.n_clients)]
-    server_backend, _ = make_backends(workload.backend, [], workload.preset)
+    server_backend, _ = make_backends(workload.backend, [], **({"preset": workload.preset} if workload.backend == "ckks" else {}))
     dp = ClientDP(1.0, 1.0, len(ids)) if client_dp else None
     rows = []
     with WorkerPoolTransport(workload, ids, workers) as transport:
         audit = AuditLog()
         server = Server(make_protocol("fedadam"), server_backend,
                         make_optimizer({"name": "adam", "lr": 0.01, "dim": initial.size}),
-                        transport, initial, client_lr=StepSchedule.parse("0.05"),
-                        local_steps=workload.local_steps, audit=audit, client_dp=dp,
-                        streaming=streaming)
+                        transport, initial,
+                        plan=TrainingPlan(client_lr=StepSchedule.parse("0.05"),
+                                          local_steps=workload.local_steps, client_dp=dp),
+                        policy=RunPolicy(streaming=streaming), audit=audit)
         start = time.perf_counter()
         server.setup(rounds)
         setup_seconds = time.perf_counter() - start

@@ -35,8 +35,9 @@ def main() -> None:
     rows = []
     for name, base in CONFIGS.items():
         runs = {b: run_experiment(replace(base, backend=b, seeds=args.seeds,
-                                          ckks_preset=args.preset,
-                                          flooding_bits=args.flooding_bits))
+                                          backend_options={} if b == "plain" else {
+                                              "preset": args.preset,
+                                              "flooding_bits": args.flooding_bits}))
                 for b in ("plain", "ckks")}
         for seed in args.seeds:
             final = {b: r.metrics[(r.metrics["seed"] == seed)

@@ -1,9 +1,14 @@
 """The client runtime: answers the server's envelopes, one handler per phase.
 
-A client holds its data, its model and the client half of the backend (which, on encrypted
-backends, holds the secret key). It keeps what a later phase of the same round needs — the
-global model it started from and its own pseudo-gradient — and nothing leaves it except the
-fields its handlers return.
+A client holds its data, its model, the client half of the backend (which, on encrypted
+backends, holds the secret key) and the client half of the run's protocol. The runtime itself
+answers only the engine's phases (``enroll``, ``train``, ``validate``, ``apply``,
+``plaintext_update``, ``observe``); a protocol's own phases (LARC's probe, RegAgg's terms,
+FedDisco's discrepancy) and its extra training-reply fields are its client half's, which
+sees this client through :class:`~secagg.protocols.base.ClientAPI` (implemented here).
+
+The client keeps what a later phase needs — the global model of the round and its own
+pseudo-gradient — and nothing leaves it except the fields its handlers return.
 """
 
 from __future__ import annotations
@@ -14,55 +19,69 @@ from typing import Any, Callable
 
 import numpy as np
 
-from secagg.clients.tasks import ClientData
-from secagg.clients.training import LocalTrainer
-from secagg.protocols import feddisco, larc, rolepro
-from secagg.protocols.optimizers import ServerOptimizer, make_optimizer, optimizer_from_envelope
 from secagg import wire
 from secagg.backends import ClientBackend
+from secagg.clients.tasks import ClientData
+from secagg.clients.training import LocalTrainer
 from secagg.dp import noised_update, privatize_scalar
-from secagg.errors import MalformedMessage
+from secagg.errors import ConfigError, MalformedMessage, ProtocolStateError
+from secagg.protocols.base import ClientHalf
+from secagg.protocols.optimizers import ServerOptimizer, make_optimizer
+from secagg.sealing import seal
 from secagg.wire import Envelope, Field
 
 SERVER = "server"
+#: phases the engine itself runs; a protocol's client half may not answer them
+ENGINE_PHASES = ("enroll", "train", "validate", "apply", "plaintext_update", "observe")
 
 
 class Client:
-    def __init__(self, client_id: str, trainer: LocalTrainer, backend: ClientBackend,
-                 validation: ClientData | None = None, seed: int = 0):
+    """One client: its trainer (data, model), backend half and protocol half.
+
+    ``observer_public``: the X25519 public key of the experimenter, from the client's own
+    configuration; with it the client answers ``observe`` requests with its global model
+    sealed for the experimenter (server-blind runs, where the server must not see W).
+    """
+
+    def __init__(self, client_id: str, trainer: LocalTrainer, backend: ClientBackend, *,
+                 protocol: ClientHalf | None = None, validation: ClientData | None = None,
+                 seed: int = 0, observer_public: bytes | None = None):
         self.id = client_id
         self.trainer = trainer
         self.backend = backend
+        self.protocol = protocol if protocol is not None else ClientHalf()
         self.validation = validation  # held-out local samples (Auto-FedRL's reward)
+        self.observer_public = observer_public
         self.rng = np.random.default_rng(seed)  # this client's DP noise
         self._scalar_dp: dict | None = None  # the run's scalar DP settings, once received
         self._w: np.ndarray | None = None  # global model of the current round
         self._g: np.ndarray | None = None  # this client's pseudo-gradient of the current round
         self._optimizer: ServerOptimizer | None = None  # server-blind runs only
-        self._last_trained_loss: float | None = None  # l(w^c_{t-1}) for CostWAgg
-        #: FedDisco: the federated β-VAE's encoder, x -> latent means (set before round 0)
-        self.encoder: Callable[[Any], np.ndarray] | None = None
         #: where this client's time goes (for overhead benchmarks; never sent): "train"
         #: (local SGD), "protect" (encode + encrypt), "open" (decrypt an aggregate), and the
         #: whole handling of each phase as "phase:<name>" (envelopes included)
         self.seconds: dict[str, float] = defaultdict(float)
-        self._handlers: dict[str, Callable[[Envelope], dict[str, Field]]] = {
-            "enroll": self.on_enroll,
-            "train": self.on_train,
-            "larc_probe": self.on_larc_probe,
-            "apply": self.on_apply,
-            "regagg_terms": self.on_regagg_terms,
-            "plaintext_update": self.on_plaintext_update,
-            "discrepancy": self.on_discrepancy,
-            "validate": self.on_validate,
-            **backend.handlers(),
-        }
+        engine = {"enroll": self.on_enroll, "train": self.on_train,
+                  "validate": self.on_validate, "apply": self.on_apply,
+                  "plaintext_update": self.on_plaintext_update, "observe": self.on_observe}
+        self._handlers: dict[str, Callable[[Envelope], dict[str, Field]]] = dict(engine)
+        for source, handlers in (("backend", backend.handlers()),
+                                 ("protocol", {p: self._bound(h) for p, h in
+                                               self.protocol.handlers().items()})):
+            clash = set(handlers) & set(self._handlers)
+            if clash:
+                raise ConfigError(f"the {source} answers phases already taken: {sorted(clash)}")
+            self._handlers.update(handlers)
+
+    def _bound(self, handler) -> Callable[[Envelope], dict[str, Field]]:
+        return lambda env: handler(self, env)
 
     def handle(self, request: bytes) -> bytes:
         start = time.perf_counter()
         env = Envelope.from_bytes(request)
         if env.recipient != self.id or env.sender != SERVER:
-            raise MalformedMessage(f"{self.id} got a message for {env.recipient} from {env.sender}")
+            raise MalformedMessage(f"{self.id} got a message for {env.recipient} from "
+                                   f"{env.sender}")
         handler = self._handlers.get(env.phase)
         if handler is None:
             raise MalformedMessage(f"{self.id} has no handler for phase {env.phase!r}")
@@ -77,11 +96,48 @@ class Client:
         finally:
             self.seconds[key] += time.perf_counter() - start
 
-    # ---- phases -------------------------------------------------------------------------
+    # ---- what a protocol's client half sees (ClientAPI) -----------------------------------
     @property
-    def global_model(self) -> np.ndarray | None:
-        return None if self._w is None else self._w.copy()
+    def model(self) -> np.ndarray:
+        if self._w is None:
+            raise ProtocolStateError(f"{self.id} holds no global model yet")
+        return self._w
 
+    @property
+    def update(self) -> np.ndarray:
+        if self._g is None:
+            raise ProtocolStateError(f"{self.id} has not trained this round")
+        return self._g
+
+    @property
+    def n_params(self) -> int:
+        return self.trainer.n_params
+
+    @property
+    def optimizer(self) -> ServerOptimizer | None:
+        return self._optimizer
+
+    def loss_at(self, w: np.ndarray, *, drop_bias: bool = False) -> float:
+        return self.trainer.loss_at(w, drop_bias=drop_bias)
+
+    def features(self) -> np.ndarray:
+        return self.trainer.data.x.numpy().astype(np.float64)
+
+    def open(self, envelope: Envelope, name: str) -> np.ndarray:
+        return self._timed("open", self.backend.open, envelope, name, self.n_params)
+
+    def protect(self, values: np.ndarray) -> Field:
+        return self._timed("protect", self.backend.protect, values)
+
+    def report(self, value: float) -> Field:
+        """A scalar for the server: clipped and noised when the run asks for scalar DP."""
+        if self._scalar_dp is not None:
+            d = self._scalar_dp
+            value = privatize_scalar(value, float(d["low"]), float(d["high"]),
+                                     float(d["sigma"]), self.rng)
+        return wire.scalar(value)
+
+    # ---- the engine's phases ---------------------------------------------------------------
     def on_enroll(self, env: Envelope) -> dict[str, Field]:
         """Streaming runs: the sample count, once, so the server can fix FedAvg's weights
         before the uploads arrive (it learns the same number with every upload anyway)."""
@@ -90,9 +146,9 @@ class Client:
     def on_train(self, env: Envelope) -> dict[str, Field]:
         cfg = env.config("train")
         if "model" in env.fields:
-            self._w = env.vector("model", self.trainer.n_params)
+            self._w = env.vector("model", self.n_params)
         elif self._w is None:
-            raise MalformedMessage(f"{self.id} has no global model to train from")
+            raise ProtocolStateError(f"{self.id} has no global model to train from")
         if "server_opt" in env.fields:  # server-blind run: keep a copy of the optimizer
             opt_cfg = env.config("server_opt")
             if self._optimizer is None:
@@ -106,90 +162,55 @@ class Client:
             dp = cfg["client_dp"]
             self._g = noised_update(self._g, float(dp["clip"]), float(dp["sigma"]), self.rng)
         self._scalar_dp = cfg.get("scalar_dp", self._scalar_dp)
-        reply = {
-            "pseudo_gradient": self._timed("protect", self.backend.protect, self._g),
-            "n_samples": wire.scalar(len(self.trainer.data)),
-        }
-        if "report" in env.fields:
-            reply["loss_ratio"] = self._scalar(self._loss_ratio(env.config("report")))
+        reply = {"pseudo_gradient": self.protect(self._g),
+                 "n_samples": wire.scalar(len(self.trainer.data)),
+                 **self._reports(cfg.get("reports", {}))}
+        reply.update(self.protocol.train_reply(self, env))
         return reply
 
-    def _loss_ratio(self, report: dict) -> float:
-        """RoLePRO's r_c on the local data: "round" = l(w_{t-1}) / l(w^c_t); "cost" =
-        l(w^c_{t-1}) / l(w^c_t), falling back to "round" in the client's first round."""
-        after = self.trainer.loss_at(self._w + self._g)
-        before = self.trainer.loss_at(self._w)
-        if report.get("loss_ratio") == "cost" and self._last_trained_loss is not None:
-            before = self._last_trained_loss
-        self._last_trained_loss = after
-        return before / after
-
-    def on_larc_probe(self, env: Envelope) -> dict[str, Field]:
-        if self._w is None or self._g is None:
-            raise MalformedMessage(f"{self.id} got a LARC probe before training")
-        g_hat = self._timed("open", self.backend.open, env, "g_hat", self.trainer.n_params)
-        # the optimizer's state comes from whoever holds it: the server, or in server-blind
-        # runs this client's own copy
-        optimizer = (optimizer_from_envelope(env) if "server_opt" in env.fields
-                     else self._optimizer)
-        if optimizer is None:
-            raise MalformedMessage(f"{self.id} got a LARC probe without optimizer state")
-        drop_bias = env.config("loss_check")["mode"] == "weights_only"
-        dl = larc.delta_loss(
-            lambda w: self.trainer.loss_at(w, drop_bias=drop_bias),
-            self._w, self._g, g_hat, env.scalar("alpha"), optimizer.peek,
-        )
-        return {"delta_loss": self._scalar(dl)}
+    def _reports(self, wanted: dict[str, Any]) -> dict[str, Field]:
+        """Data-independent numbers the run asked for (DP-SGD's ε so far, at δ)."""
+        out = {}
+        for name, setting in wanted.items():
+            if name == "dp_sgd_epsilon":
+                epsilon = getattr(self.trainer, "epsilon", None)
+                if epsilon is None:
+                    raise ProtocolStateError(f"{self.id} does not train with DP-SGD")
+                out[name] = wire.scalar(epsilon(float(setting["delta"])))
+            else:
+                raise ProtocolStateError(f"{self.id} cannot report {name!r}")
+        return out
 
     def on_apply(self, env: Envelope) -> dict[str, Field]:
         """Server-blind runs: decrypt the global pseudo-gradient and step the optimizer here."""
         if self._optimizer is None or self._w is None:
-            raise MalformedMessage(f"{self.id} cannot apply an update: no model or optimizer")
-        g_global = self._timed("open", self.backend.open, env, "aggregate",
-                               self.trainer.n_params)
+            raise ProtocolStateError(f"{self.id} cannot apply an update: no model or "
+                                     "optimizer")
+        g_global = self.open(env, "aggregate")
         self._w = self._w + self._optimizer.step(g_global)
         return {"applied": wire.config({"round": env.round})}
 
-    def on_regagg_terms(self, env: Envelope) -> dict[str, Field]:
-        """RegAgg/SimAgg second phase: the scaled terms of A and B, protected."""
-        if self._g is None:
-            raise MalformedMessage(f"{self.id} got RegAgg terms before training")
-        centre = self.backend.open(env, "centre", self.trainer.n_params)
-        numerator, denominator = rolepro.regagg_terms(self._g, centre, env.scalar("nu"),
-                                                      env.scalar("tau"))
-        return {"numerator": self.backend.protect(numerator),
-                "denominator": self.backend.protect(denominator)}
-
     def on_plaintext_update(self, env: Envelope) -> dict[str, Field]:
         """Only for aggregators that cannot work on sums, in runs that allowed it."""
-        if self._g is None:
-            raise MalformedMessage(f"{self.id} has no update to send")
-        return {"pseudo_gradient": wire.vector(self._g)}
-
-    def on_discrepancy(self, env: Envelope) -> dict[str, Field]:
-        """FedDisco: d_k of this client's samples under the federated β-VAE's encoder."""
-        if self.encoder is None:
-            raise MalformedMessage(f"{self.id} has no β-VAE encoder for FedDisco")
-        return {"discrepancy": self._scalar(feddisco.discrepancy(
-            self.encoder(self.trainer.data.x)))}
+        return {"pseudo_gradient": wire.vector(self.update)}
 
     def on_validate(self, env: Envelope) -> dict[str, Field]:
         """Auto-FedRL: the loss of the global model on this client's validation samples.
         A request that carries the model also makes it this client's global model."""
         if self.validation is None:
-            raise MalformedMessage(f"{self.id} holds no validation samples")
+            raise ProtocolStateError(f"{self.id} holds no validation samples")
         if "model" in env.fields:
-            self._w = env.vector("model", self.trainer.n_params)
-        if self._w is None:
-            raise MalformedMessage(f"{self.id} has no global model to validate")
+            self._w = env.vector("model", self.n_params)
         if "scalar_dp" in env.fields:
             self._scalar_dp = env.config("scalar_dp")
-        return {"val_loss": self._scalar(self.trainer.loss_at(self._w, data=self.validation))}
+        return {"val_loss": self.report(self.trainer.loss_at(self.model,
+                                                             data=self.validation))}
 
-    def _scalar(self, value: float) -> Field:
-        """A scalar for the server: clipped and noised when the run asks for scalar DP."""
-        if self._scalar_dp is not None:
-            d = self._scalar_dp
-            value = privatize_scalar(value, float(d["low"]), float(d["high"]),
-                                     float(d["sigma"]), self.rng)
-        return wire.scalar(value)
+    def on_observe(self, env: Envelope) -> dict[str, Field]:
+        """The experimenter's copy of the global model, sealed for the experimenter's key
+        (from this client's configuration): the server relays bytes it cannot open."""
+        if self.observer_public is None:
+            raise ProtocolStateError(f"{self.id} has no experimenter key to seal a model for")
+        payload = np.ascontiguousarray(self.model, dtype="<f8").tobytes()
+        return {"sealed_model": wire.ciphertext(seal(payload, self.observer_public,
+                                                     f"{self.id}/round-{env.round}"))}

@@ -57,6 +57,10 @@ class LocalTrainer:
         self.model, self.data, self.loss_fn = model, data, loss_fn
         self.batch_size = batch_size
         self.stream = BatchStream(len(data), batch_size, np.random.default_rng(seed))
+        # randomness inside the model (the β-VAE's sampling) comes from this client's own
+        # stream, not the process's global one: the same in-process, in workers, or in a
+        # fresh process per message
+        self.seed, self.calls = seed, 0
 
     @property
     def n_params(self) -> int:
@@ -68,6 +72,12 @@ class LocalTrainer:
         ``prox_mu`` > 0 is FedProx (Li et al. 2020): the local objective gains
         μ/2 · ||θ − w||², which keeps the local model near the global one.
         """
+        self.calls += 1
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed * 100_003 + self.calls)
+            return self._train(w, lr, steps, prox_mu)
+
+    def _train(self, w: np.ndarray, lr: float, steps: int, prox_mu: float) -> np.ndarray:
         set_flat_params(self.model, w)
         start = flat_params(self.model)
         anchor = [p.detach().clone() for p in self.model.parameters()]

@@ -31,7 +31,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from secagg.protocols.base import Protocol, RoundAPI, Upload
+from secagg.protocols.base import Capabilities, Protocol, RoundAPI, Upload
 from secagg.protocols.hpo_agents import ContinuousAgent, DiscreteAgent, MLPAgent, SearchSpace
 from secagg.errors import ConfigError
 
@@ -68,9 +68,10 @@ def parse_range(text: Any, name: str) -> tuple[float, float]:
 
 class AutoFedRL(Protocol):
     name = "autofedrl"
-    reveals = ("val_loss", "global_update")
-    observes_validation = True
-    streams = True  # this round's weights are drawn before training
+    # this round's weights are drawn before training, so the uploads stream
+    capabilities = Capabilities(reveals=("val_loss", "global_update"),
+                                client_scalars=("val_loss",), streams=True,
+                                observes_validation=True)
 
     def __init__(self, agent: str = "cs",
                  search: str = "client_lr,local_steps,aggregation_weights,server_lr",

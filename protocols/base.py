@@ -1,22 +1,90 @@
-"""What every protocol is written against.
+"""What every protocol is written against, on both sides.
 
-A protocol sees a round through :class:`RoundAPI` (implemented by ``server.round``): it can
-ask clients to compute something, form weighted sums of their protected vectors and reveal an
-intermediate aggregate when its algorithm needs one. It never sees how the backend does that,
-so the same code runs on ``plain`` and on encrypted backends. The round engine runs the common
-first phase (local training, upload of ``pseudo_gradient`` and ``n_samples``), then reveals
-the aggregate the protocol returns and applies the server optimizer to it.
+A protocol is one module with two halves that register together:
+
+- the server half, a :class:`Protocol`, sees a round through :class:`RoundAPI` (implemented
+  by ``secagg.server.round``): it can ask clients to compute something, form weighted sums of
+  their protected vectors and reveal an intermediate aggregate when its algorithm needs one.
+  It never sees how the backend does that, so the same code runs on ``plain`` and on
+  encrypted backends. The round engine runs the common first phase (local training, upload
+  of ``pseudo_gradient`` and ``n_samples``), then reveals the aggregate the protocol returns
+  and applies the server optimizer to it;
+- the client half, a :class:`ClientHalf`, answers the protocol's own phases (LARC's probe,
+  RegAgg's terms, ...) and adds fields to the training reply, through :class:`ClientAPI`
+  (implemented by ``secagg.clients.runtime``), which offers the client's model, update,
+  local loss and its half of the backend.
+
+What a protocol needs from the engine and shows the server is one value,
+:class:`Capabilities`; a composed protocol (RoLePRO's two phases) unites its parts'.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
-from typing import Any, Mapping, Protocol as TypingProtocol
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable, ClassVar, Mapping, Protocol as TypingProtocol
 
 import numpy as np
 
+from secagg.errors import ConfigError
 from secagg.wire import Envelope, Field
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a protocol needs from the round engine and what it shows the server."""
+
+    #: plaintext items the server learns on an encrypted backend, besides the training
+    #: phase's ``n_samples``; the audit summary lists anything else as undeclared
+    reveals: tuple[str, ...] = ("global_update",)
+    #: the subset of ``reveals`` that clients report as scalars computed from their data
+    #: (scalar DP clips and noises exactly these, and accounts them per client)
+    client_scalars: tuple[str, ...] = ()
+    #: aggregates decrypted for the server per round (sizes the CKKS flooding budget)
+    reveals_per_round: int = 1
+    #: the server forms the update in plaintext (from revealed sums): no server-blind runs
+    server_computes_update: bool = False
+    #: needs each client's own update (medians, trimming): not expressible as sums
+    needs_individual_updates: bool = False
+    #: every update the protocol releases is one weighted sum of the (noised) uploads, so
+    #: client-level DP can be accounted from the realised weights
+    client_dp_compatible: bool = True
+    #: the weights can be fixed before the uploads arrive, from each client's sample count
+    #: (reported once, before round 0) and public state: see ``Protocol.planned_weights``
+    streams: bool = False
+    #: clients report their validation loss of the global model before round 0 and after
+    #: every update (Auto-FedRL's reward); the engine then calls ``observe_validation``
+    observes_validation: bool = False
+    #: a federated pre-stage the experiment runs before round 0 on the same clients and
+    #: backend, whose final model it hands to ``Protocol.use_pretrained`` (FedDisco:
+    #: "beta-vae"); None: none
+    pretrain: str | None = None
+
+    def __post_init__(self):
+        if not set(self.client_scalars) <= set(self.reveals):
+            raise ConfigError(f"client scalars {self.client_scalars} must be declared in "
+                              f"reveals {self.reveals}")
+        if self.reveals_per_round < 0:
+            raise ConfigError("reveals_per_round must be >= 0")
+
+    def union(self, other: "Capabilities") -> "Capabilities":
+        """What a protocol made of both needs: every item either reveals, the larger reveal
+        count, any requirement either has, and client DP only if both allow it."""
+        if self.pretrain and other.pretrain and self.pretrain != other.pretrain:
+            raise ConfigError(f"cannot combine pre-stages {self.pretrain!r} and "
+                              f"{other.pretrain!r}")
+        merged: dict[str, Any] = {}
+        for f in fields(self):
+            a, b = getattr(self, f.name), getattr(other, f.name)
+            if f.name in ("reveals", "client_scalars"):
+                merged[f.name] = tuple(dict.fromkeys(a + b))
+            elif f.name == "reveals_per_round":
+                merged[f.name] = max(a, b)
+            elif f.name == "client_dp_compatible":
+                merged[f.name] = a and b
+            else:
+                merged[f.name] = a or b
+        return Capabilities(**merged)
 
 
 @dataclass(frozen=True)
@@ -77,29 +145,112 @@ class RoundAPI(TypingProtocol):
         server-blind runs, where only the clients hold it."""
 
 
+class ClientAPI(TypingProtocol):
+    """What the client runtime offers a protocol's client half (one client, its own data)."""
+
+    id: str
+
+    @property
+    def model(self) -> np.ndarray:
+        """The global model W this round started from."""
+
+    @property
+    def update(self) -> np.ndarray:
+        """This client's pseudo-gradient of the current round (after any client-level DP)."""
+
+    @property
+    def n_params(self) -> int:
+        """Parameters of the model."""
+
+    @property
+    def optimizer(self) -> Any:
+        """This client's copy of the server optimizer (server-blind runs), else None."""
+
+    def loss_at(self, w: np.ndarray, *, drop_bias: bool = False) -> float:
+        """The loss of parameters ``w`` on the client's training samples."""
+
+    def features(self) -> np.ndarray:
+        """The client's training samples' features, one row each (float64)."""
+
+    def open(self, envelope: Envelope, name: str) -> np.ndarray:
+        """Read (decrypt) an aggregate of the model's length the server sent."""
+
+    def protect(self, values: np.ndarray) -> Field:
+        """Encode (encrypt) a model-length vector for upload."""
+
+    def report(self, value: float) -> Field:
+        """A scalar for the server; clipped and noised when the run asks for scalar DP."""
+
+
+#: a client-side phase handler: (the client, the request) -> the reply's fields
+ClientHandler = Callable[[ClientAPI, Envelope], dict[str, Field]]
+
+
+class ClientHalf:
+    """A protocol's code on one client: its phase handlers and extra fields of the training
+    reply. One instance per client; what it remembers between rounds is that client's state
+    (``state_dict``), so a client restored from exported state answers the same."""
+
+    def handlers(self) -> dict[str, ClientHandler]:
+        """The protocol's own phases this half answers (phase name -> handler)."""
+        return {}
+
+    def train_reply(self, client: ClientAPI, request: Envelope) -> dict[str, Field]:
+        """Extra fields of the training reply (the server asked for them in ``request``)."""
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if state:
+            raise ConfigError(f"{type(self).__name__} keeps no state, got {sorted(state)}")
+
+
+class ComposedClientHalf(ClientHalf):
+    """The client halves of a composed protocol (each phase's), answering all their phases."""
+
+    def __init__(self, parts: list[ClientHalf]):
+        self.parts = parts
+        seen: dict[str, ClientHandler] = {}
+        for part in parts:
+            for phase, handler in part.handlers().items():
+                if phase in seen:
+                    raise ConfigError(f"two protocol parts answer the phase {phase!r}")
+                seen[phase] = handler
+        self._handlers = seen
+
+    def handlers(self) -> dict[str, ClientHandler]:
+        return dict(self._handlers)
+
+    def train_reply(self, client: ClientAPI, request: Envelope) -> dict[str, Field]:
+        out: dict[str, Field] = {}
+        for part in self.parts:
+            out.update(part.train_reply(client, request))
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {str(i): part.state_dict() for i, part in enumerate(self.parts)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        for i, part in enumerate(self.parts):
+            part.load_state_dict(state.get(str(i), {}))
+
+
 class Protocol(ABC):
-    """An aggregation algorithm. Subclasses keep their arithmetic in module-level pure functions."""
+    """An aggregation algorithm's server half. Subclasses keep their arithmetic in
+    module-level pure functions; ``client`` names the client half that registers with it."""
 
     name: str = "abstract"
-    #: the plaintext items the server learns on an encrypted backend, besides the training
-    #: phase's ``n_samples``; the audit summary lists anything else as undeclared
-    reveals: tuple[str, ...] = ("global_update",)
-    #: aggregates decrypted for the server per round (sizes the CKKS flooding budget)
-    reveals_per_round: int = 1
-    #: the server forms the update in plaintext (from revealed sums): no server-blind runs
-    server_computes_update: bool = False
-    #: needs each client's own update (medians, trimming): not expressible as sums
-    needs_individual_updates: bool = False
+    #: what the protocol needs from the engine and shows the server
+    capabilities: Capabilities = Capabilities()
+    #: the client half (phase handlers on the clients); the base half answers nothing
+    client: ClassVar[type[ClientHalf]] = ClientHalf
 
-    #: every update the protocol releases is one weighted sum of the (noised) uploads, so
-    #: client-level DP can be accounted from the realised weights
-    client_dp_compatible: bool = True
-    #: the weights can be fixed before the uploads arrive, from each client's sample count
-    #: (reported once, before round 0) and public state: see ``planned_weights``
-    streams: bool = False
-    #: clients report their validation loss of the global model before round 0 and after
-    #: every update (Auto-FedRL's reward); the engine then calls ``observe_validation``
-    observes_validation: bool = False
+    @classmethod
+    def make_client(cls, **options: Any) -> ClientHalf:
+        """The client half for a run with these protocol options (most ignore them)."""
+        return cls.client()
 
     def seed(self, seed: int) -> None:
         """Protocols with randomness of their own draw it from the run's seed."""
@@ -127,7 +278,7 @@ class Protocol(ABC):
 
     def planned_weights(self, rnd: RoundAPI, n_samples: Mapping[str, float]
                         ) -> Mapping[str, float] | None:
-        """This round's weights, fixed before any upload arrives (protocols with ``streams``).
+        """This round's weights, fixed before any upload arrives (protocols that stream).
 
         ``n_samples`` are the sample counts the active clients reported at enrolment. With
         planned weights the server folds each upload into a running sum as it arrives and
@@ -136,9 +287,13 @@ class Protocol(ABC):
         upload at once (the weights depend on all of them, or a second phase reuses them)."""
         return None
 
-    def check_upload(self, client: str, upload: Upload) -> None:
+    def check_upload(self, rnd: RoundAPI, client: str, upload: Upload) -> None:
         """Raise ClientInputError if an upload's extra scalars are unusable: the engine then
         excludes that client from the round instead of failing the run."""
+
+    def use_pretrained(self, params: np.ndarray, layout: Mapping[str, Any]) -> None:
+        """The final model of the pre-stage ``capabilities.pretrain`` names, and its layout."""
+        raise ConfigError(f"{self.name} has no pre-stage")
 
     @abstractmethod
     def aggregate(self, rnd: RoundAPI, uploads: Mapping[str, Upload]) -> Any:

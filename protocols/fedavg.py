@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from secagg.protocols.base import Protocol, RoundAPI, Upload
+from secagg.protocols.base import Capabilities, Protocol, RoundAPI, Upload
 
 
 def sample_size_weights(n_samples: Mapping[str, float]) -> dict[str, float]:
@@ -22,8 +22,8 @@ def sample_size_weights(n_samples: Mapping[str, float]) -> dict[str, float]:
 
 class FedAvg(Protocol):
     name = "fedavg"
-    reveals = ("global_update",)
-    streams = True  # n_i / Σn is known before the uploads: the server folds them as they come
+    # n_i / Σn is known before the uploads: the server folds them as they come
+    capabilities = Capabilities(streams=True)
 
     def planned_weights(self, rnd: RoundAPI, n_samples: Mapping[str, float]
                         ) -> dict[str, float]:

@@ -11,6 +11,14 @@ classifier's updates with
 
 n_k the relative dataset size. d_k is computed once (client data do not change) and is a
 declared plaintext scalar; the weighted sum itself runs on any backend.
+
+The β-VAE is a federated pre-stage (``Capabilities.pretrain = "beta-vae"``): the experiment
+trains it with FedAvg on the same clients and backend before round 0, and the server, which
+holds its final parameters, sends them with the discrepancy request (a declared plaintext
+vector, ``vae_model``). The client half runs the encoder in numpy on its own samples
+(:func:`vae_encoder_means`, the layout of ``secagg.clients.tasks.vae.BetaVAE``), so this
+module needs no torch. Server-blind runs are refused: the VAE stage would leave its model
+with the clients only.
 """
 
 from __future__ import annotations
@@ -20,9 +28,11 @@ from typing import Any, Mapping
 import numpy as np
 from scipy.special import ndtri
 
-from secagg.protocols.base import Protocol, RoundAPI, Upload
 from secagg import wire
-from secagg.errors import ConfigError
+from secagg.errors import ConfigError, ProtocolStateError
+from secagg.protocols.base import (Capabilities, ClientAPI, ClientHalf, ClientHandler, Protocol,
+                                   RoundAPI, Upload)
+from secagg.wire import Envelope, Field
 
 
 def wasserstein_to_standard_normal(samples: np.ndarray) -> float:
@@ -41,6 +51,19 @@ def discrepancy(encodings: np.ndarray) -> float:
     return float(np.mean([wasserstein_to_standard_normal(col) for col in encodings.T]))
 
 
+def vae_encoder_means(params: np.ndarray, x: np.ndarray, n_in: int, hidden: int,
+                      latent: int) -> np.ndarray:
+    """μ(x) of the β-VAE whose flat parameters are ``params`` (torch's parameter order):
+    Linear(n_in, hidden) → ReLU → Linear(hidden, 2·latent), first ``latent`` outputs."""
+    sizes = (hidden * n_in, hidden, 2 * latent * hidden, 2 * latent)
+    if params.size < sum(sizes):
+        raise ProtocolStateError(f"a β-VAE with layout ({n_in}, {hidden}, {latent}) has more "
+                                 f"than {params.size} parameters")
+    w1, b1, w2, b2 = np.split(params[:sum(sizes)], np.cumsum(sizes)[:-1])
+    h = np.maximum(x @ w1.reshape(hidden, n_in).T + b1, 0.0)
+    return (h @ w2.reshape(2 * latent, hidden).T + b2)[:, :latent]
+
+
 def disco_weights(n_rel: np.ndarray, d: np.ndarray, alpha: float, b: float) -> np.ndarray:
     w = np.maximum(np.asarray(n_rel) - alpha * np.asarray(d) + b, 0.0)
     if not w.sum() > 0:
@@ -49,16 +72,38 @@ def disco_weights(n_rel: np.ndarray, d: np.ndarray, alpha: float, b: float) -> n
     return w / w.sum()
 
 
+class DiscoClient(ClientHalf):
+    """d_k of this client's samples under the federated β-VAE's encoder."""
+
+    def handlers(self) -> dict[str, ClientHandler]:
+        return {"discrepancy": self.discrepancy}
+
+    @staticmethod
+    def discrepancy(client: ClientAPI, env: Envelope) -> dict[str, Field]:
+        layout = env.config("vae_layout")
+        encodings = vae_encoder_means(env.vector("vae_model"), client.features(),
+                                      int(layout["n_in"]), int(layout["hidden"]),
+                                      int(layout["latent"]))
+        return {"discrepancy": client.report(discrepancy(encodings))}
+
+
 class FedDisco(Protocol):
-    client_dp_compatible = False  # its β-VAE pretraining is not accounted
     name = "feddisco"
-    reveals = ("discrepancy", "global_update")
+    # its β-VAE pretraining is not accounted, so no client-level DP
+    capabilities = Capabilities(reveals=("discrepancy", "global_update"),
+                                client_scalars=("discrepancy",), client_dp_compatible=False,
+                                pretrain="beta-vae")
+    client = DiscoClient
 
     def __init__(self, alpha: float = 0.5, b: float = 0.1):
         if alpha < 0:
             raise ConfigError(f"FedDisco needs alpha >= 0, got {alpha}")
         self.alpha, self.b = alpha, b
         self.d: dict[str, float] = {}
+        self.vae: tuple[np.ndarray, dict[str, Any]] | None = None
+
+    def use_pretrained(self, params: np.ndarray, layout: Mapping[str, Any]) -> None:
+        self.vae = (np.asarray(params, dtype=np.float64), dict(layout))
 
     def describe(self):
         return {"name": self.name, "alpha": self.alpha, "b": self.b}
@@ -66,7 +111,12 @@ class FedDisco(Protocol):
     def aggregate(self, rnd: RoundAPI, uploads: Mapping[str, Upload]) -> Any:
         missing = [c for c in uploads if c not in self.d]
         if missing:  # first round (or a newcomer): ask for the discrepancy once
-            replies = rnd.ask("discrepancy", {c: {} for c in missing},
+            if self.vae is None:
+                raise ProtocolStateError("FedDisco has no pre-trained β-VAE (run it through "
+                                         "the experiment driver, which pre-trains it)")
+            request = {"vae_model": wire.vector(self.vae[0]),
+                       "vae_layout": wire.config(self.vae[1])}
+            replies = rnd.ask("discrepancy", {c: request for c in missing},
                               expect={"discrepancy": wire.SCALAR})
             self.d.update({c: env.scalar("discrepancy") for c, env in replies.items()})
         clients = [c for c in uploads if c in self.d]

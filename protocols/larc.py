@@ -27,10 +27,13 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from secagg.protocols.base import Protocol, RoundAPI, Upload
-from secagg.protocols.optimizers import optimizer_fields
 from secagg import wire
-from secagg.errors import ConfigError
+from secagg.errors import ConfigError, ProtocolStateError
+from secagg.options import Option
+from secagg.protocols.base import (Capabilities, ClientAPI, ClientHalf, ClientHandler, Protocol,
+                                   RoundAPI, Upload)
+from secagg.protocols.optimizers import optimizer_fields, optimizer_from_envelope
+from secagg.wire import Envelope, Field
 
 LOSS_CHECKS = ("full", "weights_only")
 
@@ -53,9 +56,42 @@ def delta_loss(loss_at: Callable[[np.ndarray], float], w: np.ndarray, g_i: np.nd
     return float(loss_at(w + optimizer_update(own)) - loss_at(w + optimizer_update(g_hat - own)))
 
 
+class LARCClient(ClientHalf):
+    """The probe on a client: open Ĝ, return ΔL_i for its own update."""
+
+    def handlers(self) -> dict[str, ClientHandler]:
+        return {"larc_probe": self.probe}
+
+    @staticmethod
+    def probe(client: ClientAPI, env: Envelope) -> dict[str, Field]:
+        g_hat = client.open(env, "g_hat")
+        # the optimizer's state comes from whoever holds it: the server, or in server-blind
+        # runs this client's own copy
+        optimizer = (optimizer_from_envelope(env) if "server_opt" in env.fields
+                     else client.optimizer)
+        if optimizer is None:
+            raise ProtocolStateError(f"{client.id} got a LARC probe without optimizer state")
+        drop_bias = env.config("loss_check")["mode"] == "weights_only"
+        dl = delta_loss(lambda w: client.loss_at(w, drop_bias=drop_bias), client.model,
+                        client.update, g_hat, env.scalar("alpha"), optimizer.peek)
+        return {"delta_loss": client.report(dl)}
+
+
 class LARC(Protocol):
     name = "larc"
-    reveals = ("delta_loss", "alpha", "global_update")
+    capabilities = Capabilities(reveals=("delta_loss", "alpha", "global_update"),
+                                client_scalars=("delta_loss",))
+    client = LARCClient
+    #: settings with CLI flags of their own (``--larc-q`` ...)
+    options = (
+        Option("q", "larc-q", float, 19.0, "softmax temperature q (paper: 19)"),
+        Option("b", "larc-b", float, 0.5, "base weight b (paper: 0.5)"),
+        Option("normalize", "larc-normalize", bool, False,
+               "rescale alpha to sum to 1 (the paper and its code do not)"),
+        Option("loss_check", "larc-loss-check", str, "full",
+               "'weights_only' drops the bias in the client loss, as the team's code does "
+               "(no effect on the Cox loss)", LOSS_CHECKS),
+    )
 
     def __init__(self, q: float = 19.0, b: float = 0.5, normalize: bool = False,
                  loss_check: str = "full"):

@@ -175,11 +175,12 @@ class StepSchedule:
 
     def __post_init__(self):
         if len(self.starts) != len(self.lrs) or not self.starts or self.starts[0] != 0:
-            raise ConfigError("a client-lr schedule needs one rate per start, the first at round 0")
+            raise ConfigError("a learning-rate schedule needs one rate per start, the first "
+                              "at round 0")
         if list(self.starts) != sorted(set(self.starts)):
             raise ConfigError(f"schedule starts must increase strictly, got {self.starts}")
         if any(not (lr > 0) for lr in self.lrs):
-            raise ConfigError(f"client learning rates must be positive, got {self.lrs}")
+            raise ConfigError(f"learning rates must be positive, got {self.lrs}")
 
     def at(self, rnd: int) -> float:
         lr = self.lrs[0]
@@ -189,8 +190,9 @@ class StepSchedule:
         return lr
 
     @classmethod
-    def parse(cls, text: str) -> "StepSchedule":
-        """Parse ``"0.1"`` or ``"5e-5@0,5e-6@7"`` (rate@first-round, comma separated)."""
+    def parse(cls, text: str, what: str = "learning-rate") -> "StepSchedule":
+        """Parse ``"0.1"`` or ``"5e-5@0,5e-6@7"`` (rate@first-round, comma separated);
+        ``what`` names the schedule in errors ("client-lr", "server-lr")."""
         starts, lrs = [], []
         try:
             for item in str(text).split(","):
@@ -199,9 +201,12 @@ class StepSchedule:
                 starts.append(int(start) if start else 0)
         except ValueError:
             raise ConfigError(
-                f"cannot read client-lr schedule {text!r}; write e.g. 0.1 or 5e-5@0,5e-6@7"
+                f"cannot read {what} schedule {text!r}; write e.g. 0.1 or 5e-5@0,5e-6@7"
             ) from None
-        return cls(tuple(starts), tuple(lrs))
+        try:
+            return cls(tuple(starts), tuple(lrs))
+        except ConfigError as exc:
+            raise ConfigError(f"{what} schedule {text!r}: {exc}") from None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -39,10 +39,12 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from secagg.protocols.base import Protocol, RoundAPI, Upload
-from secagg.protocols.fedavg import sample_size_weights
 from secagg import wire
 from secagg.errors import ClientInputError, ConfigError
+from secagg.protocols.base import (Capabilities, ClientAPI, ClientHalf, ClientHandler, Protocol,
+                                   RoundAPI, Upload)
+from secagg.protocols.fedavg import sample_size_weights
+from secagg.wire import Envelope, Field
 
 TAU = 1e-5
 
@@ -117,19 +119,62 @@ def _ordered(uploads: Mapping[str, Upload]) -> tuple[list[str], np.ndarray]:
     return clients, np.array([nu[c] for c in clients])
 
 
+class LossRatioClient(ClientHalf):
+    """r_c on the client's own training data, reported with its upload when asked:
+    "round" = l(w_{t-1}) / l(w^c_t); "cost" = l(w^c_{t-1}) / l(w^c_t), which falls back to
+    "round" in the client's first round."""
+
+    def __init__(self):
+        self.last_trained_loss: float | None = None  # l(w^c_{t-1})
+
+    def train_reply(self, client: ClientAPI, request: Envelope) -> dict[str, Field]:
+        if "loss_ratio" not in request.fields:
+            return {}
+        after = client.loss_at(client.model + client.update)
+        before = client.loss_at(client.model)
+        if request.config("loss_ratio").get("kind") == "cost" \
+                and self.last_trained_loss is not None:
+            before = self.last_trained_loss
+        self.last_trained_loss = after
+        return {"loss_ratio": client.report(before / after)}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"last_trained_loss": self.last_trained_loss}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.last_trained_loss = state.get("last_trained_loss")
+
+
+class RegAggClient(ClientHalf):
+    """RegAgg/SimAgg's second phase: the scaled terms of A and B, protected."""
+
+    def handlers(self) -> dict[str, ClientHandler]:
+        return {"regagg_terms": self.terms}
+
+    @staticmethod
+    def terms(client: ClientAPI, env: Envelope) -> dict[str, Field]:
+        centre = client.open(env, "centre")
+        numerator, denominator = regagg_terms(client.update, centre, env.scalar("nu"),
+                                              env.scalar("tau"))
+        return {"numerator": client.protect(numerator),
+                "denominator": client.protect(denominator)}
+
+
 class _LossRatio(Protocol):
     """Aggregators whose clients report a loss ratio with their upload."""
 
     ratio = "cost"  # "cost": l(w^c_{t-1}) / l(w^c_t); "round": l(w_{t-1}) / l(w^c_t)
-    reveals = ("loss_ratio", "global_update")
+    capabilities = Capabilities(reveals=("loss_ratio", "global_update"),
+                                client_scalars=("loss_ratio",))
+    client = LossRatioClient
 
     def train_fields(self, rnd: RoundAPI, client: str):
-        return {"report": wire.config({"loss_ratio": self.ratio})}
+        return {"loss_ratio": wire.config({"kind": self.ratio})}
 
     def train_reply(self, rnd: RoundAPI) -> dict[str, str]:
         return {"loss_ratio": wire.SCALAR}
 
-    def check_upload(self, client: str, upload: Upload) -> None:
+    def check_upload(self, rnd: RoundAPI, client: str, upload: Upload) -> None:
         if not upload.extra["loss_ratio"] > 0:
             raise ClientInputError(f"{client} reports a loss ratio of "
                                    f"{upload.extra['loss_ratio']}; ratios of losses are > 0")
@@ -189,12 +234,14 @@ class TopKRegCost(_LossRatio):
 
 class RegAgg(Protocol):
     """Two phases on every backend: mean back to clients, then the sums A and B."""
-    client_dp_compatible = False  # its update is not one weighted sum of the noised uploads
 
     name = "regagg"
-    reveals = ("regagg_numerator", "regagg_denominator")
-    reveals_per_round = 2
-    server_computes_update = True  # ŵ = A / B is formed in plaintext by the server
+    # ŵ = A / B is formed in plaintext by the server; it is not one weighted sum of the
+    # noised uploads, so no client-level DP
+    capabilities = Capabilities(reveals=("regagg_numerator", "regagg_denominator"),
+                                reveals_per_round=2, server_computes_update=True,
+                                client_dp_compatible=False)
+    client = RegAggClient
 
     def __init__(self, tau: float = TAU):
         self.tau = _checked_tau(tau)
@@ -228,11 +275,12 @@ class RegAgg(Protocol):
 
 class SimAgg(RegAgg):
     """ŵ − W = ½ Σ u_c G_c + ½ Σ ν_c G_c, with Σ u_c G_c = A / B computed without ν."""
-    client_dp_compatible = False  # its update is not one weighted sum of the noised uploads
 
     name = "simagg"
-    reveals = ("regagg_numerator", "regagg_denominator", "fedavg_sum")
-    reveals_per_round = 3
+    capabilities = Capabilities(reveals=("regagg_numerator", "regagg_denominator",
+                                         "fedavg_sum"),
+                                reveals_per_round=3, server_computes_update=True,
+                                client_dp_compatible=False)
 
     def aggregate(self, rnd: RoundAPI, uploads: Mapping[str, Upload]) -> Any:
         ratio, answered = self._ratio(rnd, uploads, {c: 1.0 for c in uploads})
@@ -245,9 +293,8 @@ class SimAgg(RegAgg):
 class _Individual(Protocol):
     """Aggregators that need every client's update itself (not expressible as sums)."""
 
-    needs_individual_updates = True
-    server_computes_update = True
-    reveals = ("pseudo_gradient",)
+    capabilities = Capabilities(reveals=("pseudo_gradient",), needs_individual_updates=True,
+                                server_computes_update=True, client_dp_compatible=False)
 
     def combine(self, gs: np.ndarray, nu: np.ndarray) -> np.ndarray:
         raise NotImplementedError
@@ -261,7 +308,6 @@ class _Individual(Protocol):
 
 
 class RegMedAgg(_Individual):
-    client_dp_compatible = False  # its update is not one weighted sum of the noised uploads
     name = "regmedagg"
 
     def __init__(self, tau: float = TAU):
@@ -272,7 +318,6 @@ class RegMedAgg(_Individual):
 
 
 class TrimmedMean(_Individual):
-    client_dp_compatible = False  # its update is not one weighted sum of the noised uploads
     name = "trimmedmean"
 
     def __init__(self, drop_fraction: float = 0.2):

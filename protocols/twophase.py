@@ -1,18 +1,38 @@
 """RoLePRO's two-phase protocol (FeTS 2022, §3.3): FedAvg first, then a judicious aggregator.
 
 Rounds ``0 .. switch_round−1`` aggregate with FedAvg; later rounds with ``then`` (CostWAgg,
-RegAgg, TrimmedMean, TopKRegCost, ...). Each phase's learning rates are schedules of the run:
-``--client-lr 5e-4@0,5e-5@3 --server-lr-schedule 0.003@0,0.002@3`` reproduces the paper's
-"rounds 1–3 FedAvg, then RegAgg with reduced rates".
+RegAgg, TrimmedMean, TopKRegCost, Auto-FedRL, ...). Each phase's learning rates are schedules
+of the run: ``--client-lr 5e-4@0,5e-5@3 --server-lr-schedule 0.003@0,0.002@3`` reproduces the
+paper's "rounds 1–3 FedAvg, then RegAgg with reduced rates".
+
+Composition by delegation: every hook of a round goes to that round's protocol, so the second
+phase behaves exactly as it does alone (its upload checks, its agent, its validation phase).
+Hooks that are not tied to a round (the seed, the pre-stage, a client's validation loss
+before round 0) go to both. The capabilities are the union of the two: what either phase
+reveals, needs or refuses.
 """
 
 from __future__ import annotations
 
 from typing import Any, Mapping
 
-from secagg.protocols.base import Protocol, RoundAPI, Upload
-from secagg.protocols.fedavg import FedAvg
+import numpy as np
+
 from secagg.errors import ConfigError
+from secagg.protocols.base import ClientHalf, ComposedClientHalf, Protocol, RoundAPI, Upload
+from secagg.protocols.fedavg import FedAvg
+from secagg.wire import Field
+
+
+def _parts(then: str, switch_round: Any, then_options: dict[str, Any]
+           ) -> tuple[type[Protocol], dict[str, Any]]:
+    from secagg.protocols import protocol_spec  # the registry imports this module
+
+    if then in ("rolepro", "fedavg") or not isinstance(switch_round, int) \
+            or isinstance(switch_round, bool) or switch_round < 0:
+        raise ConfigError(f"two-phase needs a judicious second aggregator and a switch "
+                          f"round >= 0 (got then={then!r}, switch_round={switch_round!r})")
+    return protocol_spec(then).protocol, then_options
 
 
 class TwoPhase(Protocol):
@@ -21,18 +41,17 @@ class TwoPhase(Protocol):
     def __init__(self, then: str = "regagg", switch_round: int = 3, **then_options: Any):
         from secagg.protocols import make_protocol  # the registry imports this module
 
-        if then in ("rolepro", "fedavg") or not isinstance(switch_round, int) or switch_round < 0:
-            raise ConfigError(f"two-phase needs a judicious second aggregator and a switch "
-                              f"round >= 0 (got then={then!r}, switch_round={switch_round!r})")
-        self.first = FedAvg()
+        _parts(then, switch_round, then_options)
+        self.first: Protocol = FedAvg()
         self.then = make_protocol(then, **then_options)
         self.switch_round = switch_round
-        self.reveals = tuple(dict.fromkeys(self.first.reveals + self.then.reveals))
-        self.reveals_per_round = max(self.first.reveals_per_round, self.then.reveals_per_round)
-        self.server_computes_update = self.then.server_computes_update
-        self.needs_individual_updates = self.then.needs_individual_updates
-        self.client_dp_compatible = self.then.client_dp_compatible
-        self.streams = self.first.streams or self.then.streams
+        self.capabilities = self.first.capabilities.union(self.then.capabilities)
+
+    @classmethod
+    def make_client(cls, then: str = "regagg", switch_round: int = 3,
+                    **then_options: Any) -> ClientHalf:
+        then_cls, options = _parts(then, switch_round, then_options)
+        return ComposedClientHalf([FedAvg.make_client(), then_cls.make_client(**options)])
 
     def describe(self):
         return {"name": self.name, "switch_round": self.switch_round,
@@ -41,7 +60,35 @@ class TwoPhase(Protocol):
     def current(self, rnd: RoundAPI) -> Protocol:
         return self.first if rnd.round < self.switch_round else self.then
 
-    def train_fields(self, rnd: RoundAPI, client: str):
+    # ---- not tied to a round: both parts ------------------------------------------------
+    def seed(self, seed: int) -> None:
+        self.first.seed(seed)
+        self.then.seed(seed)
+
+    def use_pretrained(self, params: np.ndarray, layout: Mapping[str, Any]) -> None:
+        for part in (self.first, self.then):
+            if part.capabilities.pretrain:
+                part.use_pretrained(params, layout)
+
+    def observe_validation(self, rnd: RoundAPI, losses: Mapping[str, float]) -> None:
+        # the losses of round r's model are the reward of round r and the baseline of r + 1:
+        # whichever part observes validation sees every one of them
+        for part in (self.first, self.then):
+            if part.capabilities.observes_validation:
+                part.observe_validation(rnd, losses)
+
+    def round_log(self) -> dict[str, float]:
+        return {**self.first.round_log(), **self.then.round_log()}
+
+    # ---- one round: that round's protocol ------------------------------------------------
+    def begin_round(self, rnd: RoundAPI) -> float | None:
+        return self.current(rnd).begin_round(rnd)
+
+    def train_settings(self, rnd: RoundAPI, client: str, settings: dict[str, Any]
+                       ) -> dict[str, Any]:
+        return self.current(rnd).train_settings(rnd, client, settings)
+
+    def train_fields(self, rnd: RoundAPI, client: str) -> dict[str, Field]:
         return self.current(rnd).train_fields(rnd, client)
 
     def train_reply(self, rnd: RoundAPI) -> dict[str, str]:
@@ -49,6 +96,9 @@ class TwoPhase(Protocol):
 
     def planned_weights(self, rnd: RoundAPI, n_samples: Mapping[str, float]):
         return self.current(rnd).planned_weights(rnd, n_samples)
+
+    def check_upload(self, rnd: RoundAPI, client: str, upload: Upload) -> None:
+        self.current(rnd).check_upload(rnd, client, upload)
 
     def aggregate(self, rnd: RoundAPI, uploads: Mapping[str, Upload]) -> Any:
         return self.current(rnd).aggregate(rnd, uploads)

@@ -49,8 +49,27 @@ class DuplicateMessage(ClientInputError):
     """A second message from the same sender in the same round and phase."""
 
 
-class RoundFailed(SecaggError):
-    """Too few clients survived a round for the protocol to go on."""
+class StaleMessage(ClientInputError):
+    """A reply for another round or phase than the one asked: replayed or stale."""
+
+
+class RoundAborted(SecaggError):
+    """A round cannot go on: no usable client is left (or too few) in some phase.
+
+    The driver records it (``aborted`` in metrics.csv, an ``aborted`` audit record) and ends
+    that seed's run; ``phase`` says where it happened and ``exclusions`` why each client
+    was dropped."""
+
+    def __init__(self, message: str, *, round: int | None = None, phase: str | None = None,
+                 exclusions: dict[str, str] | None = None):
+        super().__init__(message)
+        self.round, self.phase = round, phase
+        self.exclusions = dict(exclusions or {})
+
+
+class ProtocolStateError(SecaggError):
+    """A request arrived that the receiver's state cannot answer (before training, without a
+    key, without a model, ...): the protocol ran out of order."""
 
 
 class MalformedCiphertext(ClientInputError):

@@ -64,6 +64,11 @@ class AuditLog:
                              "name": name, "kind": "plaintext vector", "length": length,
                              "by": by})
 
+    def aborted(self, round_number: int, phase: str, reason: str) -> None:
+        """A round that ended with no usable client (the run of ``self.run`` stopped)."""
+        self.records.append({"event": "aborted", "run": self.run, "round": round_number,
+                             "phase": phase, "reason": reason})
+
     def excluded(self, rnd: int, phase: str, peer: str, error: Exception) -> None:
         self.records.append({"event": "excluded", "run": self.run, "round": rnd,
                              "phase": phase, "peer": peer, "error": type(error).__name__,
@@ -87,9 +92,11 @@ class AuditLog:
         learned: dict[str, Counter] = defaultdict(Counter)
         sent: dict[str, Counter] = defaultdict(Counter)
         individual = False
-        excluded = []
+        excluded, aborted = [], []
         for r in self.records:
-            if r["event"] == "reveal":
+            if r["event"] == "aborted":
+                aborted.append({k: r[k] for k in ("run", "round", "phase", "reason")})
+            elif r["event"] == "reveal":
                 learned[r["name"]]["revealed aggregate (plaintext vector)"] += 1
             elif r["event"] == "excluded":
                 excluded.append({k: r[k] for k in ("run", "round", "phase", "peer", "reason")})
@@ -119,6 +126,7 @@ class AuditLog:
                 and r["direction"] == "received" for f in r["fields"]
                 if f["kind"] == "ciphertext"}),
             "exclusions": excluded,
+            "aborted_runs": aborted,
         }
 
     def write(self, folder: Path) -> None:

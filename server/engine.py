@@ -6,42 +6,47 @@ Per round:
    uploads its protected pseudo-gradient and its sample count;
 2. the protocol combines the uploads (possibly asking clients more) into the protected global
    pseudo-gradient G;
-3. the server has G revealed and applies its optimizer: W ← W + Opt(G);
+3. the update policy applies G: the server has it revealed and steps its optimizer,
+   W ← W + Opt(G) (:class:`RevealAndStep`), or, server-blind (NVFlare's model), sends it
+   encrypted to every client, who decrypt it and step their own copy (:class:`BlindApply`);
 4. protocols that observe validation losses (Auto-FedRL) get each client's loss of the new
    W in a ``validate`` phase (and of the initial W before round 0). That phase carries W, so
    the next training request does not send it again.
 
 Streaming: when the protocol can fix its weights before the uploads arrive (FedAvg and the
 FedOpt family, Auto-FedRL; ``Protocol.planned_weights``), the clients report their sample
-counts once before round 0 (``enroll``), and the server folds each upload into a running
-sum as it arrives and drops it, so its memory is one model's worth, not one per client.
+counts once before round 0 (:class:`Enrolment`), and the server folds each upload into a
+running sum as it arrives and drops it, so its memory is one model's worth.
 
-Server-blind runs (NVFlare's model) skip the reveal: the server sends the encrypted G to every
-client in an ``apply`` phase, and the clients decrypt it and apply their own copy of the
-server optimizer. The server then never learns W after round 0 (where it sends the public
-initial model); a client that misses an ``apply`` is out of step and leaves the run.
+A phase that leaves no usable client raises :class:`~secagg.errors.RoundAborted`, whatever
+the phase; the experiment driver records it.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-from secagg.protocols.base import Protocol, Upload
-from secagg.protocols.optimizers import ServerOptimizer, StepSchedule
 from secagg import wire
 from secagg.backends.base import ServerBackend
-from secagg.dp import ClientDP, ScalarDP, realised_noise_multiplier
-from secagg.errors import ClientInputError, ConfigError, RoundFailed
+from secagg.dp import ClientDP, realised_noise_multiplier
+from secagg.errors import ClientInputError, RoundAborted
+from secagg.protocols.base import Protocol, RoundAPI, Upload
+from secagg.protocols.optimizers import ServerOptimizer, StepSchedule
 from secagg.server.audit import AuditLog
+from secagg.server.exchange import Exchange
+from secagg.server.plan import RunPolicy, TrainingPlan, check_run
 from secagg.server.round import RoundContext, StreamedSum
 from secagg.server.transport import Transport
 
 ENGINE_DECLARED = ("n_samples",)  # what the training phase itself shows the server
-#: client-reported scalars that scalar DP (clip and noise on the client) covers
-NOISABLE_SCALARS = ("loss_ratio", "delta_loss", "val_loss", "discrepancy")
+
+
+def _satisfies_round_api(ctx: RoundContext) -> RoundAPI:
+    return ctx  # mypy checks here that RoundContext offers everything a protocol may use
 
 
 @dataclass
@@ -51,236 +56,295 @@ class RoundReport:
     excluded: dict[str, str]
     seconds: dict[str, float] = field(default_factory=dict)
     update_norm: float = 0.0
+    #: what clients reported with their upload on the run's request (DP-SGD's ε)
+    reports: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
-class Server:
-    def __init__(self, protocol: Protocol, backend: ServerBackend, optimizer: ServerOptimizer,
-                 transport: Transport, initial_params: np.ndarray, *,
-                 client_lr: StepSchedule, local_steps: int, local_epochs: int | None = None,
-                 audit: AuditLog | None = None,
-                 min_clients: int = 1, max_message_bytes: int = wire.DEFAULT_MAX_BYTES,
-                 server_blind: bool = False, allow_plaintext_updates: bool = False,
-                 server_lr: StepSchedule | None = None, prox_mu: float = 0.0,
-                 client_dp: ClientDP | None = None, scalar_dp: ScalarDP | None = None,
-                 streaming: bool = True):
-        if server_blind and backend.can_read:
-            raise ConfigError("server-blind runs need an encrypted backend: on plain the "
-                              "server reads every upload anyway")
-        if server_blind and protocol.server_computes_update:
-            raise ConfigError(f"{protocol.name} forms the global update in plaintext on the "
-                              "server (from revealed sums), so it cannot run server-blind")
-        self.protocol = protocol
-        self.backend = backend
-        self.optimizer = optimizer
-        self.transport = transport
-        self.params = np.asarray(initial_params, dtype=np.float64).copy()
-        self.client_lr = client_lr
-        self.local_steps = local_steps
-        self.local_epochs = local_epochs
-        self.audit = audit if audit is not None else AuditLog()
-        self.audit.declared |= set(ENGINE_DECLARED) | set(protocol.reveals) | set(backend.declares)
-        self.audit.infrastructure |= set(backend.declares) | {"applied"}
-        if server_blind:
-            self.audit.declared.add("applied")  # clients' receipts for the apply phase
-        self.min_clients = min_clients
-        self.max_message_bytes = max_message_bytes
-        self.server_blind = server_blind
-        self.allow_plaintext_updates = allow_plaintext_updates
-        self.server_lr = server_lr
-        self.prox_mu = prox_mu  # FedProx: clients add μ/2·||w − W||² to their loss
-        if client_dp is not None and not protocol.client_dp_compatible:
-            raise ConfigError(f"{protocol.name}'s update is not one weighted sum of the "
-                              "clients' noised uploads, so client-level DP cannot be accounted "
-                              "for it; use a weighted-sum protocol (fedavg, fedadam, larc, ...)")
-        self.client_dp, self.scalar_dp = client_dp, scalar_dp
-        #: one entry per release of an aggregate: round, name, clients, realised multiplier
-        self.privacy_events: list[dict] = []
-        if client_dp is not None:
-            self.audit.dp_protected.add("global_update")
-        if scalar_dp is not None:
-            self.audit.dp_protected |= set(NOISABLE_SCALARS) & set(protocol.reveals)
-        #: fold uploads as they arrive where the protocol plans its weights (needs ``setup``)
-        self.streaming = streaming and protocol.streams
-        self.enrolled: dict[str, float] = {}  # sample counts reported before round 0
-        self._holding: set[str] = set()  # clients already holding the current W
-        self.left: dict[str, str] = {}  # clients that left the run (blind: missed an apply)
+class PrivacyLedger:
+    """Client-level DP: the realised noise multiplier of every sum that left the server's
+    protected state, per round (the accountant composes them)."""
 
-    @property
-    def n_params(self) -> int:
-        return self.params.size
+    def __init__(self, client_dp: ClientDP | None):
+        self.client_dp = client_dp
+        self.events: list[dict[str, Any]] = []
 
-    def setup(self, rounds: int, flooding_bits: int = 30) -> dict[str, str]:
-        """Run the backend's one-off phases (CKKS key setup) before round 0.
+    def record(self, ctx: RoundContext) -> None:
+        if self.client_dp is None:
+            return
+        for name, weights in ctx.releases:
+            self.events.append({
+                "round": ctx.round, "release": name, "clients": len(weights),
+                "noise_multiplier": realised_noise_multiplier(weights,
+                                                              self.client_dp.client_sigma)})
 
-        The decryption budget is what the run will release: rounds × reveals per round.
-        Returns the clients excluded during setup, with reasons.
-        """
-        ctx = RoundContext(0, self.transport.peers, self.n_params, self.backend,
-                           self.transport, self.audit, self.optimizer, self.max_message_bytes)
-        self.backend.setup(ctx, rounds * self.protocol.reveals_per_round, flooding_bits)
-        if self.streaming:
-            self._enroll(ctx)
-        return dict(ctx.excluded)
 
-    def _enroll(self, ctx: RoundContext) -> None:
-        """Streaming runs: every client reports its sample count once, so the weights can be
-        fixed before the uploads arrive. Each upload's count is checked against it."""
+class Enrolment:
+    """Sample counts the clients report once before round 0 (streaming runs), so the
+    weights can be fixed before the uploads arrive; each upload's count is checked against
+    them."""
+
+    def __init__(self):
+        self.counts: dict[str, float] = {}
+
+    def run(self, ctx: RoundContext) -> None:
         replies = ctx.ask("enroll", {c: {} for c in ctx.active},
                           expect={"n_samples": wire.SCALAR})
         for c, env in replies.items():
             n = env.scalar("n_samples")
             if n > 0:
-                self.enrolled[c] = n
+                self.counts[c] = n
             else:
                 ctx.exclude(c, "enroll", ClientInputError(f"{c} reports {n} samples"))
 
-    def run_round(self, rnd: int) -> RoundReport:
-        peers = [c for c in self.transport.peers if c not in self.left]
+    def check(self, client: str, upload: Upload) -> None:
+        if client in self.counts and upload.n_samples != self.counts[client]:
+            raise ClientInputError(f"{client} enrolled with {self.counts[client]:g} samples "
+                                   f"but reports {upload.n_samples:g}; its weight was fixed "
+                                   "from the first")
+
+
+class RevealAndStep:
+    """The server holds W: it has G revealed and steps its optimizer. Every training request
+    carries W unless the client already holds it (it validated the current W)."""
+
+    blind = False
+
+    def __init__(self, initial_params: np.ndarray):
+        self.params = np.asarray(initial_params, dtype=np.float64).copy()
+        self.holding: set[str] = set()  # clients already holding the current W
+
+    def model_for(self, client: str, round_number: int) -> bool:
+        return client not in self.holding
+
+    def apply(self, server: "Server", ctx: RoundContext, g_global: Any) -> float:
+        g = ctx.reveal(g_global, "global_update")
+        start = time.perf_counter()
+        update = server.optimizer.step(g)
+        self.params += update
+        ctx.seconds["optimizer"] += time.perf_counter() - start
+        self.holding = set()
+        return float(np.linalg.norm(update))
+
+
+class BlindApply(RevealAndStep):
+    """Server-blind: the server sends only the public initial model and, each round, the
+    encrypted G to every client, who decrypt it and step their own optimizer copy. A client
+    that misses an ``apply`` is out of step and leaves the run."""
+
+    blind = True
+
+    def model_for(self, client: str, round_number: int) -> bool:
+        return round_number == 0 and client not in self.holding
+
+    def apply(self, server: "Server", ctx: RoundContext, g_global: Any) -> float:
+        aggregate = ctx.as_field(g_global, "global_update")
+        peers = server.peers()
+        done = ctx.ask("apply", {c: {"aggregate": aggregate} for c in peers},
+                       expect={"applied": wire.CONFIG}, reach_excluded=True)
+        for c in peers:
+            if c not in done:
+                server.left[c] = f"missed the apply phase of round {ctx.round}"
+        self.holding = set()
+        return 0.0
+
+
+class Server:
+    """Runs ``protocol`` on ``backend`` over ``transport``.
+
+    Parameters:
+        protocol: the server half of the aggregation algorithm.
+        backend: the server half of the backend (it holds no secret key).
+        optimizer: the server optimizer applied to the revealed global pseudo-gradient.
+        transport: how envelopes reach the clients.
+        initial_params: the public initial model.
+        plan: what clients are asked to do each round.
+        policy: server-blind, plaintext updates, streaming, minimum clients, message limit.
+        server_lr: a schedule for the optimizer's learning rate (RoLePRO's phases).
+        audit: where every message is recorded (a new log by default).
+    """
+
+    def __init__(self, protocol: Protocol, backend: ServerBackend, optimizer: ServerOptimizer,
+                 transport: Transport, initial_params: np.ndarray, *,
+                 plan: TrainingPlan | None = None, policy: RunPolicy | None = None,
+                 server_lr: StepSchedule | None = None, audit: AuditLog | None = None):
+        self.plan = plan if plan is not None else TrainingPlan()
+        self.policy = policy if policy is not None else RunPolicy()
+        caps = protocol.capabilities
+        check_run(protocol.name, caps, backend=backend.name,
+                  backend_can_read=backend.can_read, policy=self.policy,
+                  client_dp=self.plan.client_dp is not None)
+        self.protocol, self.backend, self.optimizer = protocol, backend, optimizer
+        self.transport = transport
+        self.server_lr = server_lr
+        self.audit = audit if audit is not None else AuditLog()
+        reports = set(self.plan.reports)
+        self.audit.declared |= (set(ENGINE_DECLARED) | set(caps.reveals)
+                                | set(backend.declares) | reports)
+        self.audit.infrastructure |= set(backend.declares) | {"applied"} | reports
+        if self.policy.server_blind:
+            self.audit.declared.add("applied")  # clients' receipts for the apply phase
+        if self.plan.client_dp is not None:
+            self.audit.dp_protected.add("global_update")
+        if self.plan.scalar_dp is not None:
+            self.audit.dp_protected |= set(caps.client_scalars)
+        self.ledger = PrivacyLedger(self.plan.client_dp)
+        self.updates = (BlindApply(initial_params) if self.policy.server_blind
+                        else RevealAndStep(initial_params))
+        #: fold uploads as they arrive where the protocol plans its weights (needs ``setup``)
+        self.streaming = self.policy.streaming and caps.streams
+        self.enrolment = Enrolment()
+        self.left: dict[str, str] = {}  # clients that left the run (blind: missed an apply)
+
+    @property
+    def params(self) -> np.ndarray:
+        """The global model as the server knows it (the initial one in server-blind runs)."""
+        return self.updates.params
+
+    @property
+    def n_params(self) -> int:
+        return self.params.size
+
+    @property
+    def privacy_events(self) -> list[dict[str, Any]]:
+        return self.ledger.events
+
+    def peers(self) -> list[str]:
+        return [c for c in self.transport.peers if c not in self.left]
+
+    def _context(self, round_number: int, optimizer: ServerOptimizer | None = None
+                 ) -> RoundContext:
+        exchange = Exchange(round_number, self.peers(), self.transport, self.audit,
+                            self.policy.max_message_bytes)
+        return RoundContext(exchange, self.n_params, self.backend, optimizer,
+                            self.policy.allow_plaintext_updates)
+
+    def setup(self, rounds: int) -> dict[str, str]:
+        """Run the backend's one-off phases (key setup) before round 0, and the enrolment.
+
+        The decryption budget is what the run will release: rounds × reveals per round.
+        Returns the clients excluded during setup, with reasons.
+        """
+        ctx = self._context(0)
+        self.backend.setup(ctx, rounds * self.protocol.capabilities.reveals_per_round)
+        if self.streaming:
+            self.enrolment.run(ctx)
+        return dict(ctx.excluded)
+
+    def run_round(self, number: int) -> RoundReport:
         if self.server_lr is not None:
-            self.optimizer.hyper["lr"] = self.server_lr.at(rnd)
-        ctx = RoundContext(rnd, peers, self.n_params, self.backend, self.transport, self.audit,
-                           None if self.server_blind else self.optimizer,
-                           self.max_message_bytes, self.allow_plaintext_updates)
-        if rnd == 0 and self.protocol.observes_validation:
+            self.optimizer.hyper["lr"] = self.server_lr.at(number)
+        ctx = self._context(number, None if self.updates.blind else self.optimizer)
+        if number == 0 and self.protocol.capabilities.observes_validation:
             self._validate(ctx, send_model=True)  # the public initial model
         server_lr = self.protocol.begin_round(ctx)
         if server_lr is not None:
             self.optimizer.hyper["lr"] = float(server_lr)
-        work = ({"epochs": self.local_epochs} if self.local_epochs else
-                {"steps": self.local_steps})
-        settings = {"lr": self.client_lr.at(rnd), **work}
-        if self.prox_mu:
-            settings["prox_mu"] = self.prox_mu
-        settings.update(self._dp_settings())
+        uploads, g_global, reports = self._train(ctx)
+        if uploads < self.policy.min_clients:
+            raise RoundAborted(f"round {number}: {uploads} usable uploads, need "
+                               f"{self.policy.min_clients}; exclusions: {ctx.excluded}",
+                               round=number, phase="train", exclusions=ctx.excluded)
+        norm = self.updates.apply(self, ctx, g_global)
+        if self.protocol.capabilities.observes_validation:
+            self._validate(ctx, send_model=not self.updates.blind)
+        self.ledger.record(ctx)
+        return RoundReport(number, list(ctx.active), dict(ctx.excluded), dict(ctx.seconds),
+                           norm, reports)
+
+    # ---- the training phase ----------------------------------------------------------------
+    def _requests(self, ctx: RoundContext) -> dict[str, dict[str, wire.Field]]:
+        settings = self.plan.settings(ctx.round)
         common = {}
-        if self.server_blind:
+        if self.updates.blind:
             common["server_opt"] = wire.config(self.optimizer.config)
-        model = self._model_field()  # one copy, shared by every request
+        model = wire.vector(self.params.astype(np.float32))  # one copy, shared by all
         requests = {}
         for c in ctx.active:
             request = {**common, "train": wire.config(
                 self.protocol.train_settings(ctx, c, dict(settings)))}
-            # blind runs send only the public initial model; clients that validated the
-            # current W already hold it
-            if (rnd == 0 or not self.server_blind) and c not in self._holding:
+            if self.updates.model_for(c, ctx.round):
                 request["model"] = model
             requests[c] = {**request, **self.protocol.train_fields(ctx, c)}
+        return requests
+
+    def _train(self, ctx: RoundContext) -> tuple[int, Any, dict[str, dict[str, float]]]:
+        """Ask for the uploads; return how many are usable, their protected combination,
+        and what clients reported with them."""
         expect = {"pseudo_gradient": self.backend.upload_kind, "n_samples": wire.SCALAR,
+                  **{name: wire.SCALAR for name in self.plan.reports},
                   **self.protocol.train_reply(ctx)}
-        plan = self._planned_weights(ctx)
-        if plan is None:
-            replies = ctx.ask("train", requests, expect=expect)
-            uploads: dict[str, Upload] = {}
-            for c, env in replies.items():
-                try:
-                    uploads[c] = self._upload(ctx, c, env)
-                except ClientInputError as exc:
-                    ctx.exclude(c, "train", exc)
-            self._check_enough(rnd, len(uploads), ctx)
-            g_global = self.protocol.aggregate(ctx, uploads)
-        else:
-            total = ctx.running_sum(plan)
-            ctx.ask("train", requests, expect=expect,
-                    on_reply=lambda c, env: self._fold(ctx, total, c, env))
-            self._check_enough(rnd, len(total.folded), ctx)
-            g_global = total.result()
-        self._holding = set()
-        if self.server_blind:
-            self._apply_blind(ctx, g_global)
-            norm = 0.0
-        else:
-            g_global = ctx.reveal(g_global, "global_update")
+        reports: dict[str, dict[str, float]] = {}
+
+        def upload(client: str, env: wire.Envelope) -> Upload:
+            """Check and load one training reply (ClientInputError if it is unusable)."""
+            n = env.scalar("n_samples")
+            if not n > 0:
+                raise ClientInputError(f"{client} reports {n} samples")
+            extra = {k: env.scalar(k) for k in self.protocol.train_reply(ctx)}
             start = time.perf_counter()
-            update = self.optimizer.step(g_global)
-            self.params += update
-            ctx.seconds["optimizer"] += time.perf_counter() - start
-            norm = float(np.linalg.norm(update))
-        if self.protocol.observes_validation:
-            self._validate(ctx, send_model=not self.server_blind)
-        self._account(ctx)
-        return RoundReport(rnd, list(ctx.active), dict(ctx.excluded), dict(ctx.seconds), norm)
+            loaded = Upload(self.backend.load(env, "pseudo_gradient", self.n_params), n,
+                            extra)
+            ctx.seconds["load"] += time.perf_counter() - start
+            self.protocol.check_upload(ctx, client, loaded)
+            reports[client] = {name: env.scalar(name) for name in self.plan.reports}
+            return loaded
+
+        plan = self._planned_weights(ctx)
+        requests = self._requests(ctx)
+        if plan is None:
+            uploads = ctx.ask("train", requests, expect=expect, on_reply=upload)
+            return len(uploads), self.protocol.aggregate(ctx, uploads), reports
+        total: StreamedSum = ctx.running_sum(plan)
+
+        def fold(client: str, env: wire.Envelope) -> None:
+            loaded = upload(client, env)
+            self.enrolment.check(client, loaded)
+            total.add(client, loaded.handle)
+
+        ctx.ask("train", requests, expect=expect, on_reply=fold)
+        return len(total.folded), total.result(), reports
 
     def _planned_weights(self, ctx: RoundContext) -> dict[str, float] | None:
-        if not self.streaming or not self.enrolled:
+        if not self.streaming or not self.enrolment.counts:
             return None
-        counts = {c: self.enrolled[c] for c in ctx.active if c in self.enrolled}
+        counts = {c: self.enrolment.counts[c] for c in ctx.active
+                  if c in self.enrolment.counts}
         plan = self.protocol.planned_weights(ctx, counts) if counts else None
         return None if plan is None else dict(plan)
 
-    def _upload(self, ctx: RoundContext, client: str, env: wire.Envelope) -> Upload:
-        """Check and load one training reply (raises ClientInputError if it is unusable)."""
-        n = env.scalar("n_samples")
-        if not n > 0:
-            raise ClientInputError(f"{client} reports {n} samples")
-        extra = {k: env.scalar(k) for k in self.protocol.train_reply(ctx)}
-        start = time.perf_counter()
-        upload = Upload(self.backend.load(env, "pseudo_gradient", self.n_params), n, extra)
-        ctx.seconds["load"] += time.perf_counter() - start
-        self.protocol.check_upload(client, upload)
-        return upload
-
-    def _fold(self, ctx: RoundContext, total: StreamedSum, client: str,
-              env: wire.Envelope) -> None:
-        """Streaming: check an upload as it arrives, add it to the running sum, drop it."""
-        upload = self._upload(ctx, client, env)
-        if client in self.enrolled and upload.n_samples != self.enrolled[client]:
-            raise ClientInputError(f"{client} enrolled with {self.enrolled[client]:g} samples "
-                                   f"but reports {upload.n_samples:g}; its weight was fixed "
-                                   "from the first")
-        total.add(client, upload.handle)
-
-    def _check_enough(self, rnd: int, usable: int, ctx: RoundContext) -> None:
-        if usable < self.min_clients:
-            raise RoundFailed(f"round {rnd}: {usable} usable uploads, need "
-                              f"{self.min_clients}; exclusions: {ctx.excluded}")
-
-    def _dp_settings(self) -> dict:
-        """What every client applies before protecting its reply (clients are honest)."""
-        out = {}
-        if self.client_dp is not None:
-            out["client_dp"] = self.client_dp.config()
-        if self.scalar_dp is not None:
-            out["scalar_dp"] = self.scalar_dp.config()
-        return out
-
-    def _account(self, ctx: RoundContext) -> None:
-        """Client-level DP: the realised noise multiplier of every released sum."""
-        if self.client_dp is None:
-            return
-        for name, weights in ctx.releases:
-            self.privacy_events.append({
-                "round": ctx.round, "release": name, "clients": len(weights),
-                "noise_multiplier": realised_noise_multiplier(weights,
-                                                              self.client_dp.client_sigma)})
-
-    def _model_field(self) -> wire.Field:
-        return wire.vector(self.params.astype(np.float32))
-
+    # ---- other engine phases -----------------------------------------------------------------
     def _validate(self, ctx: RoundContext, send_model: bool) -> None:
         """Every client still in the run reports its validation loss of the current W.
 
         With ``send_model`` the request carries W and the clients keep it for the next
         training phase; in blind runs after an update the clients already hold W."""
-        peers = [c for c in self.transport.peers if c not in self.left]
-        fields = {"model": self._model_field()} if send_model else {}
-        if self.scalar_dp is not None:
-            fields["scalar_dp"] = wire.config(self.scalar_dp.config())
-        replies = ctx.ask("validate", {c: fields for c in peers},
+        fields: dict[str, wire.Field] = {}
+        if send_model:
+            fields["model"] = wire.vector(self.params.astype(np.float32))
+        if self.plan.scalar_dp is not None:
+            fields["scalar_dp"] = wire.config(self.plan.scalar_dp.config())
+        replies = ctx.ask("validate", {c: fields for c in self.peers()},
                           expect={"val_loss": wire.SCALAR}, reach_excluded=True)
         # ``ask`` already excluded clients whose val_loss is missing or not finite
         losses = {c: env.scalar("val_loss") for c, env in replies.items()}
         if send_model:
-            self._holding = set(replies)
+            self.updates.holding = set(replies)
         if not losses:
-            raise RoundFailed(f"round {ctx.round}: no usable validation loss; exclusions: "
-                              f"{ctx.excluded}")
+            raise RoundAborted(f"round {ctx.round}: no usable validation loss; exclusions: "
+                               f"{ctx.excluded}", round=ctx.round, phase="validate",
+                               exclusions=ctx.excluded)
         self.protocol.observe_validation(ctx, losses)
 
-    def _apply_blind(self, ctx: RoundContext, g_global) -> None:
-        field = ctx.as_field(g_global, "global_update")
-        done = ctx.ask("apply", {c: {"aggregate": field} for c in self.transport.peers
-                                 if c not in self.left},
-                       expect={"applied": wire.CONFIG}, reach_excluded=True)
-        for c in self.transport.peers:
-            if c not in done and c not in self.left:
-                self.left[c] = f"missed the apply phase of round {ctx.round}"
+    def sealed_model(self, round_number: int) -> tuple[str, bytes]:
+        """The global model sealed by a client for the experimenter's key (server-blind runs:
+        the experimenter evaluates the model; the server relays bytes it cannot open)."""
+        ctx = self._context(round_number)
+        for client in self.peers():
+            reply = ctx.ask("observe", {client: {}},
+                            expect={"sealed_model": wire.CIPHERTEXT}, reach_excluded=True)
+            if client in reply:
+                return client, b"".join(bytes(p) for p in
+                                        reply[client].ciphertext_parts("sealed_model"))
+        raise RoundAborted(f"round {round_number}: no client sealed the model for the "
+                           f"experimenter; {ctx.excluded}", round=round_number,
+                           phase="observe", exclusions=ctx.excluded)

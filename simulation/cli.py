@@ -11,10 +11,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from secagg.clients.tasks import get_task
-from secagg.protocols import PROTOCOLS
 from secagg.backends import BACKENDS
+from secagg.clients.tasks import TASKS, get_task
 from secagg.errors import SecaggError
+from secagg.options import Option
+from secagg.protocols import PROTOCOLS
 from secagg.simulation.experiment import ExperimentConfig, run_experiment, stderr_progress, summarize
 
 PRESETS = Path(__file__).parent / "presets"
@@ -101,14 +102,14 @@ def build_parser() -> argparse.ArgumentParser:
     src = run.add_mutually_exclusive_group()
     src.add_argument("--preset", help="a named preset from `secagg presets`")
     src.add_argument("--config", type=Path, help="a TOML file with the same keys as the options")
-    run.add_argument("--task", help="tcga-brca (FLamby split, pooled/client test sets), "
-                                    "tcga-brca-idash (iDASH 2024 variant, training-set eval), "
-                                    "digits-niid1, digits-niid2, digits-dir8 (label-skewed "
-                                    "scikit-learn digits)")
+    run.add_argument("--task", choices=list(TASKS),
+                     help="; ".join(f"{k}: {v.description}" for k, v in TASKS.items()))
     run.add_argument("--protocol", choices=list(PROTOCOLS),
-                     help="aggregation algorithm; the fed* variants are FedAvg weighting with "
-                          "that server optimizer")
-    run.add_argument("--backend", choices=list(BACKENDS), help="where aggregation happens")
+                     help="aggregation algorithm (`secagg protocols` lists them with their "
+                          "settings); the fed* variants are FedAvg weighting with that server "
+                          "optimizer")
+    run.add_argument("--backend", choices=list(BACKENDS),
+                     help="; ".join(f"{k}: {v.summary}" for k, v in BACKENDS.items()))
     run.add_argument("--rounds", type=int, help="federated rounds (FLamby: 5)")
     run.add_argument("--seeds", type=parse_seeds,
                      help="seeds, e.g. 42 or 42,43 or 42-61; each seed fixes the initial model "
@@ -148,26 +149,15 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_argument("--beta2", type=float)
     opt.add_argument("--momentum", type=float, help="beta of the momentum optimizer")
     run.add_argument("--protocol-option", type=parse_option, action="append", metavar="KEY=VALUE",
-                     help="a protocol setting, repeatable: alpha=0.5 (costwagg), tau=1e-5 "
-                          "(regagg), drop_fraction=0.2 (trimmedmean, topkregcost), then=regagg "
-                          "and switch_round=3 (rolepro two-phase), agent=cs|ds|mlp and "
-                          "search=client_lr,local_steps,aggregation_weights,server_lr and "
-                          "client_lr_range=5e-4:5e-2 (autofedrl)")
-    larc = run.add_argument_group("LARC (iDASH 2024 Track 2)")
-    larc.add_argument("--larc-q", type=float, help="softmax temperature q (paper: 19)")
-    larc.add_argument("--larc-b", type=float, help="base weight b (paper: 0.5)")
-    larc.add_argument("--larc-normalize", action="store_true", default=None,
-                      help="rescale α to sum to 1 (the paper and its code do not)")
-    larc.add_argument("--larc-loss-check", choices=["full", "weights_only"],
-                      help="'weights_only' drops the bias in the client loss, as the team's code "
-                           "does (no effect on the Cox loss)")
-    enc = run.add_argument_group("CKKS backend")
-    enc.add_argument("--ckks-preset", choices=["compact", "wide"],
-                     help="parameter set: compact (N=4096, 90-bit modulus) or wide (N=8192, "
-                          "120-bit); both 128-bit secure (default compact)")
-    enc.add_argument("--flooding-bits", type=int,
-                     help="statistical security of the noise flooding of revealed aggregates "
-                          "(default 30; 0 turns flooding off and is insecure)")
+                     help="a protocol setting, repeatable (`secagg protocols` lists each "
+                          "protocol's settings), e.g. alpha=0.5 or then=regagg")
+    for name, spec in PROTOCOLS.items():
+        if spec.options:
+            add_options(run.add_argument_group(f"protocol {name}"), spec.options, "popt")
+    for name, bspec in BACKENDS.items():
+        if bspec.options:
+            add_options(run.add_argument_group(f"backend {name}"), bspec.options, "bopt")
+    enc = run.add_argument_group("run policy (encrypted backends)")
     enc.add_argument("--server-blind", action="store_true", default=None,
                      help="the server never learns the global update: clients decrypt it and "
                           "apply the server optimizer themselves (NVFlare's model)")
@@ -192,6 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--quiet", action="store_true", help="no progress output")
 
     sub.add_parser("presets", help="list the bundled experiment presets")
+    sub.add_parser("protocols", help="list the registered protocols and their settings")
     bench = sub.add_parser("bench", help="run a benchmark: crypto (CKKS cost per parameter "
                                          "against NVFlare's default) or overhead (end-to-end "
                                          "rounds: time by phase, bytes, peak memory, over "
@@ -203,6 +194,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def add_options(group, options: tuple[Option, ...], prefix: str) -> None:
+    """One flag per declared option; its value lands in ``<prefix>__<key>``."""
+    for opt in options:
+        dest = f"{prefix}__{opt.key}"
+        if opt.type is bool:
+            group.add_argument(f"--{opt.flag}", dest=dest, action="store_true", default=None,
+                               help=opt.help)
+        else:
+            group.add_argument(f"--{opt.flag}", dest=dest, type=opt.type, choices=opt.choices,
+                               help=f"{opt.help} (default {opt.default})")
+
+
+def prefixed(args: argparse.Namespace, prefix: str) -> dict[str, Any]:
+    return {k.split("__", 1)[1]: v for k, v in vars(args).items()
+            if k.startswith(f"{prefix}__") and v is not None}
+
+
 def config_from_args(args: argparse.Namespace) -> tuple[ExperimentConfig, Path]:
     values: dict[str, Any] = {}
     if args.preset:
@@ -210,8 +218,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[ExperimentConfig, Path]:
     elif args.config:
         values = load_config_file(args.config)
     for key in ("task", "protocol", "backend", "rounds", "seeds", "local_steps", "local_epochs",
-                "batch_size", "client_lr", "client_split", "ckks_preset", "flooding_bits",
-                "server_blind", "allow_plaintext_updates", "server_lr_schedule",
+                "batch_size", "client_lr", "client_split", "server_blind", "allow_plaintext_updates", "server_lr_schedule",
                 "validation_split", "fedprox_mu", "dp_sgd", "client_dp", "scalar_dp",
                 "dp_delta", "streaming", "workers"):
         if getattr(args, key) is not None:
@@ -224,11 +231,9 @@ def config_from_args(args: argparse.Namespace) -> tuple[ExperimentConfig, Path]:
     values["server_opt"] = server_opt
     protocol_options = dict(values.get("protocol_options", {}))
     protocol_options.update(dict(args.protocol_option or []))
-    for arg, key in (("larc_q", "q"), ("larc_b", "b"), ("larc_normalize", "normalize"),
-                     ("larc_loss_check", "loss_check")):
-        if getattr(args, arg) is not None:
-            protocol_options[key] = getattr(args, arg)
+    protocol_options.update(prefixed(args, "popt"))
     values["protocol_options"] = protocol_options
+    values["backend_options"] = {**values.get("backend_options", {}), **prefixed(args, "bopt")}
     out = args.out or values.pop("out", None)
     values.pop("out", None)
     values["client_lr"] = str(values.get("client_lr", ExperimentConfig.client_lr))
@@ -242,10 +247,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     config, out = config_from_args(args)
     progress = None if args.quiet else stderr_progress
-    metrics, audit = run_experiment(config, progress=progress)
+    result = run_experiment(config, progress=progress)
+    metrics, audit = result.metrics, result.audit
+    for seed, reason in result.aborted.items():
+        print(f"seed {seed} was aborted: {reason}", file=sys.stderr)
     summary = summarize(metrics)
     write_outputs(out, config, metrics, summary, audit)
-    final = summary[summary["round"] == config.rounds].iloc[0]
+    final = summary[summary["round"] == summary["round"].max()].iloc[0]
     metric = "test_pooled" if "test_pooled_mean" in summary else "train_pooled"
     name = get_task(config.task).metric_name
     print(f"{config.protocol} on {config.backend}, {len(config.seeds)} seed(s), "
@@ -253,6 +261,17 @@ def cmd_run(args: argparse.Namespace) -> int:
           f"{final[f'{metric}_std'] if len(config.seeds) > 1 else 0:.4f}; "
           f"bytes/round up {final['bytes_up_mean']:.0f}, down {final['bytes_down_mean']:.0f}")
     print(f"results in {out}/")
+    return 0
+
+
+def cmd_protocols(_: argparse.Namespace) -> int:
+    import inspect
+
+    for name, spec in PROTOCOLS.items():
+        params = [p for p in inspect.signature(spec.protocol.__init__).parameters.values()
+                  if p.name != "self" and p.kind is p.POSITIONAL_OR_KEYWORD]
+        settings = ", ".join(f"{p.name}={p.default!r}" for p in params) or "none"
+        print(f"{name:14s} {spec.summary}\n{'':14s} settings: {settings}")
     return 0
 
 
@@ -288,7 +307,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return {"run": cmd_run, "presets": cmd_presets, "bench": cmd_bench}[args.command](args)
+        return {"run": cmd_run, "presets": cmd_presets, "protocols": cmd_protocols,
+                "bench": cmd_bench}[args.command](args)
     except SecaggError as exc:
         print(f"secagg: error: {exc}", file=sys.stderr)
         return 2

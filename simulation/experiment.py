@@ -1,8 +1,15 @@
-"""The in-process experiment driver: builds clients and server, runs seeds, evaluates.
+"""The experiment driver: builds clients and server, runs seeds, evaluates.
 
-This is the only place that imports both ``clients`` and ``server``: it plays the part of the
-network (an in-process transport) and of the experimenter, who may evaluate the global model
-on the pooled test set — data no party of the protocol holds.
+This is the only place that imports both ``secagg.clients`` and ``secagg.server``: it plays
+the part of the network (an in-process transport by default, worker processes with
+``workers``, or any transport the caller injects) and of the experimenter, who evaluates the
+global model on the pooled test set — data no party of the protocol holds.
+
+It reads nothing from client objects: everything it learns about a run comes through the
+server's messages. In server-blind runs the experimenter's copy of the model arrives sealed
+for the experimenter's own X25519 key (the server relays bytes it cannot open); DP-SGD's ε
+is a number each client reports with its upload; FedDisco's β-VAE is a federated pre-stage
+whose model the server hands to the clients in a declared message.
 """
 
 from __future__ import annotations
@@ -11,31 +18,35 @@ import math
 import sys
 import time
 from collections import Counter
-from functools import partial
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
 import torch
 
+from secagg.backends import BACKENDS, backend_spec, make_client_backend, make_server_backend
+from secagg.backends import resolve_options
 from secagg.clients.privacy import make_private
 from secagg.clients.runtime import Client
-from secagg.clients.tasks import ClientData, FederatedData, Task, get_task
+from secagg.clients.tasks import (ClientData, FederatedData, Task, custom_tasks, get_task,
+                                  register_task)
 from secagg.clients.tasks.tcga_brca import random_client_splits
 from secagg.clients.tasks.vae import BetaVAE, autoencoding, reconstruction_score, vae_loss
 from secagg.clients.training import LocalTrainer, flat_params, set_flat_params
-from secagg.protocols import PROTOCOLS, default_server_optimizer, make_protocol
-from secagg.protocols.optimizers import StepSchedule, make_optimizer
-from secagg.backends import BACKENDS, make_backends
-from secagg.ckks.presets import get_preset
 from secagg.dp import ClientDP, ScalarDP
-from secagg.errors import ConfigError
+from secagg.errors import ConfigError, RoundAborted
+from secagg.protocols import (PROTOCOLS, custom_protocols, default_server_optimizer,
+                              make_client_half, make_protocol, register_protocol)
+from secagg.protocols.optimizers import StepSchedule, make_optimizer
+from secagg.sealing import Observer
 from secagg.server.audit import AuditLog
-from secagg.server.engine import NOISABLE_SCALARS, Server
-from secagg.server.transport import InProcessTransport
-from secagg.simulation.workers import WorkerPoolTransport
+from secagg.server.engine import Server
+from secagg.server.plan import RunPolicy, TrainingPlan, check_run
+from secagg.server.transport import InProcessTransport, Transport
 from secagg.simulation.privacy import client_level_epsilon, scalar_epsilons, scalar_release_counts
+from secagg.simulation.workers import WorkerPoolTransport
 
 
 @dataclass
@@ -43,6 +54,9 @@ class ExperimentConfig:
     task: str = "tcga-brca"
     protocol: str = "fedavg"
     backend: str = "plain"
+    #: the backend's own options (``secagg.backends.BACKENDS[backend].options``), e.g.
+    #: ``{"preset": "wide", "flooding_bits": 30}`` for ckks; defaults fill the rest
+    backend_options: dict[str, Any] = field(default_factory=dict)
     rounds: int = 5
     seeds: list[int] = field(default_factory=lambda: [42])
     local_steps: int = 100
@@ -56,9 +70,6 @@ class ExperimentConfig:
     client_split: float | None = None
     #: number of distinct splits; run seed s uses split s % client_split_count (None: one each)
     client_split_count: int | None = None
-    ckks_preset: str = "compact"
-    #: statistical security of the noise flooding of revealed aggregates; 0 turns it off
-    flooding_bits: int = 30
     #: the server never learns the global update; clients apply the optimizer (ckks only)
     server_blind: bool = False
     #: let aggregators that are not sums (median, trimmed mean) see plaintext updates on ckks
@@ -94,7 +105,8 @@ class ExperimentConfig:
             raise ConfigError(f"unknown protocol {self.protocol!r}; choose from "
                               f"{', '.join(PROTOCOLS)}")
         if self.backend not in BACKENDS:
-            raise ConfigError(f"unknown backend {self.backend!r}; available: {BACKENDS}")
+            raise ConfigError(f"unknown backend {self.backend!r}; available: "
+                              f"{', '.join(BACKENDS)}")
         if self.local_epochs is not None and (not isinstance(self.local_epochs, int)
                                               or self.local_epochs < 1):
             raise ConfigError(f"local_epochs must be a positive integer, got "
@@ -117,47 +129,20 @@ class ExperimentConfig:
         self._check_dp()
         if not isinstance(self.workers, int) or self.workers < 0:
             raise ConfigError(f"workers must be an integer >= 0, got {self.workers!r}")
-        if self.workers:
-            # these read the clients' own state from the driver, which worker processes keep
-            for needs, what in ((self.server_blind, "server_blind (the model lives on the "
-                                 "clients)"), (self.dp_sgd is not None, "dp_sgd (each "
-                                 "client's epsilon)"), (self.protocol == "feddisco",
-                                 "feddisco (the VAE encoder is handed to the clients)")):
-                if needs:
-                    raise ConfigError(f"--workers cannot run {what} yet; use --workers 0")
         if self.client_split_count is not None and (
                 self.client_split is None or self.client_split_count < 1):
             raise ConfigError("client_split_count needs client_split and must be positive")
-        if self.backend == "ckks":
-            get_preset(self.ckks_preset)
-        elif self.server_blind:
-            raise ConfigError("server_blind needs an encrypted backend (--backend ckks): on "
-                              "plain the server reads every upload anyway")
-        if not isinstance(self.flooding_bits, int) or not 0 <= self.flooding_bits <= 128:
-            raise ConfigError(f"flooding_bits must be an integer in [0, 128], got "
-                              f"{self.flooding_bits!r}")
-        StepSchedule.parse(self.client_lr)
+        resolve_options(self.backend, self.backend_options)
+        StepSchedule.parse(self.client_lr, "client-lr")
         if self.server_lr_schedule is not None:
-            StepSchedule.parse(self.server_lr_schedule)
+            StepSchedule.parse(self.server_lr_schedule, "server-lr")
         make_optimizer({**self.optimizer_config(), "dim": 1})
         protocol = make_protocol(self.protocol, **self.protocol_options)
-        if (protocol.needs_individual_updates and self.backend != "plain"
-                and not self.allow_plaintext_updates):
-            raise ConfigError(
-                f"{self.protocol} needs every client's update in plaintext (it is not a sum), "
-                f"so it cannot run on {self.backend} as is; pass --allow-plaintext-updates to "
-                "accept that (the audit will then report individual_updates_revealed: true)")
-        if self.client_dp is not None and not protocol.client_dp_compatible:
-            raise ConfigError(f"{self.protocol}'s update is not one weighted sum of the noised "
-                              "uploads, so client-level DP cannot be accounted for it; use "
-                              "fedavg, fedadam, larc, costwagg, autofedrl, ...")
-        if protocol.observes_validation and self.validation_split is None:
-            raise ConfigError(f"{self.protocol} rewards its agent with the clients' validation "
-                              "loss: give the clients validation samples with "
-                              "--validation-split (e.g. 0.2)")
-        if self.server_blind and protocol.server_computes_update:
-            raise ConfigError(f"{self.protocol} forms the global update in plaintext on the "
-                              "server, so it cannot run server-blind")
+        make_client_half(self.protocol, **self.protocol_options)
+        check_run(self.protocol, protocol.capabilities, backend=self.backend,
+                  backend_can_read=self.backend == "plain", policy=self.policy(),
+                  client_dp=self.client_dp is not None,
+                  validation=self.validation_split is not None)
         return self
 
     def _check_dp(self) -> None:
@@ -201,8 +186,26 @@ class ExperimentConfig:
         cfg.update(self.server_opt)
         return cfg
 
+    def policy(self) -> RunPolicy:
+        return RunPolicy(server_blind=self.server_blind,
+                         allow_plaintext_updates=self.allow_plaintext_updates,
+                         streaming=self.streaming)
+
+    def plan(self, n_clients: int) -> TrainingPlan:
+        return TrainingPlan(
+            client_lr=StepSchedule.parse(self.client_lr, "client-lr"),
+            local_steps=self.local_steps, local_epochs=self.local_epochs,
+            prox_mu=float(self.fedprox_mu),
+            client_dp=(ClientDP(self.client_dp["clip"], self.client_dp["noise"], n_clients)
+                       if self.client_dp else None),
+            scalar_dp=(ScalarDP(self.scalar_dp["low"], self.scalar_dp["high"],
+                                self.scalar_dp["noise"]) if self.scalar_dp else None),
+            reports=({"dp_sgd_epsilon": {"delta": self.dp_delta}} if self.dp_sgd else {}))
+
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "resolved_server_opt": self.optimizer_config()}
+        return {**asdict(self), "resolved_server_opt": self.optimizer_config(),
+                "resolved_backend_options": resolve_options(self.backend,
+                                                            self.backend_options)}
 
 
 def evaluate(task: Task, data: FederatedData, params: np.ndarray) -> dict[str, float]:
@@ -243,6 +246,8 @@ def evaluate(task: Task, data: FederatedData, params: np.ndarray) -> dict[str, f
 class SeedRun:
     rows: list[dict[str, Any]]  # one per round, round 0 = the initial model
     final_params: np.ndarray
+    #: why the run stopped early (a round with no usable client), else None
+    aborted: str | None = None
 
 
 @dataclass
@@ -250,93 +255,85 @@ class ExperimentResult:
     metrics: pd.DataFrame
     audit: AuditLog
     final_params: dict[int, np.ndarray]  # per seed
+    #: seeds whose run was aborted, with the reason
+    aborted: dict[int, str] = field(default_factory=dict)
 
     def __iter__(self):  # ``metrics, audit = run_experiment(...)`` keeps working
         return iter((self.metrics, self.audit))
 
 
-def pretrain_vae(config: ExperimentConfig, seed: int, audit: AuditLog, data: FederatedData,
-                 progress: Callable[[str], None] | None = None) -> Callable:
-    """FedDisco's first stage: train the β-VAE with FedAvg on the same clients and backend;
-    return its encoder, which every client then holds."""
+# ---- clients ----------------------------------------------------------------------------------
+def vae_task(config: ExperimentConfig, data: FederatedData) -> Task:
+    """FedDisco's pre-stage task: the β-VAE on the same clients' samples."""
     n_in = data.train[0].x.shape[1]
-    vae_task = Task("vae", "β-VAE on the task's samples", lambda: data,
-                    lambda: BetaVAE(n_in), partial(vae_loss, beta=config.vae_beta),
-                    reconstruction_score, "-MSE")
-    vae_config = replace(config, protocol="fedavg", server_opt={}, protocol_options={},
-                         rounds=config.vae_rounds, client_lr=str(config.vae_lr),
-                         server_lr_schedule=None, client_split=None)
-    run = run_seed(vae_config, seed, audit, autoencoding(data), progress, task=vae_task,
-                   label=f"{seed}-vae")
-    model = BetaVAE(n_in)
-    set_flat_params(model, run.final_params)
-    model.eval()
-
-    def encode(x: torch.Tensor) -> np.ndarray:
-        with torch.no_grad():
-            return model.encode(x).numpy()
-    return encode
-
-
-def run_seed(config: ExperimentConfig, seed: int, audit: AuditLog,
-             data: FederatedData | None = None,
-             progress: Callable[[str], None] | None = None, task: Task | None = None,
-             label: str | None = None) -> SeedRun:
-    """One federated run, evaluated after every round."""
-    task = task if task is not None else get_task(config.task)
-    data, validation = seed_data(config, seed, data if data is not None else task.load())
-
-    torch.manual_seed(seed)  # FLamby: the seed fixes the initial model (and build_client
-    initial = flat_params(task.make_model())  # each client's batch order)
-    ids = [f"client_{k}" for k in range(data.n_clients)]
-    # with workers, each worker makes its own clients' halves of the backend
-    server_backend, client_backends = make_backends(
-        config.backend, [] if config.workers else ids, config.ckks_preset)
-    if config.workers:
-        transport = WorkerPoolTransport(WorkerClients(config, seed), ids, config.workers)
-        clients = {}
-    else:
-        clients = {cid: build_client(config, seed, task, data.train[k], validation[k], k, cid,
-                                     client_backends[cid]) for k, cid in enumerate(ids)}
-        transport = InProcessTransport({cid: c.handle for cid, c in clients.items()})
-    try:
-        return _run_rounds(config, seed, audit, task, data, initial, server_backend,
-                           transport, clients, progress, label)
-    finally:
-        if config.workers:
-            transport.close()
-
-
-def build_client(config: ExperimentConfig, seed: int, task: Task, part: ClientData,
-                 validation: ClientData | None, k: int, cid: str, backend) -> Client:
-    """Client k of a seed: its data, a trainer whose batch order the seed fixes, and its half
-    of the backend."""
-    trainer = LocalTrainer(task.make_model(), part, task.loss, config.batch_size,
-                           seed=seed * 1000 + k)
-    if config.dp_sgd is not None:
-        trainer = make_private(trainer, max_grad_norm=config.dp_sgd["clip"],
-                               total_steps=config.rounds * local_steps_of(config, part),
-                               noise_multiplier=config.dp_sgd.get("noise"),
-                               target_epsilon=config.dp_sgd.get("epsilon"),
-                               delta=config.dp_delta, seed=seed * 1000 + k)
-    return Client(cid, trainer, backend, validation, seed=seed * 1000 + k + 500)
+    return Task("beta-vae", "β-VAE on the task's samples", lambda: autoencoding(data),
+                lambda: BetaVAE(n_in), partial(vae_loss, beta=config.vae_beta),
+                reconstruction_score, "-MSE")
 
 
 @dataclass
-class WorkerClients:
-    """Builds a seed's clients inside a worker process (picklable): the worker loads the
-    task's data itself and makes the same clients the in-process run would."""
+class ClientFactory:
+    """Builds a seed's clients (picklable, so worker processes build them too): each loads
+    the task's data itself and makes the same clients in any process.
+
+    ``stage``: None for the run itself, or the name of the protocol's pre-stage. Tasks and
+    protocols registered outside secagg travel along and are registered again in workers.
+    """
 
     config: ExperimentConfig
     seed: int
+    stage: str | None = None
+    observer_public: bytes | None = None
+    custom: tuple[dict, dict] = field(default_factory=lambda: (custom_tasks(),
+                                                               custom_protocols()))
 
     def __call__(self, ids: list[str]) -> dict[str, Client]:
-        task = get_task(self.config.task)
-        data, validation = seed_data(self.config, self.seed, task.load())
-        _, backends = make_backends(self.config.backend, ids, self.config.ckks_preset)
-        return {cid: build_client(self.config, self.seed, task, data.train[k], validation[k],
-                                  k, cid, backends[cid])
+        tasks, protocols = self.custom
+        for name, task in tasks.items():
+            register_task(name, task, replace=True)
+        for name, spec in protocols.items():
+            register_protocol(name, spec.protocol, default_optimizer=spec.default_optimizer,
+                              summary=spec.summary, replace=True)
+        config = self.config
+        task = get_task(config.task)
+        data, validation = seed_data(config, self.seed, task.load())
+        if self.stage is not None:
+            task = STAGES[self.stage].task(config, data)
+            data, validation = task.load(), [None] * data.n_clients
+        return {cid: self._build(task, data.train[k], validation[k], k, cid)
                 for cid, k in ((c, int(c.rsplit("_", 1)[1])) for c in ids)}
+
+    def _build(self, task: Task, part: ClientData, validation: ClientData | None, k: int,
+               cid: str) -> Client:
+        """Client k: its data, a trainer whose batch order the seed fixes, its halves of the
+        backend and of the protocol."""
+        config, seed = self.config, self.seed
+        trainer = LocalTrainer(task.make_model(), part, task.loss, config.batch_size,
+                               seed=seed * 1000 + k)
+        protocol, options = config.protocol, config.protocol_options
+        if self.stage is not None:
+            protocol, options = STAGES[self.stage].protocol, {}
+        elif config.dp_sgd is not None:
+            trainer = make_private(trainer, max_grad_norm=config.dp_sgd["clip"],
+                                   total_steps=config.rounds * local_steps_of(config, part),
+                                   noise_multiplier=config.dp_sgd.get("noise"),
+                                   target_epsilon=config.dp_sgd.get("epsilon"),
+                                   delta=config.dp_delta, seed=seed * 1000 + k)
+        return Client(cid, trainer,
+                      make_client_backend(config.backend, cid, config.backend_options),
+                      protocol=make_client_half(protocol, **options), validation=validation,
+                      seed=seed * 1000 + k + 500, observer_public=self.observer_public)
+
+
+#: (clients factory, client ids) -> a transport; the default is in-process or workers
+TransportFactory = Callable[[ClientFactory, list[str]], Transport]
+
+
+def default_transport(factory: ClientFactory, ids: list[str]) -> Transport:
+    if factory.config.workers:
+        return WorkerPoolTransport(factory, ids, factory.config.workers)
+    clients = factory(ids)
+    return InProcessTransport({cid: c.handle for cid, c in clients.items()})
 
 
 def seed_data(config: ExperimentConfig, seed: int, data: FederatedData
@@ -352,72 +349,144 @@ def seed_data(config: ExperimentConfig, seed: int, data: FederatedData
     return data, validation
 
 
-def _run_rounds(config: ExperimentConfig, seed: int, audit: AuditLog, task: Task,
-                data: FederatedData, initial: np.ndarray, server_backend, transport,
-                clients: dict[str, Client], progress, label) -> SeedRun:
-    if config.protocol == "feddisco":
-        encoder = pretrain_vae(config, seed, audit, data, progress)
-        for client in clients.values():
-            client.encoder = encoder
-    audit.run = label or str(seed)
+# ---- pre-stages ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Stage:
+    """A federated pre-stage a protocol asks for (``Capabilities.pretrain``): its task, the
+    protocol and settings it runs with, and the layout the main protocol receives."""
+
+    task: Callable[[ExperimentConfig, FederatedData], Task]
+    protocol: str
+    configure: Callable[[ExperimentConfig], ExperimentConfig]
+    layout: Callable[[FederatedData], dict[str, Any]]
+
+
+STAGES: dict[str, Stage] = {
+    "beta-vae": Stage(
+        vae_task, "fedavg",
+        lambda c: replace(c, protocol="fedavg", server_opt={}, protocol_options={},
+                          rounds=c.vae_rounds, client_lr=str(c.vae_lr),
+                          server_lr_schedule=None, client_split=None, dp_sgd=None,
+                          client_dp=None, scalar_dp=None),
+        lambda data: {"n_in": int(data.train[0].x.shape[1]), "hidden": 32, "latent": 4}),
+}
+
+
+# ---- one seed ---------------------------------------------------------------------------------
+def run_seed(config: ExperimentConfig, seed: int, audit: AuditLog,
+             data: FederatedData | None = None,
+             progress: Callable[[str], None] | None = None, *,
+             transport_factory: TransportFactory | None = None) -> SeedRun:
+    """One federated run, evaluated after every round."""
+    task = get_task(config.task)
+    data, _ = seed_data(config, seed, data if data is not None else task.load())
     protocol = make_protocol(config.protocol, **config.protocol_options)
     protocol.seed(seed)
-    server = Server(
-        protocol, server_backend,
-        make_optimizer({**config.optimizer_config(), "dim": initial.size}), transport, initial,
-        client_lr=StepSchedule.parse(config.client_lr), local_steps=config.local_steps,
-        local_epochs=config.local_epochs,
-        audit=audit, server_blind=config.server_blind,
-        allow_plaintext_updates=config.allow_plaintext_updates,
-        server_lr=(StepSchedule.parse(config.server_lr_schedule)
-                   if config.server_lr_schedule else None),
-        prox_mu=float(config.fedprox_mu),
-        client_dp=(ClientDP(config.client_dp["clip"], config.client_dp["noise"],
-                            len(transport.peers)) if config.client_dp else None),
-        scalar_dp=(ScalarDP(config.scalar_dp["low"], config.scalar_dp["high"],
-                            config.scalar_dp["noise"]) if config.scalar_dp else None),
-        streaming=config.streaming)
-    setup_excluded = server.setup(config.rounds, config.flooding_bits)
-    if setup_excluded and progress:
-        progress(f"  key setup excluded {setup_excluded}")
+    make_transport = transport_factory or default_transport
+    stage = protocol.capabilities.pretrain
+    if stage is not None:
+        spec = STAGES[stage]
+        pre = _run(spec.configure(config), seed, audit, spec.task(config, data), data,
+                   make_protocol(spec.protocol), ClientFactory(config, seed, stage=stage),
+                   make_transport, progress, label=f"{seed}-{stage}")
+        if pre.aborted:
+            return SeedRun(pre.rows[:0], pre.final_params, f"{stage}: {pre.aborted}")
+        protocol.use_pretrained(pre.final_params, spec.layout(data))
+    observer = Observer() if config.server_blind else None
+    factory = ClientFactory(config, seed,
+                            observer_public=observer.public_bytes if observer else None)
+    return _run(config, seed, audit, task, data, protocol, factory, make_transport,
+                progress, label=str(seed), observer=observer)
 
+
+def _run(config: ExperimentConfig, seed: int, audit: AuditLog, task: Task,
+         data: FederatedData, protocol, factory: ClientFactory,
+         make_transport: TransportFactory, progress, label: str,
+         observer: Observer | None = None) -> SeedRun:
+    task_data = task.load() if factory.stage is not None else data
+    torch.manual_seed(seed)  # FLamby: the seed fixes the initial model (and the clients'
+    initial = flat_params(task.make_model())  # batch order)
+    ids = [f"client_{k}" for k in range(task_data.n_clients)]
+    transport = make_transport(factory, ids)
+    try:
+        audit.run = label
+        server = Server(protocol, make_server_backend(config.backend, config.backend_options),
+                        make_optimizer({**config.optimizer_config(), "dim": initial.size}),
+                        transport, initial, plan=config.plan(len(transport.peers)),
+                        policy=config.policy(),
+                        server_lr=(StepSchedule.parse(config.server_lr_schedule, "server-lr")
+                                   if config.server_lr_schedule else None),
+                        audit=audit)
+        return _rounds(config, seed, audit, task, task_data, server, protocol, progress,
+                       observer)
+    finally:
+        close = getattr(transport, "close", None)
+        if close is not None:
+            close()
+
+
+def _rounds(config: ExperimentConfig, seed: int, audit: AuditLog, task: Task,
+            data: FederatedData, server: Server, protocol, progress,
+            observer: Observer | None) -> SeedRun:
     base = {"seed": seed, "task": config.task, "protocol": config.protocol,
             "backend": config.backend}
 
-    def global_model() -> np.ndarray:
-        # the experimenter's view; in server-blind runs only the clients hold the model
-        if not config.server_blind:
+    def global_model(number: int) -> np.ndarray:
+        # the experimenter's view; in server-blind runs the server does not hold the model
+        # after round 0: a client seals it for the experimenter's key
+        if observer is None or number == 0:
             return server.params
-        first = next(c for c in clients if c not in server.left)
-        model = clients[first].global_model
-        return server.params if model is None else model
+        client, blob = server.sealed_model(number - 1)
+        return np.frombuffer(observer.open(blob, f"{client}/round-{number - 1}"),
+                             dtype="<f8").copy()
 
-    rows = [{**base, "round": 0, **evaluate(task, data, global_model())}]
+    rows = [{**base, "round": 0, **evaluate(task, data, server.params)}]
+    try:
+        excluded = server.setup(config.rounds)
+    except RoundAborted as exc:
+        return _aborted(audit, rows, server.params, exc, progress, seed)
+    if excluded and progress:
+        progress(f"  key setup excluded {excluded}")
     scalar_releases: Counter = Counter()  # protected scalars each client revealed so far
-    for rnd in range(config.rounds):
+    scalars = audit.dp_protected & set(protocol.capabilities.client_scalars)
+    model = server.params
+    for number in range(config.rounds):
         first_record = len(audit.records)
         start = time.perf_counter()
-        report = server.run_round(rnd)
-        wall = time.perf_counter() - start
-        traffic = [r for r in audit.records[first_record:] if r["event"] == "message"]
-        scalar_releases += scalar_release_counts(audit.records[first_record:], audit.run,
-                                                 audit.dp_protected & set(NOISABLE_SCALARS))
-        row = {**base, "round": rnd + 1, **evaluate(task, data, global_model()),
+        try:
+            report = server.run_round(number)
+            wall = time.perf_counter() - start
+            model = global_model(number + 1)
+        except RoundAborted as exc:
+            return _aborted(audit, rows, model, exc, progress, seed)
+        records = audit.records[first_record:]
+        traffic = [r for r in records if r["event"] == "message" and r["phase"] != "observe"]
+        scalar_releases += scalar_release_counts(records, audit.run, scalars)
+        row = {**base, "round": number + 1, **evaluate(task, data, model),
                "clients": len(report.clients), "excluded": len(report.excluded),
                "bytes_up": sum(r["bytes"] for r in traffic if r["direction"] == "received"),
                "bytes_down": sum(r["bytes"] for r in traffic if r["direction"] == "sent"),
                "seconds_round": wall,
                **{f"seconds_{k}": v for k, v in report.seconds.items()},
                **protocol.round_log(),
-               **privacy_columns(config, server, clients, rnd, scalar_releases)}
+               **privacy_columns(config, server, report.reports, number, scalar_releases)}
         rows.append(row)
         if progress:
             metric = row.get("test_pooled", row["train_pooled"])
-            progress(f"  seed {seed} round {rnd + 1}/{config.rounds}: {task.metric_name} "
+            progress(f"  seed {seed} round {number + 1}/{config.rounds}: {task.metric_name} "
                      f"{metric:.4f}  up {row['bytes_up'] / 1e3:.1f} kB  down "
                      f"{row['bytes_down'] / 1e3:.1f} kB  {wall:.2f} s"
                      + (f"  excluded {report.excluded}" if report.excluded else ""))
-    return SeedRun(rows, global_model().copy())
+    return SeedRun(rows, np.array(model, copy=True))
+
+
+def _aborted(audit: AuditLog, rows: list[dict[str, Any]], model: np.ndarray,
+             exc: RoundAborted, progress, seed: int) -> SeedRun:
+    """A round with no usable client: record it, keep what was measured, stop this seed."""
+    audit.aborted(exc.round if exc.round is not None else -1, exc.phase or "?", str(exc))
+    if progress:
+        progress(f"  seed {seed} aborted in round {exc.round} phase {exc.phase}: {exc}")
+    return SeedRun(rows, np.array(model, copy=True), str(exc))
 
 
 def local_steps_of(config: ExperimentConfig, part: ClientData) -> int:
@@ -427,19 +496,21 @@ def local_steps_of(config: ExperimentConfig, part: ClientData) -> int:
     return config.local_steps
 
 
-def privacy_columns(config: ExperimentConfig, server: Server, clients: dict, rnd: int,
+def privacy_columns(config: ExperimentConfig, server: Server,
+                    reports: dict[str, dict[str, float]], number: int,
                     scalar_releases: Counter) -> dict[str, float]:
-    """ε spent up to round ``rnd``, per mechanism (worst client where it differs by client)."""
+    """ε spent up to round ``number``, per mechanism (worst client where it differs by
+    client). DP-SGD's ε is what each client reported with its upload this round."""
     out: dict[str, float] = {}
     if config.client_dp is not None:
         out["eps_client_level"] = client_level_epsilon(server.privacy_events, config.dp_delta)
         out["noise_multiplier_realised"] = min(
-            (e["noise_multiplier"] for e in server.privacy_events if e["round"] == rnd),
+            (e["noise_multiplier"] for e in server.privacy_events if e["round"] == number),
             default=float("nan"))
     if config.dp_sgd is not None:
-        per_client = {f"eps_dp_sgd_{cid}": c.trainer.epsilon(config.dp_delta)
-                      for cid, c in clients.items()}
-        out["eps_dp_sgd_max"] = max(per_client.values())
+        per_client = {f"eps_dp_sgd_{cid}": r["dp_sgd_epsilon"]
+                      for cid, r in sorted(reports.items())}
+        out["eps_dp_sgd_max"] = max(per_client.values(), default=float("nan"))
         out.update(per_client)
     if config.scalar_dp is not None:
         eps = scalar_epsilons(scalar_releases, config.scalar_dp["noise"], config.dp_delta)
@@ -477,20 +548,27 @@ def summarize(metrics: pd.DataFrame) -> pd.DataFrame:
 
 
 def run_experiment(config: ExperimentConfig, audit: AuditLog | None = None,
-                   progress: Callable[[str], None] | None = None) -> ExperimentResult:
+                   progress: Callable[[str], None] | None = None, *,
+                   transport_factory: TransportFactory | None = None) -> ExperimentResult:
+    """Every seed of ``config``; ``transport_factory`` replaces the in-process (or worker)
+    transport, e.g. with a network one."""
     config.validate()
     audit = audit if audit is not None else AuditLog()
     data = get_task(config.task).load()
     rows: list[dict[str, Any]] = []
-    final = {}
+    final, aborted = {}, {}
     for i, seed in enumerate(config.seeds):
         if progress:
             progress(f"[{i + 1}/{len(config.seeds)}] {config.protocol} on {config.backend}, "
                      f"task {config.task}, seed {seed}")
-        run = run_seed(config, seed, audit, data, progress)
+        run = run_seed(config, seed, audit, data, progress,
+                       transport_factory=transport_factory)
         rows += run.rows
         final[seed] = run.final_params
-    return ExperimentResult(pd.DataFrame(rows), audit, final)
+        if run.aborted:
+            aborted[seed] = run.aborted
+    metrics = pd.DataFrame(rows)
+    return ExperimentResult(metrics, audit, final, aborted)
 
 
 def stderr_progress(line: str) -> None:

@@ -14,6 +14,7 @@ from secagg.backends.plain import PlainServer
 from secagg.wire import Envelope
 from secagg.server.audit import AuditLog
 from secagg.server.engine import Server
+from secagg.server.plan import RunPolicy, TrainingPlan
 from secagg.server.transport import InProcessTransport
 
 
@@ -53,8 +54,7 @@ def backend_client(cid: str, backend, g: np.ndarray, n: float,
 def make_server(handlers: dict, dim: int = 3, protocol: str = "fedavg",
                 audit: AuditLog | None = None) -> Server:
     return Server(make_protocol(protocol), PlainServer(), SGD(dim, lr=1.0),
-                  InProcessTransport(handlers), np.zeros(dim), client_lr=StepSchedule(),
-                  local_steps=1, audit=audit or AuditLog())
+                  InProcessTransport(handlers), np.zeros(dim), plan=TrainingPlan(local_steps=1), audit=audit or AuditLog())
 
 
 @pytest.fixture

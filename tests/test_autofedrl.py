@@ -180,6 +180,7 @@ def test_a_client_without_validation_samples_is_excluded_with_the_reason():
     from secagg.backends import make_backends
     from secagg.server.audit import AuditLog
     from secagg.server.engine import Server
+    from secagg.server.plan import TrainingPlan
     from secagg.server.transport import InProcessTransport
     from secagg.protocols.optimizers import SGD, StepSchedule
 
@@ -195,7 +196,54 @@ def test_a_client_without_validation_samples_is_excluded_with_the_reason():
     w = flat_params(task.make_model())
     server = Server(AutoFedRL(), server_backend, SGD(dim=w.size, lr=1.0),
                     InProcessTransport({c: cl.handle for c, cl in clients.items()}), w,
-                    client_lr=StepSchedule.parse("0.1"), local_steps=2, audit=AuditLog())
+                    plan=TrainingPlan(client_lr=StepSchedule.parse("0.1"), local_steps=2),
+                    audit=AuditLog())
     report = server.run_round(0)
     assert "c1" in report.excluded and "no validation samples" in report.excluded["c1"]
     assert report.clients == ["c0"]
+
+
+def test_autofedrl_as_rolepro_second_phase_runs_its_agent():
+    """Delegation: as RoLePRO's second phase Auto-FedRL draws the clients' learning rate,
+    gets the validation phase it needs, and is rewarded; the FedAvg phase keeps the run's."""
+    from secagg import wire
+    from secagg.backends import make_backends
+    from secagg.protocols import make_protocol
+    from secagg.protocols.optimizers import SGD, StepSchedule
+    from secagg.server.engine import Server
+    from secagg.server.plan import TrainingPlan
+    from secagg.server.transport import InProcessTransport
+    from secagg.wire import Envelope
+
+    seen: dict[int, list[float]] = {}
+    phases: list[tuple[int, str]] = []
+
+    def client(cid, g, loss):
+        def handle(data):
+            req = Envelope.from_bytes(data)
+            phases.append((req.round, req.phase))
+            if req.phase == "enroll":
+                fields = {"n_samples": wire.scalar(10)}
+            elif req.phase == "validate":
+                fields = {"val_loss": wire.scalar(loss / (1 + req.round))}
+            else:
+                seen.setdefault(req.round, []).append(req.config("train")["lr"])
+                fields = {"pseudo_gradient": wire.vector(g), "n_samples": wire.scalar(10)}
+            return Envelope(cid, "server", req.round, req.phase, fields).to_bytes()
+        return handle
+
+    protocol = make_protocol("rolepro", then="autofedrl", switch_round=1, search="client_lr")
+    assert protocol.capabilities.observes_validation and protocol.capabilities.streams
+    server = Server(protocol, make_backends("plain", ["a", "b"])[0], SGD(2),
+                    InProcessTransport({"a": client("a", np.ones(2), 2.0),
+                                        "b": client("b", np.zeros(2), 1.0)}), np.zeros(2),
+                    plan=TrainingPlan(client_lr=StepSchedule.parse("0.1"), local_steps=1))
+    server.setup(rounds=2)
+    for number in range(2):
+        server.run_round(number)
+    assert seen[0] == [0.1, 0.1]  # FedAvg phase: the run's rate
+    assert len(set(seen[1])) == 1 and 5e-4 <= seen[1][0] <= 5e-2  # drawn by the agent
+    assert [p for p in phases if p[1] == "validate"] == [(0, "validate")] * 4 + \
+        [(1, "validate")] * 2
+    assert len(protocol.then.trajectory) == 1  # rewarded once, for its own round
+    assert protocol.then.trajectory[0]["client_lr"] == seen[1][0]

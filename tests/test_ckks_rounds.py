@@ -17,6 +17,7 @@ from secagg.ckks.secret import SecretKeyHolder
 from secagg.wire import Envelope
 from secagg.server.audit import AuditLog
 from secagg.server.engine import Server
+from secagg.server.plan import RunPolicy, TrainingPlan
 from secagg.server.transport import InProcessTransport
 from secagg.simulation.experiment import ExperimentConfig, run_experiment
 from tests.conftest import backend_client
@@ -26,7 +27,7 @@ SMALL = ExperimentConfig(rounds=2, seeds=[1], local_steps=3, backend="ckks")
 
 def small(protocol: str, **changes) -> ExperimentConfig:
     """A short run of the protocol on its paper's kind of task."""
-    allow = make_protocol(protocol).needs_individual_updates  # medians: not sums
+    allow = make_protocol(protocol).capabilities.needs_individual_updates  # medians: not sums
     cfg = replace(SMALL, protocol=protocol, allow_plaintext_updates=allow, **changes)
     if protocol == "feddisco":  # a β-VAE over images: the digits task
         cfg = replace(cfg, task="digits-niid2", local_epochs=1, batch_size=64, client_lr="0.5",
@@ -39,7 +40,7 @@ def small(protocol: str, **changes) -> ExperimentConfig:
 @pytest.mark.parametrize("protocol", list(PROTOCOLS))
 def test_ckks_audit_lists_only_declared_items(protocol):
     proto = make_protocol(protocol)
-    allow = proto.needs_individual_updates  # medians and trimmed means cannot run on sums
+    allow = proto.capabilities.needs_individual_updates  # medians and trimmed means cannot run on sums
     result = run_experiment(small(protocol))
     summary = result.audit.summary()
     assert summary["individual_updates_revealed"] is allow
@@ -47,7 +48,7 @@ def test_ckks_audit_lists_only_declared_items(protocol):
     assert "pseudo_gradient" in summary["ciphertext_fields_received"]
     vectors = {k: v["plaintext vector"] for k, v in summary["learned_in_plaintext"].items()
                if "plaintext vector" in v}
-    assert vectors and set(vectors) <= set(proto.reveals) | {"global_update"}
+    assert vectors and set(vectors) <= set(proto.capabilities.reveals) | {"global_update"}
     per_round = 6 if allow else 1  # one reveal per round, or every client's update
     rounds = SMALL.rounds + (small(protocol).vae_rounds if protocol == "feddisco" else 0)
     assert all(count == rounds * per_round for count in vectors.values()), vectors
@@ -72,8 +73,8 @@ def test_plain_and_ckks_give_the_same_model(protocol):
     if protocol in ("regagg", "simagg", "rolepro"):
         # A and B hold τ-scaled entries ~1e-5: compact's flooding noise (~1e-10) is ~1e-5 of
         # them; the wide preset's Δ = 2^80 makes it negligible
-        cfg = replace(cfg, ckks_preset="wide")
-    plain = run_experiment(replace(cfg, backend="plain"))
+        cfg = replace(cfg, backend_options={"preset": "wide"})
+    plain = run_experiment(replace(cfg, backend="plain", backend_options={}))
     ckks = run_experiment(cfg)
     assert np.max(np.abs(plain.final_params[1] - ckks.final_params[1])) < 1e-5
     assert (plain.metrics["test_pooled"].round(4).tolist()
@@ -95,7 +96,7 @@ def test_secret_key_bytes_never_reach_the_server():
     handlers = {c: backend_client(c, backends[c], np.full(5, 0.01 * k), 10)
                 for k, c in enumerate(ids)}
     server = Server(make_protocol("fedavg"), server_backend, SGD(5), Spy(handlers), np.zeros(5),
-                    client_lr=StepSchedule(), local_steps=1)
+                    plan=TrainingPlan(local_steps=1))
     server.setup(rounds=2)
     server.run_round(0)
     holders = [backends[c].keys for c in ids]
@@ -143,7 +144,7 @@ def test_bad_ckks_upload_excludes_only_that_client(case):
     handlers["client_bad"] = _tamper("client_bad", backends["client_bad"], mutate)
     audit = AuditLog()
     server = Server(make_protocol("fedavg"), server_backend, SGD(5), InProcessTransport(handlers),
-                    np.zeros(5), client_lr=StepSchedule(), local_steps=1, audit=audit)
+                    np.zeros(5), plan=TrainingPlan(local_steps=1), audit=audit)
     server.setup(rounds=2)
     report = server.run_round(0)
     assert list(report.excluded) == ["client_bad"]
@@ -172,11 +173,11 @@ def test_replayed_upload_from_an_earlier_round_is_caught():
     handlers["client_bad"] = replayer
     audit = AuditLog()
     server = Server(make_protocol("fedavg"), server_backend, SGD(5), InProcessTransport(handlers),
-                    np.zeros(5), client_lr=StepSchedule(), local_steps=1, audit=audit)
+                    np.zeros(5), plan=TrainingPlan(local_steps=1), audit=audit)
     server.setup(rounds=2)
     assert server.run_round(0).excluded == {}
     report = server.run_round(1)
-    assert "client_bad" in report.excluded and "DuplicateMessage" in report.excluded["client_bad"]
+    assert "client_bad" in report.excluded and "StaleMessage" in report.excluded["client_bad"]
 
 
 def test_a_client_whose_values_overflow_is_excluded_with_the_reason():
@@ -186,7 +187,7 @@ def test_a_client_whose_values_overflow_is_excluded_with_the_reason():
                 "client_big": backend_client("client_big", backends["client_big"],
                                         np.full(5, 1e6), 10)}
     server = Server(make_protocol("fedavg"), server_backend, SGD(5), InProcessTransport(handlers),
-                    np.zeros(5), client_lr=StepSchedule(), local_steps=1)
+                    np.zeros(5), plan=TrainingPlan(local_steps=1))
     server.setup(rounds=1)
     report = server.run_round(0)
     assert "exceeds the CKKS preset" in report.excluded["client_big"]
@@ -210,5 +211,5 @@ def test_server_blind_runs_give_the_same_model_and_the_server_never_learns_it():
 def test_server_blind_on_plain_is_refused():
     from secagg.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="server_blind needs an encrypted backend"):
+    with pytest.raises(ConfigError, match="server-blind runs need an encrypted backend"):
         run_experiment(replace(SMALL, backend="plain", server_blind=True))

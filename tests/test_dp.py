@@ -125,7 +125,9 @@ def test_dp_on_and_off_under_ckks_show_the_server_the_same_items():
     on = run_experiment(replace(base, client_dp={"clip": 1.0, "noise": 1.0},
                                 scalar_dp={"low": -1.0, "high": 1.0, "noise": 1.0},
                                 dp_sgd={"clip": 1.0, "noise": 1.0})).audit.summary()
-    assert set(on["learned_in_plaintext"]) == set(off["learned_in_plaintext"])
+    # DP-SGD adds one item: each client's ε so far, a function of public settings and n_i
+    assert set(on["learned_in_plaintext"]) == set(off["learned_in_plaintext"]) | {
+        "dp_sgd_epsilon"}
     assert on["undeclared_plaintext_items"] == off["undeclared_plaintext_items"] == []
     assert on["individual_updates_revealed"] is False
     assert on["dp_protected_items"] == ["delta_loss", "global_update"]
@@ -177,13 +179,13 @@ def test_the_engine_itself_refuses_client_dp_for_protocols_that_are_not_sums():
     from secagg.protocols.optimizers import SGD, StepSchedule
     from secagg.backends import make_backends
     from secagg.server.engine import Server
+    from secagg.server.plan import TrainingPlan
     from secagg.server.transport import InProcessTransport
 
     server_backend, _ = make_backends("plain", ["c0"])
     with pytest.raises(ConfigError, match="not one weighted sum"):
         Server(make_protocol("regagg"), server_backend, SGD(dim=3), InProcessTransport({}),
-               np.zeros(3), client_lr=StepSchedule.parse("0.1"), local_steps=1,
-               client_dp=ClientDP(1.0, 1.0, 1))
+               np.zeros(3), plan=TrainingPlan(local_steps=1, client_dp=ClientDP(1.0, 1.0, 1)))
 
 
 def test_make_private_needs_exactly_one_noise_setting():

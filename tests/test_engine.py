@@ -9,7 +9,7 @@ import pytest
 
 from secagg.protocols.fedavg import sample_size_weights
 from secagg import wire
-from secagg.errors import RoundFailed
+from secagg.errors import RoundAborted
 from secagg.wire import Envelope
 from secagg.server.audit import AuditLog
 from tests.conftest import make_server
@@ -76,8 +76,8 @@ BAD_CLIENTS = {
     "bad magic": (raw(b"XXXX" + b"\0" * 20), "MalformedMessage"),
     "truncated": (lambda d: reply_with(GOOD_UPLOAD)(d)[:-3], "TruncatedMessage"),
     "wrong sender": (reply_with(GOOD_UPLOAD, sender="client_0"), "UnknownSender"),
-    "replayed round": (reply_with(GOOD_UPLOAD, rnd=7), "DuplicateMessage"),
-    "wrong phase": (reply_with(GOOD_UPLOAD, phase="larc_probe"), "DuplicateMessage"),
+    "replayed round": (reply_with(GOOD_UPLOAD, rnd=7), "StaleMessage"),
+    "wrong phase": (reply_with(GOOD_UPLOAD, phase="larc_probe"), "StaleMessage"),
     "missing field": (reply_with({"n_samples": wire.scalar(5)}), "UnexpectedField"),
     "wrong kind": (reply_with({"pseudo_gradient": wire.config({"x": 1}),
                                "n_samples": wire.scalar(5)}), "UnexpectedField"),
@@ -123,7 +123,7 @@ def test_excluded_client_comes_back_next_round(honest):
 
 def test_round_fails_clearly_when_nobody_is_left():
     server = make_server({"client_bad": raw(b"junk")})
-    with pytest.raises(RoundFailed, match="0 usable uploads"):
+    with pytest.raises(RoundAborted, match="no usable client left after phase .train."):
         server.run_round(0)
 
 

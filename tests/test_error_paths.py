@@ -7,15 +7,16 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from secagg.protocols import make_protocol
-from secagg.protocols.optimizers import SGD, StepSchedule
+from secagg.protocols import make_client_half, make_protocol
+from secagg.protocols.optimizers import SGD, StepSchedule, make_optimizer, optimizer_fields
 from secagg import wire
 from secagg.backends import make_backends
 from secagg.backends.ckks_client import CKKSClient, _unb64
 from secagg.ckks.presets import get_preset
-from secagg.errors import ConfigError, KeySetupError, RoundFailed, SecaggError
+from secagg.errors import ConfigError, KeySetupError, RoundAborted, SecaggError
 from secagg.wire import Envelope
 from secagg.server.engine import Server
+from secagg.server.plan import RunPolicy, TrainingPlan
 from secagg.server.transport import InProcessTransport
 from secagg.simulation.cli import load_config_file
 from secagg.simulation.experiment import ExperimentConfig
@@ -24,8 +25,8 @@ from secagg.simulation.experiment import ExperimentConfig
 @pytest.mark.parametrize("changes,message", [
     ({"seeds": [1, 1]}, "seeds repeat"),
     ({"seeds": []}, "non-empty list"),
-    ({"backend": "ckks", "ckks_preset": "huge"}, "unknown CKKS preset"),
-    ({"flooding_bits": -1}, "flooding_bits"),
+    ({"backend": "ckks", "backend_options": {"preset": "huge"}}, "must be one of"),
+    ({"backend": "ckks", "backend_options": {"flooding_bits": -1}}, "flooding_bits"),
     ({"client_split_count": 10}, "client_split_count needs client_split"),
     ({"task": "mnist"}, "unknown task"),
     ({"protocol": "fedsgd"}, "unknown protocol"),
@@ -65,7 +66,7 @@ def test_a_client_on_other_parameters_is_excluded_at_key_setup():
 
     server = Server(make_protocol("fedavg"), server_backend, SGD(3),
                     InProcessTransport({c: handler(c) for c in ids}), np.zeros(3),
-                    client_lr=StepSchedule(), local_steps=1, streaming=False)  # key setup only
+                    plan=TrainingPlan(local_steps=1), policy=RunPolicy(streaming=False))  # key setup only
     excluded = server.setup(rounds=1)
     assert list(excluded) == ["client_odd"] and "KeySetupError" in excluded["client_odd"]
     assert "wide" in excluded["client_odd"]
@@ -75,8 +76,8 @@ def test_key_setup_fails_clearly_when_no_client_answers():
     server_backend, _ = make_backends("ckks", ["client_0"])
     server = Server(make_protocol("fedavg"), server_backend, SGD(3),
                     InProcessTransport({"client_0": lambda data: b"junk"}), np.zeros(3),
-                    client_lr=StepSchedule(), local_steps=1)
-    with pytest.raises(RoundFailed, match="no client answered the key setup"):
+                    plan=TrainingPlan(local_steps=1))
+    with pytest.raises(RoundAborted, match="no usable client left after phase .key_hello."):
         server.setup(rounds=1)
 
 
@@ -98,28 +99,31 @@ def _client(task_name="tcga-brca"):
 
     task = get_task(task_name)
     trainer = LocalTrainer(task.make_model(), task.load().train[5], task.loss, 8, seed=0)
-    return Client("client_5", trainer, PlainClient())
+    return Client("client_5", trainer, PlainClient(), protocol=make_client_half("larc"))
 
 
 def test_client_rejects_misaddressed_unknown_and_out_of_order_requests():
-    from secagg.errors import MalformedMessage
+    from secagg.errors import MalformedMessage, ProtocolStateError
 
     client = _client()
     with pytest.raises(MalformedMessage, match="for client_9"):
         client.handle(Envelope("server", "client_9", 0, "train").to_bytes())
     with pytest.raises(MalformedMessage, match="no handler for phase 'dance'"):
         client.handle(Envelope("server", "client_5", 0, "dance").to_bytes())
-    with pytest.raises(MalformedMessage, match="LARC probe before training"):
-        client.handle(Envelope("server", "client_5", 0, "larc_probe").to_bytes())
-    with pytest.raises(MalformedMessage, match="no global model"):
+    with pytest.raises(ProtocolStateError, match="holds no global model"):
+        client.handle(Envelope("server", "client_5", 0, "larc_probe", {
+            "g_hat": wire.vector(np.zeros(40)), "alpha": wire.scalar(1.0),
+            "loss_check": wire.config({"mode": "full"}),
+            **optimizer_fields(make_optimizer({"name": "sgd", "dim": 40}))}).to_bytes())
+    with pytest.raises(ProtocolStateError, match="no global model"):
         client.handle(Envelope("server", "client_5", 0, "train", {
             "train": wire.config({"lr": 0.1, "steps": 1})}).to_bytes())
-    with pytest.raises(MalformedMessage, match="cannot apply an update"):
+    with pytest.raises(ProtocolStateError, match="cannot apply an update"):
         client.handle(Envelope("server", "client_5", 0, "apply").to_bytes())
 
 
 def test_larc_probe_without_any_optimizer_state_is_refused():
-    from secagg.errors import MalformedMessage
+    from secagg.errors import ProtocolStateError
 
     client = _client()
     client.handle(Envelope("server", "client_5", 0, "train", {
@@ -128,5 +132,5 @@ def test_larc_probe_without_any_optimizer_state_is_refused():
     probe = Envelope("server", "client_5", 0, "larc_probe", {
         "g_hat": wire.vector(np.zeros(40)), "alpha": wire.scalar(1.0),
         "loss_check": wire.config({"mode": "full"})})
-    with pytest.raises(MalformedMessage, match="without optimizer state"):
+    with pytest.raises(ProtocolStateError, match="without optimizer state"):
         client.handle(probe.to_bytes())

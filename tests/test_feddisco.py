@@ -51,5 +51,5 @@ def test_feddisco_pipeline_reports_one_discrepancy_per_client_once():
               and r["direction"] == "received" for f in r["fields"]
               if f["name"] == "discrepancy"]
     assert len(values) == 6 and all(v > 0 for v in values)
-    assert {r["run"] for r in result.audit.records} == {"0", "0-vae"}
+    assert {r["run"] for r in result.audit.records} == {"0", "0-beta-vae"}
     assert result.audit.summary()["undeclared_plaintext_items"] == []

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from secagg.protocols import make_protocol
+from secagg.protocols import make_client_half, make_protocol
 from secagg.protocols.optimizers import SGD, StepSchedule
 from secagg.protocols.rolepro import (cost_weights, regagg, regagg_terms, regcost_weights, simagg,
                                top_k_keep, trimmed_mean)
@@ -15,6 +15,7 @@ from secagg.backends import make_backends
 from secagg.errors import ConfigError
 from secagg.wire import Envelope
 from secagg.server.engine import Server
+from secagg.server.plan import RunPolicy, TrainingPlan
 from secagg.server.transport import InProcessTransport
 
 NU = np.array([0.5, 0.3, 0.2])
@@ -104,10 +105,11 @@ def scripted(cid, backend):
 def test_two_phase_result_equals_the_one_shot_formula(backend, protocol):
     # A and B hold τ-scaled entries (~1e-5 here): on compact the flooded reveal's ~1e-10
     # noise is ~1e-5 of them, so the identity is checked on the wide preset (Δ = 2^80)
-    server_backend, backends = make_backends(backend, list(GS), ckks_preset="wide")
+    server_backend, backends = make_backends(backend, list(GS),
+                                             **({"preset": "wide"} if backend == "ckks" else {}))
     server = Server(make_protocol(protocol), server_backend, SGD(4),
                     InProcessTransport({c: scripted(c, backends[c]) for c in GS}), np.zeros(4),
-                    client_lr=StepSchedule(), local_steps=1)
+                    plan=TrainingPlan(local_steps=1))
     server.setup(rounds=1)
     server.run_round(0)
     gs = np.stack(list(GS.values()))
@@ -124,14 +126,14 @@ def test_loss_ratios_reported_by_a_real_client():
 
     trainer = LocalTrainer(tcga_brca.make_model(), tcga_brca.load().train[3],
                            tcga_brca.cox_loss, 8, seed=0)
-    client = Client("client_3", trainer, PlainClient())
+    client = Client("client_3", trainer, PlainClient(), protocol=make_client_half("costwagg"))
     w0 = np.zeros(40)
 
     def train(rnd, w, ratio):
         req = Envelope("server", "client_3", rnd, "train", {
             "model": wire.vector(w.astype(np.float32)),
             "train": wire.config({"lr": 0.05, "steps": 5}),
-            "report": wire.config({"loss_ratio": ratio})})
+            "loss_ratio": wire.config({"kind": ratio})})
         reply = Envelope.from_bytes(client.handle(req.to_bytes()))
         return reply.scalar("loss_ratio"), reply.vector("pseudo_gradient")
 
@@ -147,19 +149,63 @@ def test_loss_ratios_reported_by_a_real_client():
 def test_two_phase_switches_aggregator():
     from tests.conftest import honest_client
 
+    # five clients: the 20 % trimmed mean drops the farthest from the median per coordinate
+    # (client_4), so it differs from the mean in both coordinates
     gs = {"client_0": (np.array([0.0, 1.0]), 10.0), "client_1": (np.array([0.1, 0.9]), 10.0),
-          "client_2": (np.array([3.0, -2.0]), 10.0)}
-    proto = make_protocol("rolepro", then="trimmedmean", switch_round=1)
-    server_backend, _ = make_backends("plain", list(gs))
-    server = Server(proto, server_backend, SGD(2), InProcessTransport(
-        {c: honest_client(c, g, n) for c, (g, n) in gs.items()}), np.zeros(2),
-        client_lr=StepSchedule(), local_steps=1)
-    server.run_round(0)  # FedAvg: plain mean
-    np.testing.assert_allclose(server.params, [3.1 / 3, -0.1 / 3])
-    before = server.params.copy()
-    server.run_round(1)  # trimmed mean of 3 clients drops floor(0.6) = 0: mean again
-    np.testing.assert_allclose(server.params - before, [3.1 / 3, -0.1 / 3])
-    assert proto.current(type("R", (), {"round": 5})()).name == "trimmedmean"
+          "client_2": (np.array([0.2, 1.1]), 10.0), "client_3": (np.array([0.3, 0.8]), 10.0),
+          "client_4": (np.array([3.0, -2.0]), 10.0)}
+    stacked = np.stack([g for g, _ in gs.values()])
+    mean, trimmed = stacked.mean(axis=0), stacked[:4].mean(axis=0)
+    assert np.all(np.abs(mean - trimmed) > 0.1)  # the wrong phase would show
+
+    def run(switch_round):
+        server = Server(make_protocol("rolepro", then="trimmedmean", switch_round=switch_round),
+                        make_backends("plain", list(gs))[0], SGD(2), InProcessTransport(
+                            {c: honest_client(c, g, n) for c, (g, n) in gs.items()}),
+                        np.zeros(2), plan=TrainingPlan(local_steps=1))
+        steps = []
+        for number in range(3):
+            before = server.params.copy()
+            server.run_round(number)
+            steps.append(server.params - before)
+        return steps
+
+    for switch_round in (0, 1, 2, 3):
+        steps = run(switch_round)
+        for number, step in enumerate(steps):
+            np.testing.assert_allclose(step, mean if number < switch_round else trimmed,
+                                       err_msg=f"switch {switch_round}, round {number}")
+
+
+def _ratio_client(cid, g, ratio):
+    def handle(data):
+        req = Envelope.from_bytes(data)
+        if req.phase == "enroll":
+            return Envelope(cid, "server", req.round, req.phase,
+                            {"n_samples": wire.scalar(10)}).to_bytes()
+        fields = {"pseudo_gradient": wire.vector(g), "n_samples": wire.scalar(10)}
+        if "loss_ratio" in req.fields:  # only when the round's protocol asks for it
+            fields["loss_ratio"] = wire.scalar(ratio)
+        return Envelope(cid, "server", req.round, req.phase, fields).to_bytes()
+    return handle
+
+
+@pytest.mark.parametrize("protocol, options", [
+    ("regcostagg", {}), ("rolepro", {"then": "regcostagg", "switch_round": 0})])
+def test_a_non_positive_loss_ratio_excludes_only_that_client(protocol, options):
+    """Alone or as RoLePRO's second phase, RegCostAgg excludes a client reporting a ratio of
+    −1: with it, the weights r ν / Σ r ν would be 1.2/−1.2 ... and the model would move by
+    (1.2 − 9·1.0)/(1.2 + 0.9 − 1.0) = −7.09 instead of 1.2/2.1 = 0.571."""
+    handlers = {"client_0": _ratio_client("client_0", np.ones(2), 1.2),
+                "client_1": _ratio_client("client_1", np.zeros(2), 0.9),
+                "client_bad": _ratio_client("client_bad", np.full(2, 9.0), -1.0)}
+    server_backend, _ = make_backends("plain", list(handlers))
+    server = Server(make_protocol(protocol, **options), server_backend, SGD(2),
+                    InProcessTransport(handlers), np.zeros(2), plan=TrainingPlan(local_steps=1))
+    server.setup(rounds=1)
+    report = server.run_round(0)
+    assert "loss ratio of -1.0" in report.excluded["client_bad"]
+    np.testing.assert_allclose(server.params, 1.2 / (1.2 + 0.9))
 
 
 def test_bad_rolepro_options():
@@ -175,24 +221,3 @@ def test_bad_rolepro_options():
         make_protocol("trimmedmean", drop_fraction=-0.1)
     with pytest.raises(ConfigError):
         make_protocol("regmedagg", tau=-1.0)
-
-
-def test_a_non_positive_loss_ratio_excludes_only_that_client():
-    def client(cid, g, ratio):
-        def handle(data):
-            req = Envelope.from_bytes(data)
-            return Envelope(cid, "server", req.round, req.phase, {
-                "pseudo_gradient": wire.vector(g), "n_samples": wire.scalar(10),
-                "loss_ratio": wire.scalar(ratio)}).to_bytes()
-        return handle
-
-    handlers = {"client_0": client("client_0", np.ones(2), 1.2),
-                "client_1": client("client_1", np.zeros(2), 0.9),
-                "client_bad": client("client_bad", np.full(2, 9.0), -1.0)}
-    server_backend, _ = make_backends("plain", list(handlers))
-    server = Server(make_protocol("regcostagg"), server_backend, SGD(2),
-                    InProcessTransport(handlers), np.zeros(2), client_lr=StepSchedule(),
-                    local_steps=1)
-    report = server.run_round(0)
-    assert "loss ratio of -1.0" in report.excluded["client_bad"]
-    np.testing.assert_allclose(server.params, 1.2 / (1.2 + 0.9))

@@ -24,6 +24,7 @@ from secagg.errors import WrongContext
 from secagg.wire import Envelope
 from secagg.server.audit import AuditLog
 from secagg.server.engine import Server
+from secagg.server.plan import RunPolicy, TrainingPlan
 from secagg.server.transport import InProcessTransport
 from tests.conftest import backend_client
 
@@ -37,8 +38,8 @@ def run_one_round(backend, streaming, handlers=None, server_backend=None, protoc
         handlers = {c: backend_client(c, backends[c], g, n) for c, (g, n) in GS.items()}
     audit = AuditLog()
     server = Server(make_protocol(protocol), server_backend, SGD(6), InProcessTransport(handlers),
-                    np.zeros(6), client_lr=StepSchedule(), local_steps=1, audit=audit,
-                    streaming=streaming)
+                    np.zeros(6), plan=TrainingPlan(local_steps=1), audit=audit,
+                    policy=RunPolicy(streaming=streaming))
     server.setup(rounds=1)
     report = server.run_round(0)
     return server, report, audit
@@ -137,7 +138,7 @@ def test_a_client_that_fails_enrolment_is_excluded_then_and_from_the_sum():
         return honest(data)
     handlers["client_2"] = zero_at_enrolment
     server = Server(make_protocol("fedavg"), server_backend, SGD(6), InProcessTransport(handlers),
-                    np.zeros(6), client_lr=StepSchedule(), local_steps=1)
+                    np.zeros(6), plan=TrainingPlan(local_steps=1))
     excluded = server.setup(rounds=1)
     assert "reports 0.0 samples" in excluded["client_2"]
     report = server.run_round(0)
@@ -150,11 +151,12 @@ def test_a_client_that_fails_enrolment_is_excluded_then_and_from_the_sum():
 def test_running_sums_refuse_what_they_cannot_add():
     from secagg.backends.ckks_server import CKKSHandle
     from secagg.errors import ConfigError, DuplicateMessage, MalformedCiphertext
+    from secagg.server.exchange import Exchange
     from secagg.server.round import RoundContext
 
     server_backend, backends = make_backends("ckks", ["client_0"])
-    ctx = RoundContext(0, ["client_0"], 5, server_backend, InProcessTransport({}), AuditLog(),
-                       None)
+    ctx = RoundContext(Exchange(0, ["client_0"], InProcessTransport({}), AuditLog()), 5,
+                       server_backend, None)
     total = ctx.running_sum({"client_0": 1.0})
     keys = SecretKeyHolder(get_preset("compact"))
 

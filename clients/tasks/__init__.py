@@ -1,4 +1,9 @@
-"""Tasks: data, model, loss and metric. Only clients and the experiment driver import these."""
+"""Tasks: data, model, loss and metric. Only clients and the experiment driver import these.
+
+``TASKS`` is the registry (CLI choices included); :func:`register_task` adds a task defined
+anywhere. A task's callables must be importable by reference (module-level functions or
+classes) so that worker processes can rebuild it.
+"""
 
 from __future__ import annotations
 
@@ -39,10 +44,29 @@ TASKS = {
 }
 
 
+_BUILTIN = frozenset(TASKS)
+
+
+def register_task(name: str, task: Task, *, replace: bool = False) -> None:
+    """Make ``task`` available as ``name`` (CLI ``--task``, configs, worker processes)."""
+    if not isinstance(task, Task):
+        raise ConfigError(f"register_task({name!r}): expected a Task, got {type(task).__name__}")
+    if name in _BUILTIN or (name in TASKS and not replace):
+        raise ConfigError(f"task {name!r} is already registered"
+                          + ("" if name in _BUILTIN else " (pass replace=True)"))
+    TASKS[name] = task
+
+
+def custom_tasks() -> dict[str, Task]:
+    """Tasks registered from outside secagg (worker processes register them again)."""
+    return {k: v for k, v in TASKS.items() if k not in _BUILTIN}
+
+
 def get_task(name: str) -> Task:
     if name not in TASKS:
         raise ConfigError(f"unknown task {name!r}; choose from {', '.join(TASKS)}")
     return TASKS[name]
 
 
-__all__ = ["ClientData", "FederatedData", "TASKS", "Task", "get_task"]
+__all__ = ["ClientData", "FederatedData", "TASKS", "Task", "custom_tasks", "get_task",
+           "register_task"]

@@ -1,32 +1,130 @@
-"""Aggregation backends: ``plain`` (the baseline) and ``ckks`` (SEAL through TenSEAL).
+"""Aggregation backends, by name: ``plain`` (the baseline) and ``ckks`` (SEAL through TenSEAL).
 
-Server code imports ``secagg.backends.base`` and the server halves only; the client halves
-(which hold keys) are imported by ``make_backends`` when the experiment driver asks for them.
+``BACKENDS`` is the registry everything reads (the experiment driver, the CLI's choices and
+option groups): each entry says how to build the server half and a client's half from the
+backend's own options (:class:`~secagg.backends.base.BackendOption`). Server code imports
+``secagg.backends.base`` and the server halves only; the client halves (which hold keys) are
+imported when a client is built.
 """
 
 from __future__ import annotations
 
-from secagg.backends.base import ClientBackend, ServerBackend
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from secagg.backends.base import BackendOption, ClientBackend, ServerBackend
 from secagg.errors import ConfigError
 
-BACKENDS = ("plain", "ckks")
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """A registry entry: the backend's options and how to build each half from them."""
+
+    name: str
+    summary: str
+    make_server: Callable[[dict[str, Any]], ServerBackend]
+    make_client: Callable[[str, dict[str, Any]], ClientBackend]
+    options: tuple[BackendOption, ...] = field(default_factory=tuple)
+    #: checks across the resolved options (raises ConfigError)
+    check: Callable[[dict[str, Any]], None] | None = None
+
+    def resolve(self, options: Mapping[str, Any]) -> dict[str, Any]:
+        """The options with defaults filled in, each checked (ConfigError otherwise)."""
+        known = {o.key: o for o in self.options}
+        unknown = set(options) - set(known)
+        if unknown:
+            raise ConfigError(f"backend {self.name!r} has no option(s) {sorted(unknown)}; "
+                              f"its options: {sorted(known) or 'none'}")
+        out = {}
+        for key, opt in known.items():
+            value = options.get(key, opt.default)
+            if not isinstance(value, opt.type) or isinstance(value, bool) != (opt.type is bool):
+                raise ConfigError(f"backend option {key} must be a {opt.type.__name__}, got "
+                                  f"{value!r}")
+            if opt.choices is not None and value not in opt.choices:
+                raise ConfigError(f"backend option {key} must be one of {opt.choices}, got "
+                                  f"{value!r}")
+            out[key] = value
+        if self.check is not None:
+            self.check(out)
+        return out
 
 
-def make_backends(name: str, client_ids: list[str], ckks_preset: str = "compact"
+def _plain_server(options: dict[str, Any]) -> ServerBackend:
+    from secagg.backends.plain import PlainServer
+
+    return PlainServer()
+
+
+def _plain_client(client_id: str, options: dict[str, Any]) -> ClientBackend:
+    from secagg.backends.plain import PlainClient
+
+    return PlainClient()
+
+
+def _ckks_server(options: dict[str, Any]) -> ServerBackend:
+    from secagg.backends.ckks_server import CKKSServer
+    from secagg.ckks.presets import get_preset
+
+    return CKKSServer(get_preset(options["preset"]), flooding_bits=options["flooding_bits"])
+
+
+def _ckks_client(client_id: str, options: dict[str, Any]) -> ClientBackend:
+    from secagg.backends.ckks_client import CKKSClient  # holds the secret key
+    from secagg.ckks.presets import get_preset
+
+    return CKKSClient(client_id, get_preset(options["preset"]))
+
+
+def _check_flooding(options: dict[str, Any]) -> None:
+    if not 0 <= options["flooding_bits"] <= 128:
+        raise ConfigError(f"flooding_bits must lie in [0, 128], got {options['flooding_bits']}")
+
+
+BACKENDS: dict[str, BackendSpec] = {
+    "plain": BackendSpec("plain", "float vectors; the server sees everything (baseline)",
+                         _plain_server, _plain_client),
+    "ckks": BackendSpec(
+        "ckks", "CKKS ciphertexts under one key the clients share (SEAL via TenSEAL)",
+        _ckks_server, _ckks_client, (
+            BackendOption("preset", "ckks-preset", str, "compact",
+                          "parameter set: compact (N=4096, moduli 47+46+16 bits) or wide "
+                          "(N=8192, 60+60+60 bits); both 128-bit secure (SEAL enforces it)", ("compact", "wide")),
+            BackendOption("flooding_bits", "flooding-bits", int, 30,
+                          "statistical security of the noise flooding of revealed aggregates "
+                          "(0 turns flooding off and is insecure)"),
+        ), _check_flooding),
+}
+
+
+def backend_spec(name: str) -> BackendSpec:
+    if name not in BACKENDS:
+        raise ConfigError(f"unknown backend {name!r}; available: {', '.join(BACKENDS)}")
+    return BACKENDS[name]
+
+
+def resolve_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    return backend_spec(name).resolve(options)
+
+
+def make_server_backend(name: str, options: Mapping[str, Any]) -> ServerBackend:
+    return backend_spec(name).make_server(resolve_options(name, options))
+
+
+def make_client_backend(name: str, client_id: str, options: Mapping[str, Any]
+                        ) -> ClientBackend:
+    return backend_spec(name).make_client(client_id, resolve_options(name, options))
+
+
+__all__ = ["BACKENDS", "BackendOption", "BackendSpec", "ClientBackend", "ServerBackend",
+           "backend_spec", "make_client_backend", "make_server_backend", "resolve_options"]
+
+
+def make_backends(name: str, client_ids: list[str], **options: Any
                   ) -> tuple[ServerBackend, dict[str, ClientBackend]]:
-    """Set up one backend: the server half and one client half per client."""
-    if name == "plain":
-        from secagg.backends.plain import PlainClient, PlainServer
-
-        return PlainServer(), {c: PlainClient() for c in client_ids}
-    if name == "ckks":
-        from secagg.backends.ckks_client import CKKSClient
-        from secagg.backends.ckks_server import CKKSServer
-        from secagg.ckks.presets import get_preset
-
-        preset = get_preset(ckks_preset)
-        return CKKSServer(preset), {c: CKKSClient(c, preset) for c in client_ids}
-    raise ConfigError(f"unknown backend {name!r}; available: {', '.join(BACKENDS)}")
+    """Both halves at once (tests, benchmarks): the server's and one per client."""
+    return (make_server_backend(name, options),
+            {c: make_client_backend(name, c, options) for c in client_ids})
 
 
-__all__ = ["BACKENDS", "ClientBackend", "ServerBackend", "make_backends"]
+__all__ += ["make_backends"]

@@ -1,15 +1,36 @@
-"""The aggregation interface every protocol is written against.
+"""The backend contract: what a protocol's sums run on, and who may open them.
 
 A backend has two halves that never live in the same process in a real deployment:
 
 - :class:`ClientBackend`, in each client: turns a flat float vector into a wire field
-  (``protect``) and reads an aggregate the server sent back (``open``). It may hold secret keys.
+  (``protect``) and reads an aggregate the server sent back (``open``). It may hold secret
+  keys (or key shares).
 - :class:`ServerBackend`, in the server: loads uploaded fields into opaque *handles*, forms
   weighted sums of handles, and ships a handle back as a field. It never holds a secret key;
   ``can_read`` says whether it can look inside a handle at all (only ``plain`` can).
 
-Revealing an aggregate is the round engine's job (``server.round.RoundContext.reveal``): on a
-backend whose server cannot read, it asks a decryptor client.
+**Key model** (``ServerBackend.key_model``) — who may open an aggregate:
+
+- ``"none"``: nothing is encrypted (``plain``); the server reads every handle.
+- ``"shared"``: every client holds the one secret key (``ckks``); any single client can
+  open an aggregate: a client asked to reveal one for the server (a *decryptor*) decrypts
+  it and floods the result, and a protocol's client half opens what the server sends it.
+- ``"threshold"`` (planned): no client alone can; opening takes decryption shares from
+  every client (or t of them), fused by whoever is to learn the result.
+
+**Reveal authorisation.** :meth:`ServerBackend.reveal` names the aggregate it asks to have
+opened (``name``) and carries the ciphertext; the weights and contributors it claims are
+the round's (``RoundContext.releases``). Today a decryptor trusts the server's request
+within its decryption budget; verifying that the request is a sum of this round's
+authenticated uploads with bounded weights is the next step (the threat-model issue), and
+the contract leaves room for it: a reveal request is one envelope a client can check.
+
+**Weights** of every sum satisfy |w| ≤ ``MAX_WEIGHT`` on every backend
+(``secagg.server.round`` enforces it): encrypted sums need it for their headroom.
+
+**Options**: each backend declares its own option group (:class:`BackendOption`), which the
+registry (``secagg.backends.BACKENDS``) turns into CLI flags and config keys; the engine and
+the CLI name no backend option themselves. A new backend is a module plus a registry entry.
 """
 
 from __future__ import annotations
@@ -19,7 +40,17 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from secagg.options import Option
+
 from secagg.wire import Envelope, Field
+
+
+#: the largest |weight| a sum may use on any backend
+MAX_WEIGHT = 1.0
+
+
+#: one setting of a backend (config ``backend_options.<key>``, CLI ``--<flag>``)
+BackendOption = Option
 
 
 class ClientBackend(ABC):
@@ -62,6 +93,8 @@ class RunningSum(ABC):
 
 class ServerBackend(ABC):
     name: str
+    #: who may open an aggregate: "none", "shared" or "threshold" (module docstring)
+    key_model: str
     #: wire kind of a protected vector: what the server receives when a client uploads one
     upload_kind: str
     #: whether the server can read a handle (True only for the plaintext baseline)
@@ -88,9 +121,10 @@ class ServerBackend(ABC):
     def read(self, handle: Any) -> np.ndarray:
         raise PermissionError(f"the {self.name} server backend cannot read ciphertexts")
 
-    def setup(self, rnd: Any, decryption_budget: int, flooding_bits: int) -> None:
-        """Phases run once before round 0 (key setup); nothing for plain."""
+    def setup(self, ctx: Any, decryption_budget: int) -> None:
+        """Phases run once before round 0 (key setup); nothing for plain.
+        ``decryption_budget``: how many aggregates the run will reveal at most."""
 
-    def reveal(self, rnd: Any, handle: Any, name: str) -> tuple[np.ndarray, str]:
-        """Have an aggregate decrypted for the server; returns (values, who decrypted)."""
+    def reveal(self, ctx: Any, handle: Any, name: str) -> tuple[np.ndarray, str]:
+        """Have an aggregate opened for the server; returns (values, who opened it)."""
         return self.read(handle), "server"

@@ -14,7 +14,7 @@ from secagg.ckks.keywrap import KeyWrapper
 from secagg.ckks.presets import CKKSPreset, get_preset
 from secagg.ckks.public import params_fingerprint
 from secagg.ckks.secret import SecretKeyHolder
-from secagg.errors import KeySetupError, MalformedMessage
+from secagg.errors import KeySetupError, ProtocolStateError
 from secagg.wire import Envelope, Field
 
 
@@ -85,7 +85,7 @@ class CKKSClient(ClientBackend):
             raise KeySetupError(f"{self.id} has no key setup")
         budget = int(self._setup["decryption_budget"])
         if self.decryptions >= budget:
-            raise MalformedMessage(f"{self.id} refuses decryption {self.decryptions + 1}: the "
+            raise ProtocolStateError(f"{self.id} refuses decryption {self.decryptions + 1}: the "
                                    f"flooding was sized for {budget}")
         info = env.config("reveal")
         sigma = flooding_sigma(error_bound(self._setup["n_clients"], self.preset.weight_bits),

@@ -16,7 +16,7 @@ from secagg import wire
 from secagg.backends.base import RunningSum, ServerBackend
 from secagg.ckks.presets import CKKSPreset
 from secagg.ckks.public import CiphertextSum, PublicCKKS, params_fingerprint, to_bytes
-from secagg.errors import KeySetupError, MalformedCiphertext, RoundFailed
+from secagg.errors import KeySetupError, MalformedCiphertext, RoundAborted
 from secagg.wire import Envelope, Field
 
 
@@ -31,10 +31,12 @@ class CKKSServer(ServerBackend):
     name = "ckks"
     upload_kind = wire.CIPHERTEXT
     can_read = False
+    key_model = "shared"
     declares = ("x25519_public", "installed")  # clients' public keys; key-install receipts
 
-    def __init__(self, preset: CKKSPreset):
+    def __init__(self, preset: CKKSPreset, flooding_bits: int = 30):
         self.preset = preset
+        self.flooding_bits = flooding_bits
         self.public = PublicCKKS(preset)
         self.fingerprint = params_fingerprint(preset)
         self._reveals = 0
@@ -45,20 +47,24 @@ class CKKSServer(ServerBackend):
                 "decryption_budget": decryption_budget, "flooding_bits": flooding_bits}
 
     # ---- key setup: the clients make one CKKS key and share it through the server ----------
-    def setup(self, rnd, decryption_budget: int, flooding_bits: int) -> None:
+    def setup(self, rnd, decryption_budget: int) -> None:
         clients = list(rnd.active)
-        setup = wire.config(self.setup_config(len(clients), decryption_budget, flooding_bits))
+        setup = wire.config(self.setup_config(len(clients), decryption_budget,
+                                              self.flooding_bits))
         hello = rnd.ask("key_hello", {c: {"setup": setup} for c in clients},
                         expect={"x25519_public": wire.CONFIG})
         publics = {c: env.config("x25519_public")["key"] for c, env in hello.items()}
         if not publics:
-            raise RoundFailed("no client answered the key setup")
+            raise RoundAborted("no client answered the key setup", round=rnd.round,
+                               phase="key_hello", exclusions=rnd.excluded)
         leader, *others = list(publics)
         gen = rnd.ask("key_generate", {leader: {
             "setup": setup, "peers": wire.config({c: publics[c] for c in others})}},
             expect={f"wrapped_key.{c}": wire.CIPHERTEXT for c in others})
         if leader not in gen:
-            raise RoundFailed(f"key leader {leader} failed: {rnd.excluded.get(leader)}")
+            raise RoundAborted(f"key leader {leader} failed: {rnd.excluded.get(leader)}",
+                               round=rnd.round, phase="key_generate",
+                               exclusions=rnd.excluded)
         install = {c: {"setup": setup, "leader": wire.config({"id": leader,
                                                               "key": publics[leader]}),
                        "wrapped_key": wire.ciphertext(gen[leader].ciphertext_parts(
@@ -100,7 +106,8 @@ class CKKSServer(ServerBackend):
                 self._reveals += 1
                 return reply[decryptor].vector(name, handle.n_values), decryptor
             errors[decryptor] = rnd.excluded.get(decryptor)
-        raise RoundFailed(f"no decryptor could reveal {name}: {errors}")
+        raise RoundAborted(f"no decryptor could reveal {name}: {errors}", round=rnd.round,
+                           phase="reveal", exclusions=rnd.excluded)
 
 
 class CKKSRunningSum(RunningSum):

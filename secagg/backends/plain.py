@@ -29,6 +29,7 @@ class PlainServer(ServerBackend):
     name = "plain"
     upload_kind = wire.VECTOR
     can_read = True
+    key_model = "none"
 
     def load(self, envelope: Envelope, name: str, length: int) -> np.ndarray:
         return envelope.vector(name, length)

@@ -1,0 +1,119 @@
+"""What a run asks of its clients and what it allows, checked once.
+
+- :class:`TrainingPlan`: the settings every training request carries (learning-rate
+  schedule, local work, FedProx, client-level and scalar DP, reports the run wants);
+- :class:`RunPolicy`: how the server runs (server-blind, plaintext updates allowed,
+  streaming, minimum clients, message size limit);
+- :func:`check_run`: the one place that says which protocol, backend and policy go together.
+  The experiment driver calls it before any work, the engine again for direct use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from secagg import wire
+from secagg.dp import ClientDP, ScalarDP
+from secagg.errors import ConfigError
+from secagg.protocols.base import Capabilities
+from secagg.protocols.optimizers import StepSchedule
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainingPlan:
+    """What every client is asked to do in a training phase.
+
+    Parameters:
+        client_lr: the client learning rate per round.
+        local_steps: SGD steps per round (ignored when ``local_epochs`` is set).
+        local_epochs: local epochs per round instead of steps.
+        prox_mu: FedProx's proximal weight μ (0: plain local SGD).
+        client_dp: clip and noise every update before protecting it (client-level DP).
+        scalar_dp: clip and noise every scalar clients report (the protocol's
+            ``client_scalars``).
+        reports: data-independent numbers clients attach to their training reply, by name,
+            with their settings (``{"dp_sgd_epsilon": {"delta": 1e-5}}``).
+    """
+
+    client_lr: StepSchedule = field(default_factory=StepSchedule)
+    local_steps: int = 100
+    local_epochs: int | None = None
+    prox_mu: float = 0.0
+    client_dp: ClientDP | None = None
+    scalar_dp: ScalarDP | None = None
+    reports: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def settings(self, round_number: int) -> dict[str, Any]:
+        """The ``train`` config of a round, before the protocol adjusts it."""
+        work = ({"epochs": self.local_epochs} if self.local_epochs else
+                {"steps": self.local_steps})
+        out: dict[str, Any] = {"lr": self.client_lr.at(round_number), **work}
+        if self.prox_mu:
+            out["prox_mu"] = self.prox_mu
+        if self.client_dp is not None:
+            out["client_dp"] = self.client_dp.config()
+        if self.scalar_dp is not None:
+            out["scalar_dp"] = self.scalar_dp.config()
+        if self.reports:
+            out["reports"] = dict(self.reports)
+        return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunPolicy:
+    """How the server runs.
+
+    Parameters:
+        server_blind: the server never learns the global update; clients decrypt it and
+            apply their copy of the server optimizer (encrypted backends only).
+        allow_plaintext_updates: aggregators that are not sums (medians) may receive each
+            client's update in plaintext on an encrypted backend; the audit says so.
+        streaming: fold uploads into a running sum as they arrive, where the protocol's
+            weights are known beforehand.
+        min_clients: a round with fewer usable uploads is aborted.
+        max_message_bytes: the largest reply the server decodes.
+    """
+
+    server_blind: bool = False
+    allow_plaintext_updates: bool = False
+    streaming: bool = True
+    min_clients: int = 1
+    max_message_bytes: int = wire.DEFAULT_MAX_BYTES
+
+    def __post_init__(self):
+        if not isinstance(self.min_clients, int) or self.min_clients < 1:
+            raise ConfigError(f"min_clients must be a positive integer, got "
+                              f"{self.min_clients!r}")
+
+
+def check_run(protocol: str, capabilities: Capabilities, *, backend: str,
+              backend_can_read: bool, policy: RunPolicy, client_dp: bool,
+              validation: bool | None = None) -> None:
+    """Refuse combinations that cannot work, with what to do instead.
+
+    ``validation``: whether the clients hold validation samples (None: unknown here)."""
+    if policy.server_blind and backend_can_read:
+        raise ConfigError("server-blind runs need an encrypted backend (--backend ckks): on "
+                          f"{backend} the server reads every upload anyway")
+    if policy.server_blind and capabilities.server_computes_update:
+        raise ConfigError(f"{protocol} forms the global update in plaintext on the server "
+                          "(from revealed sums), so it cannot run server-blind")
+    if policy.server_blind and capabilities.pretrain:
+        raise ConfigError(f"{protocol} pre-trains a model ({capabilities.pretrain}) that the "
+                          "server hands to the clients, which a server-blind run would keep "
+                          "from it; run it without --server-blind")
+    if capabilities.needs_individual_updates and not backend_can_read \
+            and not policy.allow_plaintext_updates:
+        raise ConfigError(
+            f"{protocol} needs every client's update in plaintext (it is not a sum), so it "
+            f"cannot run on {backend} as is; pass --allow-plaintext-updates to accept that "
+            "(the audit will then report individual_updates_revealed: true)")
+    if client_dp and not capabilities.client_dp_compatible:
+        raise ConfigError(f"{protocol}'s update is not one weighted sum of the clients' "
+                          "noised uploads, so client-level DP cannot be accounted for it; use "
+                          "a weighted-sum protocol (fedavg, fedadam, larc, costwagg, ...)")
+    if capabilities.observes_validation and validation is False:
+        raise ConfigError(f"{protocol} rewards its agent with the clients' validation loss: "
+                          "give the clients validation samples with --validation-split "
+                          "(e.g. 0.2)")
