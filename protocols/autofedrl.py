@@ -34,6 +34,7 @@ import numpy as np
 from secagg.protocols.base import Capabilities, Protocol, RoundAPI, Upload
 from secagg.protocols.hpo_agents import ContinuousAgent, DiscreteAgent, MLPAgent, SearchSpace
 from secagg.errors import ConfigError
+from secagg.protocols.registry import register_protocol
 
 SEARCHABLE = ("client_lr", "local_steps", "aggregation_weights", "server_lr")
 AGENTS = ("cs", "ds", "mlp")
@@ -150,9 +151,9 @@ class AutoFedRL(Protocol):
             self.agent = ContinuousAgent(self.space.dim, init_sigma=self.init_sigma, **kw)
 
     # ---- the round ----------------------------------------------------------------------
-    def begin_round(self, rnd: RoundAPI) -> float | None:
+    def begin_round(self, ctx: RoundAPI) -> float | None:
         if self.agent is None:
-            self._build(list(rnd.active))
+            self._build(list(ctx.active))
         start = time.perf_counter()
         h = self.agent.sample()
         self.search_seconds += time.perf_counter() - start
@@ -160,7 +161,7 @@ class AutoFedRL(Protocol):
         self._awaiting_reward = True
         return self.plan.get("server_lr")
 
-    def train_settings(self, rnd: RoundAPI, client: str, settings: dict[str, Any]
+    def train_settings(self, ctx: RoundAPI, client: str, settings: dict[str, Any]
                        ) -> dict[str, Any]:
         if "client_lr" in self.plan:
             settings["lr"] = self.plan["client_lr"]
@@ -169,7 +170,7 @@ class AutoFedRL(Protocol):
             settings["steps"] = int(self.plan["local_steps"])
         return settings
 
-    def planned_weights(self, rnd: RoundAPI, n_samples: Mapping[str, float]
+    def planned_weights(self, ctx: RoundAPI, n_samples: Mapping[str, float]
                         ) -> dict[str, float]:
         """n_k·exp(aw_k) / Σ with this round's aw drawn in ``begin_round``: known before the
         uploads, so the server can fold them as they arrive."""
@@ -181,16 +182,16 @@ class AutoFedRL(Protocol):
             aw = {c: 0.0 for c in n_samples}
         return searched_weights(n_samples, aw)
 
-    def aggregate(self, rnd: RoundAPI, uploads: Mapping[str, Upload]) -> Any:
-        weights = self.planned_weights(rnd, {c: u.n_samples for c, u in uploads.items()})
-        return rnd.weighted_sum({c: u.handle for c, u in uploads.items()}, weights)
+    def aggregate(self, ctx: RoundAPI, uploads: Mapping[str, Upload]) -> Any:
+        weights = self.planned_weights(ctx, {c: u.n_samples for c, u in uploads.items()})
+        return ctx.weighted_sum({c: u.handle for c, u in uploads.items()}, weights)
 
     def round_log(self) -> dict[str, float]:
         last = self.trajectory[-1] if self.trajectory else {}
         return {**{k: v for k, v in last.items() if k != "round"},
                 "agent_seconds": self.search_seconds}
 
-    def observe_validation(self, rnd: RoundAPI, losses: Mapping[str, float]) -> None:
+    def observe_validation(self, ctx: RoundAPI, losses: Mapping[str, float]) -> None:
         mean_loss = float(np.mean(list(losses.values())))
         if self._awaiting_reward and self._previous_loss is not None:
             # with scalar DP the reported losses are noised and the mean can be <= 0
@@ -199,7 +200,12 @@ class AutoFedRL(Protocol):
             start = time.perf_counter()
             self.agent.step(reward)
             self.search_seconds += time.perf_counter() - start
-            self.trajectory.append({"round": rnd.round, **self.plan, "val_loss": mean_loss,
+            self.trajectory.append({"round": ctx.round, **self.plan, "val_loss": mean_loss,
                                     "reward": reward})
             self._awaiting_reward = False
         self._previous_loss = mean_loss
+
+
+register_protocol("autofedrl", AutoFedRL,
+                  summary="online RL hyperparameter search (needs --validation-split)",
+                  _builtin=True)

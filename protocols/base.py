@@ -255,28 +255,28 @@ class Protocol(ABC):
     def seed(self, seed: int) -> None:
         """Protocols with randomness of their own draw it from the run's seed."""
 
-    def begin_round(self, rnd: RoundAPI) -> float | None:
+    def begin_round(self, ctx: RoundAPI) -> float | None:
         """Called before the training phase; may return this round's server learning rate."""
         return None
 
-    def train_settings(self, rnd: RoundAPI, client: str, settings: dict[str, Any]
+    def train_settings(self, ctx: RoundAPI, client: str, settings: dict[str, Any]
                        ) -> dict[str, Any]:
         """A client's training settings (``lr``, ``steps`` or ``epochs``, ``prox_mu``) for
         this round; the engine's defaults unless the protocol chooses them."""
         return settings
 
-    def observe_validation(self, rnd: RoundAPI, losses: Mapping[str, float]) -> None:
+    def observe_validation(self, ctx: RoundAPI, losses: Mapping[str, float]) -> None:
         """The clients' validation losses of the current global model."""
 
-    def train_fields(self, rnd: RoundAPI, client: str) -> dict[str, Field]:
+    def train_fields(self, ctx: RoundAPI, client: str) -> dict[str, Field]:
         """Extra fields for a client's training request (none by default)."""
         return {}
 
-    def train_reply(self, rnd: RoundAPI) -> dict[str, str]:
+    def train_reply(self, ctx: RoundAPI) -> dict[str, str]:
         """Extra scalar fields the training reply must carry (name -> wire kind)."""
         return {}
 
-    def planned_weights(self, rnd: RoundAPI, n_samples: Mapping[str, float]
+    def planned_weights(self, ctx: RoundAPI, n_samples: Mapping[str, float]
                         ) -> Mapping[str, float] | None:
         """This round's weights, fixed before any upload arrives (protocols that stream).
 
@@ -287,7 +287,7 @@ class Protocol(ABC):
         upload at once (the weights depend on all of them, or a second phase reuses them)."""
         return None
 
-    def check_upload(self, rnd: RoundAPI, client: str, upload: Upload) -> None:
+    def check_upload(self, ctx: RoundAPI, client: str, upload: Upload) -> None:
         """Raise ClientInputError if an upload's extra scalars are unusable: the engine then
         excludes that client from the round instead of failing the run."""
 
@@ -296,7 +296,7 @@ class Protocol(ABC):
         raise ConfigError(f"{self.name} has no pre-stage")
 
     @abstractmethod
-    def aggregate(self, rnd: RoundAPI, uploads: Mapping[str, Upload]) -> Any:
+    def aggregate(self, ctx: RoundAPI, uploads: Mapping[str, Upload]) -> Any:
         """Combine the uploads into the global pseudo-gradient, still protected (a handle).
 
         The engine reveals it to the server, or in server-blind runs sends it to the clients,

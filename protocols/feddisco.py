@@ -33,6 +33,7 @@ from secagg.errors import ConfigError, ProtocolStateError
 from secagg.protocols.base import (Capabilities, ClientAPI, ClientHalf, ClientHandler, Protocol,
                                    RoundAPI, Upload)
 from secagg.wire import Envelope, Field
+from secagg.protocols.registry import register_protocol
 
 
 def wasserstein_to_standard_normal(samples: np.ndarray) -> float:
@@ -108,7 +109,7 @@ class FedDisco(Protocol):
     def describe(self):
         return {"name": self.name, "alpha": self.alpha, "b": self.b}
 
-    def aggregate(self, rnd: RoundAPI, uploads: Mapping[str, Upload]) -> Any:
+    def aggregate(self, ctx: RoundAPI, uploads: Mapping[str, Upload]) -> Any:
         missing = [c for c in uploads if c not in self.d]
         if missing:  # first round (or a newcomer): ask for the discrepancy once
             if self.vae is None:
@@ -116,11 +117,16 @@ class FedDisco(Protocol):
                                          "the experiment driver, which pre-trains it)")
             request = {"vae_model": wire.vector(self.vae[0]),
                        "vae_layout": wire.config(self.vae[1])}
-            replies = rnd.ask("discrepancy", {c: request for c in missing},
+            replies = ctx.ask("discrepancy", {c: request for c in missing},
                               expect={"discrepancy": wire.SCALAR})
             self.d.update({c: env.scalar("discrepancy") for c, env in replies.items()})
         clients = [c for c in uploads if c in self.d]
         n = np.array([uploads[c].n_samples for c in clients])
         p = disco_weights(n / n.sum(), np.array([self.d[c] for c in clients]), self.alpha,
                           self.b)
-        return rnd.weighted_sum({c: uploads[c].handle for c in clients}, dict(zip(clients, p)))
+        return ctx.weighted_sum({c: uploads[c].handle for c in clients}, dict(zip(clients, p)))
+
+
+register_protocol("feddisco", FedDisco,
+                  summary="beta-VAE discrepancy weights (pre-trains the VAE first)",
+                  _builtin=True)

@@ -34,6 +34,7 @@ from secagg.protocols.base import (Capabilities, ClientAPI, ClientHalf, ClientHa
                                    RoundAPI, Upload)
 from secagg.protocols.optimizers import optimizer_fields, optimizer_from_envelope
 from secagg.wire import Envelope, Field
+from secagg.protocols.registry import register_protocol
 
 LOSS_CHECKS = ("full", "weights_only")
 
@@ -106,19 +107,25 @@ class LARC(Protocol):
         return {"name": self.name, "q": self.q, "b": self.b, "normalize": self.normalize,
                 "loss_check": self.loss_check}
 
-    def aggregate(self, rnd: RoundAPI, uploads: Mapping[str, Upload]) -> Any:
+    def aggregate(self, ctx: RoundAPI, uploads: Mapping[str, Upload]) -> Any:
         handles = {c: u.handle for c, u in uploads.items()}
         alpha_prev = {c: self.alpha_prev.get(c, 1.0) for c in uploads}
-        g_hat = rnd.as_field(rnd.weighted_sum(handles, alpha_prev), "g_hat")
+        g_hat = ctx.as_field(ctx.weighted_sum(handles, alpha_prev), "g_hat")
         probe = {"g_hat": g_hat, "loss_check": wire.config({"mode": self.loss_check})}
-        if rnd.server_optimizer is not None:  # server-blind runs: clients hold the optimizer
-            probe.update(optimizer_fields(rnd.server_optimizer))
-        replies = rnd.ask("larc_probe", {
+        if ctx.server_optimizer is not None:  # server-blind runs: clients hold the optimizer
+            probe.update(optimizer_fields(ctx.server_optimizer))
+        replies = ctx.ask("larc_probe", {
             c: {**probe, "alpha": wire.scalar(alpha_prev[c])} for c in uploads
         }, expect={"delta_loss": wire.SCALAR})
         answered = list(replies)
         alpha = larc_weights(np.array([replies[c].scalar("delta_loss") for c in answered]),
                              self.q, self.b, self.normalize)
         self.alpha_prev.update(zip(answered, alpha.tolist()))
-        return rnd.weighted_sum({c: handles[c] for c in answered},
+        return ctx.weighted_sum({c: handles[c] for c in answered},
                                 dict(zip(answered, alpha.tolist())))
+
+
+register_protocol("larc", LARC, default_optimizer={"name": "adam", "lr": 0.01, "beta1": 0.9,
+                                                   "beta2": 0.999, "tau": 1e-3},
+                  summary="Delta-L softmax weights (iDASH 2024 Track 2)", options=LARC.options,
+                  _builtin=True)

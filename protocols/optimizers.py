@@ -182,10 +182,10 @@ class StepSchedule:
         if any(not (lr > 0) for lr in self.lrs):
             raise ConfigError(f"learning rates must be positive, got {self.lrs}")
 
-    def at(self, rnd: int) -> float:
+    def at(self, round_number: int) -> float:
         lr = self.lrs[0]
         for start, value in zip(self.starts, self.lrs):
-            if rnd >= start:
+            if round_number >= start:
                 lr = value
         return lr
 

@@ -45,6 +45,7 @@ from secagg.protocols.base import (Capabilities, ClientAPI, ClientHalf, ClientHa
                                    RoundAPI, Upload)
 from secagg.protocols.fedavg import sample_size_weights
 from secagg.wire import Envelope, Field
+from secagg.protocols.registry import register_protocol
 
 TAU = 1e-5
 
@@ -168,13 +169,13 @@ class _LossRatio(Protocol):
                                 client_scalars=("loss_ratio",))
     client = LossRatioClient
 
-    def train_fields(self, rnd: RoundAPI, client: str):
+    def train_fields(self, ctx: RoundAPI, client: str):
         return {"loss_ratio": wire.config({"kind": self.ratio})}
 
-    def train_reply(self, rnd: RoundAPI) -> dict[str, str]:
+    def train_reply(self, ctx: RoundAPI) -> dict[str, str]:
         return {"loss_ratio": wire.SCALAR}
 
-    def check_upload(self, rnd: RoundAPI, client: str, upload: Upload) -> None:
+    def check_upload(self, ctx: RoundAPI, client: str, upload: Upload) -> None:
         if not upload.extra["loss_ratio"] > 0:
             raise ClientInputError(f"{client} reports a loss ratio of "
                                    f"{upload.extra['loss_ratio']}; ratios of losses are > 0")
@@ -195,10 +196,10 @@ class CostWAgg(_LossRatio):
     def describe(self):
         return {"name": self.name, "alpha": self.alpha, "ratio": self.ratio}
 
-    def aggregate(self, rnd: RoundAPI, uploads: Mapping[str, Upload]) -> Any:
+    def aggregate(self, ctx: RoundAPI, uploads: Mapping[str, Upload]) -> Any:
         clients, nu = _ordered(uploads)
         w = cost_weights(nu, self.ratios(uploads, clients), self.alpha)
-        return rnd.weighted_sum({c: uploads[c].handle for c in clients}, dict(zip(clients, w)))
+        return ctx.weighted_sum({c: uploads[c].handle for c in clients}, dict(zip(clients, w)))
 
 
 class RoundCWAgg(CostWAgg):
@@ -212,10 +213,10 @@ class RoundCWAgg(CostWAgg):
 class RegCostAgg(_LossRatio):
     name = "regcostagg"
 
-    def aggregate(self, rnd: RoundAPI, uploads: Mapping[str, Upload]) -> Any:
+    def aggregate(self, ctx: RoundAPI, uploads: Mapping[str, Upload]) -> Any:
         clients, nu = _ordered(uploads)
         w = regcost_weights(nu, self.ratios(uploads, clients))
-        return rnd.weighted_sum({c: uploads[c].handle for c in clients}, dict(zip(clients, w)))
+        return ctx.weighted_sum({c: uploads[c].handle for c in clients}, dict(zip(clients, w)))
 
 
 class TopKRegCost(_LossRatio):
@@ -224,11 +225,11 @@ class TopKRegCost(_LossRatio):
     def __init__(self, drop_fraction: float = 0.2):
         self.drop_fraction = _checked_fraction(drop_fraction)
 
-    def aggregate(self, rnd: RoundAPI, uploads: Mapping[str, Upload]) -> Any:
+    def aggregate(self, ctx: RoundAPI, uploads: Mapping[str, Upload]) -> Any:
         clients, nu = _ordered(uploads)
         keep = [clients[i] for i in top_k_keep(nu * self.ratios(uploads, clients),
                                                self.drop_fraction)]
-        return rnd.weighted_sum({c: uploads[c].handle for c in keep},
+        return ctx.weighted_sum({c: uploads[c].handle for c in keep},
                                 {c: 1.0 / len(keep) for c in keep})
 
 
@@ -249,28 +250,28 @@ class RegAgg(Protocol):
     def describe(self):
         return {"name": self.name, "tau": self.tau}
 
-    def _ratio(self, rnd: RoundAPI, uploads: Mapping[str, Upload], nu: Mapping[str, float]
+    def _ratio(self, ctx: RoundAPI, uploads: Mapping[str, Upload], nu: Mapping[str, float]
                ) -> tuple[np.ndarray, list[str]]:
         """A / B with A = Σ τ ν_c G_c / |G_c − mean|_τ, B = Σ τ ν_c / |G_c − mean|_τ."""
         clients = list(uploads)
         handles = {c: uploads[c].handle for c in clients}
-        mean = rnd.as_field(rnd.weighted_sum(handles, {c: 1.0 / len(clients) for c in clients}),
+        mean = ctx.as_field(ctx.weighted_sum(handles, {c: 1.0 / len(clients) for c in clients}),
                            "centre")
-        replies = rnd.ask("regagg_terms", {
+        replies = ctx.ask("regagg_terms", {
             c: {"centre": mean, "nu": wire.scalar(nu[c]), "tau": wire.scalar(self.tau)}
             for c in clients},
-            expect={"numerator": rnd.upload_kind, "denominator": rnd.upload_kind})
+            expect={"numerator": ctx.upload_kind, "denominator": ctx.upload_kind})
         ones = {c: 1.0 for c in replies}
-        a = rnd.reveal(rnd.weighted_sum(rnd.load(replies, "numerator"), ones),
+        a = ctx.reveal(ctx.weighted_sum(ctx.load(replies, "numerator"), ones),
                        "regagg_numerator")
-        b = rnd.reveal(rnd.weighted_sum(rnd.load(replies, "denominator"), ones),
+        b = ctx.reveal(ctx.weighted_sum(ctx.load(replies, "denominator"), ones),
                        "regagg_denominator")
         return a / b, [c for c in clients if c in replies]
 
-    def aggregate(self, rnd: RoundAPI, uploads: Mapping[str, Upload]) -> Any:
+    def aggregate(self, ctx: RoundAPI, uploads: Mapping[str, Upload]) -> Any:
         nu = sample_size_weights({c: u.n_samples for c, u in uploads.items()})
-        ratio, _ = self._ratio(rnd, uploads, nu)
-        return rnd.plaintext(ratio)
+        ratio, _ = self._ratio(ctx, uploads, nu)
+        return ctx.plaintext(ratio)
 
 
 class SimAgg(RegAgg):
@@ -282,12 +283,12 @@ class SimAgg(RegAgg):
                                 reveals_per_round=3, server_computes_update=True,
                                 client_dp_compatible=False)
 
-    def aggregate(self, rnd: RoundAPI, uploads: Mapping[str, Upload]) -> Any:
-        ratio, answered = self._ratio(rnd, uploads, {c: 1.0 for c in uploads})
+    def aggregate(self, ctx: RoundAPI, uploads: Mapping[str, Upload]) -> Any:
+        ratio, answered = self._ratio(ctx, uploads, {c: 1.0 for c in uploads})
         nu = sample_size_weights({c: uploads[c].n_samples for c in answered})
-        fedavg = rnd.reveal(rnd.weighted_sum({c: uploads[c].handle for c in answered}, nu),
+        fedavg = ctx.reveal(ctx.weighted_sum({c: uploads[c].handle for c in answered}, nu),
                             "fedavg_sum")
-        return rnd.plaintext((ratio + fedavg) / 2.0)
+        return ctx.plaintext((ratio + fedavg) / 2.0)
 
 
 class _Individual(Protocol):
@@ -299,11 +300,11 @@ class _Individual(Protocol):
     def combine(self, gs: np.ndarray, nu: np.ndarray) -> np.ndarray:
         raise NotImplementedError
 
-    def aggregate(self, rnd: RoundAPI, uploads: Mapping[str, Upload]) -> Any:
-        updates = rnd.individual_updates(uploads)
+    def aggregate(self, ctx: RoundAPI, uploads: Mapping[str, Upload]) -> Any:
+        updates = ctx.individual_updates(uploads)
         clients = list(updates)
         nu = sample_size_weights({c: uploads[c].n_samples for c in clients})
-        return rnd.plaintext(self.combine(np.stack([updates[c] for c in clients]),
+        return ctx.plaintext(self.combine(np.stack([updates[c] for c in clients]),
                                           np.array([nu[c] for c in clients])))
 
 
@@ -325,3 +326,9 @@ class TrimmedMean(_Individual):
 
     def combine(self, gs: np.ndarray, nu: np.ndarray) -> np.ndarray:
         return trimmed_mean(gs, self.drop_fraction)
+
+
+for _cls in (CostWAgg, RoundCWAgg, RegCostAgg, TopKRegCost, RegAgg, SimAgg, RegMedAgg,
+             TrimmedMean):
+    register_protocol(_cls.name, _cls, summary="RoLePRO judicious aggregator (FeTS 2022)",
+                      _builtin=True)

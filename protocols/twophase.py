@@ -22,12 +22,11 @@ from secagg.errors import ConfigError
 from secagg.protocols.base import ClientHalf, ComposedClientHalf, Protocol, RoundAPI, Upload
 from secagg.protocols.fedavg import FedAvg
 from secagg.wire import Field
+from secagg.protocols.registry import make_protocol, protocol_spec, register_protocol
 
 
 def _parts(then: str, switch_round: Any, then_options: dict[str, Any]
            ) -> tuple[type[Protocol], dict[str, Any]]:
-    from secagg.protocols import protocol_spec  # the registry imports this module
-
     if then in ("rolepro", "fedavg") or not isinstance(switch_round, int) \
             or isinstance(switch_round, bool) or switch_round < 0:
         raise ConfigError(f"two-phase needs a judicious second aggregator and a switch "
@@ -39,8 +38,6 @@ class TwoPhase(Protocol):
     name = "rolepro"
 
     def __init__(self, then: str = "regagg", switch_round: int = 3, **then_options: Any):
-        from secagg.protocols import make_protocol  # the registry imports this module
-
         _parts(then, switch_round, then_options)
         self.first: Protocol = FedAvg()
         self.then = make_protocol(then, **then_options)
@@ -57,8 +54,8 @@ class TwoPhase(Protocol):
         return {"name": self.name, "switch_round": self.switch_round,
                 "then": self.then.describe()}
 
-    def current(self, rnd: RoundAPI) -> Protocol:
-        return self.first if rnd.round < self.switch_round else self.then
+    def current(self, ctx: RoundAPI) -> Protocol:
+        return self.first if ctx.round < self.switch_round else self.then
 
     # ---- not tied to a round: both parts ------------------------------------------------
     def seed(self, seed: int) -> None:
@@ -70,35 +67,40 @@ class TwoPhase(Protocol):
             if part.capabilities.pretrain:
                 part.use_pretrained(params, layout)
 
-    def observe_validation(self, rnd: RoundAPI, losses: Mapping[str, float]) -> None:
+    def observe_validation(self, ctx: RoundAPI, losses: Mapping[str, float]) -> None:
         # the losses of round r's model are the reward of round r and the baseline of r + 1:
         # whichever part observes validation sees every one of them
         for part in (self.first, self.then):
             if part.capabilities.observes_validation:
-                part.observe_validation(rnd, losses)
+                part.observe_validation(ctx, losses)
 
     def round_log(self) -> dict[str, float]:
         return {**self.first.round_log(), **self.then.round_log()}
 
     # ---- one round: that round's protocol ------------------------------------------------
-    def begin_round(self, rnd: RoundAPI) -> float | None:
-        return self.current(rnd).begin_round(rnd)
+    def begin_round(self, ctx: RoundAPI) -> float | None:
+        return self.current(ctx).begin_round(ctx)
 
-    def train_settings(self, rnd: RoundAPI, client: str, settings: dict[str, Any]
+    def train_settings(self, ctx: RoundAPI, client: str, settings: dict[str, Any]
                        ) -> dict[str, Any]:
-        return self.current(rnd).train_settings(rnd, client, settings)
+        return self.current(ctx).train_settings(ctx, client, settings)
 
-    def train_fields(self, rnd: RoundAPI, client: str) -> dict[str, Field]:
-        return self.current(rnd).train_fields(rnd, client)
+    def train_fields(self, ctx: RoundAPI, client: str) -> dict[str, Field]:
+        return self.current(ctx).train_fields(ctx, client)
 
-    def train_reply(self, rnd: RoundAPI) -> dict[str, str]:
-        return self.current(rnd).train_reply(rnd)
+    def train_reply(self, ctx: RoundAPI) -> dict[str, str]:
+        return self.current(ctx).train_reply(ctx)
 
-    def planned_weights(self, rnd: RoundAPI, n_samples: Mapping[str, float]):
-        return self.current(rnd).planned_weights(rnd, n_samples)
+    def planned_weights(self, ctx: RoundAPI, n_samples: Mapping[str, float]):
+        return self.current(ctx).planned_weights(ctx, n_samples)
 
-    def check_upload(self, rnd: RoundAPI, client: str, upload: Upload) -> None:
-        self.current(rnd).check_upload(rnd, client, upload)
+    def check_upload(self, ctx: RoundAPI, client: str, upload: Upload) -> None:
+        self.current(ctx).check_upload(ctx, client, upload)
 
-    def aggregate(self, rnd: RoundAPI, uploads: Mapping[str, Upload]) -> Any:
-        return self.current(rnd).aggregate(rnd, uploads)
+    def aggregate(self, ctx: RoundAPI, uploads: Mapping[str, Upload]) -> Any:
+        return self.current(ctx).aggregate(ctx, uploads)
+
+
+register_protocol("rolepro", TwoPhase,
+                  summary="FedAvg, then a judicious aggregator (then=..., switch_round=...)",
+                  _builtin=True)

@@ -2,8 +2,48 @@
 
 One import namespace: ``secagg`` itself is the privacy layer (wire format, backends, key
 wrapping, flooding, DP arithmetic); the algorithms are ``secagg.protocols``, the client runtime
-``secagg.clients``, the round engine ``secagg.server``, and the in-process experiment driver
-and CLI ``secagg.simulation``.
+``secagg.clients``, the round engine ``secagg.server``, and the experiment driver and CLI
+``secagg.simulation``.
+
+The experiment API is available at the top (loaded on first use, so that the server's
+processes, which import ``secagg.server``, never load torch or the data libraries):
+
+- ``secagg.ExperimentConfig``: every setting of a run;
+- ``secagg.run(config=None, *, out=None, transport=None, progress=False, **settings)``:
+  run it, get DataFrames and the written files back (``secagg.RunResult``);
+- ``secagg.register_task(name, task)`` with ``secagg.Task``; ``secagg.register_protocol(name,
+  cls, ...)`` with ``secagg.Protocol`` and ``secagg.Capabilities``.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 __version__ = "0.1.0"
+
+_LAZY = {
+    "ExperimentConfig": "secagg.simulation.experiment",
+    "run": "secagg.simulation.api",
+    "RunResult": "secagg.simulation.api",
+    "register_task": "secagg.clients.tasks",
+    "Task": "secagg.clients.tasks",
+    "ClientData": "secagg.clients.tasks",
+    "FederatedData": "secagg.clients.tasks",
+    "register_protocol": "secagg.protocols",
+    "Protocol": "secagg.protocols",
+    "Capabilities": "secagg.protocols",
+    "ClientHalf": "secagg.protocols",
+}
+
+__all__ = ["__version__", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'secagg' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -53,14 +53,14 @@ class AuditLog:
                              "phase": env.phase, "direction": direction, "peer": peer,
                              "bytes": total_bytes, "fields": fields})
 
-    def undecodable(self, rnd: int, phase: str, peer: str, nbytes: int, reason: str) -> None:
-        self.records.append({"event": "message", "run": self.run, "round": rnd, "phase": phase,
+    def undecodable(self, round_number: int, phase: str, peer: str, nbytes: int, reason: str) -> None:
+        self.records.append({"event": "message", "run": self.run, "round": round_number, "phase": phase,
                              "direction": "received", "peer": peer, "bytes": nbytes,
                              "fields": [{"name": ENVELOPE, "kind": "undecodable",
                                          "bytes": nbytes}], "error": reason})
 
-    def reveal(self, rnd: int, phase: str, name: str, length: int, by: str) -> None:
-        self.records.append({"event": "reveal", "run": self.run, "round": rnd, "phase": phase,
+    def reveal(self, round_number: int, phase: str, name: str, length: int, by: str) -> None:
+        self.records.append({"event": "reveal", "run": self.run, "round": round_number, "phase": phase,
                              "name": name, "kind": "plaintext vector", "length": length,
                              "by": by})
 
@@ -69,8 +69,8 @@ class AuditLog:
         self.records.append({"event": "aborted", "run": self.run, "round": round_number,
                              "phase": phase, "reason": reason})
 
-    def excluded(self, rnd: int, phase: str, peer: str, error: Exception) -> None:
-        self.records.append({"event": "excluded", "run": self.run, "round": rnd,
+    def excluded(self, round_number: int, phase: str, peer: str, error: Exception) -> None:
+        self.records.append({"event": "excluded", "run": self.run, "round": round_number,
                              "phase": phase, "peer": peer, "error": type(error).__name__,
                              "reason": str(error)})
 

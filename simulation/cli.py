@@ -16,7 +16,7 @@ from secagg.clients.tasks import TASKS, get_task
 from secagg.errors import SecaggError
 from secagg.options import Option
 from secagg.protocols import PROTOCOLS
-from secagg.simulation.experiment import ExperimentConfig, run_experiment, stderr_progress, summarize
+from secagg.simulation.experiment import ExperimentConfig
 
 PRESETS = Path(__file__).parent / "presets"
 
@@ -243,16 +243,13 @@ def config_from_args(args: argparse.Namespace) -> tuple[ExperimentConfig, Path]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from secagg.simulation.report import write_outputs  # matplotlib only when writing results
+    from secagg.simulation.api import run
 
     config, out = config_from_args(args)
-    progress = None if args.quiet else stderr_progress
-    result = run_experiment(config, progress=progress)
-    metrics, audit = result.metrics, result.audit
+    result = run(config, out=out, progress=not args.quiet)
     for seed, reason in result.aborted.items():
         print(f"seed {seed} was aborted: {reason}", file=sys.stderr)
-    summary = summarize(metrics)
-    write_outputs(out, config, metrics, summary, audit)
+    summary = result.summary
     final = summary[summary["round"] == summary["round"].max()].iloc[0]
     metric = "test_pooled" if "test_pooled_mean" in summary else "train_pooled"
     name = get_task(config.task).metric_name

@@ -88,15 +88,20 @@ def privacy_report(config: ExperimentConfig, metrics: pd.DataFrame, audit: Audit
 
 
 def write_outputs(out: Path, config: ExperimentConfig, metrics: pd.DataFrame,
-                  summary: pd.DataFrame, audit: AuditLog) -> None:
+                  summary: pd.DataFrame, audit: AuditLog) -> dict[str, Path]:
+    """Write every result file to ``out``; returns them by name."""
     out.mkdir(parents=True, exist_ok=True)
-    metrics.to_csv(out / "metrics.csv", index=False)
-    summary.to_csv(out / "summary.csv", index=False)
-    traffic_table(audit).to_csv(out / "traffic.csv", index=False)
+    files = {name: out / name for name in (
+        "metrics.csv", "summary.csv", "traffic.csv", "audit.jsonl", "audit_summary.json",
+        "config.json", "privacy.json", "convergence.png")}
+    metrics.to_csv(files["metrics.csv"], index=False)
+    summary.to_csv(files["summary.csv"], index=False)
+    traffic_table(audit).to_csv(files["traffic.csv"], index=False)
     audit.write(out)
-    (out / "config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
-    (out / "privacy.json").write_text(
+    files["config.json"].write_text(json.dumps(config.to_dict(), indent=2) + "\n")
+    files["privacy.json"].write_text(
         json.dumps(privacy_report(config, metrics, audit), indent=2) + "\n")
-    plot_convergence(summary, out / "convergence.png",
+    plot_convergence(summary, files["convergence.png"],
                      f"{config.protocol} on {config.backend}, {config.task}, "
                      f"{len(config.seeds)} seed(s)", get_task(config.task).metric_name)
+    return files

@@ -47,33 +47,33 @@ class CKKSServer(ServerBackend):
                 "decryption_budget": decryption_budget, "flooding_bits": flooding_bits}
 
     # ---- key setup: the clients make one CKKS key and share it through the server ----------
-    def setup(self, rnd, decryption_budget: int) -> None:
-        clients = list(rnd.active)
+    def setup(self, ctx, decryption_budget: int) -> None:
+        clients = list(ctx.active)
         setup = wire.config(self.setup_config(len(clients), decryption_budget,
                                               self.flooding_bits))
-        hello = rnd.ask("key_hello", {c: {"setup": setup} for c in clients},
+        hello = ctx.ask("key_hello", {c: {"setup": setup} for c in clients},
                         expect={"x25519_public": wire.CONFIG})
         publics = {c: env.config("x25519_public")["key"] for c, env in hello.items()}
         if not publics:
-            raise RoundAborted("no client answered the key setup", round=rnd.round,
-                               phase="key_hello", exclusions=rnd.excluded)
+            raise RoundAborted("no client answered the key setup", round=ctx.round,
+                               phase="key_hello", exclusions=ctx.excluded)
         leader, *others = list(publics)
-        gen = rnd.ask("key_generate", {leader: {
+        gen = ctx.ask("key_generate", {leader: {
             "setup": setup, "peers": wire.config({c: publics[c] for c in others})}},
             expect={f"wrapped_key.{c}": wire.CIPHERTEXT for c in others})
         if leader not in gen:
-            raise RoundAborted(f"key leader {leader} failed: {rnd.excluded.get(leader)}",
-                               round=rnd.round, phase="key_generate",
-                               exclusions=rnd.excluded)
+            raise RoundAborted(f"key leader {leader} failed: {ctx.excluded.get(leader)}",
+                               round=ctx.round, phase="key_generate",
+                               exclusions=ctx.excluded)
         install = {c: {"setup": setup, "leader": wire.config({"id": leader,
                                                               "key": publics[leader]}),
                        "wrapped_key": wire.ciphertext(gen[leader].ciphertext_parts(
                            f"wrapped_key.{c}"))}
                    for c in others}
-        done = rnd.ask("key_install", install, expect={"installed": wire.CONFIG})
+        done = ctx.ask("key_install", install, expect={"installed": wire.CONFIG})
         for c, env in done.items():
             if env.config("installed").get("params") != self.fingerprint:
-                rnd.exclude(c, "key_install", KeySetupError("installed other parameters"))
+                ctx.exclude(c, "key_install", KeySetupError("installed other parameters"))
 
     # ---- aggregation -----------------------------------------------------------------------
     def load(self, envelope: Envelope, name: str, length: int) -> CKKSHandle:
@@ -93,21 +93,21 @@ class CKKSServer(ServerBackend):
         return wire.ciphertext([to_bytes(ct) for ct in handle.ciphertexts])
 
     # ---- reveal through a decryptor client ---------------------------------------------------
-    def reveal(self, rnd, handle: CKKSHandle, name: str) -> tuple[np.ndarray, str]:
+    def reveal(self, ctx, handle: CKKSHandle, name: str) -> tuple[np.ndarray, str]:
         """Ask a decryptor (rotating over the active clients) for a flooded decryption."""
         request = {"aggregate": self.to_field(handle),
                    "reveal": wire.config({"name": name, "n_values": handle.n_values})}
         errors = {}
-        candidates = list(rnd.active)
+        candidates = list(ctx.active)
         for attempt in range(len(candidates)):
             decryptor = candidates[(self._reveals + attempt) % len(candidates)]
-            reply = rnd.ask("reveal", {decryptor: request}, expect={name: wire.VECTOR})
+            reply = ctx.ask("reveal", {decryptor: request}, expect={name: wire.VECTOR})
             if decryptor in reply:
                 self._reveals += 1
                 return reply[decryptor].vector(name, handle.n_values), decryptor
-            errors[decryptor] = rnd.excluded.get(decryptor)
-        raise RoundAborted(f"no decryptor could reveal {name}: {errors}", round=rnd.round,
-                           phase="reveal", exclusions=rnd.excluded)
+            errors[decryptor] = ctx.excluded.get(decryptor)
+        raise RoundAborted(f"no decryptor could reveal {name}: {errors}", round=ctx.round,
+                           phase="reveal", exclusions=ctx.excluded)
 
 
 class CKKSRunningSum(RunningSum):
