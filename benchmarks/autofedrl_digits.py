@@ -33,7 +33,6 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
-
 import torch  # noqa: E402
 
 from benchmarks.stats import format_difference, mean_std, paired_difference  # noqa: E402
@@ -42,13 +41,22 @@ from secagg.clients.training import set_flat_params  # noqa: E402
 from secagg.protocols.autofedrl import AutoFedRL  # noqa: E402
 from secagg.protocols.hpo_agents import ContinuousAgent, DiscreteAgent, MLPAgent  # noqa: E402
 from secagg.simulation.cli import parse_seeds  # noqa: E402
-from secagg.simulation.experiment import (ExperimentConfig, hold_out_validation,  # noqa: E402
-                                   run_experiment, stderr_progress)
+from secagg.simulation.experiment import (  # noqa: E402
+    ExperimentConfig,
+    hold_out_validation,
+    run_experiment,
+    stderr_progress,
+)
 
 HERE = Path(__file__).parent
 CENTRE_LR, CENTRE_STEPS = (5e-4 + 5e-2) / 2, 21  # centres of the default search ranges
-BASE = ExperimentConfig(task="digits-dir8", batch_size=32, validation_split=0.2,
-                        client_lr=str(CENTRE_LR), local_steps=CENTRE_STEPS)
+BASE = ExperimentConfig(
+    task="digits-dir8",
+    batch_size=32,
+    validation_split=0.2,
+    client_lr=str(CENTRE_LR),
+    local_steps=CENTRE_STEPS,
+)
 FEDPROX_MUS = [0.01, 0.1, 1.0]
 TUNING_SEEDS = [100, 101, 102]
 TUNING_GRID = {"client_lr": [0.025, 0.05, 0.1, 0.2], "local_steps": [21, 40, 80]}
@@ -58,11 +66,18 @@ def methods(tuned: dict, mu: float) -> dict[str, ExperimentConfig]:
     return {
         "FedAvg": replace(BASE, protocol="fedavg"),
         "FedProx": replace(BASE, protocol="fedavg", fedprox_mu=mu),
-        "FedAvg (tuned)": replace(BASE, protocol="fedavg", client_lr=str(tuned["client_lr"]),
-                                  local_steps=tuned["local_steps"]),
-        **{f"Auto-FedRL({a.upper()})": replace(BASE, protocol="autofedrl",
-                                               protocol_options={"agent": a})
-           for a in ("ds", "cs", "mlp")},
+        "FedAvg (tuned)": replace(
+            BASE,
+            protocol="fedavg",
+            client_lr=str(tuned["client_lr"]),
+            local_steps=tuned["local_steps"],
+        ),
+        **{
+            f"Auto-FedRL({a.upper()})": replace(
+                BASE, protocol="autofedrl", protocol_options={"agent": a}
+            )
+            for a in ("ds", "cs", "mlp")
+        },
     }
 
 
@@ -82,31 +97,55 @@ def validation_loss(cfg: ExperimentConfig) -> float:
 def tune(rounds: int) -> tuple[dict, float, pd.DataFrame]:
     rows = []
     for lr, steps in itertools.product(*TUNING_GRID.values()):
-        cfg = replace(BASE, protocol="fedavg", client_lr=str(lr), local_steps=steps,
-                      rounds=rounds, seeds=TUNING_SEEDS)
-        rows.append({"method": "FedAvg", "client_lr": lr, "local_steps": steps,
-                     "fedprox_mu": 0.0, "val_loss": validation_loss(cfg)})
+        cfg = replace(
+            BASE,
+            protocol="fedavg",
+            client_lr=str(lr),
+            local_steps=steps,
+            rounds=rounds,
+            seeds=TUNING_SEEDS,
+        )
+        rows.append(
+            {
+                "method": "FedAvg",
+                "client_lr": lr,
+                "local_steps": steps,
+                "fedprox_mu": 0.0,
+                "val_loss": validation_loss(cfg),
+            }
+        )
         stderr_progress(f"tuning: {rows[-1]}")
     for mu in FEDPROX_MUS:
-        cfg = replace(BASE, protocol="fedavg", fedprox_mu=mu, rounds=rounds,
-                      seeds=TUNING_SEEDS)
-        rows.append({"method": "FedProx", "client_lr": CENTRE_LR, "local_steps": CENTRE_STEPS,
-                     "fedprox_mu": mu, "val_loss": validation_loss(cfg)})
+        cfg = replace(BASE, protocol="fedavg", fedprox_mu=mu, rounds=rounds, seeds=TUNING_SEEDS)
+        rows.append(
+            {
+                "method": "FedProx",
+                "client_lr": CENTRE_LR,
+                "local_steps": CENTRE_STEPS,
+                "fedprox_mu": mu,
+                "val_loss": validation_loss(cfg),
+            }
+        )
         stderr_progress(f"tuning: {rows[-1]}")
     grid = pd.DataFrame(rows)
     fedavg = grid[grid["method"] == "FedAvg"]
     best = fedavg.loc[fedavg["val_loss"].idxmin()]
     prox = grid[grid["method"] == "FedProx"]
     mu = float(prox.loc[prox["val_loss"].idxmin(), "fedprox_mu"])
-    return ({"client_lr": float(best["client_lr"]), "local_steps": int(best["local_steps"])},
-            mu, grid)
+    return (
+        {"client_lr": float(best["client_lr"]), "local_steps": int(best["local_steps"])},
+        mu,
+        grid,
+    )
 
 
 def agent_cost(kind: str, dim: int, points: int = 3, steps: int = 20) -> dict:
     """Table 2: the agent's time per round (sample + update) and its peak memory."""
-    agents = {"cs": lambda: ContinuousAgent(dim, init_sigma=0.66),
-              "mlp": lambda: MLPAgent(dim, init_sigma=0.66),
-              "ds": lambda: DiscreteAgent(dim, points=points, init_sigma=0.66)}
+    agents = {
+        "cs": lambda: ContinuousAgent(dim, init_sigma=0.66),
+        "mlp": lambda: MLPAgent(dim, init_sigma=0.66),
+        "ds": lambda: DiscreteAgent(dim, points=points, init_sigma=0.66),
+    }
     tracemalloc.start()
     start = time.perf_counter()
     agent = agents[kind]()
@@ -117,20 +156,32 @@ def agent_cost(kind: str, dim: int, points: int = 3, steps: int = 20) -> dict:
     seconds = (time.perf_counter() - start) / steps
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    name = {"cs": "Continuous (CS)", "mlp": "Continuous MLP",
-            "ds": f"Discrete (DS), {points} points per dim"}[kind]
-    return {"search space": name, "dimensions": dim,
-            "grid points": points ** dim if kind == "ds" else None,
-            "peak memory (MB)": peak / 2 ** 20, "time per round (ms)": seconds * 1e3}
+    name = {
+        "cs": "Continuous (CS)",
+        "mlp": "Continuous MLP",
+        "ds": f"Discrete (DS), {points} points per dim",
+    }[kind]
+    return {
+        "search space": name,
+        "dimensions": dim,
+        "grid points": points**dim if kind == "ds" else None,
+        "peak memory (MB)": peak / 2**20,
+        "time per round (ms)": seconds * 1e3,
+    }
 
 
 def per_seed(metrics: pd.DataFrame, last: int = 5) -> pd.DataFrame:
     rows = []
     for seed, g in metrics[metrics["round"] > 0].groupby("seed"):
         g = g.sort_values("round")
-        rows.append({"seed": seed, "final_acc": g["test_pooled"].iloc[-1],
-                     "avg_acc_last5": g["test_pooled"].tail(last).mean(),
-                     "final_test_loss": g["test_loss"].iloc[-1]})
+        rows.append(
+            {
+                "seed": seed,
+                "final_acc": g["test_pooled"].iloc[-1],
+                "avg_acc_last5": g["test_pooled"].tail(last).mean(),
+                "final_test_loss": g["test_loss"].iloc[-1],
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -147,9 +198,11 @@ def plot(rounds_df: pd.DataFrame, path: Path) -> None:
     ax.legend(fontsize=8)
     cs = rounds_df[(rounds_df["method"] == "Auto-FedRL(CS)") & (rounds_df["round"] > 0)]
     by_round = cs.groupby("round")
-    for col, label, scale in (("client_lr", "client lr / 0.05", 0.05),
-                              ("local_steps", "local steps / 40", 40),
-                              ("server_lr", "server lr / 1.5", 1.5)):
+    for col, label, scale in (
+        ("client_lr", "client lr / 0.05", 0.05),
+        ("local_steps", "local steps / 40", 40),
+        ("server_lr", "server lr / 1.5", 1.5),
+    ):
         bx.plot(by_round[col].mean().index, by_round[col].mean() / scale, label=label)
     bx.set_xlabel("round")
     bx.set_ylabel("chosen value / top of range (mean over seeds)")
@@ -169,8 +222,11 @@ def main() -> None:
     out.mkdir(exist_ok=True)
 
     tuned, mu, grid = tune(args.rounds)
-    print(f"tuning grid (seeds {TUNING_SEEDS}):\n{grid.to_string(index=False)}\n"
-          f"chosen: FedAvg {tuned}, FedProx mu {mu}", flush=True)
+    print(
+        f"tuning grid (seeds {TUNING_SEEDS}):\n{grid.to_string(index=False)}\n"
+        f"chosen: FedAvg {tuned}, FedProx mu {mu}",
+        flush=True,
+    )
     grid.to_csv(out / "autofedrl_digits_tuning.csv", index=False)
     runs, curves = [], []
     for method, cfg in methods(tuned, mu).items():
@@ -187,24 +243,40 @@ def main() -> None:
     rounds_df.to_csv(out / "autofedrl_digits_rounds.csv", index=False)
 
     base = runs_df[runs_df["method"] == "FedAvg"].sort_values("seed")
-    lines = ["| method | final accuracy | avg accuracy (last 5) | Δ avg vs FedAvg (95% CI) | "
-             "wins/losses |", "|---|---|---|---|---|"]
+    lines = [
+        "| method | final accuracy | avg accuracy (last 5) | Δ avg vs FedAvg (95% CI) | "
+        "wins/losses |",
+        "|---|---|---|---|---|",
+    ]
     for method, g in runs_df.groupby("method", sort=False):
         g = g.sort_values("seed")
         d = paired_difference(g["avg_acc_last5"], base["avg_acc_last5"])
-        diff = ("—" if method == "FedAvg" else format_difference(d))
+        diff = "—" if method == "FedAvg" else format_difference(d)
         wl = "—" if method == "FedAvg" else f"{d['wins']}/{d['losses']}"
-        lines.append(f"| {method} | {mean_std(g['final_acc'])} | "
-                     f"{mean_std(g['avg_acc_last5'])} | {diff} | {wl} |")
+        lines.append(
+            f"| {method} | {mean_std(g['final_acc'])} | "
+            f"{mean_std(g['avg_acc_last5'])} | {diff} | {wl} |"
+        )
     table1 = "\n".join(lines)
 
     dim = AutoFedRL()._n_dims(8)
-    cost = pd.DataFrame([agent_cost("ds", dim, 3, steps=5), agent_cost("ds", dim, 4, steps=5),
-                         agent_cost("cs", dim), agent_cost("mlp", dim)])
-    in_run = (rounds_df[rounds_df["round"] == args.rounds]
-              .groupby("method")["agent_seconds"].mean() / args.rounds * 1e3)
-    lines = ["| search space | dims | grid points | peak memory (MB) | time per round (ms) |",
-             "|---|---|---|---|---|"]
+    cost = pd.DataFrame(
+        [
+            agent_cost("ds", dim, 3, steps=5),
+            agent_cost("ds", dim, 4, steps=5),
+            agent_cost("cs", dim),
+            agent_cost("mlp", dim),
+        ]
+    )
+    in_run = (
+        rounds_df[rounds_df["round"] == args.rounds].groupby("method")["agent_seconds"].mean()
+        / args.rounds
+        * 1e3
+    )
+    lines = [
+        "| search space | dims | grid points | peak memory (MB) | time per round (ms) |",
+        "|---|---|---|---|---|",
+    ]
     for r in cost.itertuples(False):
         pts = "—" if pd.isna(r[2]) else f"{int(r[2]):,}"
         lines.append(f"| {r[0]} | {r[1]} | {pts} | {r[3]:.2f} | {r[4]:.3f} |")
@@ -221,10 +293,12 @@ def main() -> None:
         f"lr {tuned['client_lr']}, {tuned['local_steps']} steps; both chosen by the clients' "
         f"mean validation loss of the final model on seeds {TUNING_SEEDS}.\n\n{table1}\n\n"
         f"## The agents' cost (Table 2 analogue; {dim} searched dimensions)\n\n{table2}\n\n"
-        f"Measured on the agent alone (20 sample/update rounds, 5 for DS, window 5, tracemalloc peak). "
+        f"Measured on the agent alone (20 sample/update rounds, 5 for DS, window 5, "
+        f"tracemalloc peak). "
         f"Agent time inside the benchmark runs, per round: {in_run_text}.\n\n"
         f"## Tuning grid (clients' mean validation loss, seeds {TUNING_SEEDS})\n\n"
-        f"```\n{grid_md}\n```\n")
+        f"```\n{grid_md}\n```\n"
+    )
     print(table1)
     print(table2)
 

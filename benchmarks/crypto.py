@@ -48,8 +48,9 @@ def relative_error(dec: np.ndarray, exact: np.ndarray) -> float:
     return float(np.max(np.abs(dec - exact)) / np.max(np.abs(exact)))
 
 
-def bench_preset(preset: CKKSPreset, xs: list[np.ndarray], weights: list[float],
-                 repeats: int, rounds: int) -> dict:
+def bench_preset(
+    preset: CKKSPreset, xs: list[np.ndarray], weights: list[float], repeats: int, rounds: int
+) -> dict:
     n = xs[0].size
     keys = SecretKeyHolder(preset)
     server = PublicCKKS(preset)
@@ -66,20 +67,23 @@ def bench_preset(preset: CKKSPreset, xs: list[np.ndarray], weights: list[float],
     dec, t_dec = timed(lambda: keys.decrypt(agg, n, server.sum_scale), repeats)
     sigma = flooding_sigma(error_bound(len(xs), preset.weight_bits), rounds, 30)
     flooded, _ = keys.decrypt_flooded(agg, n, server.sum_scale, sigma)
-    return {"upload_B_per_param": sum(map(len, uploads)) / n,
-            "download_B_per_param": sum(map(len, agg)) / n,
-            "encrypt_s_per_M": t_enc * 1e6 / n,
-            "aggregate_s_per_M": t_agg * 1e6 / n,
-            "decrypt_s_per_M": t_dec * 1e6 / n,
-            "rel_error": relative_error(dec, exact),
-            "rel_error_flooded": relative_error(flooded, exact)}
+    return {
+        "upload_B_per_param": sum(map(len, uploads)) / n,
+        "download_B_per_param": sum(map(len, agg)) / n,
+        "encrypt_s_per_M": t_enc * 1e6 / n,
+        "aggregate_s_per_M": t_agg * 1e6 / n,
+        "decrypt_s_per_M": t_dec * 1e6 / n,
+        "rel_error": relative_error(dec, exact),
+        "rel_error_flooded": relative_error(flooded, exact),
+    }
 
 
 def bench_nvflare(xs: list[np.ndarray], weights: list[float], repeats: int) -> dict:
     n = xs[0].size
-    ctx = ts.context(ts.SCHEME_TYPE.CKKS, poly_modulus_degree=8192,
-                     coeff_mod_bit_sizes=[60, 40, 40])
-    ctx.global_scale = 2.0 ** 40
+    ctx = ts.context(
+        ts.SCHEME_TYPE.CKKS, poly_modulus_degree=8192, coeff_mod_bit_sizes=[60, 40, 40]
+    )
+    ctx.global_scale = 2.0**40
     server_ctx = ts.context_from(ctx.serialize(save_secret_key=False))
 
     def encrypt(x):
@@ -98,17 +102,24 @@ def bench_nvflare(xs: list[np.ndarray], weights: list[float], repeats: int) -> d
     agg, t_agg = timed(aggregate, repeats)
     exact = sum(w * x for w, x in zip(weights, xs))
     dec, t_dec = timed(lambda: np.array(ts.ckks_vector_from(ctx, agg).decrypt()), repeats)
-    return {"upload_B_per_param": len(upload) / n, "download_B_per_param": len(agg) / n,
-            "encrypt_s_per_M": t_enc * 1e6 / n, "aggregate_s_per_M": t_agg * 1e6 / n,
-            "decrypt_s_per_M": t_dec * 1e6 / n, "rel_error": relative_error(dec, exact),
-            "rel_error_flooded": float("nan")}
+    return {
+        "upload_B_per_param": len(upload) / n,
+        "download_B_per_param": len(agg) / n,
+        "encrypt_s_per_M": t_enc * 1e6 / n,
+        "aggregate_s_per_M": t_agg * 1e6 / n,
+        "decrypt_s_per_M": t_dec * 1e6 / n,
+        "rel_error": relative_error(dec, exact),
+        "rel_error_flooded": float("nan"),
+    }
 
 
 def main(argv: list[str] | None = None) -> pd.DataFrame:
-    parser = argparse.ArgumentParser(prog="secagg bench crypto",
-                                     description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="100000,1000000",
-                        help="model sizes in parameters, comma separated")
+    parser = argparse.ArgumentParser(
+        prog="secagg bench crypto", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument(
+        "--sizes", default="100000,1000000", help="model sizes in parameters, comma separated"
+    )
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=5, help="decryption budget for flooding")
@@ -119,12 +130,17 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     rng = np.random.default_rng(0)
     for n in [int(s) for s in args.sizes.split(",")]:
         # pseudo-gradient-like values: mostly small, a few larger entries
-        xs = [rng.normal(0, 0.01, n) * rng.choice([1, 10], n, p=[0.99, 0.01])
-              for _ in range(args.clients)]
+        xs = [
+            rng.normal(0, 0.01, n) * rng.choice([1, 10], n, p=[0.99, 0.01])
+            for _ in range(args.clients)
+        ]
         weights = list(rng.uniform(1 / 3, 1, args.clients))
-        configs = {f"secagg {p.name}": (lambda p=p: bench_preset(p, xs, weights, args.repeats,
-                                                                  args.rounds))
-                   for p in PRESETS.values()}
+        configs = {
+            f"secagg {p.name}": (
+                lambda p=p: bench_preset(p, xs, weights, args.repeats, args.rounds)
+            )
+            for p in PRESETS.values()
+        }
         configs["NVFlare default"] = lambda: bench_nvflare(xs, weights, args.repeats)
         for name, run in configs.items():
             print(f"  {name}, {n:.0e} parameters ...", flush=True)
@@ -139,7 +155,8 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     md = markdown_table(table, ".3g")
     (args.out / "crypto.md").write_text(
         "# CKKS cost per parameter (median of repeats; *_vs_nvflare = NVFlare / ours, so "
-        "above 1 means ours is smaller or faster)\n\n" + md + "\n")
+        "above 1 means ours is smaller or faster)\n\n" + md + "\n"
+    )
     print(md)
     return table
 

@@ -41,8 +41,14 @@ from secagg.simulation.cli import parse_seeds  # noqa: E402
 from secagg.simulation.experiment import ExperimentConfig, run_experiment, stderr_progress  # noqa
 
 HERE = Path(__file__).parent
-BASE = ExperimentConfig(task="tcga-brca", rounds=5, local_steps=100, batch_size=8,
-                        client_lr="0.1", server_opt={"name": "adam", "lr": 0.01, "tau": 1e-3})
+BASE = ExperimentConfig(
+    task="tcga-brca",
+    rounds=5,
+    local_steps=100,
+    batch_size=8,
+    client_lr="0.1",
+    server_opt={"name": "adam", "lr": 0.01, "tau": 1e-3},
+)
 CLIP = 0.5
 NOISES = [0.5, 1.0, 2.0, 4.0]
 EPSILONS = [4.0, 64.0]
@@ -57,28 +63,63 @@ def arms() -> list[tuple[str, str, dict, str]]:
     for label, proto in PROTOCOLS.items():
         out.append((label, "none", {"protocol": proto}, "plain"))
         for z in NOISES:
-            out.append((label, f"client-level z*={z:g}",
-                        {"protocol": proto, "client_dp": {"clip": CLIP, "noise": z}}, "plain"))
-        out.append((label, "client-level z*=1", {"protocol": proto,
-                                                 "client_dp": {"clip": CLIP, "noise": 1.0}},
-                    "ckks"))
+            out.append(
+                (
+                    label,
+                    f"client-level z*={z:g}",
+                    {"protocol": proto, "client_dp": {"clip": CLIP, "noise": z}},
+                    "plain",
+                )
+            )
+        out.append(
+            (
+                label,
+                "client-level z*=1",
+                {"protocol": proto, "client_dp": {"clip": CLIP, "noise": 1.0}},
+                "ckks",
+            )
+        )
         for eps in EPSILONS:
-            out.append((label, f"DP-SGD ε={eps:g}", {"protocol": proto, "dp_sgd": {
-                "clip": DP_SGD_CLIP, "epsilon": eps}}, "plain"))
-            out.append((label, f"DP-SGD ε={eps:g}, client lr 0.001", {
-                "protocol": proto, "client_lr": "0.001",
-                "dp_sgd": {"clip": DP_SGD_CLIP, "epsilon": eps}}, "plain"))
+            out.append(
+                (
+                    label,
+                    f"DP-SGD ε={eps:g}",
+                    {"protocol": proto, "dp_sgd": {"clip": DP_SGD_CLIP, "epsilon": eps}},
+                    "plain",
+                )
+            )
+            out.append(
+                (
+                    label,
+                    f"DP-SGD ε={eps:g}, client lr 0.001",
+                    {
+                        "protocol": proto,
+                        "client_lr": "0.001",
+                        "dp_sgd": {"clip": DP_SGD_CLIP, "epsilon": eps},
+                    },
+                    "plain",
+                )
+            )
         for clip in CLIP_ONLY:
-            out.append((label, f"DP-SGD clip only C={clip:g}", {"protocol": proto, "dp_sgd": {
-                "clip": clip, "noise": 0.01}}, "plain"))
+            out.append(
+                (
+                    label,
+                    f"DP-SGD clip only C={clip:g}",
+                    {"protocol": proto, "dp_sgd": {"clip": clip, "noise": 0.01}},
+                    "plain",
+                )
+            )
     return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=parse_seeds, default=parse_seeds("0-9"))
-    parser.add_argument("--reuse", action="store_true",
-                        help="keep the arms already in the runs CSV, run only missing ones")
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="keep the arms already in the runs CSV, run only missing ones",
+    )
     args = parser.parse_args()
     out = HERE / "results"
     out.mkdir(exist_ok=True)
@@ -94,62 +135,106 @@ def main() -> None:
         stderr_progress(f"== {label}, {mechanism}, {backend}")
         for seed in args.seeds:
             cfg = replace(BASE, seeds=[seed], backend=backend, **changes)
-            row = {"protocol": label, "mechanism": mechanism, "backend": backend,
-                   "seed": seed, "diverged": False}
+            row = {
+                "protocol": label,
+                "mechanism": mechanism,
+                "backend": backend,
+                "seed": seed,
+                "diverged": False,
+            }
             try:
                 m = run_experiment(cfg).metrics
             except RoundFailed:  # every client's update went non-finite: the run diverged
-                rows.append({**row, "diverged": True, "epsilon": np.nan,
-                             "c_index": np.nan, "realised_z_last": np.nan})
+                rows.append(
+                    {
+                        **row,
+                        "diverged": True,
+                        "epsilon": np.nan,
+                        "c_index": np.nan,
+                        "realised_z_last": np.nan,
+                    }
+                )
                 continue
             r = m[m["round"] == cfg.rounds].iloc[0]
-            eps = (r["eps_client_level"] if "client_dp" in changes else
-                   r["eps_dp_sgd_max"] if "dp_sgd" in changes else np.inf)
-            rows.append({**row, "epsilon": eps, "c_index": r["test_pooled"],
-                         "realised_z_last": r.get("noise_multiplier_realised", np.nan)})
+            eps = (
+                r["eps_client_level"]
+                if "client_dp" in changes
+                else r["eps_dp_sgd_max"]
+                if "dp_sgd" in changes
+                else np.inf
+            )
+            rows.append(
+                {
+                    **row,
+                    "epsilon": eps,
+                    "c_index": r["test_pooled"],
+                    "realised_z_last": r.get("noise_multiplier_realised", np.nan),
+                }
+            )
     order = {(a[0], a[1], a[3]): i for i, a in enumerate(arms())}
     runs = pd.DataFrame(rows)
-    runs = runs.assign(_order=[order.get(k, len(order)) for k in zip(
-        runs["protocol"], runs["mechanism"], runs["backend"])])
+    runs = runs.assign(
+        _order=[
+            order.get(k, len(order))
+            for k in zip(runs["protocol"], runs["mechanism"], runs["backend"])
+        ]
+    )
     runs = runs.sort_values(["_order", "seed"], kind="stable").drop(columns="_order")
     runs.to_csv(out / "dp_tcga_runs.csv", index=False)
 
-    lines = ["| protocol | mechanism | backend | ε (δ 1e-5) | realised z (last round) | "
-             "c-index | Δ vs no DP (95% CI) | diverged |", "|---|---|---|---|---|---|---|---|"]
-    for (label, mechanism, backend), g in runs.groupby(["protocol", "mechanism", "backend"],
-                                                       sort=False):
+    lines = [
+        "| protocol | mechanism | backend | ε (δ 1e-5) | realised z (last round) | "
+        "c-index | Δ vs no DP (95% CI) | diverged |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for (label, mechanism, backend), g in runs.groupby(
+        ["protocol", "mechanism", "backend"], sort=False
+    ):
         diverged = int(g["diverged"].sum())
         base = runs[(runs["protocol"] == label) & (runs["mechanism"] == "none")]
         both = g.merge(base[["seed", "c_index"]], on="seed", suffixes=("", "_base")).dropna(
-            subset=["c_index", "c_index_base"])
+            subset=["c_index", "c_index_base"]
+        )
         if len(both) < 2:
-            lines.append(f"| {label} | {mechanism} | {backend} | — | — | — | — | "
-                         f"{diverged}/{len(g)} |")
+            lines.append(
+                f"| {label} | {mechanism} | {backend} | — | — | — | — | {diverged}/{len(g)} |"
+            )
             continue
-        diff = ("—" if mechanism == "none" else format_difference(
-            paired_difference(both["c_index"], both["c_index_base"])))
+        diff = (
+            "—"
+            if mechanism == "none"
+            else format_difference(paired_difference(both["c_index"], both["c_index_base"]))
+        )
         eps = "∞" if mechanism == "none" else mean_std(g["epsilon"].dropna())
         z = "—" if g["realised_z_last"].isna().all() else f"{g['realised_z_last'].mean():.3f}"
-        lines.append(f"| {label} | {mechanism} | {backend} | {eps} | {z} | "
-                     f"{mean_std(g['c_index'].dropna())} | {diff} | {diverged}/{len(g)} |")
+        lines.append(
+            f"| {label} | {mechanism} | {backend} | {eps} | {z} | "
+            f"{mean_std(g['c_index'].dropna())} | {diff} | {diverged}/{len(g)} |"
+        )
     table = "\n".join(lines)
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
     for ax, kind in zip(axes, ("client-level", "DP-SGD")):
         for label in PROTOCOLS:
-            sel = runs[(runs["protocol"] == label) & runs["mechanism"].str.startswith(kind)
-                       & ~runs["mechanism"].str.contains("clip only")
-                       & (runs["backend"] == "plain")]
+            sel = runs[
+                (runs["protocol"] == label)
+                & runs["mechanism"].str.startswith(kind)
+                & ~runs["mechanism"].str.contains("clip only")
+                & (runs["backend"] == "plain")
+            ]
             sel = sel.dropna(subset=["c_index"])
             if sel.empty:
                 continue
-            pts = sel.groupby("mechanism").agg(eps=("epsilon", "mean"), mean=("c_index", "mean"),
-                                               std=("c_index", "std")).sort_values("eps")
-            ax.errorbar(pts["eps"], pts["mean"], yerr=pts["std"], marker="o", capsize=3,
-                        label=label)
+            pts = (
+                sel.groupby("mechanism")
+                .agg(eps=("epsilon", "mean"), mean=("c_index", "mean"), std=("c_index", "std"))
+                .sort_values("eps")
+            )
+            ax.errorbar(
+                pts["eps"], pts["mean"], yerr=pts["std"], marker="o", capsize=3, label=label
+            )
             none = runs[(runs["protocol"] == label) & (runs["mechanism"] == "none")]
-            ax.axhline(none["c_index"].mean(), ls="--", lw=0.8,
-                       color=ax.lines[-1].get_color())
+            ax.axhline(none["c_index"].mean(), ls="--", lw=0.8, color=ax.lines[-1].get_color())
         if ax.lines:
             ax.set_xscale("log")
         else:
@@ -165,7 +250,8 @@ def main() -> None:
         f"# Privacy–utility on Fed-TCGA-BRCA ({len(args.seeds)} seeds, 5 rounds)\n\n"
         f"Client-level clip C = {CLIP}; DP-SGD per-sample clip {DP_SGD_CLIP:g} (clip-only "
         f"rows: noise 0.01, so their ε is meaningless); ε is the worst client's "
-        f"for DP-SGD and the aggregate mechanism's for client-level DP.\n\n{table}\n")
+        f"for DP-SGD and the aggregate mechanism's for client-level DP.\n\n{table}\n"
+    )
     print(table)
 
 

@@ -33,32 +33,48 @@ def main() -> None:
     args = parser.parse_args()
     rows = []
     for alpha in [float(a) for a in args.alphas.split(",")]:
-        cfg = ExperimentConfig(task=f"digits-{args.split}", protocol="feddisco",
-                               seeds=args.seeds, rounds=args.rounds, local_epochs=10,
-                               batch_size=64, client_lr="0.1",
-                               protocol_options={"alpha": alpha, "b": 0.1})
+        cfg = ExperimentConfig(
+            task=f"digits-{args.split}",
+            protocol="feddisco",
+            seeds=args.seeds,
+            rounds=args.rounds,
+            local_epochs=10,
+            batch_size=64,
+            client_lr="0.1",
+            protocol_options={"alpha": alpha, "b": 0.1},
+        )
         metrics = run_experiment(cfg, progress=stderr_progress).metrics
         for seed, g in metrics[metrics["round"] > 0].groupby("seed"):
             g = g.sort_values("round")
-            rows.append({"alpha": alpha, "seed": seed, "final_acc": g["test_pooled"].iloc[-1],
-                         "avg_acc_last5": g["test_pooled"].tail(5).mean()})
+            rows.append(
+                {
+                    "alpha": alpha,
+                    "seed": seed,
+                    "final_acc": g["test_pooled"].iloc[-1],
+                    "avg_acc_last5": g["test_pooled"].tail(5).mean(),
+                }
+            )
     runs = pd.DataFrame(rows)
     out = HERE / "results"
     out.mkdir(exist_ok=True)
     runs.to_csv(out / f"feddisco_{args.split}.csv", index=False)
     base = runs[runs["alpha"] == 0].sort_values("seed")
-    lines = ["| α | final accuracy | avg accuracy (last 5) | Δ avg vs α = 0 (95% CI) |",
-             "|---|---|---|---|"]
+    lines = [
+        "| α | final accuracy | avg accuracy (last 5) | Δ avg vs α = 0 (95% CI) |",
+        "|---|---|---|---|",
+    ]
     for alpha, g in runs.groupby("alpha"):
         g = g.sort_values("seed")
         d = paired_difference(g["avg_acc_last5"].to_numpy(), base["avg_acc_last5"].to_numpy())
         diff = "—" if alpha == 0 else format_difference(d)
-        lines.append(f"| {alpha:g} | {mean_std(g['final_acc'])} | "
-                     f"{mean_std(g['avg_acc_last5'])} | {diff} |")
+        lines.append(
+            f"| {alpha:g} | {mean_std(g['final_acc'])} | {mean_std(g['avg_acc_last5'])} | {diff} |"
+        )
     table = "\n".join(lines)
     (out / f"feddisco_{args.split}.md").write_text(
         f"# FedDisco-style weights on digits {args.split} ({len(args.seeds)} seeds, "
-        f"{args.rounds} rounds, 10 local epochs, b = 0.1)\n\n" + table + "\n")
+        f"{args.rounds} rounds, 10 local epochs, b = 0.1)\n\n" + table + "\n"
+    )
     print(table)
 
 

@@ -28,14 +28,16 @@ from secagg.simulation.cli import parse_seeds  # noqa: E402
 from secagg.simulation.experiment import ExperimentConfig, run_experiment, stderr_progress  # noqa
 
 HERE = Path(__file__).parent
-IDASH = ExperimentConfig(task="tcga-brca-idash", client_lr="0.1",
-                         server_opt={"name": "adam", "lr": 0.01, "tau": 1e-3})
-ARMS = {"FedAdam (baseline)": {"protocol": "fedadam"},
-        "LARC q=19 b=0.5": {"protocol": "larc"}}
+IDASH = ExperimentConfig(
+    task="tcga-brca-idash", client_lr="0.1", server_opt={"name": "adam", "lr": 0.01, "tau": 1e-3}
+)
+ARMS = {"FedAdam (baseline)": {"protocol": "fedadam"}, "LARC q=19 b=0.5": {"protocol": "larc"}}
 STUDIES = {
     "train-set evaluation": ({}, "train_pooled"),
-    "5:1 client splits (10 splits)": ({"client_split": 1 / 6, "client_split_count": 10},
-                                      "test_pooled"),
+    "5:1 client splits (10 splits)": (
+        {"client_split": 1 / 6, "client_split_count": 10},
+        "test_pooled",
+    ),
 }
 
 
@@ -50,15 +52,20 @@ def main() -> None:
             config = replace(IDASH, seeds=args.seeds, **extra, **options)
             metrics, _ = run_experiment(config, progress=stderr_progress)
             final = metrics[metrics["round"] == config.rounds]
-            rows += [{"study": study, "arm": arm, "seed": r["seed"], "c_index": r[metric]}
-                     for _, r in final.iterrows()]
+            rows += [
+                {"study": study, "arm": arm, "seed": r["seed"], "c_index": r[metric]}
+                for _, r in final.iterrows()
+            ]
     runs = pd.DataFrame(rows)
     out = HERE / "results"
     out.mkdir(exist_ok=True)
     runs.to_csv(out / "idash_larc_runs.csv", index=False)
 
-    lines = ["| study | FedAdam c-index | LARC c-index | LARC − FedAdam (95% CI) | "
-             "p (t / Wilcoxon) | LARC better in |", "|---|---|---|---|---|---|"]
+    lines = [
+        "| study | FedAdam c-index | LARC c-index | LARC − FedAdam (95% CI) | "
+        "p (t / Wilcoxon) | LARC better in |",
+        "|---|---|---|---|---|---|",
+    ]
     fig, axes = plt.subplots(1, len(STUDIES), figsize=(10, 4))
     for ax, (study, g) in zip(axes, runs.groupby("study", sort=False)):
         wide = g.pivot(index="seed", columns="arm", values="c_index")
@@ -67,7 +74,8 @@ def main() -> None:
         lines.append(
             f"| {study} | {mean_std(base)} | {mean_std(larc)} | {format_difference(d)} | "
             f"{d['p_ttest']:.3g} / "
-            f"{d['p_wilcoxon']:.3g} | {d['wins']}/{d['n_pairs']} pairs |")
+            f"{d['p_wilcoxon']:.3g} | {d['wins']}/{d['n_pairs']} pairs |"
+        )
         ax.boxplot([base, larc], labels=["FedAdam", "LARC"])
         ax.set_title(f"{study}\n(n={d['n_pairs']} paired seeds)")
         ax.set_ylabel("c-index")
@@ -77,7 +85,8 @@ def main() -> None:
     (out / "idash_larc.md").write_text(
         "# LARC vs FedAdam on the iDASH 2024 variant (5 rounds, 100 steps, batch 8, client lr "
         "0.1, server Adam lr 0.01, tau 1e-3)\n\nThe paper reports 69.02% → 74.28% (training "
-        "set) and 65.08% → 69.15% (held-out splits).\n\n" + table + "\n")
+        "set) and 65.08% → 69.15% (held-out splits).\n\n" + table + "\n"
+    )
     print(table)
 
 

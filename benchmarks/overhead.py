@@ -62,37 +62,51 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from benchmarks.stats import markdown_table  # noqa: E402
-from secagg.protocols import make_protocol  # noqa: E402
-from secagg.protocols.optimizers import StepSchedule, make_optimizer  # noqa: E402
 from secagg.backends import make_backends  # noqa: E402
 from secagg.dp import ClientDP  # noqa: E402
+from secagg.protocols import make_protocol  # noqa: E402
+from secagg.protocols.optimizers import StepSchedule, make_optimizer  # noqa: E402
 from secagg.server.audit import AuditLog  # noqa: E402
 from secagg.server.engine import Server
 from secagg.server.plan import RunPolicy, TrainingPlan  # noqa: E402
 from secagg.simulation.workers import (  # noqa: E402
-    WorkerPoolTransport, current_rss_bytes, peak_rss_bytes, reset_peak_rss)
+    WorkerPoolTransport,
+    current_rss_bytes,
+    peak_rss_bytes,
+    reset_peak_rss,
+)
 
 HERE = Path(__file__).parent
 SIZES = (1_000, 10_000, 100_000, 1_000_000, 10_000_000)
 CLIENTS = (2, 5, 10, 20, 50, 100)
 SWEEPS = ("ratio", "sizes", "clients", "dp", "presets", "buffered", "steps")
 #: what identifies a configuration (a row of the summary)
-CONFIG_KEYS = ["kind", "backend", "preset", "n_params", "model_params", "n_clients",
-               "local_steps", "client_dp", "streaming"]
-MB = 1024 ** 2
+CONFIG_KEYS = [
+    "kind",
+    "backend",
+    "preset",
+    "n_params",
+    "model_params",
+    "n_clients",
+    "local_steps",
+    "client_dp",
+    "streaming",
+]
+MB = 1024**2
 
 
 # ---- workloads: built inside the worker processes, so they must pickle -------------------
 def mlp_width(n_params: int) -> int:
     """h such that an MLP 64-h-h-10 has about ``n_params`` parameters: h² + 76h + 10 = n."""
-    return max(1, round((-76 + math.sqrt(76 ** 2 - 4 * (10 - n_params))) / 2))
+    return max(1, round((-76 + math.sqrt(76**2 - 4 * (10 - n_params))) / 2))
 
 
 def mlp(width: int):
     from torch import nn
 
-    return nn.Sequential(nn.Linear(64, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
-                         nn.Linear(width, 10))
+    return nn.Sequential(
+        nn.Linear(64, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10)
+    )
 
 
 class SyntheticTrainer:
@@ -108,6 +122,11 @@ class SyntheticTrainer:
 
     def train(self, w: np.ndarray, lr: float, steps: int, prox_mu: float = 0.0) -> np.ndarray:
         return self.rng.normal(0.0, 0.01, self.n_params)
+
+
+def preset_option(backend: str, preset: str) -> dict[str, str]:
+    """The CKKS preset as a backend option (plain takes none)."""
+    return {"preset": preset} if backend == "ckks" else {}
 
 
 @dataclass(frozen=True)
@@ -132,7 +151,7 @@ class Workload:
     def __call__(self, ids: list[str]) -> dict[str, Any]:
         from secagg.clients.runtime import Client
 
-        _, backends = make_backends(self.backend, ids, **({"preset": self.preset} if self.backend == "ckks" else {}))
+        _, backends = make_backends(self.backend, ids, **preset_option(self.backend, self.preset))
         clients = {}
         for cid in ids:
             k = int(cid.rsplit("_", 1)[1])
@@ -153,12 +172,19 @@ class Workload:
 
         digits = load_digits()
         order = np.random.default_rng(self.seed).permutation(len(digits.target))
-        mine = order[k::self.n_clients]  # IID: every client a 1/K slice of the samples
-        data = ClientData(torch.from_numpy((digits.data[mine] / 16).astype(np.float32)),
-                          torch.from_numpy(digits.target[mine].astype(np.int64)))
+        mine = order[k :: self.n_clients]  # IID: every client a 1/K slice of the samples
+        data = ClientData(
+            torch.from_numpy((digits.data[mine] / 16).astype(np.float32)),
+            torch.from_numpy(digits.target[mine].astype(np.int64)),
+        )
         torch.manual_seed(self.seed * 1000 + k)
-        return LocalTrainer(mlp(mlp_width(self.n_params)), data, cross_entropy,
-                            self.batch_size, seed=self.seed * 1000 + k)
+        return LocalTrainer(
+            mlp(mlp_width(self.n_params)),
+            data,
+            cross_entropy,
+            self.batch_size,
+            seed=self.seed * 1000 + k,
+        )
 
 
 # ---- one configuration -------------------------------------------------------------------
@@ -192,14 +218,31 @@ def client_seconds(stats: list[dict]) -> dict[str, float]:
     return total
 
 
-def run_config(workload: Workload, rounds: int, workers: int, client_dp: bool = False,
-               streaming: bool = True, label: str = "") -> list[dict[str, Any]]:
+def run_config(
+    workload: Workload,
+    rounds: int,
+    workers: int,
+    client_dp: bool = False,
+    streaming: bool = True,
+    label: str = "",
+) -> list[dict[str, Any]]:
     """Run one configuration in a fresh server process, so that its peak memory is this
     configuration's alone (this process has run others, and imported torch)."""
     ctx = mp.get_context("spawn")
     receive, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_server_process, args=(
-        send, workload, initial_params(workload), rounds, workers, client_dp, streaming, label))
+    proc = ctx.Process(
+        target=_server_process,
+        args=(
+            send,
+            workload,
+            initial_params(workload),
+            rounds,
+            workers,
+            client_dp,
+            streaming,
+            label,
+        ),
+    )
     proc.start()
     send.close()
     try:
@@ -219,21 +262,36 @@ def _server_process(conn, *args) -> None:
         conn.send(("failed", traceback.format_exc()))
 
 
-def measure_rounds(workload: Workload, initial: np.ndarray, rounds: int, workers: int,
-                   client_dp: bool, streaming: bool, label: str) -> list[dict[str, Any]]:
+def measure_rounds(
+    workload: Workload,
+    initial: np.ndarray,
+    rounds: int,
+    workers: int,
+    client_dp: bool,
+    streaming: bool,
+    label: str,
+) -> list[dict[str, Any]]:
     """Run ``rounds`` rounds of one configuration; one measurement row per round."""
     ids = [f"client_{k}" for k in range(workload.n_clients)]
-    server_backend, _ = make_backends(workload.backend, [], **({"preset": workload.preset} if workload.backend == "ckks" else {}))
+    server_backend, _ = make_backends(
+        workload.backend, [], **preset_option(workload.backend, workload.preset)
+    )
     dp = ClientDP(1.0, 1.0, len(ids)) if client_dp else None
     rows = []
     with WorkerPoolTransport(workload, ids, workers) as transport:
         audit = AuditLog()
-        server = Server(make_protocol("fedadam"), server_backend,
-                        make_optimizer({"name": "adam", "lr": 0.01, "dim": initial.size}),
-                        transport, initial,
-                        plan=TrainingPlan(client_lr=StepSchedule.parse("0.05"),
-                                          local_steps=workload.local_steps, client_dp=dp),
-                        policy=RunPolicy(streaming=streaming), audit=audit)
+        server = Server(
+            make_protocol("fedadam"),
+            server_backend,
+            make_optimizer({"name": "adam", "lr": 0.01, "dim": initial.size}),
+            transport,
+            initial,
+            plan=TrainingPlan(
+                client_lr=StepSchedule.parse("0.05"), local_steps=workload.local_steps, client_dp=dp
+            ),
+            policy=RunPolicy(streaming=streaming),
+            audit=audit,
+        )
         start = time.perf_counter()
         server.setup(rounds)
         setup_seconds = time.perf_counter() - start
@@ -252,30 +310,41 @@ def measure_rounds(workload: Workload, initial: np.ndarray, rounds: int, workers
             after = client_seconds(stats)
             spent = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
             before = after
-            row = {"label": label, **asdict(workload), "model_params": initial.size,
-                   "warm": rnd > 0,
-                   "workers": transport.workers, "client_dp": client_dp,
-                   "streaming": streaming and server.streaming, "round": rnd,
-                   "clients_used": len(report.clients), "excluded": len(report.excluded),
-                   "wall_s": wall, "setup_s": setup_seconds, "setup_bytes": setup_bytes,
-                   **{f"server_{k}_s": v for k, v in report.seconds.items()},
-                   "clients_train_s": spent.get("train", 0.0),
-                   "clients_protect_s": spent.get("protect", 0.0),
-                   "clients_open_s": spent.get("open", 0.0),
-                   "decryptor_reveal_s": spent.get("phase:reveal", 0.0),
-                   "clients_envelope_s": spent.get("phase:train", 0.0) - spent.get("train", 0)
-                   - spent.get("protect", 0.0),
-                   **bytes_by_message(audit.records[first:]),
-                   "server_peak_rss_MB": server_peak / MB,
-                   "server_rss_before_MB": baseline / MB,
-                   "worker_peak_rss_MB": max(s["peak_rss_bytes"] for s in stats) / MB}
+            row = {
+                "label": label,
+                **asdict(workload),
+                "model_params": initial.size,
+                "warm": rnd > 0,
+                "workers": transport.workers,
+                "client_dp": client_dp,
+                "streaming": streaming and server.streaming,
+                "round": rnd,
+                "clients_used": len(report.clients),
+                "excluded": len(report.excluded),
+                "wall_s": wall,
+                "setup_s": setup_seconds,
+                "setup_bytes": setup_bytes,
+                **{f"server_{k}_s": v for k, v in report.seconds.items()},
+                "clients_train_s": spent.get("train", 0.0),
+                "clients_protect_s": spent.get("protect", 0.0),
+                "clients_open_s": spent.get("open", 0.0),
+                "decryptor_reveal_s": spent.get("phase:reveal", 0.0),
+                "clients_envelope_s": spent.get("phase:train", 0.0)
+                - spent.get("train", 0)
+                - spent.get("protect", 0.0),
+                **bytes_by_message(audit.records[first:]),
+                "server_peak_rss_MB": server_peak / MB,
+                "server_rss_before_MB": baseline / MB,
+                "worker_peak_rss_MB": max(s["peak_rss_bytes"] for s in stats) / MB,
+            }
             rows.append(row)
     return rows
 
 
 # ---- sweeps ------------------------------------------------------------------------------
-def plan(sweeps: list[str], quick: bool, steps: int = 100, repeats: int = 3
-         ) -> list[tuple[str, Workload, dict]]:
+def plan(
+    sweeps: list[str], quick: bool, steps: int = 100, repeats: int = 3
+) -> list[tuple[str, Workload, dict]]:
     sizes = SIZES[:4] if quick else SIZES
     clients = (2, 10, 20) if quick else CLIENTS
     n = 100_000 if quick else 1_000_000
@@ -283,33 +352,53 @@ def plan(sweeps: list[str], quick: bool, steps: int = 100, repeats: int = 3
     for kind in ("synthetic", "mlp"):
         for backend in ("plain", "ckks"):
             if "sizes" in sweeps:
-                out += [("sizes", Workload(kind, m, 10, backend, local_steps=steps), {})
-                        for m in sizes]
+                out += [
+                    ("sizes", Workload(kind, m, 10, backend, local_steps=steps), {}) for m in sizes
+                ]
             if "clients" in sweeps:
-                out += [("clients", Workload(kind, n, k, backend, local_steps=steps), {})
-                        for k in clients]
+                out += [
+                    ("clients", Workload(kind, n, k, backend, local_steps=steps), {})
+                    for k in clients
+                ]
     if "dp" in sweeps:
-        out += [("dp", Workload("mlp", n, 10, backend, local_steps=steps), {"client_dp": dp})
-                for backend in ("plain", "ckks") for dp in (False, True)]
+        out += [
+            ("dp", Workload("mlp", n, 10, backend, local_steps=steps), {"client_dp": dp})
+            for backend in ("plain", "ckks")
+            for dp in (False, True)
+        ]
     if "presets" in sweeps:
-        out += [("presets", Workload(kind, n, 10, "ckks", preset, local_steps=steps), {})
-                for kind in ("synthetic", "mlp") for preset in ("compact", "wide")]
+        out += [
+            ("presets", Workload(kind, n, 10, "ckks", preset, local_steps=steps), {})
+            for kind in ("synthetic", "mlp")
+            for preset in ("compact", "wide")
+        ]
     if "buffered" in sweeps:
-        out += [("buffered", Workload("synthetic", n, k, "ckks", local_steps=steps),
-                 {"streaming": False}) for k in ((2, 10, 20) if quick else (10, 20, 50, 100))]
+        out += [
+            (
+                "buffered",
+                Workload("synthetic", n, k, "ckks", local_steps=steps),
+                {"streaming": False},
+            )
+            for k in ((2, 10, 20) if quick else (10, 20, 50, 100))
+        ]
     if "ratio" in sweeps:  # the headline ratio from interleaved runs, against drift
-        out += [(f"ratio#{rep}", Workload(kind, n, 10, backend, local_steps=steps), {})
-                for rep in range(repeats) for kind in ("mlp", "synthetic")
-                for backend in ("plain", "ckks")]
+        out += [
+            (f"ratio#{rep}", Workload(kind, n, 10, backend, local_steps=steps), {})
+            for rep in range(repeats)
+            for kind in ("mlp", "synthetic")
+            for backend in ("plain", "ckks")
+        ]
     if "steps" in sweeps:  # how much local training hides the crypto
-        out += [("steps", Workload("mlp", n, 10, backend, local_steps=steps * f), {})
-                for f in (1, 2, 4) for backend in ("plain", "ckks")]
+        out += [
+            ("steps", Workload("mlp", n, 10, backend, local_steps=steps * f), {})
+            for f in (1, 2, 4)
+            for backend in ("plain", "ckks")
+        ]
     # the same configuration can appear in two sweeps: run it once (the ratio repeats are
     # meant as repeats)
     seen, unique = set(), []
     for sweep, workload, opts in out:
-        key = (workload, tuple(sorted(opts.items())),
-               sweep if sweep.startswith("ratio") else "")
+        key = (workload, tuple(sorted(opts.items())), sweep if sweep.startswith("ratio") else "")
         if key not in seen:
             seen.add(key)
             unique.append((sweep, workload, opts))
@@ -318,20 +407,24 @@ def plan(sweeps: list[str], quick: bool, steps: int = 100, repeats: int = 3
 
 def summarise(rounds: pd.DataFrame) -> pd.DataFrame:
     keys = CONFIG_KEYS
-    numeric = [c for c in rounds.columns if c not in keys + ["label", "round", "seed", "warm",
-                                                            "batch_size", "workers"]
-               and pd.api.types.is_numeric_dtype(rounds[c])]
+    numeric = [
+        c
+        for c in rounds.columns
+        if c not in keys + ["label", "round", "seed", "warm", "batch_size", "workers"]
+        and pd.api.types.is_numeric_dtype(rounds[c])
+    ]
     warm = rounds[rounds["warm"]] if rounds["warm"].any() else rounds
     med = warm.groupby(keys, sort=False)[numeric].median().reset_index()
     peaks = rounds.groupby(keys, sort=False)[["server_peak_rss_MB", "worker_peak_rss_MB"]].max()
     med = med.drop(columns=["server_peak_rss_MB", "worker_peak_rss_MB"]).merge(
-        peaks.reset_index(), on=keys)
+        peaks.reset_index(), on=keys
+    )
     up = [c for c in med.columns if c.startswith("bytes_") and c.endswith("_up")]
     down = [c for c in med.columns if c.startswith("bytes_") and c.endswith("_down")]
-    med["bytes_up_per_client_param"] = med[up].sum(axis=1) / med["n_clients"] / med[
-        "model_params"]
-    med["bytes_down_per_client_param"] = med[down].sum(axis=1) / med["n_clients"] / med[
-        "model_params"]
+    med["bytes_up_per_client_param"] = med[up].sum(axis=1) / med["n_clients"] / med["model_params"]
+    med["bytes_down_per_client_param"] = (
+        med[down].sum(axis=1) / med["n_clients"] / med["model_params"]
+    )
     return med
 
 
@@ -354,15 +447,19 @@ def machine() -> dict[str, str]:
     cpu = "unknown"
     try:
         with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f
-                       if line.startswith("model name"))
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
     with open("/proc/meminfo") as f:
-        mem = int(f.readline().split()[1]) / 1024 ** 2
-    return {"cpu": cpu, "cores": str(os.cpu_count()), "memory": f"{mem:.0f} GiB",
-            "python": platform.python_version(), "tenseal": tenseal.__version__,
-            "os": platform.platform()}
+        mem = int(f.readline().split()[1]) / 1024**2
+    return {
+        "cpu": cpu,
+        "cores": str(os.cpu_count()),
+        "memory": f"{mem:.0f} GiB",
+        "python": platform.python_version(),
+        "tenseal": tenseal.__version__,
+        "os": platform.platform(),
+    }
 
 
 def ratio_table(summary: pd.DataFrame, by: str, where) -> pd.DataFrame:
@@ -376,13 +473,21 @@ def ratio_table(summary: pd.DataFrame, by: str, where) -> pd.DataFrame:
             if plain.empty or ckks.empty:
                 continue
             p, c = plain.iloc[0], ckks.iloc[0]
-            rows.append({"workload": kind, by: int(value), "plain_wall_s": p["wall_s"],
-                         "ckks_wall_s": c["wall_s"], "ckks/plain": c["wall_s"] / p["wall_s"],
-                         "ckks_up_B_per_param": c["bytes_up_per_client_param"],
-                         "ckks_down_B_per_param": c["bytes_down_per_client_param"],
-                         "plain_up_B_per_param": p["bytes_up_per_client_param"],
-                         "server_peak_MB (plain / ckks)":
-                             f"{p['server_peak_rss_MB']:.0f} / {c['server_peak_rss_MB']:.0f}"})
+            rows.append(
+                {
+                    "workload": kind,
+                    by: int(value),
+                    "plain_wall_s": p["wall_s"],
+                    "ckks_wall_s": c["wall_s"],
+                    "ckks/plain": c["wall_s"] / p["wall_s"],
+                    "ckks_up_B_per_param": c["bytes_up_per_client_param"],
+                    "ckks_down_B_per_param": c["bytes_down_per_client_param"],
+                    "plain_up_B_per_param": p["bytes_up_per_client_param"],
+                    "server_peak_MB (plain / ckks)": (
+                        f"{p['server_peak_rss_MB']:.0f} / {c['server_peak_rss_MB']:.0f}"
+                    ),
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -394,32 +499,52 @@ def steps_table(steps: pd.DataFrame) -> pd.DataFrame:
         if plain.empty or ckks.empty:
             continue
         p, c = plain["wall_s"].iloc[0], ckks["wall_s"].iloc[0]
-        rows.append({"local steps": int(count), "plain_wall_s": p, "ckks_wall_s": c,
-                     "ckks - plain (s)": c - p, "ckks/plain": c / p})
+        rows.append(
+            {
+                "local steps": int(count),
+                "plain_wall_s": p,
+                "ckks_wall_s": c,
+                "ckks - plain (s)": c - p,
+                "ckks/plain": c / p,
+            }
+        )
     return pd.DataFrame(rows)
 
 
 def breakdown_table(summary: pd.DataFrame) -> pd.DataFrame:
-    cols = {"wall_s": "round wall", "server_train_s": "server: waiting for uploads",
-            "server_load_s": "server: load uploads", "server_aggregate_s": "server: aggregate",
-            "server_receive_s": "server: decode envelopes",
-            "server_reveal_s": "server: reveal (decryptor round trip)",
-            "server_optimizer_s": "server: optimizer", "clients_train_s": "clients: training",
-            "clients_protect_s": "clients: encode + encrypt",
-            "clients_envelope_s": "clients: envelopes",
-            "decryptor_reveal_s": "decryptor: decrypt + flood"}
+    cols = {
+        "wall_s": "round wall",
+        "server_train_s": "server: waiting for uploads",
+        "server_load_s": "server: load uploads",
+        "server_aggregate_s": "server: aggregate",
+        "server_receive_s": "server: decode envelopes",
+        "server_reveal_s": "server: reveal (decryptor round trip)",
+        "server_optimizer_s": "server: optimizer",
+        "clients_train_s": "clients: training",
+        "clients_protect_s": "clients: encode + encrypt",
+        "clients_envelope_s": "clients: envelopes",
+        "decryptor_reveal_s": "decryptor: decrypt + flood",
+    }
     rows = []
     for _, r in summary.iterrows():
-        rows.append({"config": f"{r['kind']} {r['backend']}"
-                     + (" + client DP" if r["client_dp"] else ""),
-                     **{label: r.get(col, float("nan")) for col, label in cols.items()}})
+        rows.append(
+            {
+                "config": f"{r['kind']} {r['backend']}"
+                + (" + client DP" if r["client_dp"] else ""),
+                **{label: r.get(col, float("nan")) for col, label in cols.items()},
+            }
+        )
     return pd.DataFrame(rows)
 
 
 def main_rows(summary: pd.DataFrame, steps: int = 100) -> pd.DataFrame:
     """The default setting: compact preset, streaming, no DP, the run's local steps."""
-    return summary[(summary["preset"] == "compact") & summary["streaming"]
-                   & ~summary["client_dp"] & (summary["local_steps"] == steps)]
+    return summary[
+        (summary["preset"] == "compact")
+        & summary["streaming"]
+        & ~summary["client_dp"]
+        & (summary["local_steps"] == steps)
+    ]
 
 
 def bytes_table(summary: pd.DataFrame) -> pd.DataFrame:
@@ -427,10 +552,11 @@ def bytes_table(summary: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for _, r in summary.iterrows():
         entry = {"config": f"{r['kind']} {r['backend']}"}
-        for col in sorted(c for c in summary.columns if c.startswith("bytes_")
-                          and c.endswith(("_up", "_down"))):
+        for col in sorted(
+            c for c in summary.columns if c.startswith("bytes_") and c.endswith(("_up", "_down"))
+        ):
             if pd.notna(r[col]) and r[col] > 0:
-                entry[col[len("bytes_"):] + " (B/param)"] = r[col] / r["model_params"]
+                entry[col[len("bytes_") :] + " (B/param)"] = r[col] / r["model_params"]
         rows.append(entry)
     return pd.DataFrame(rows)
 
@@ -446,16 +572,24 @@ def paired_ratios(rounds: pd.DataFrame) -> dict[str, list[float]]:
     return out
 
 
-def targets(summary: pd.DataFrame, quick: bool, steps: int = 100,
-            paired: dict[str, list[float]] | None = None) -> list[str]:
+def targets(
+    summary: pd.DataFrame,
+    quick: bool,
+    steps: int = 100,
+    paired: dict[str, list[float]] | None = None,
+) -> list[str]:
     """The issue's targets, checked against this run's figures."""
     main = main_rows(summary, steps)
     n = 100_000 if quick else 1_000_000
     out = []
 
     def pick(kind, backend, clients):
-        g = main[(main["kind"] == kind) & (main["backend"] == backend)
-                 & (main["n_params"] == n) & (main["n_clients"] == clients)]
+        g = main[
+            (main["kind"] == kind)
+            & (main["backend"] == backend)
+            & (main["n_params"] == n)
+            & (main["n_clients"] == clients)
+        ]
         return None if g.empty else g.iloc[0]
 
     for kind in ("mlp", "synthetic"):
@@ -465,126 +599,222 @@ def targets(summary: pd.DataFrame, quick: bool, steps: int = 100,
             pairs = (paired or {}).get(kind, [])
             if pairs:  # interleaved repeats decide; the pooled medians are shown too
                 ratio = float(np.median(pairs))
-            out.append(f"- {n:.0e} parameters, 10 clients, {kind}: ckks round "
-                       f"{c['wall_s']:.2f} s vs plain {p['wall_s']:.2f} s"
-                       + (f"; paired ratios {', '.join(f'{r:.2f}' for r in pairs)}, median"
-                          if pairs else " =")
-                       + f" {ratio:.2f}× (target ≤ 1.5×: "
-                       f"{'met' if ratio <= 1.5 else 'NOT met'})")
+            out.append(
+                f"- {n:.0e} parameters, 10 clients, {kind}: ckks round "
+                f"{c['wall_s']:.2f} s vs plain {p['wall_s']:.2f} s"
+                + (
+                    f"; paired ratios {', '.join(f'{r:.2f}' for r in pairs)}, median"
+                    if pairs
+                    else " ="
+                )
+                + f" {ratio:.2f}× (target ≤ 1.5×: "
+                f"{'met' if ratio <= 1.5 else 'NOT met'})"
+            )
     for kind in ("synthetic", "mlp"):
         c10, c100 = pick(kind, "ckks", 10), pick(kind, "ckks", 100)
         if c100 is not None:
-            out.append(f"- {n:.0e} parameters, 100 clients, {kind}, ckks: round "
-                       f"{c100['wall_s']:.1f} s (target ≤ 600 s: "
-                       f"{'met' if c100['wall_s'] <= 600 else 'NOT met'}); server peak "
-                       f"{c100['server_peak_rss_MB']:.0f} MB (target ≤ 2048 MB: "
-                       f"{'met' if c100['server_peak_rss_MB'] <= 2048 else 'NOT met'})")
+            out.append(
+                f"- {n:.0e} parameters, 100 clients, {kind}, ckks: round "
+                f"{c100['wall_s']:.1f} s (target ≤ 600 s: "
+                f"{'met' if c100['wall_s'] <= 600 else 'NOT met'}); server peak "
+                f"{c100['server_peak_rss_MB']:.0f} MB (target ≤ 2048 MB: "
+                f"{'met' if c100['server_peak_rss_MB'] <= 2048 else 'NOT met'})"
+            )
             if c10 is not None:
                 growth = c100["server_peak_rss_MB"] / c10["server_peak_rss_MB"] - 1
-                out.append(f"- server peak memory 10 → 100 clients ({kind}, ckks): "
-                           f"{c10['server_peak_rss_MB']:.0f} → "
-                           f"{c100['server_peak_rss_MB']:.0f} MB, {growth:+.0%} (target ≤ "
-                           f"+20%: {'met' if growth <= 0.2 else 'NOT met'})")
+                out.append(
+                    f"- server peak memory 10 → 100 clients ({kind}, ckks): "
+                    f"{c10['server_peak_rss_MB']:.0f} → "
+                    f"{c100['server_peak_rss_MB']:.0f} MB, {growth:+.0%} (target ≤ "
+                    f"+20%: {'met' if growth <= 0.2 else 'NOT met'})"
+                )
     return out
 
 
-def write_report(summary: pd.DataFrame, out: Path, args, elapsed: float,
-                 paired: dict[str, list[float]] | None = None) -> str:
+def write_report(
+    summary: pd.DataFrame,
+    out: Path,
+    args,
+    elapsed: float,
+    paired: dict[str, list[float]] | None = None,
+) -> str:
     m = machine()
     n = 100_000 if args.quick else 1_000_000
     main = main_rows(summary, args.local_steps)
-    summary = summary[summary["local_steps"].isin(
-        [args.local_steps] + ([args.local_steps * f for f in (2, 4)]
-                              if "steps" in args.sweep else []))]
-    lines = ["# End-to-end overhead: what privacy costs", "",
-             f"Generated by `python -m benchmarks.overhead {' '.join(args.argv)}`; measuring "
-             f"took {elapsed / 60:.1f} minutes. Machine: {m['cpu']}, {m['cores']} cores, "
-             f"{m['memory']}, Python {m['python']}, TenSEAL {m['tenseal']} (SEAL), "
-             f"{m['os']}.", "",
-             f"Setting: FedAdam, streaming aggregation, clients in {args.workers} worker "
-             "processes; CKKS preset `compact` (N=4096, 128-bit security, 30-bit noise "
-             f"flooding) unless stated. Each configuration runs {args.rounds} rounds in a "
-             "fresh server process; the first round is a warm-up (in `overhead_rounds.csv`, "
-             "not in the medians below); peaks are maxima over the measured rounds. "
-             f"`mlp`: MLP 64-h-h-10 on digits (IID split), {args.local_steps} local SGD steps "
-             "of batch 32 per round; `synthetic`: no training, so the round is pure protocol "
-             "and crypto overhead. The machine is shared and noisy: compare within one run.",
-             "", "## Targets", "", *targets(summary, args.quick, args.local_steps, paired), ""]
+    summary = summary[
+        summary["local_steps"].isin(
+            [args.local_steps]
+            + ([args.local_steps * f for f in (2, 4)] if "steps" in args.sweep else [])
+        )
+    ]
+    lines = [
+        "# End-to-end overhead: what privacy costs",
+        "",
+        f"Generated by `python -m benchmarks.overhead {' '.join(args.argv)}`; measuring "
+        f"took {elapsed / 60:.1f} minutes. Machine: {m['cpu']}, {m['cores']} cores, "
+        f"{m['memory']}, Python {m['python']}, TenSEAL {m['tenseal']} (SEAL), "
+        f"{m['os']}.",
+        "",
+        f"Setting: FedAdam, streaming aggregation, clients in {args.workers} worker "
+        "processes; CKKS preset `compact` (N=4096, 128-bit security, 30-bit noise "
+        f"flooding) unless stated. Each configuration runs {args.rounds} rounds in a "
+        "fresh server process; the first round is a warm-up (in `overhead_rounds.csv`, "
+        "not in the medians below); peaks are maxima over the measured rounds. "
+        f"`mlp`: MLP 64-h-h-10 on digits (IID split), {args.local_steps} local SGD steps "
+        "of batch 32 per round; `synthetic`: no training, so the round is pure protocol "
+        "and crypto overhead. The machine is shared and noisy: compare within one run.",
+        "",
+        "## Targets",
+        "",
+        *targets(summary, args.quick, args.local_steps, paired),
+        "",
+    ]
     sizes = main[main["n_clients"] == 10]
     if "sizes" in args.sweep and not sizes.empty:
-        lines += ["## Model size (10 clients)", "",
-                  markdown_table(ratio_table(main, "n_params", main["n_clients"] == 10),
-                                 ".3g"), "", "Fitted growth from 1e5 parameters up "
-                  "(round wall ∝ params^b):", ""]
+        lines += [
+            "## Model size (10 clients)",
+            "",
+            markdown_table(ratio_table(main, "n_params", main["n_clients"] == 10), ".3g"),
+            "",
+            "Fitted growth from 1e5 parameters up (round wall ∝ params^b):",
+            "",
+        ]
         for kind in ("mlp", "synthetic"):
             for backend in ("plain", "ckks"):
-                g = sizes[(sizes["kind"] == kind) & (sizes["backend"] == backend)
-                          & (sizes["model_params"] >= 1e5)]
+                g = sizes[
+                    (sizes["kind"] == kind)
+                    & (sizes["backend"] == backend)
+                    & (sizes["model_params"] >= 1e5)
+                ]
                 if len(g) >= 2:
                     a, b = linear_fit(g["model_params"] / 1e6, g["wall_s"])
-                    lines.append(f"- {kind} {backend}: b = "
-                                 f"{slope(g['model_params'], g['wall_s']):.2f}; "
-                                 f"≈ {a:.2f} s + {b:.2f} s per million parameters")
+                    lines.append(
+                        f"- {kind} {backend}: b = "
+                        f"{slope(g['model_params'], g['wall_s']):.2f}; "
+                        f"≈ {a:.2f} s + {b:.2f} s per million parameters"
+                    )
         lines.append("")
     clients = main[main["n_params"] == n]
     if "clients" in args.sweep and not clients.empty:
-        lines += [f"## Client count ({n:.0e} parameters)", "",
-                  markdown_table(ratio_table(main, "n_clients", main["n_params"] == n),
-                                 ".3g"), "", "Fitted growth (least squares, linear in "
-                  "clients):", ""]
+        lines += [
+            f"## Client count ({n:.0e} parameters)",
+            "",
+            markdown_table(ratio_table(main, "n_clients", main["n_params"] == n), ".3g"),
+            "",
+            "Fitted growth (least squares, linear in clients):",
+            "",
+        ]
         for kind in ("mlp", "synthetic"):
             for backend in ("plain", "ckks"):
                 g = clients[(clients["kind"] == kind) & (clients["backend"] == backend)]
                 if len(g) >= 2:
                     a, b = linear_fit(g["n_clients"], g["wall_s"])
                     ma, mb = linear_fit(g["n_clients"], g["server_peak_rss_MB"])
-                    lines.append(f"- {kind} {backend}: round ≈ {a:.2f} s + {b:.3f} s per "
-                                 f"client; server peak ≈ {ma:.0f} MB + {mb:.2f} MB per client")
+                    lines.append(
+                        f"- {kind} {backend}: round ≈ {a:.2f} s + {b:.3f} s per "
+                        f"client; server peak ≈ {ma:.0f} MB + {mb:.2f} MB per client"
+                    )
         lines.append("")
     at = main[(main["n_params"] == n) & (main["n_clients"] == 10)]
     if not at.empty:
-        lines += [f"## Bytes per round by message ({n:.0e} parameters, 10 clients)", "",
-                  "Totals over all clients, divided by the model's parameter count "
-                  "(`train_up`: the uploads; `train_down`: the model to every client; "
-                  "`reveal_*`: the aggregate to the decryptor and its flooded plaintext back).",
-                  "", markdown_table(bytes_table(at), ".3g"), ""]
-    presets = summary[(summary["backend"] == "ckks") & (summary["n_params"] == n)
-                      & (summary["n_clients"] == 10) & summary["streaming"]
-                      & ~summary["client_dp"] & (summary["local_steps"] == args.local_steps)]
+        lines += [
+            f"## Bytes per round by message ({n:.0e} parameters, 10 clients)",
+            "",
+            "Totals over all clients, divided by the model's parameter count "
+            "(`train_up`: the uploads; `train_down`: the model to every client; "
+            "`reveal_*`: the aggregate to the decryptor and its flooded plaintext back).",
+            "",
+            markdown_table(bytes_table(at), ".3g"),
+            "",
+        ]
+    presets = summary[
+        (summary["backend"] == "ckks")
+        & (summary["n_params"] == n)
+        & (summary["n_clients"] == 10)
+        & summary["streaming"]
+        & ~summary["client_dp"]
+        & (summary["local_steps"] == args.local_steps)
+    ]
     if "presets" in args.sweep and presets["preset"].nunique() > 1:
-        table = presets[["kind", "preset", "wall_s", "clients_protect_s", "server_load_s",
-                         "server_aggregate_s", "bytes_up_per_client_param"]]
-        lines += [f"## CKKS presets ({n:.0e} parameters, 10 clients)", "",
-                  markdown_table(table, ".3g"), ""]
+        table = presets[
+            [
+                "kind",
+                "preset",
+                "wall_s",
+                "clients_protect_s",
+                "server_load_s",
+                "server_aggregate_s",
+                "bytes_up_per_client_param",
+            ]
+        ]
+        lines += [
+            f"## CKKS presets ({n:.0e} parameters, 10 clients)",
+            "",
+            markdown_table(table, ".3g"),
+            "",
+        ]
     buffered = summary[~summary["streaming"]]
     if not buffered.empty:
-        streamed = summary[summary["streaming"] & (summary["kind"] == "synthetic")
-                           & (summary["backend"] == "ckks") & (summary["preset"] == "compact")
-                           & ~summary["client_dp"]
-                           & (summary["n_params"] == buffered["n_params"].iloc[0])]
+        streamed = summary[
+            summary["streaming"]
+            & (summary["kind"] == "synthetic")
+            & (summary["backend"] == "ckks")
+            & (summary["preset"] == "compact")
+            & ~summary["client_dp"]
+            & (summary["n_params"] == buffered["n_params"].iloc[0])
+        ]
         table = buffered[["n_clients", "server_peak_rss_MB", "wall_s"]].merge(
-            streamed[["n_clients", "server_peak_rss_MB", "wall_s"]], on="n_clients",
-            how="left", suffixes=(" buffered", " streaming"))
-        lines += [f"## Streaming vs buffering the uploads (ckks, synthetic, "
-                  f"{buffered['n_params'].iloc[0]:.0e} parameters)", "",
-                  markdown_table(table, ".4g"), ""]
-    dp = summary[(summary["kind"] == "mlp") & (summary["n_clients"] == 10)
-                 & (summary["n_params"] == n) & (summary["preset"] == "compact")
-                 & summary["streaming"] & (summary["local_steps"] == args.local_steps)]
+            streamed[["n_clients", "server_peak_rss_MB", "wall_s"]],
+            on="n_clients",
+            how="left",
+            suffixes=(" buffered", " streaming"),
+        )
+        lines += [
+            f"## Streaming vs buffering the uploads (ckks, synthetic, "
+            f"{buffered['n_params'].iloc[0]:.0e} parameters)",
+            "",
+            markdown_table(table, ".4g"),
+            "",
+        ]
+    dp = summary[
+        (summary["kind"] == "mlp")
+        & (summary["n_clients"] == 10)
+        & (summary["n_params"] == n)
+        & (summary["preset"] == "compact")
+        & summary["streaming"]
+        & (summary["local_steps"] == args.local_steps)
+    ]
     if not dp.empty:
-        lines += [f"## Where the time goes (mlp, {n:.0e} parameters, 10 clients)", "",
-                  "Seconds per round. Clients' figures are summed over clients: they run in "
-                  f"parallel on {args.workers} workers and overlap the server's work, so the "
-                  "parts do not add up to the wall time.", "",
-                  markdown_table(breakdown_table(dp), ".3g"), ""]
-    steps = summary[(summary["kind"] == "mlp") & (summary["n_params"] == n)
-                    & (summary["n_clients"] == 10) & (summary["preset"] == "compact")
-                    & summary["streaming"] & ~summary["client_dp"]]
+        lines += [
+            f"## Where the time goes (mlp, {n:.0e} parameters, 10 clients)",
+            "",
+            "Seconds per round. Clients' figures are summed over clients: they run in "
+            f"parallel on {args.workers} workers and overlap the server's work, so the "
+            "parts do not add up to the wall time.",
+            "",
+            markdown_table(breakdown_table(dp), ".3g"),
+            "",
+        ]
+    steps = summary[
+        (summary["kind"] == "mlp")
+        & (summary["n_params"] == n)
+        & (summary["n_clients"] == 10)
+        & (summary["preset"] == "compact")
+        & summary["streaming"]
+        & ~summary["client_dp"]
+    ]
     if "steps" in args.sweep and steps["local_steps"].nunique() > 1:
-        lines += [f"## How much local training hides the crypto (mlp, {n:.0e} parameters, "
-                  "10 clients)", "", markdown_table(steps_table(steps), ".3g"), ""]
-    lines += ["Raw rows: `overhead_rounds.csv`; medians: `overhead.csv`; plots: "
-              "`overhead_sizes.png`, `overhead_clients.png`.", ""]
+        lines += [
+            f"## How much local training hides the crypto (mlp, {n:.0e} parameters, 10 clients)",
+            "",
+            markdown_table(steps_table(steps), ".3g"),
+            "",
+        ]
+    lines += [
+        "Raw rows: `overhead_rounds.csv`; medians: `overhead.csv`; plots: "
+        "`overhead_sizes.png`, `overhead_clients.png`.",
+        "",
+    ]
     text = "\n".join(lines)
     (out / "overhead.md").write_text(text)
     return text
@@ -595,8 +825,10 @@ def plot(summary: pd.DataFrame, out: Path, steps: int = 100) -> None:
     (with the buffered server beside the streaming one)."""
     base = main_rows(summary, steps)
     buffered = summary[~summary["streaming"] & (summary["local_steps"] == steps)]
-    for by, title, name in (("model_params", "10 clients", "sizes"),
-                            ("n_clients", "by client count", "clients")):
+    for by, title, name in (
+        ("model_params", "10 clients", "sizes"),
+        ("n_clients", "by client count", "clients"),
+    ):
         if by == "model_params":
             part = base[base["n_clients"] == 10]
         else:
@@ -604,8 +836,7 @@ def plot(summary: pd.DataFrame, out: Path, steps: int = 100) -> None:
         if part.empty:
             continue
         fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-        series = [((kind, backend), g) for (kind, backend), g in
-                  part.groupby(["kind", "backend"])]
+        series = [((kind, backend), g) for (kind, backend), g in part.groupby(["kind", "backend"])]
         if by == "n_clients" and not buffered.empty:
             series.append((("synthetic", "ckks, buffered"), buffered))
         for (kind, backend), g in series:
@@ -630,26 +861,44 @@ def plot(summary: pd.DataFrame, out: Path, steps: int = 100) -> None:
 
 
 def main(argv: list[str] | None = None) -> pd.DataFrame:
-    parser = argparse.ArgumentParser(prog="secagg bench overhead",
-                                     description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--sweep", default=",".join(SWEEPS),
-                        help="which sweeps to run, comma separated")
-    parser.add_argument("--quick", action="store_true",
-                        help="small sizes and client counts (a minute or two; for checking)")
-    parser.add_argument("--rounds", type=int, default=3,
-                        help="rounds per configuration; the first is a warm-up, reported in "
-                             "overhead_rounds.csv but not in the medians")
-    parser.add_argument("--local-steps", type=int, default=100,
-                        help="local SGD steps per round of the mlp workload")
-    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
-                        help="worker processes for the clients")
+    parser = argparse.ArgumentParser(
+        prog="secagg bench overhead",
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument(
+        "--sweep", default=",".join(SWEEPS), help="which sweeps to run, comma separated"
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="small sizes and client counts (a minute or two; for checking)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="rounds per configuration; the first is a warm-up, reported in "
+        "overhead_rounds.csv but not in the medians",
+    )
+    parser.add_argument(
+        "--local-steps", type=int, default=100, help="local SGD steps per round of the mlp workload"
+    )
+    parser.add_argument(
+        "--workers", type=int, default=os.cpu_count() or 1, help="worker processes for the clients"
+    )
     parser.add_argument("--out", type=Path, default=HERE / "results")
-    parser.add_argument("--repeats", type=int, default=3,
-                        help="interleaved plain/ckks repeats of the headline configurations "
-                             "(the ratio sweep)")
-    parser.add_argument("--reuse", action="store_true",
-                        help="keep the configurations already in overhead_rounds.csv")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="interleaved plain/ckks repeats of the headline configurations (the ratio sweep)",
+    )
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="keep the configurations already in overhead_rounds.csv",
+    )
     args = parser.parse_args(argv)
     args.argv = list(argv if argv is not None else sys.argv[1:])
     args.sweep = [s.strip() for s in args.sweep.split(",") if s.strip()]
@@ -666,12 +915,23 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         done = {(*(r[k] for k in CONFIG_KEYS), r["label"]) for r in rows}
     start, measured = time.perf_counter(), 0
     for i, (sweep, workload, opts) in enumerate(configs, 1):
-        name = (f"{workload.kind} {workload.backend} {workload.n_params:.0e} params "
-                f"× {workload.n_clients} clients, {workload.local_steps} steps, {workload.preset}"
-                + "".join(f" {k}={v}" for k, v in opts.items()))
-        key = (workload.kind, workload.backend, workload.preset, workload.n_params,
-               workload.model_params(), workload.n_clients, workload.local_steps,
-               opts.get("client_dp", False), opts.get("streaming", True), sweep)
+        name = (
+            f"{workload.kind} {workload.backend} {workload.n_params:.0e} params "
+            f"× {workload.n_clients} clients, {workload.local_steps} steps, {workload.preset}"
+            + "".join(f" {k}={v}" for k, v in opts.items())
+        )
+        key = (
+            workload.kind,
+            workload.backend,
+            workload.preset,
+            workload.n_params,
+            workload.model_params(),
+            workload.n_clients,
+            workload.local_steps,
+            opts.get("client_dp", False),
+            opts.get("streaming", True),
+            sweep,
+        )
         if key in done:
             print(f"[{i}/{len(configs)}] {name}: reused", flush=True)
             continue
@@ -679,8 +939,12 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         got = run_config(workload, args.rounds, args.workers, label=sweep, **opts)
         measured += 1
         rows += got
-        print("    " + "  ".join(f"{r['wall_s']:.2f} s" for r in got)
-              + f"  server peak {max(r['server_peak_rss_MB'] for r in got):.0f} MB", flush=True)
+        print(
+            "    "
+            + "  ".join(f"{r['wall_s']:.2f} s" for r in got)
+            + f"  server peak {max(r['server_peak_rss_MB'] for r in got):.0f} MB",
+            flush=True,
+        )
         pd.DataFrame(rows).to_csv(args.out / "overhead_rounds.csv", index=False)
     rounds = pd.DataFrame(rows)
     summary = summarise(rounds)
@@ -689,10 +953,12 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     elapsed = time.perf_counter() - start
     if measured == 0 and (args.out / "overhead_machine.json").exists():  # a pure --reuse
         elapsed = 60 * json.loads((args.out / "overhead_machine.json").read_text()).get(
-            "measuring_minutes", 0.0)
+            "measuring_minutes", 0.0
+        )
     print(write_report(summary, args.out, args, elapsed, paired_ratios(rounds)))
-    (args.out / "overhead_machine.json").write_text(json.dumps(
-        {**machine(), "measuring_minutes": elapsed / 60}, indent=2))
+    (args.out / "overhead_machine.json").write_text(
+        json.dumps({**machine(), "measuring_minutes": elapsed / 60}, indent=2)
+    )
     return summary
 
 

@@ -34,34 +34,50 @@ def main() -> None:
     args = parser.parse_args()
     rows = []
     for name, base in CONFIGS.items():
-        runs = {b: run_experiment(replace(base, backend=b, seeds=args.seeds,
-                                          backend_options={} if b == "plain" else {
-                                              "preset": args.preset,
-                                              "flooding_bits": args.flooding_bits}))
-                for b in ("plain", "ckks")}
+        runs = {
+            b: run_experiment(
+                replace(
+                    base,
+                    backend=b,
+                    seeds=args.seeds,
+                    backend_options={}
+                    if b == "plain"
+                    else {"preset": args.preset, "flooding_bits": args.flooding_bits},
+                )
+            )
+            for b in ("plain", "ckks")
+        }
         for seed in args.seeds:
-            final = {b: r.metrics[(r.metrics["seed"] == seed)
-                                  & (r.metrics["round"] == base.rounds)].iloc[0]
-                     for b, r in runs.items()}
+            final = {
+                b: r.metrics[
+                    (r.metrics["seed"] == seed) & (r.metrics["round"] == base.rounds)
+                ].iloc[0]
+                for b, r in runs.items()
+            }
             diff = np.abs(runs["plain"].final_params[seed] - runs["ckks"].final_params[seed])
-            rows.append({
-                "protocol": name, "seed": seed,
-                "max_abs_param_diff": float(diff.max()),
-                # the last parameter is nn.Linear's bias, which the Cox partial likelihood
-                # ignores: its true gradient is 0, so Adam turns any noise there into steps
-                "max_abs_diff_weights": float(diff[:-1].max()),
-                "c_index_plain": final["plain"]["test_pooled"],
-                "c_index_ckks": final["ckks"]["test_pooled"],
-                "same_c_index_4dp": round(final["plain"]["test_pooled"], 4)
-                == round(final["ckks"]["test_pooled"], 4),
-            })
+            rows.append(
+                {
+                    "protocol": name,
+                    "seed": seed,
+                    "max_abs_param_diff": float(diff.max()),
+                    # the last parameter is nn.Linear's bias, which the Cox partial likelihood
+                    # ignores: its true gradient is 0, so Adam turns any noise there into steps
+                    "max_abs_diff_weights": float(diff[:-1].max()),
+                    "c_index_plain": final["plain"]["test_pooled"],
+                    "c_index_ckks": final["ckks"]["test_pooled"],
+                    "same_c_index_4dp": round(final["plain"]["test_pooled"], 4)
+                    == round(final["ckks"]["test_pooled"], 4),
+                }
+            )
     table = pd.DataFrame(rows)
     out = HERE / "results"
     out.mkdir(exist_ok=True)
     md = markdown_table(table)
     (out / f"parity_{args.preset}_flood{args.flooding_bits}.md").write_text(
         f"# Parity plain vs ckks (preset {args.preset}, flooding {args.flooding_bits} bits)\n\n"
-        + md + "\n")
+        + md
+        + "\n"
+    )
     print(md)
 
 

@@ -29,8 +29,17 @@ from secagg.simulation.experiment import ExperimentConfig, run_experiment, stder
 HERE = Path(__file__).parent
 OPT_B = {"name": "momentum", "lr": 0.1, "beta": 0.9}
 OPT_C = {"name": "adam", "lr": 0.01, "tau": 1e-3}
-TABLE1 = ["fedavg", "costwagg", "roundcwagg", "regagg", "regmedagg", "regcostagg", "simagg",
-          "trimmedmean", "topkregcost"]
+TABLE1 = [
+    "fedavg",
+    "costwagg",
+    "roundcwagg",
+    "regagg",
+    "regmedagg",
+    "regcostagg",
+    "simagg",
+    "trimmedmean",
+    "topkregcost",
+]
 TWO_PHASE = ["costwagg", "regagg", "trimmedmean", "topkregcost"]
 
 
@@ -38,9 +47,15 @@ def summarize_run(metrics: pd.DataFrame, last: int = 5) -> pd.DataFrame:
     rows = []
     for seed, g in metrics[metrics["round"] > 0].groupby("seed"):
         tail = g.sort_values("round").tail(last)
-        rows.append({"seed": seed, "best_c_index": g["test_pooled"].max(),
-                     "avg_c_index": tail["test_pooled"].mean(),
-                     "best_loss": g["test_loss"].min(), "avg_loss": tail["test_loss"].mean()})
+        rows.append(
+            {
+                "seed": seed,
+                "best_c_index": g["test_pooled"].max(),
+                "avg_c_index": tail["test_pooled"].mean(),
+                "best_loss": g["test_loss"].min(),
+                "avg_loss": tail["test_loss"].mean(),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -61,12 +76,22 @@ def main() -> None:
     for name in TABLE1:
         run(name, "Table 1 (OptAlgo B)", replace(base, protocol=name, server_opt=OPT_B))
     for opt_name, opt in (("B", OPT_B), ("C", OPT_C)):
-        run("fedavg only", f"two-phase, OptAlgo {opt_name}",
-            replace(base, protocol="fedavg", server_opt=opt))
+        run(
+            "fedavg only",
+            f"two-phase, OptAlgo {opt_name}",
+            replace(base, protocol="fedavg", server_opt=opt),
+        )
         for then in TWO_PHASE:
-            run(f"fedavg -> {then}", f"two-phase, OptAlgo {opt_name}",
-                replace(base, protocol="rolepro", server_opt=opt,
-                        protocol_options={"then": then, "switch_round": 3}))
+            run(
+                f"fedavg -> {then}",
+                f"two-phase, OptAlgo {opt_name}",
+                replace(
+                    base,
+                    protocol="rolepro",
+                    server_opt=opt,
+                    protocol_options={"then": then, "switch_round": 3},
+                ),
+            )
     table = pd.concat(runs, ignore_index=True)
     out = HERE / "results"
     out.mkdir(exist_ok=True)
@@ -75,20 +100,28 @@ def main() -> None:
     lines = []
     for name, g in table.groupby("table", sort=False):
         ref = g[g["method"].isin(["fedavg", "fedavg only"])]
-        lines += [f"\n## {name}\n", "| method | best c-index | avg c-index (last 5) | best loss "
-                  "| avg loss (last 5) | Δ avg c-index vs FedAvg (95% CI) |",
-                  "|---|---|---|---|---|---|"]
+        lines += [
+            f"\n## {name}\n",
+            "| method | best c-index | avg c-index (last 5) | best loss "
+            "| avg loss (last 5) | Δ avg c-index vs FedAvg (95% CI) |",
+            "|---|---|---|---|---|---|",
+        ]
         for method, m in g.groupby("method", sort=False):
-            d = paired_difference(m.sort_values("seed")["avg_c_index"].to_numpy(),
-                                  ref.sort_values("seed")["avg_c_index"].to_numpy())
+            d = paired_difference(
+                m.sort_values("seed")["avg_c_index"].to_numpy(),
+                ref.sort_values("seed")["avg_c_index"].to_numpy(),
+            )
             diff = "—" if method in ("fedavg", "fedavg only") else format_difference(d)
-            lines.append(f"| {method} | {mean_std(m['best_c_index'])} | "
-                         f"{mean_std(m['avg_c_index'])} | {mean_std(m['best_loss'])} | "
-                         f"{mean_std(m['avg_loss'])} | {diff} |")
+            lines.append(
+                f"| {method} | {mean_std(m['best_c_index'])} | "
+                f"{mean_std(m['avg_c_index'])} | {mean_std(m['best_loss'])} | "
+                f"{mean_std(m['avg_loss'])} | {diff} |"
+            )
     text = "\n".join(lines)
     (out / "rolepro_tcga.md").write_text(
         f"# RoLePRO aggregators on Fed-TCGA-BRCA ({args.rounds} rounds, {len(args.seeds)} "
-        "seeds, client SGD lr 0.1, 100 steps, batch 8; pooled test set)\n" + text + "\n")
+        "seeds, client SGD lr 0.1, 100 steps, batch 8; pooled test set)\n" + text + "\n"
+    )
     fig, axes = plt.subplots(1, 3, figsize=(15, 4), sharey=True)
     for ax, name in zip(axes, table["table"].unique()):
         for (t, label), curve in curves.items():

@@ -30,10 +30,11 @@ def paired_difference(treatment, control, confidence: float = 0.95) -> dict[str,
 
 def markdown_table(frame, floatfmt: str = ".6g") -> str:
     """A pandas DataFrame as a GitHub markdown table (no extra dependency)."""
+
     def cell(v):
         return format(v, floatfmt) if isinstance(v, float) else str(v)
-    lines = ["| " + " | ".join(map(str, frame.columns)) + " |",
-             "|" + "---|" * len(frame.columns)]
+
+    lines = ["| " + " | ".join(map(str, frame.columns)) + " |", "|" + "---|" * len(frame.columns)]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in frame.itertuples(False)]
     return "\n".join(lines)
 

@@ -9,26 +9,61 @@ sees this client through :class:`~secagg.protocols.base.ClientAPI` (implemented 
 
 The client keeps what a later phase needs — the global model of the round and its own
 pseudo-gradient — and nothing leaves it except the fields its handlers return.
+
+**State between messages.** A client may run as a fresh process per message (as Flower may
+start a fresh ClientApp per message): :meth:`Client.export_state` writes everything it
+remembers — the global model and its pseudo-gradient, its copy of the server optimizer
+(server-blind runs), the scalar-DP settings, its DP noise generator, the trainer's place in
+its data (and DP-SGD's accountant and generators), the protocol half's and the backend
+half's state — as one versioned blob, and :meth:`Client.restore_state` loads it into a
+client built the same way, which then answers exactly as the long-lived one would. The blob
+is an envelope from the client to ``"state"`` (phase ``client_state``, round 0): a ``meta``
+config field (state version, client id, backend, protocol half, model size), a ``state``
+config field with the JSON-able parts, ``array:<path>`` float64 vector fields and
+``opaque:<path>`` byte fields.
+
+.. warning:: The blob holds **secret key material**: on ckks the run's CKKS secret key (it
+   decrypts every client's upload) and this client's X25519 private key; and the states of
+   the DP noise generators (with them, noise can be subtracted). Store it only on the
+   client's own node, readable by the client alone (e.g. a file of mode 0600); never send it
+   to the server or put it in logs.
 """
 
 from __future__ import annotations
 
 import time
 from collections import defaultdict
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from secagg import wire
 from secagg.backends import ClientBackend
+from secagg.clients.state import (
+    STATE_VERSION,
+    check_meta,
+    copied,
+    decode_state,
+    encode_state,
+    model_sized,
+)
 from secagg.clients.tasks import ClientData
 from secagg.clients.training import LocalTrainer
 from secagg.dp import noised_update, privatize_scalar
-from secagg.errors import ConfigError, MalformedMessage, ProtocolStateError
+from secagg.errors import (
+    ConfigError,
+    MalformedMessage,
+    ProtocolStateError,
+    StateError,
+)
 from secagg.protocols.base import ClientHalf
 from secagg.protocols.optimizers import ServerOptimizer, make_optimizer
 from secagg.sealing import seal
 from secagg.wire import Envelope, Field
+
+if TYPE_CHECKING:  # opacus is imported only by clients that train with DP-SGD
+    from secagg.clients.privacy import PrivateTrainer
 
 SERVER = "server"
 #: phases the engine itself runs; a protocol's client half may not answer them
@@ -43,9 +78,17 @@ class Client:
     sealed for the experimenter (server-blind runs, where the server must not see W).
     """
 
-    def __init__(self, client_id: str, trainer: LocalTrainer, backend: ClientBackend, *,
-                 protocol: ClientHalf | None = None, validation: ClientData | None = None,
-                 seed: int = 0, observer_public: bytes | None = None):
+    def __init__(
+        self,
+        client_id: str,
+        trainer: LocalTrainer | PrivateTrainer,
+        backend: ClientBackend,
+        *,
+        protocol: ClientHalf | None = None,
+        validation: ClientData | None = None,
+        seed: int = 0,
+        observer_public: bytes | None = None,
+    ):
         self.id = client_id
         self.trainer = trainer
         self.backend = backend
@@ -61,13 +104,19 @@ class Client:
         #: (local SGD), "protect" (encode + encrypt), "open" (decrypt an aggregate), and the
         #: whole handling of each phase as "phase:<name>" (envelopes included)
         self.seconds: dict[str, float] = defaultdict(float)
-        engine = {"enroll": self.on_enroll, "train": self.on_train,
-                  "validate": self.on_validate, "apply": self.on_apply,
-                  "plaintext_update": self.on_plaintext_update, "observe": self.on_observe}
+        engine = {
+            "enroll": self.on_enroll,
+            "train": self.on_train,
+            "validate": self.on_validate,
+            "apply": self.on_apply,
+            "plaintext_update": self.on_plaintext_update,
+            "observe": self.on_observe,
+        }
         self._handlers: dict[str, Callable[[Envelope], dict[str, Field]]] = dict(engine)
-        for source, handlers in (("backend", backend.handlers()),
-                                 ("protocol", {p: self._bound(h) for p, h in
-                                               self.protocol.handlers().items()})):
+        for source, handlers in (
+            ("backend", backend.handlers()),
+            ("protocol", {p: self._bound(h) for p, h in self.protocol.handlers().items()}),
+        ):
             clash = set(handlers) & set(self._handlers)
             if clash:
                 raise ConfigError(f"the {source} answers phases already taken: {sorted(clash)}")
@@ -80,8 +129,7 @@ class Client:
         start = time.perf_counter()
         env = Envelope.from_bytes(request)
         if env.recipient != self.id or env.sender != SERVER:
-            raise MalformedMessage(f"{self.id} got a message for {env.recipient} from "
-                                   f"{env.sender}")
+            raise MalformedMessage(f"{self.id} got a message for {env.recipient} from {env.sender}")
         handler = self._handlers.get(env.phase)
         if handler is None:
             raise MalformedMessage(f"{self.id} has no handler for phase {env.phase!r}")
@@ -95,6 +143,90 @@ class Client:
             return fn(*args, **kwargs)
         finally:
             self.seconds[key] += time.perf_counter() - start
+
+    # ---- state between messages (a fresh process per message) ---------------------------
+    def export_state(self) -> bytes:
+        """Everything this client remembers between messages, as one versioned blob.
+
+        It holds secret key material (module docstring): keep it on this client's node
+        only, e.g. in a file of mode 0600."""
+        return encode_state(self.id, self._state_meta(), self._state())
+
+    def restore_state(self, data: bytes) -> None:
+        """Continue from a blob :meth:`export_state` wrote, on a client built the same way
+        (same id, task data, trainer, backend and protocol options).
+
+        All or nothing: a blob of another client, truncated or garbled, of another state
+        version or made for another kind of client raises :class:`StateError` and this
+        client keeps the state it had."""
+        meta, state = decode_state(data, self.id)
+        check_meta(meta, self._state_meta(), self.id)
+        before = self._state()
+        try:
+            self._load_state(state)
+        except Exception as exc:
+            self._load_state(before)  # put back whatever the failed load already changed
+            raise StateError(
+                f"{self.id}: the exported state does not fit this client "
+                f"({type(exc).__name__}: {exc}); nothing was changed. Restore a "
+                "state exported by this client, built with the same task, "
+                "trainer, backend and protocol options"
+            ) from exc
+
+    def _state_meta(self) -> dict[str, Any]:
+        """What a blob must match before any of it is loaded."""
+        half = type(self.protocol)
+        return {
+            "version": STATE_VERSION,
+            "client": self.id,
+            "backend": self.backend.name,
+            "protocol": f"{half.__module__}.{half.__qualname__}",
+            "n_params": self.n_params,
+        }
+
+    def _state(self) -> dict[str, Any]:
+        if not callable(getattr(self.trainer, "state_dict", None)):
+            raise StateError(
+                f"{self.id}: its trainer ({type(self.trainer).__name__}) cannot "
+                "export its state; give it state_dict/load_state_dict"
+            )
+        opt = self._optimizer
+        return {
+            "client": {
+                "w": copied(self._w),
+                "g": copied(self._g),
+                "scalar_dp": self._scalar_dp,
+                "rng": self.rng.bit_generator.state,
+            },
+            "optimizer": (
+                None if opt is None else {"config": opt.config, "state": opt.state_dict()}
+            ),
+            "trainer": self.trainer.state_dict(),
+            "protocol": self.protocol.state_dict(),
+            "backend": self.backend.state_dict(),
+        }
+
+    def _load_state(self, state: dict[str, Any]) -> None:
+        """Check and build this client's own parts first, then hand each half its part."""
+        parts = ("client", "optimizer", "trainer", "protocol", "backend")
+        if set(state) != set(parts) or set(state["client"]) != {"w", "g", "scalar_dp", "rng"}:
+            raise StateError(f"a client state holds {list(parts)}, got {sorted(state)}")
+        own = state["client"]
+        w, g = (model_sized(own[k], self.n_params, k) for k in ("w", "g"))
+        rng = np.random.Generator(type(self.rng.bit_generator)())
+        rng.bit_generator.state = own["rng"]
+        opt = state["optimizer"]
+        optimizer = None if opt is None else make_optimizer(opt["config"], opt["state"])
+        if optimizer is not None and optimizer.dim != self.n_params:
+            raise StateError(
+                f"the optimizer copy is for {optimizer.dim} parameters, the "
+                f"model has {self.n_params}"
+            )
+        self.backend.load_state_dict(state["backend"])
+        self.trainer.load_state_dict(state["trainer"])
+        self.protocol.load_state_dict(state["protocol"])
+        self._w, self._g, self._scalar_dp = w, g, own["scalar_dp"]
+        self.rng, self._optimizer = rng, optimizer
 
     # ---- what a protocol's client half sees (ClientAPI) -----------------------------------
     @property
@@ -133,8 +265,9 @@ class Client:
         """A scalar for the server: clipped and noised when the run asks for scalar DP."""
         if self._scalar_dp is not None:
             d = self._scalar_dp
-            value = privatize_scalar(value, float(d["low"]), float(d["high"]),
-                                     float(d["sigma"]), self.rng)
+            value = privatize_scalar(
+                value, float(d["low"]), float(d["high"]), float(d["sigma"]), self.rng
+            )
         return wire.scalar(value)
 
     # ---- the engine's phases ---------------------------------------------------------------
@@ -154,17 +287,28 @@ class Client:
             if self._optimizer is None:
                 self._optimizer = make_optimizer(opt_cfg)
             self._optimizer.hyper["lr"] = opt_cfg["lr"]  # phase-wise server rates
-        steps = (int(cfg["epochs"]) * -(-len(self.trainer.data) // self.trainer.batch_size)
-                 if "epochs" in cfg else int(cfg["steps"]))
-        self._g = self._timed("train", self.trainer.train, self._w, lr=float(cfg["lr"]),
-                              steps=steps, prox_mu=float(cfg.get("prox_mu", 0.0)))
+        steps = (
+            int(cfg["epochs"]) * -(-len(self.trainer.data) // self.trainer.batch_size)
+            if "epochs" in cfg
+            else int(cfg["steps"])
+        )
+        self._g = self._timed(
+            "train",
+            self.trainer.train,
+            self._w,
+            lr=float(cfg["lr"]),
+            steps=steps,
+            prox_mu=float(cfg.get("prox_mu", 0.0)),
+        )
         if "client_dp" in cfg:  # clip and noise before protecting: nobody sees the raw update
             dp = cfg["client_dp"]
             self._g = noised_update(self._g, float(dp["clip"]), float(dp["sigma"]), self.rng)
         self._scalar_dp = cfg.get("scalar_dp", self._scalar_dp)
-        reply = {"pseudo_gradient": self.protect(self._g),
-                 "n_samples": wire.scalar(len(self.trainer.data)),
-                 **self._reports(cfg.get("reports", {}))}
+        reply = {
+            "pseudo_gradient": self.protect(self._g),
+            "n_samples": wire.scalar(len(self.trainer.data)),
+            **self._reports(cfg.get("reports", {})),
+        }
         reply.update(self.protocol.train_reply(self, env))
         return reply
 
@@ -184,8 +328,7 @@ class Client:
     def on_apply(self, env: Envelope) -> dict[str, Field]:
         """Server-blind runs: decrypt the global pseudo-gradient and step the optimizer here."""
         if self._optimizer is None or self._w is None:
-            raise ProtocolStateError(f"{self.id} cannot apply an update: no model or "
-                                     "optimizer")
+            raise ProtocolStateError(f"{self.id} cannot apply an update: no model or optimizer")
         g_global = self.open(env, "aggregate")
         self._w = self._w + self._optimizer.step(g_global)
         return {"applied": wire.config({"round": env.round})}
@@ -203,8 +346,7 @@ class Client:
             self._w = env.vector("model", self.n_params)
         if "scalar_dp" in env.fields:
             self._scalar_dp = env.config("scalar_dp")
-        return {"val_loss": self.report(self.trainer.loss_at(self.model,
-                                                             data=self.validation))}
+        return {"val_loss": self.report(self.trainer.loss_at(self.model, data=self.validation))}
 
     def on_observe(self, env: Envelope) -> dict[str, Field]:
         """The experimenter's copy of the global model, sealed for the experimenter's key
@@ -212,5 +354,8 @@ class Client:
         if self.observer_public is None:
             raise ProtocolStateError(f"{self.id} has no experimenter key to seal a model for")
         payload = np.ascontiguousarray(self.model, dtype="<f8").tobytes()
-        return {"sealed_model": wire.ciphertext(seal(payload, self.observer_public,
-                                                     f"{self.id}/round-{env.round}"))}
+        return {
+            "sealed_model": wire.ciphertext(
+                seal(payload, self.observer_public, f"{self.id}/round-{env.round}")
+            )
+        }

@@ -8,13 +8,15 @@ pseudo-gradient is new parameters − old parameters.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
 from secagg.clients.tasks import ClientData
+from secagg.errors import StateError
 
 
 def flat_params(model: nn.Module) -> np.ndarray:
@@ -30,7 +32,7 @@ def set_flat_params(model: nn.Module, flat: np.ndarray) -> None:
     pos = 0
     for p in model.parameters():
         k = p.numel()
-        p.copy_(torch.from_numpy(flat[pos:pos + k].reshape(p.shape)).to(p.dtype))
+        p.copy_(torch.from_numpy(flat[pos : pos + k].reshape(p.shape)).to(p.dtype))
         pos += k
 
 
@@ -45,15 +47,59 @@ class BatchStream:
     def next(self) -> np.ndarray:
         if self._pos >= len(self._order):
             self._order, self._pos = self.rng.permutation(self.n), 0
-        idx = self._order[self._pos:self._pos + self.batch_size]
+        idx = self._order[self._pos : self._pos + self.batch_size]
         self._pos += self.batch_size
         return idx
 
+    def state_dict(self) -> dict[str, Any]:
+        """Where the stream is: this epoch's permutation, the position in it, and the
+        generator that draws the next permutation (``bit_generator.state``: a plain dict)."""
+        return {
+            "n": self.n,
+            "batch_size": self.batch_size,
+            "order": self._order.copy(),
+            "pos": self._pos,
+            "rng": self.rng.bit_generator.state,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume where :meth:`state_dict` was taken; checks everything before changing
+        anything."""
+        if (state.get("n"), state.get("batch_size")) != (self.n, self.batch_size):
+            raise StateError(
+                f"the batch stream state is for {state.get('n')} samples in "
+                f"batches of {state.get('batch_size')}; this stream has "
+                f"{self.n} in batches of {self.batch_size}"
+            )
+        order = np.asarray(state["order"])
+        # the order travels as float64 (exact for any index below 2^53): check it is one
+        if order.ndim != 1 or (
+            order.size
+            and not (
+                np.array_equal(order, np.round(order)) and 0 <= order.min() and order.max() < self.n
+            )
+        ):
+            raise StateError("the batch stream state's order is not a list of sample indices")
+        pos = state["pos"]
+        if not isinstance(pos, int) or isinstance(pos, bool) or pos < 0:
+            raise StateError(f"the batch stream position {pos!r} is not a position")
+        rng = np.random.Generator(type(self.rng.bit_generator)())
+        try:
+            rng.bit_generator.state = state["rng"]
+        except (TypeError, ValueError, KeyError) as exc:
+            raise StateError(f"the batch stream's generator state does not load: {exc}") from None
+        self._order, self._pos, self.rng = order.astype(np.int64), pos, rng
+
 
 class LocalTrainer:
-    def __init__(self, model: nn.Module, data: ClientData,
-                 loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-                 batch_size: int, seed: int):
+    def __init__(
+        self,
+        model: nn.Module,
+        data: ClientData,
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        batch_size: int,
+        seed: int,
+    ):
         self.model, self.data, self.loss_fn = model, data, loss_fn
         self.batch_size = batch_size
         self.stream = BatchStream(len(data), batch_size, np.random.default_rng(seed))
@@ -65,6 +111,25 @@ class LocalTrainer:
     @property
     def n_params(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
+
+    def state_dict(self) -> dict[str, Any]:
+        """What the trainer carries from one round to the next: the batch position and the
+        call count that seeds torch per call. The model's parameters are not state: every
+        use sets them from a global model first."""
+        return {"kind": "sgd", "calls": self.calls, "stream": self.stream.state_dict()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if state.get("kind") != "sgd":
+            raise StateError(
+                f"a {state.get('kind')!r} trainer state cannot load into plain "
+                "local SGD: restore a state exported by a client that trains "
+                "the same way"
+            )
+        calls = state["calls"]
+        if not isinstance(calls, int) or isinstance(calls, bool) or calls < 0:
+            raise StateError(f"the trainer's call count {calls!r} is not a count")
+        self.stream.load_state_dict(state["stream"])
+        self.calls = calls
 
     def train(self, w: np.ndarray, lr: float, steps: int, prox_mu: float = 0.0) -> np.ndarray:
         """Run ``steps`` SGD steps from ``w``; return the pseudo-gradient (new − old).
@@ -87,16 +152,18 @@ class LocalTrainer:
             idx = torch.from_numpy(self.stream.next())
             loss = self.loss_fn(self.model(self.data.x[idx]), self.data.y[idx])
             if prox_mu:
-                loss = loss + prox_mu / 2 * sum(((p - a) ** 2).sum() for p, a in
-                                                zip(self.model.parameters(), anchor))
+                loss = loss + prox_mu / 2 * sum(
+                    ((p - a) ** 2).sum() for p, a in zip(self.model.parameters(), anchor)
+                )
             opt.zero_grad()
             loss.backward()
             opt.step()
         return flat_params(self.model) - start
 
     @torch.no_grad()
-    def loss_at(self, w: np.ndarray, drop_bias: bool = False,
-                data: ClientData | None = None) -> float:
+    def loss_at(
+        self, w: np.ndarray, drop_bias: bool = False, data: ClientData | None = None
+    ) -> float:
         """The loss on all local training samples (or on ``data``) with parameters ``w``.
 
         ``drop_bias`` zeroes every bias parameter first (the LARC team's code variant).

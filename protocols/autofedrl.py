@@ -27,13 +27,14 @@ validation loss, declared as ``val_loss``.
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
+from secagg.errors import ConfigError
 from secagg.protocols.base import Capabilities, Protocol, RoundAPI, Upload
 from secagg.protocols.hpo_agents import ContinuousAgent, DiscreteAgent, MLPAgent, SearchSpace
-from secagg.errors import ConfigError
 from secagg.protocols.registry import register_protocol
 
 SEARCHABLE = ("client_lr", "local_steps", "aggregation_weights", "server_lr")
@@ -47,8 +48,7 @@ def relative_loss_reduction(previous: float, current: float) -> float:
     return (previous - current) / previous
 
 
-def searched_weights(n_samples: Mapping[str, float], aw: Mapping[str, float]
-                     ) -> dict[str, float]:
+def searched_weights(n_samples: Mapping[str, float], aw: Mapping[str, float]) -> dict[str, float]:
     """p_k = n_k · exp(aw_k) / Σ_j n_j · exp(aw_j)  (sample sizes times softmax(aw))."""
     clients = list(n_samples)
     logits = np.array([np.log(n_samples[c]) + aw[c] for c in clients])
@@ -70,36 +70,53 @@ def parse_range(text: Any, name: str) -> tuple[float, float]:
 class AutoFedRL(Protocol):
     name = "autofedrl"
     # this round's weights are drawn before training, so the uploads stream
-    capabilities = Capabilities(reveals=("val_loss", "global_update"),
-                                client_scalars=("val_loss",), streams=True,
-                                observes_validation=True)
+    capabilities = Capabilities(
+        reveals=("val_loss", "global_update"),
+        client_scalars=("val_loss",),
+        streams=True,
+        observes_validation=True,
+    )
 
-    def __init__(self, agent: str = "cs",
-                 search: str = "client_lr,local_steps,aggregation_weights,server_lr",
-                 agent_lr: float = 1e-2, window: int = 5, init_sigma: float = 0.66,
-                 grid_points: int = 3, client_lr_range: str = "5e-4:5e-2",
-                 local_steps_range: str = "2:40", aggregation_weight_range: str = "0.1:1",
-                 server_lr_range: str = "0.5:1.5"):
+    def __init__(
+        self,
+        agent: str = "cs",
+        search: str = "client_lr,local_steps,aggregation_weights,server_lr",
+        agent_lr: float = 1e-2,
+        window: int = 5,
+        init_sigma: float = 0.66,
+        grid_points: int = 3,
+        client_lr_range: str = "5e-4:5e-2",
+        local_steps_range: str = "2:40",
+        aggregation_weight_range: str = "0.1:1",
+        server_lr_range: str = "0.5:1.5",
+    ):
         if agent not in AGENTS:
             raise ConfigError(f"agent must be one of {AGENTS}, got {agent!r}")
         self.searched = tuple(s.strip() for s in str(search).split(",") if s.strip())
         unknown = set(self.searched) - set(SEARCHABLE)
         if unknown or not self.searched:
-            raise ConfigError(f"search takes a comma-separated subset of {SEARCHABLE}, "
-                              f"got {search!r}")
+            raise ConfigError(
+                f"search takes a comma-separated subset of {SEARCHABLE}, got {search!r}"
+            )
         if grid_points < 2:
             raise ConfigError(f"grid_points must be at least 2, got {grid_points}")
         if not 0 < init_sigma <= 2:
             raise ConfigError(f"init_sigma must lie in (0, 2], got {init_sigma}")
         self.agent_kind, self.agent_lr, self.window = agent, agent_lr, window
         self.init_sigma, self.grid_points = init_sigma, grid_points
-        self.ranges = {"client_lr": parse_range(client_lr_range, "client_lr_range"),
-                       "local_steps": parse_range(local_steps_range, "local_steps_range"),
-                       "aggregation_weights": parse_range(aggregation_weight_range,
-                                                          "aggregation_weight_range"),
-                       "server_lr": parse_range(server_lr_range, "server_lr_range")}
-        if self.ranges["local_steps"][0] < 1 or self.ranges["client_lr"][0] <= 0 \
-                or self.ranges["server_lr"][0] <= 0:
+        self.ranges = {
+            "client_lr": parse_range(client_lr_range, "client_lr_range"),
+            "local_steps": parse_range(local_steps_range, "local_steps_range"),
+            "aggregation_weights": parse_range(
+                aggregation_weight_range, "aggregation_weight_range"
+            ),
+            "server_lr": parse_range(server_lr_range, "server_lr_range"),
+        }
+        if (
+            self.ranges["local_steps"][0] < 1
+            or self.ranges["client_lr"][0] <= 0
+            or self.ranges["server_lr"][0] <= 0
+        ):
             raise ConfigError("learning rates must be positive and local steps at least 1")
         self._seed = 0
         self.agent: ContinuousAgent | DiscreteAgent | None = None
@@ -112,9 +129,15 @@ class AutoFedRL(Protocol):
         self.trajectory: list[dict[str, Any]] = []  # per round: h^q, L^{q+1}, r^q
 
     def describe(self):
-        return {"name": self.name, "agent": self.agent_kind, "search": list(self.searched),
-                "agent_lr": self.agent_lr, "window": self.window,
-                "init_sigma": self.init_sigma, "ranges": self.ranges}
+        return {
+            "name": self.name,
+            "agent": self.agent_kind,
+            "search": list(self.searched),
+            "agent_lr": self.agent_lr,
+            "window": self.window,
+            "init_sigma": self.init_sigma,
+            "ranges": self.ranges,
+        }
 
     def seed(self, seed: int) -> None:
         self._seed = seed
@@ -123,7 +146,7 @@ class AutoFedRL(Protocol):
     def _n_dims(self, n_clients: int) -> int:
         return sum(n_clients if k == "aggregation_weights" else 1 for k in self.searched)
 
-    def _build(self, clients: list[str]) -> None:
+    def _build(self, clients: list[str]) -> tuple[ContinuousAgent | DiscreteAgent, SearchSpace]:
         """Dimensions: [client_lr] [local_steps] [aw_k for each client] [server_lr]."""
         self.clients = sorted(clients)
         names, lows, highs, logs, ints = [], [], [], [], []
@@ -131,38 +154,49 @@ class AutoFedRL(Protocol):
             if key not in self.searched:
                 continue
             lo, hi = self.ranges[key]
-            dims = ([f"aw_{c}" for c in self.clients] if key == "aggregation_weights"
-                    else [key])
+            dims = [f"aw_{c}" for c in self.clients] if key == "aggregation_weights" else [key]
             for name in dims:
                 names.append(name)
                 lows.append(lo)
                 highs.append(hi)
                 logs.append(False)  # linear, like the authors' port
                 ints.append(key == "local_steps")
-        self.space = SearchSpace(tuple(names), tuple(lows), tuple(highs), tuple(logs),
-                                 tuple(ints))
-        kw = dict(lr=self.agent_lr, window=self.window, seed=self._seed)
+        space = SearchSpace(tuple(names), tuple(lows), tuple(highs), tuple(logs), tuple(ints))
+        lr, window, seed = self.agent_lr, self.window, self._seed
+        agent: ContinuousAgent | DiscreteAgent
         if self.agent_kind == "ds":
-            self.agent = DiscreteAgent(self.space.dim, points=self.grid_points,
-                                       init_sigma=self.init_sigma, **kw)
+            agent = DiscreteAgent(
+                space.dim,
+                points=self.grid_points,
+                init_sigma=self.init_sigma,
+                lr=lr,
+                window=window,
+                seed=seed,
+            )
         elif self.agent_kind == "mlp":
-            self.agent = MLPAgent(self.space.dim, init_sigma=self.init_sigma, **kw)
+            agent = MLPAgent(space.dim, init_sigma=self.init_sigma, lr=lr, window=window, seed=seed)
         else:
-            self.agent = ContinuousAgent(self.space.dim, init_sigma=self.init_sigma, **kw)
+            agent = ContinuousAgent(
+                space.dim, init_sigma=self.init_sigma, lr=lr, window=window, seed=seed
+            )
+        self.space, self.agent = space, agent
+        return agent, space
 
     # ---- the round ----------------------------------------------------------------------
     def begin_round(self, ctx: RoundAPI) -> float | None:
-        if self.agent is None:
-            self._build(list(ctx.active))
+        agent, space = self.agent, self.space
+        if agent is None or space is None:  # both are built together, on the first round
+            agent, space = self._build(list(ctx.active))
         start = time.perf_counter()
-        h = self.agent.sample()
+        h = agent.sample()
         self.search_seconds += time.perf_counter() - start
-        self.plan = self.space.values(h)
+        self.plan = space.values(h)
         self._awaiting_reward = True
         return self.plan.get("server_lr")
 
-    def train_settings(self, ctx: RoundAPI, client: str, settings: dict[str, Any]
-                       ) -> dict[str, Any]:
+    def train_settings(
+        self, ctx: RoundAPI, client: str, settings: dict[str, Any]
+    ) -> dict[str, Any]:
         if "client_lr" in self.plan:
             settings["lr"] = self.plan["client_lr"]
         if "local_steps" in self.plan:
@@ -170,8 +204,7 @@ class AutoFedRL(Protocol):
             settings["steps"] = int(self.plan["local_steps"])
         return settings
 
-    def planned_weights(self, ctx: RoundAPI, n_samples: Mapping[str, float]
-                        ) -> dict[str, float]:
+    def planned_weights(self, ctx: RoundAPI, n_samples: Mapping[str, float]) -> dict[str, float]:
         """n_k·exp(aw_k) / Σ with this round's aw drawn in ``begin_round``: known before the
         uploads, so the server can fold them as they arrive."""
         if "aggregation_weights" in self.searched:
@@ -188,24 +221,34 @@ class AutoFedRL(Protocol):
 
     def round_log(self) -> dict[str, float]:
         last = self.trajectory[-1] if self.trajectory else {}
-        return {**{k: v for k, v in last.items() if k != "round"},
-                "agent_seconds": self.search_seconds}
+        return {
+            **{k: v for k, v in last.items() if k != "round"},
+            "agent_seconds": self.search_seconds,
+        }
 
     def observe_validation(self, ctx: RoundAPI, losses: Mapping[str, float]) -> None:
         mean_loss = float(np.mean(list(losses.values())))
         if self._awaiting_reward and self._previous_loss is not None:
+            assert self.agent is not None  # begin_round built it before awaiting a reward
             # with scalar DP the reported losses are noised and the mean can be <= 0
-            reward = (relative_loss_reduction(self._previous_loss, mean_loss)
-                      if self._previous_loss > 0 else 0.0)
+            reward = (
+                relative_loss_reduction(self._previous_loss, mean_loss)
+                if self._previous_loss > 0
+                else 0.0
+            )
             start = time.perf_counter()
             self.agent.step(reward)
             self.search_seconds += time.perf_counter() - start
-            self.trajectory.append({"round": ctx.round, **self.plan, "val_loss": mean_loss,
-                                    "reward": reward})
+            self.trajectory.append(
+                {"round": ctx.round, **self.plan, "val_loss": mean_loss, "reward": reward}
+            )
             self._awaiting_reward = False
         self._previous_loss = mean_loss
 
 
-register_protocol("autofedrl", AutoFedRL,
-                  summary="online RL hyperparameter search (needs --validation-split)",
-                  _builtin=True)
+register_protocol(
+    "autofedrl",
+    AutoFedRL,
+    summary="online RL hyperparameter search (needs --validation-split)",
+    _builtin=True,
+)

@@ -21,8 +21,10 @@ What a protocol needs from the engine and shows the server is one value,
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable, ClassVar, Mapping, Protocol as TypingProtocol
+from typing import Any, ClassVar
+from typing import Protocol as TypingProtocol
 
 import numpy as np
 
@@ -62,17 +64,17 @@ class Capabilities:
 
     def __post_init__(self):
         if not set(self.client_scalars) <= set(self.reveals):
-            raise ConfigError(f"client scalars {self.client_scalars} must be declared in "
-                              f"reveals {self.reveals}")
+            raise ConfigError(
+                f"client scalars {self.client_scalars} must be declared in reveals {self.reveals}"
+            )
         if self.reveals_per_round < 0:
             raise ConfigError("reveals_per_round must be >= 0")
 
-    def union(self, other: "Capabilities") -> "Capabilities":
+    def union(self, other: Capabilities) -> Capabilities:
         """What a protocol made of both needs: every item either reveals, the larger reveal
         count, any requirement either has, and client DP only if both allow it."""
         if self.pretrain and other.pretrain and self.pretrain != other.pretrain:
-            raise ConfigError(f"cannot combine pre-stages {self.pretrain!r} and "
-                              f"{other.pretrain!r}")
+            raise ConfigError(f"cannot combine pre-stages {self.pretrain!r} and {other.pretrain!r}")
         merged: dict[str, Any] = {}
         for f in fields(self):
             a, b = getattr(self, f.name), getattr(other, f.name)
@@ -104,16 +106,28 @@ class Plaintext:
 
 
 class RoundAPI(TypingProtocol):
-    round: int
-    n_params: int
-    upload_kind: str  # wire kind of a protected vector on this backend
+    @property
+    def round(self) -> int:
+        """The round's number."""
+
+    @property
+    def n_params(self) -> int:
+        """Parameters of the model."""
+
+    @property
+    def upload_kind(self) -> str:
+        """The wire kind of a protected vector on this backend."""
 
     @property
     def active(self) -> list[str]:
         """The clients still in this round."""
 
-    def ask(self, phase: str, messages: Mapping[str, Mapping[str, Field]],
-            expect: Mapping[str, str] | None = None) -> dict[str, Envelope]:
+    def ask(
+        self,
+        phase: str,
+        messages: Mapping[str, Mapping[str, Field]],
+        expect: Mapping[str, str] | None = None,
+    ) -> dict[str, Envelope]:
         """Send each client its fields; return the replies that carry ``expect``'s fields
         (name -> wire kind). Clients with bad replies are excluded from the round."""
 
@@ -189,11 +203,16 @@ ClientHandler = Callable[[ClientAPI, Envelope], dict[str, Field]]
 class ClientHalf:
     """A protocol's code on one client: its phase handlers and extra fields of the training
     reply. One instance per client; what it remembers between rounds is that client's state
-    (``state_dict``), so a client restored from exported state answers the same."""
+    (``state_dict``), so a client restored from exported state answers the same.
+
+    ``phases`` maps each phase the protocol adds to the name of the method that answers it,
+    a ``(client, request) -> fields`` function (usually a staticmethod)."""
+
+    phases: ClassVar[Mapping[str, str]] = {}
 
     def handlers(self) -> dict[str, ClientHandler]:
         """The protocol's own phases this half answers (phase name -> handler)."""
-        return {}
+        return {phase: getattr(self, method) for phase, method in self.phases.items()}
 
     def train_reply(self, client: ClientAPI, request: Envelope) -> dict[str, Field]:
         """Extra fields of the training reply (the server asked for them in ``request``)."""
@@ -259,8 +278,9 @@ class Protocol(ABC):
         """Called before the training phase; may return this round's server learning rate."""
         return None
 
-    def train_settings(self, ctx: RoundAPI, client: str, settings: dict[str, Any]
-                       ) -> dict[str, Any]:
+    def train_settings(
+        self, ctx: RoundAPI, client: str, settings: dict[str, Any]
+    ) -> dict[str, Any]:
         """A client's training settings (``lr``, ``steps`` or ``epochs``, ``prox_mu``) for
         this round; the engine's defaults unless the protocol chooses them."""
         return settings
@@ -276,8 +296,9 @@ class Protocol(ABC):
         """Extra scalar fields the training reply must carry (name -> wire kind)."""
         return {}
 
-    def planned_weights(self, ctx: RoundAPI, n_samples: Mapping[str, float]
-                        ) -> Mapping[str, float] | None:
+    def planned_weights(
+        self, ctx: RoundAPI, n_samples: Mapping[str, float]
+    ) -> Mapping[str, float] | None:
         """This round's weights, fixed before any upload arrives (protocols that stream).
 
         ``n_samples`` are the sample counts the active clients reported at enrolment. With

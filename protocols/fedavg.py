@@ -8,7 +8,8 @@ the optimizer, which the round engine applies.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from secagg.protocols.base import Capabilities, Protocol, RoundAPI, Upload
 from secagg.protocols.registry import register_protocol
@@ -26,8 +27,7 @@ class FedAvg(Protocol):
     # n_i / Σn is known before the uploads: the server folds them as they come
     capabilities = Capabilities(streams=True)
 
-    def planned_weights(self, ctx: RoundAPI, n_samples: Mapping[str, float]
-                        ) -> dict[str, float]:
+    def planned_weights(self, ctx: RoundAPI, n_samples: Mapping[str, float]) -> dict[str, float]:
         return sample_size_weights(n_samples)
 
     def aggregate(self, ctx: RoundAPI, uploads: Mapping[str, Upload]) -> Any:
@@ -37,13 +37,18 @@ class FedAvg(Protocol):
 
 _ADAPTIVE = {"beta1": 0.9, "beta2": 0.999, "tau": 1e-8}
 for _name, _optimizer, _summary in (
-        ("fedavg", {"name": "sgd", "lr": 1.0}, "n_i / sum n, server SGD lr 1"),
-        ("fedavgm", {"name": "momentum", "lr": 0.1, "beta": 0.9},
-         "FedAvg weights, server momentum (RoLePRO OptAlgo B)"),
-        ("fedadam", {"name": "adam", "lr": 0.1, **_ADAPTIVE},
-         "FedAvg weights, server Adam (FLamby's FedOpt)"),
-        ("fedyogi", {"name": "yogi", "lr": 0.1, **_ADAPTIVE}, "FedAvg weights, server Yogi"),
-        ("fedadagrad", {"name": "adagrad", "lr": 1.0, **_ADAPTIVE},
-         "FedAvg weights, server Adagrad")):
-    register_protocol(_name, FedAvg, default_optimizer=_optimizer, summary=_summary,
-                      _builtin=True)
+    ("fedavg", {"name": "sgd", "lr": 1.0}, "n_i / sum n, server SGD lr 1"),
+    (
+        "fedavgm",
+        {"name": "momentum", "lr": 0.1, "beta": 0.9},
+        "FedAvg weights, server momentum (RoLePRO OptAlgo B)",
+    ),
+    (
+        "fedadam",
+        {"name": "adam", "lr": 0.1, **_ADAPTIVE},
+        "FedAvg weights, server Adam (FLamby's FedOpt)",
+    ),
+    ("fedyogi", {"name": "yogi", "lr": 0.1, **_ADAPTIVE}, "FedAvg weights, server Yogi"),
+    ("fedadagrad", {"name": "adagrad", "lr": 1.0, **_ADAPTIVE}, "FedAvg weights, server Adagrad"),
+):
+    register_protocol(_name, FedAvg, default_optimizer=_optimizer, summary=_summary, _builtin=True)

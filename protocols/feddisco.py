@@ -23,17 +23,24 @@ with the clients only.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 from scipy.special import ndtri
 
 from secagg import wire
 from secagg.errors import ConfigError, ProtocolStateError
-from secagg.protocols.base import (Capabilities, ClientAPI, ClientHalf, ClientHandler, Protocol,
-                                   RoundAPI, Upload)
-from secagg.wire import Envelope, Field
+from secagg.protocols.base import (
+    Capabilities,
+    ClientAPI,
+    ClientHalf,
+    Protocol,
+    RoundAPI,
+    Upload,
+)
 from secagg.protocols.registry import register_protocol
+from secagg.wire import Envelope, Field
 
 
 def wasserstein_to_standard_normal(samples: np.ndarray) -> float:
@@ -52,15 +59,18 @@ def discrepancy(encodings: np.ndarray) -> float:
     return float(np.mean([wasserstein_to_standard_normal(col) for col in encodings.T]))
 
 
-def vae_encoder_means(params: np.ndarray, x: np.ndarray, n_in: int, hidden: int,
-                      latent: int) -> np.ndarray:
+def vae_encoder_means(
+    params: np.ndarray, x: np.ndarray, n_in: int, hidden: int, latent: int
+) -> np.ndarray:
     """μ(x) of the β-VAE whose flat parameters are ``params`` (torch's parameter order):
     Linear(n_in, hidden) → ReLU → Linear(hidden, 2·latent), first ``latent`` outputs."""
     sizes = (hidden * n_in, hidden, 2 * latent * hidden, 2 * latent)
     if params.size < sum(sizes):
-        raise ProtocolStateError(f"a β-VAE with layout ({n_in}, {hidden}, {latent}) has more "
-                                 f"than {params.size} parameters")
-    w1, b1, w2, b2 = np.split(params[:sum(sizes)], np.cumsum(sizes)[:-1])
+        raise ProtocolStateError(
+            f"a β-VAE with layout ({n_in}, {hidden}, {latent}) has more "
+            f"than {params.size} parameters"
+        )
+    w1, b1, w2, b2 = np.split(params[: sum(sizes)], np.cumsum(sizes)[:-1])
     h = np.maximum(x @ w1.reshape(hidden, n_in).T + b1, 0.0)
     return (h @ w2.reshape(2 * latent, hidden).T + b2)[:, :latent]
 
@@ -68,32 +78,39 @@ def vae_encoder_means(params: np.ndarray, x: np.ndarray, n_in: int, hidden: int,
 def disco_weights(n_rel: np.ndarray, d: np.ndarray, alpha: float, b: float) -> np.ndarray:
     w = np.maximum(np.asarray(n_rel) - alpha * np.asarray(d) + b, 0.0)
     if not w.sum() > 0:
-        raise ConfigError(f"every FedDisco weight is zero (alpha={alpha}, b={b}, d={d}); "
-                          "lower alpha or raise b")
+        raise ConfigError(
+            f"every FedDisco weight is zero (alpha={alpha}, b={b}, d={d}); lower alpha or raise b"
+        )
     return w / w.sum()
 
 
 class DiscoClient(ClientHalf):
     """d_k of this client's samples under the federated β-VAE's encoder."""
 
-    def handlers(self) -> dict[str, ClientHandler]:
-        return {"discrepancy": self.discrepancy}
+    phases = {"discrepancy": "discrepancy"}
 
     @staticmethod
     def discrepancy(client: ClientAPI, env: Envelope) -> dict[str, Field]:
         layout = env.config("vae_layout")
-        encodings = vae_encoder_means(env.vector("vae_model"), client.features(),
-                                      int(layout["n_in"]), int(layout["hidden"]),
-                                      int(layout["latent"]))
+        encodings = vae_encoder_means(
+            env.vector("vae_model"),
+            client.features(),
+            int(layout["n_in"]),
+            int(layout["hidden"]),
+            int(layout["latent"]),
+        )
         return {"discrepancy": client.report(discrepancy(encodings))}
 
 
 class FedDisco(Protocol):
     name = "feddisco"
     # its β-VAE pretraining is not accounted, so no client-level DP
-    capabilities = Capabilities(reveals=("discrepancy", "global_update"),
-                                client_scalars=("discrepancy",), client_dp_compatible=False,
-                                pretrain="beta-vae")
+    capabilities = Capabilities(
+        reveals=("discrepancy", "global_update"),
+        client_scalars=("discrepancy",),
+        client_dp_compatible=False,
+        pretrain="beta-vae",
+    )
     client = DiscoClient
 
     def __init__(self, alpha: float = 0.5, b: float = 0.1):
@@ -113,20 +130,27 @@ class FedDisco(Protocol):
         missing = [c for c in uploads if c not in self.d]
         if missing:  # first round (or a newcomer): ask for the discrepancy once
             if self.vae is None:
-                raise ProtocolStateError("FedDisco has no pre-trained β-VAE (run it through "
-                                         "the experiment driver, which pre-trains it)")
-            request = {"vae_model": wire.vector(self.vae[0]),
-                       "vae_layout": wire.config(self.vae[1])}
-            replies = ctx.ask("discrepancy", {c: request for c in missing},
-                              expect={"discrepancy": wire.SCALAR})
+                raise ProtocolStateError(
+                    "FedDisco has no pre-trained β-VAE (run it through "
+                    "the experiment driver, which pre-trains it)"
+                )
+            request = {
+                "vae_model": wire.vector(self.vae[0]),
+                "vae_layout": wire.config(self.vae[1]),
+            }
+            replies = ctx.ask(
+                "discrepancy", {c: request for c in missing}, expect={"discrepancy": wire.SCALAR}
+            )
             self.d.update({c: env.scalar("discrepancy") for c, env in replies.items()})
         clients = [c for c in uploads if c in self.d]
         n = np.array([uploads[c].n_samples for c in clients])
-        p = disco_weights(n / n.sum(), np.array([self.d[c] for c in clients]), self.alpha,
-                          self.b)
+        p = disco_weights(n / n.sum(), np.array([self.d[c] for c in clients]), self.alpha, self.b)
         return ctx.weighted_sum({c: uploads[c].handle for c in clients}, dict(zip(clients, p)))
 
 
-register_protocol("feddisco", FedDisco,
-                  summary="beta-VAE discrepancy weights (pre-trains the VAE first)",
-                  _builtin=True)
+register_protocol(
+    "feddisco",
+    FedDisco,
+    summary="beta-VAE discrepancy weights (pre-trains the VAE first)",
+    _builtin=True,
+)

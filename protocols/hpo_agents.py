@@ -33,7 +33,6 @@ import numpy as np
 
 from secagg.errors import ConfigError
 
-
 MU_BOUND = 1.0
 LOG_SIGMA_BOUNDS = (math.log(0.02), math.log(2.0))
 
@@ -49,8 +48,13 @@ class SearchSpace:
     integer: tuple[bool, ...]
 
     def __post_init__(self):
-        sizes = {len(self.names), len(self.lows), len(self.highs), len(self.log_scale),
-                 len(self.integer)}
+        sizes = {
+            len(self.names),
+            len(self.lows),
+            len(self.highs),
+            len(self.log_scale),
+            len(self.integer),
+        }
         if len(sizes) != 1:
             raise ConfigError("every search-space field needs one entry per hyperparameter")
         if any(not lo < hi for lo, hi in zip(self.lows, self.highs)):
@@ -78,8 +82,9 @@ class SearchSpace:
 class Adam:
     """Adam (Kingma & Ba) ascending an objective, for the agents' few parameters."""
 
-    def __init__(self, shapes: list[tuple[int, ...]], lr: float, betas=(0.9, 0.999),
-                 eps: float = 1e-8):
+    def __init__(
+        self, shapes: list[tuple[int, ...]], lr: float, betas=(0.9, 0.999), eps: float = 1e-8
+    ):
         self.lr, self.betas, self.eps, self.t = lr, betas, eps, 0
         self.m = [np.zeros(s) for s in shapes]
         self.v = [np.zeros(s) for s in shapes]
@@ -92,7 +97,7 @@ class Adam:
             m += (1 - b1) * g
             v *= b2
             v += (1 - b2) * g * g
-            p += self.lr * (m / (1 - b1 ** self.t)) / (np.sqrt(v / (1 - b2 ** self.t)) + self.eps)
+            p += self.lr * (m / (1 - b1**self.t)) / (np.sqrt(v / (1 - b2**self.t)) + self.eps)
 
 
 def gaussian_log_prob(h: np.ndarray, mu: np.ndarray, log_sigma: np.ndarray) -> float:
@@ -108,6 +113,12 @@ def gaussian_log_prob_grads(h, mu, log_sigma) -> tuple[np.ndarray, np.ndarray]:
 
 class _Agent:
     """Shared windowed REINFORCE: subclasses give log-probability gradients."""
+
+    #: the distribution's parameters ψ = (μ, log σ), and the Adam ascending the trainable
+    #: parameters (ψ itself, or an MLP's weights): every subclass sets them in ``__init__``
+    mu: np.ndarray
+    log_sigma: np.ndarray
+    optimizer: Adam
 
     def __init__(self, dim: int, lr: float, window: int, seed: int):
         if window < 0 or dim < 1:
@@ -135,7 +146,7 @@ class _Agent:
             raise ConfigError("step() needs a sample() first")
         self.history.append((self._last, float(reward)))
         self._last = None
-        recent = self.history[-(self.window + 1):]
+        recent = self.history[-(self.window + 1) :]
         baseline = sum(r for _, r in recent) / len(recent)
         total = [np.zeros_like(p) for p in self._params()]
         for h, r in recent:
@@ -157,8 +168,9 @@ class _Agent:
 class ContinuousAgent(_Agent):
     """Auto-FedRL(CS): a diagonal Gaussian over the normalised search space."""
 
-    def __init__(self, dim: int, lr: float = 1e-2, window: int = 5, init_sigma: float = 0.3,
-                 seed: int = 0):
+    def __init__(
+        self, dim: int, lr: float = 1e-2, window: int = 5, init_sigma: float = 0.3, seed: int = 0
+    ):
         super().__init__(dim, lr, window, seed)
         self.mu = np.zeros(dim)
         self.log_sigma = np.full(dim, math.log(init_sigma))
@@ -184,8 +196,15 @@ class DiscreteAgent(_Agent):
     Every grid point's probability is computed, so memory and time grow as points^D.
     """
 
-    def __init__(self, dim: int, points: int = 5, lr: float = 1e-2, window: int = 5,
-                 init_sigma: float = 0.5, seed: int = 0):
+    def __init__(
+        self,
+        dim: int,
+        points: int = 5,
+        lr: float = 1e-2,
+        window: int = 5,
+        init_sigma: float = 0.5,
+        seed: int = 0,
+    ):
         super().__init__(dim, lr, window, seed)
         axis = np.linspace(-1.0, 1.0, points)
         self.grid = np.array(list(itertools.product(axis, repeat=dim)))
@@ -211,8 +230,8 @@ class DiscreteAgent(_Agent):
     def _grads(self, h):
         p = self.probabilities()
         sigma2 = np.exp(2 * self.log_sigma)
-        d_mu = (self.grid - self.mu) / sigma2          # ∂ logit_j / ∂μ
-        d_ls = (self.grid - self.mu) ** 2 / sigma2      # ∂ logit_j / ∂log σ
+        d_mu = (self.grid - self.mu) / sigma2  # ∂ logit_j / ∂μ
+        d_ls = (self.grid - self.mu) ** 2 / sigma2  # ∂ logit_j / ∂log σ
         i = self._index(h)
         return [d_mu[i] - p @ d_mu, d_ls[i] - p @ d_ls]
 
@@ -233,8 +252,16 @@ class MLPAgent(ContinuousAgent):
     bounds each round's change by s.
     """
 
-    def __init__(self, dim: int, hidden: int = 16, lr: float = 1e-2, window: int = 5,
-                 init_sigma: float = 0.3, max_step: float = 0.02, seed: int = 0):
+    def __init__(
+        self,
+        dim: int,
+        hidden: int = 16,
+        lr: float = 1e-2,
+        window: int = 5,
+        init_sigma: float = 0.3,
+        max_step: float = 0.02,
+        seed: int = 0,
+    ):
         super().__init__(dim, lr, window, init_sigma, seed)
         if not max_step > 0:
             raise ConfigError(f"max_step must be positive, got {max_step}")
@@ -258,22 +285,22 @@ class MLPAgent(ContinuousAgent):
         a = np.tanh(self.w1 @ self.psi + self.b1)
         t = np.tanh(self.w2 @ a + self.b2)
         du = self.w1 @ self.jacobian  # du/dθ through ψ, plus u's own parameters:
-        du[:, :hid * n] += np.kron(np.eye(hid), self.psi)            # ∂u/∂W1
-        du[:, hid * n:hid * n + hid] += np.eye(hid)                   # ∂u/∂b1
+        du[:, : hid * n] += np.kron(np.eye(hid), self.psi)  # ∂u/∂W1
+        du[:, hid * n : hid * n + hid] += np.eye(hid)  # ∂u/∂b1
         dz = self.w2 @ ((1 - a * a)[:, None] * du)
         off = hid * n + hid
-        dz[:, off:off + n * hid] += np.kron(np.eye(n), a)             # ∂z/∂W2
-        dz[:, off + n * hid:] += np.eye(n)                            # ∂z/∂b2
+        dz[:, off : off + n * hid] += np.kron(np.eye(n), a)  # ∂z/∂W2
+        dz[:, off + n * hid :] += np.eye(n)  # ∂z/∂b2
         self.jacobian = self.jacobian + self.max_step * (1 - t * t)[:, None] * dz
         self.psi = self.psi + self.max_step * t
-        self.mu, self.log_sigma = self.psi[:self.dim].copy(), self.psi[self.dim:].copy()
+        self.mu, self.log_sigma = self.psi[: self.dim].copy(), self.psi[self.dim :].copy()
 
     def _grads(self, h):
         g_psi = np.concatenate(gaussian_log_prob_grads(h, self.mu, self.log_sigma))
         flat = g_psi @ self.jacobian
         out, pos = [], 0
         for p in self._params():
-            out.append(flat[pos:pos + p.size].reshape(p.shape))
+            out.append(flat[pos : pos + p.size].reshape(p.shape))
             pos += p.size
         return out
 

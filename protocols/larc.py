@@ -23,24 +23,32 @@ departs from a reader's expectation:
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 
 from secagg import wire
 from secagg.errors import ConfigError, ProtocolStateError
 from secagg.options import Option
-from secagg.protocols.base import (Capabilities, ClientAPI, ClientHalf, ClientHandler, Protocol,
-                                   RoundAPI, Upload)
+from secagg.protocols.base import (
+    Capabilities,
+    ClientAPI,
+    ClientHalf,
+    Protocol,
+    RoundAPI,
+    Upload,
+)
 from secagg.protocols.optimizers import optimizer_fields, optimizer_from_envelope
-from secagg.wire import Envelope, Field
 from secagg.protocols.registry import register_protocol
+from secagg.wire import Envelope, Field
 
 LOSS_CHECKS = ("full", "weights_only")
 
 
-def larc_weights(delta_loss: np.ndarray, q: float = 19.0, b: float = 0.5,
-                 normalize: bool = False) -> np.ndarray:
+def larc_weights(
+    delta_loss: np.ndarray, q: float = 19.0, b: float = 0.5, normalize: bool = False
+) -> np.ndarray:
     """α = (softmax(−q·ΔL) / max + b) / (1 + b), optionally rescaled to sum to 1."""
     z = -q * np.asarray(delta_loss, dtype=np.float64)
     p = np.exp(z - z.max())
@@ -49,9 +57,14 @@ def larc_weights(delta_loss: np.ndarray, q: float = 19.0, b: float = 0.5,
     return alpha / alpha.sum() if normalize else alpha
 
 
-def delta_loss(loss_at: Callable[[np.ndarray], float], w: np.ndarray, g_i: np.ndarray,
-               g_hat: np.ndarray, alpha_i: float,
-               optimizer_update: Callable[[np.ndarray], np.ndarray]) -> float:
+def delta_loss(
+    loss_at: Callable[[np.ndarray], float],
+    w: np.ndarray,
+    g_i: np.ndarray,
+    g_hat: np.ndarray,
+    alpha_i: float,
+    optimizer_update: Callable[[np.ndarray], np.ndarray],
+) -> float:
     """Client side of the probe: ΔL_i = L(W + U(α_i G_i)) − L(W + U(Ĝ − α_i G_i))."""
     own = alpha_i * g_i
     return float(loss_at(w + optimizer_update(own)) - loss_at(w + optimizer_update(g_hat - own)))
@@ -60,42 +73,59 @@ def delta_loss(loss_at: Callable[[np.ndarray], float], w: np.ndarray, g_i: np.nd
 class LARCClient(ClientHalf):
     """The probe on a client: open Ĝ, return ΔL_i for its own update."""
 
-    def handlers(self) -> dict[str, ClientHandler]:
-        return {"larc_probe": self.probe}
+    phases = {"larc_probe": "probe"}
 
     @staticmethod
     def probe(client: ClientAPI, env: Envelope) -> dict[str, Field]:
         g_hat = client.open(env, "g_hat")
         # the optimizer's state comes from whoever holds it: the server, or in server-blind
         # runs this client's own copy
-        optimizer = (optimizer_from_envelope(env) if "server_opt" in env.fields
-                     else client.optimizer)
+        optimizer = optimizer_from_envelope(env) if "server_opt" in env.fields else client.optimizer
         if optimizer is None:
             raise ProtocolStateError(f"{client.id} got a LARC probe without optimizer state")
         drop_bias = env.config("loss_check")["mode"] == "weights_only"
-        dl = delta_loss(lambda w: client.loss_at(w, drop_bias=drop_bias), client.model,
-                        client.update, g_hat, env.scalar("alpha"), optimizer.peek)
+        dl = delta_loss(
+            lambda w: client.loss_at(w, drop_bias=drop_bias),
+            client.model,
+            client.update,
+            g_hat,
+            env.scalar("alpha"),
+            optimizer.peek,
+        )
         return {"delta_loss": client.report(dl)}
 
 
 class LARC(Protocol):
     name = "larc"
-    capabilities = Capabilities(reveals=("delta_loss", "alpha", "global_update"),
-                                client_scalars=("delta_loss",))
+    capabilities = Capabilities(
+        reveals=("delta_loss", "alpha", "global_update"), client_scalars=("delta_loss",)
+    )
     client = LARCClient
     #: settings with CLI flags of their own (``--larc-q`` ...)
     options = (
         Option("q", "larc-q", float, 19.0, "softmax temperature q (paper: 19)"),
         Option("b", "larc-b", float, 0.5, "base weight b (paper: 0.5)"),
-        Option("normalize", "larc-normalize", bool, False,
-               "rescale alpha to sum to 1 (the paper and its code do not)"),
-        Option("loss_check", "larc-loss-check", str, "full",
-               "'weights_only' drops the bias in the client loss, as the team's code does "
-               "(no effect on the Cox loss)", LOSS_CHECKS),
+        Option(
+            "normalize",
+            "larc-normalize",
+            bool,
+            False,
+            "rescale alpha to sum to 1 (the paper and its code do not)",
+        ),
+        Option(
+            "loss_check",
+            "larc-loss-check",
+            str,
+            "full",
+            "'weights_only' drops the bias in the client loss, as the team's code does "
+            "(no effect on the Cox loss)",
+            LOSS_CHECKS,
+        ),
     )
 
-    def __init__(self, q: float = 19.0, b: float = 0.5, normalize: bool = False,
-                 loss_check: str = "full"):
+    def __init__(
+        self, q: float = 19.0, b: float = 0.5, normalize: bool = False, loss_check: str = "full"
+    ):
         if loss_check not in LOSS_CHECKS:
             raise ConfigError(f"loss_check must be one of {LOSS_CHECKS}, got {loss_check!r}")
         if b < 0 or q < 0:
@@ -104,8 +134,13 @@ class LARC(Protocol):
         self.alpha_prev: dict[str, float] = {}  # α^{t-1}; absent means α^{-1} = 1
 
     def describe(self):
-        return {"name": self.name, "q": self.q, "b": self.b, "normalize": self.normalize,
-                "loss_check": self.loss_check}
+        return {
+            "name": self.name,
+            "q": self.q,
+            "b": self.b,
+            "normalize": self.normalize,
+            "loss_check": self.loss_check,
+        }
 
     def aggregate(self, ctx: RoundAPI, uploads: Mapping[str, Upload]) -> Any:
         handles = {c: u.handle for c, u in uploads.items()}
@@ -114,18 +149,29 @@ class LARC(Protocol):
         probe = {"g_hat": g_hat, "loss_check": wire.config({"mode": self.loss_check})}
         if ctx.server_optimizer is not None:  # server-blind runs: clients hold the optimizer
             probe.update(optimizer_fields(ctx.server_optimizer))
-        replies = ctx.ask("larc_probe", {
-            c: {**probe, "alpha": wire.scalar(alpha_prev[c])} for c in uploads
-        }, expect={"delta_loss": wire.SCALAR})
+        replies = ctx.ask(
+            "larc_probe",
+            {c: {**probe, "alpha": wire.scalar(alpha_prev[c])} for c in uploads},
+            expect={"delta_loss": wire.SCALAR},
+        )
         answered = list(replies)
-        alpha = larc_weights(np.array([replies[c].scalar("delta_loss") for c in answered]),
-                             self.q, self.b, self.normalize)
+        alpha = larc_weights(
+            np.array([replies[c].scalar("delta_loss") for c in answered]),
+            self.q,
+            self.b,
+            self.normalize,
+        )
         self.alpha_prev.update(zip(answered, alpha.tolist()))
-        return ctx.weighted_sum({c: handles[c] for c in answered},
-                                dict(zip(answered, alpha.tolist())))
+        return ctx.weighted_sum(
+            {c: handles[c] for c in answered}, dict(zip(answered, alpha.tolist()))
+        )
 
 
-register_protocol("larc", LARC, default_optimizer={"name": "adam", "lr": 0.01, "beta1": 0.9,
-                                                   "beta2": 0.999, "tau": 1e-3},
-                  summary="Delta-L softmax weights (iDASH 2024 Track 2)", options=LARC.options,
-                  _builtin=True)
+register_protocol(
+    "larc",
+    LARC,
+    default_optimizer={"name": "adam", "lr": 0.01, "beta1": 0.9, "beta2": 0.999, "tau": 1e-3},
+    summary="Delta-L softmax weights (iDASH 2024 Track 2)",
+    options=LARC.options,
+    _builtin=True,
+)

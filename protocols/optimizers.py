@@ -100,8 +100,9 @@ class Momentum(ServerOptimizer):
 class _Adaptive(ServerOptimizer):
     state_names = ("m", "v")
 
-    def __init__(self, dim: int, lr: float = 0.1, beta1: float = 0.9, beta2: float = 0.999,
-                 tau: float = 1e-8):
+    def __init__(
+        self, dim: int, lr: float = 0.1, beta1: float = 0.9, beta2: float = 0.999, tau: float = 1e-8
+    ):
         super().__init__(dim, lr=lr, beta1=beta1, beta2=beta2, tau=tau)
 
     def _second_moment(self, v: np.ndarray, g2: np.ndarray) -> np.ndarray:
@@ -146,8 +147,9 @@ OPTIMIZERS: dict[str, type[ServerOptimizer]] = {
 }
 
 
-def make_optimizer(config: dict[str, Any], state: dict[str, np.ndarray] | None = None
-                   ) -> ServerOptimizer:
+def make_optimizer(
+    config: dict[str, Any], state: dict[str, np.ndarray] | None = None
+) -> ServerOptimizer:
     """Build an optimizer from ``opt.config`` (and optionally ``opt.state_dict()``)."""
     config = dict(config)
     name = config.pop("name", None)
@@ -175,8 +177,9 @@ class StepSchedule:
 
     def __post_init__(self):
         if len(self.starts) != len(self.lrs) or not self.starts or self.starts[0] != 0:
-            raise ConfigError("a learning-rate schedule needs one rate per start, the first "
-                              "at round 0")
+            raise ConfigError(
+                "a learning-rate schedule needs one rate per start, the first at round 0"
+            )
         if list(self.starts) != sorted(set(self.starts)):
             raise ConfigError(f"schedule starts must increase strictly, got {self.starts}")
         if any(not (lr > 0) for lr in self.lrs):
@@ -190,7 +193,7 @@ class StepSchedule:
         return lr
 
     @classmethod
-    def parse(cls, text: str, what: str = "learning-rate") -> "StepSchedule":
+    def parse(cls, text: str, what: str = "learning-rate") -> StepSchedule:
         """Parse ``"0.1"`` or ``"5e-5@0,5e-6@7"`` (rate@first-round, comma separated);
         ``what`` names the schedule in errors ("client-lr", "server-lr")."""
         starts, lrs = [], []

@@ -33,10 +33,16 @@ class ProtocolSpec:
 PROTOCOLS: dict[str, ProtocolSpec] = {}
 
 
-def register_protocol(name: str, protocol: type[Protocol], *,
-                      default_optimizer: dict[str, Any] | None = None, summary: str = "",
-                      options: tuple[Option, ...] = (), replace: bool = False,
-                      _builtin: bool = False) -> None:
+def register_protocol(
+    name: str,
+    protocol: type[Protocol],
+    *,
+    default_optimizer: dict[str, Any] | None = None,
+    summary: str = "",
+    options: tuple[Option, ...] = (),
+    replace: bool = False,
+    _builtin: bool = False,
+) -> None:
     """Make ``protocol`` available as ``name`` (CLI ``--protocol``, configs, workers).
 
     ``default_optimizer`` is the server optimizer's configuration (``{"name": "adam",
@@ -49,9 +55,13 @@ def register_protocol(name: str, protocol: type[Protocol], *,
         raise ConfigError(f"protocol names are letters, digits, - and _; got {name!r}")
     if name in PROTOCOLS and not replace:
         raise ConfigError(f"protocol {name!r} is already registered (pass replace=True)")
-    PROTOCOLS[name] = ProtocolSpec(protocol, dict(default_optimizer or {"name": "sgd",
-                                                                        "lr": 1.0}),
-                                   summary, tuple(options), _builtin)
+    PROTOCOLS[name] = ProtocolSpec(
+        protocol,
+        dict(default_optimizer or {"name": "sgd", "lr": 1.0}),
+        summary,
+        tuple(options),
+        _builtin,
+    )
 
 
 def protocol_spec(name: str) -> ProtocolSpec:

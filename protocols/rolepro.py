@@ -35,17 +35,24 @@ their updates in plaintext, which the run must allow explicitly (and the audit t
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
 from secagg import wire
 from secagg.errors import ClientInputError, ConfigError
-from secagg.protocols.base import (Capabilities, ClientAPI, ClientHalf, ClientHandler, Protocol,
-                                   RoundAPI, Upload)
+from secagg.protocols.base import (
+    Capabilities,
+    ClientAPI,
+    ClientHalf,
+    Protocol,
+    RoundAPI,
+    Upload,
+)
 from secagg.protocols.fedavg import sample_size_weights
-from secagg.wire import Envelope, Field
 from secagg.protocols.registry import register_protocol
+from secagg.wire import Envelope, Field
 
 TAU = 1e-5
 
@@ -66,18 +73,20 @@ def top_k_keep(scores: np.ndarray, drop_fraction: float) -> np.ndarray:
     """Indices of the clients kept after dropping the lowest-scoring fraction (stable)."""
     n_drop = int(math.floor(drop_fraction * scores.size))
     order = np.argsort(-scores, kind="stable")
-    return np.sort(order[:scores.size - n_drop])
+    return np.sort(order[: scores.size - n_drop])
 
 
-def regagg_terms(g: np.ndarray, centre: np.ndarray, nu: float, tau: float = TAU
-                 ) -> tuple[np.ndarray, np.ndarray]:
+def regagg_terms(
+    g: np.ndarray, centre: np.ndarray, nu: float, tau: float = TAU
+) -> tuple[np.ndarray, np.ndarray]:
     """One client's scaled RegAgg summands: (τ ν g / |g − centre|_τ, τ ν / |g − centre|_τ)."""
     inv = tau / (np.abs(g - centre) + tau)  # in (0, 1]
     return nu * inv * g, nu * inv
 
 
-def regagg(gs: np.ndarray, nu: np.ndarray, tau: float = TAU, centre: np.ndarray | None = None
-           ) -> np.ndarray:
+def regagg(
+    gs: np.ndarray, nu: np.ndarray, tau: float = TAU, centre: np.ndarray | None = None
+) -> np.ndarray:
     """One-shot RegAgg on stacked updates gs (clients × params); centre defaults to the mean."""
     centre = gs.mean(axis=0) if centre is None else centre
     u = 1.0 / (np.abs(gs - centre) + tau)
@@ -133,8 +142,10 @@ class LossRatioClient(ClientHalf):
             return {}
         after = client.loss_at(client.model + client.update)
         before = client.loss_at(client.model)
-        if request.config("loss_ratio").get("kind") == "cost" \
-                and self.last_trained_loss is not None:
+        if (
+            request.config("loss_ratio").get("kind") == "cost"
+            and self.last_trained_loss is not None
+        ):
             before = self.last_trained_loss
         self.last_trained_loss = after
         return {"loss_ratio": client.report(before / after)}
@@ -149,24 +160,24 @@ class LossRatioClient(ClientHalf):
 class RegAggClient(ClientHalf):
     """RegAgg/SimAgg's second phase: the scaled terms of A and B, protected."""
 
-    def handlers(self) -> dict[str, ClientHandler]:
-        return {"regagg_terms": self.terms}
+    phases = {"regagg_terms": "terms"}
 
     @staticmethod
     def terms(client: ClientAPI, env: Envelope) -> dict[str, Field]:
         centre = client.open(env, "centre")
-        numerator, denominator = regagg_terms(client.update, centre, env.scalar("nu"),
-                                              env.scalar("tau"))
-        return {"numerator": client.protect(numerator),
-                "denominator": client.protect(denominator)}
+        numerator, denominator = regagg_terms(
+            client.update, centre, env.scalar("nu"), env.scalar("tau")
+        )
+        return {"numerator": client.protect(numerator), "denominator": client.protect(denominator)}
 
 
 class _LossRatio(Protocol):
     """Aggregators whose clients report a loss ratio with their upload."""
 
     ratio = "cost"  # "cost": l(w^c_{t-1}) / l(w^c_t); "round": l(w_{t-1}) / l(w^c_t)
-    capabilities = Capabilities(reveals=("loss_ratio", "global_update"),
-                                client_scalars=("loss_ratio",))
+    capabilities = Capabilities(
+        reveals=("loss_ratio", "global_update"), client_scalars=("loss_ratio",)
+    )
     client = LossRatioClient
 
     def train_fields(self, ctx: RoundAPI, client: str):
@@ -177,8 +188,10 @@ class _LossRatio(Protocol):
 
     def check_upload(self, ctx: RoundAPI, client: str, upload: Upload) -> None:
         if not upload.extra["loss_ratio"] > 0:
-            raise ClientInputError(f"{client} reports a loss ratio of "
-                                   f"{upload.extra['loss_ratio']}; ratios of losses are > 0")
+            raise ClientInputError(
+                f"{client} reports a loss ratio of "
+                f"{upload.extra['loss_ratio']}; ratios of losses are > 0"
+            )
 
     @staticmethod
     def ratios(uploads: Mapping[str, Upload], clients: list[str]) -> np.ndarray:
@@ -227,10 +240,12 @@ class TopKRegCost(_LossRatio):
 
     def aggregate(self, ctx: RoundAPI, uploads: Mapping[str, Upload]) -> Any:
         clients, nu = _ordered(uploads)
-        keep = [clients[i] for i in top_k_keep(nu * self.ratios(uploads, clients),
-                                               self.drop_fraction)]
-        return ctx.weighted_sum({c: uploads[c].handle for c in keep},
-                                {c: 1.0 / len(keep) for c in keep})
+        keep = [
+            clients[i] for i in top_k_keep(nu * self.ratios(uploads, clients), self.drop_fraction)
+        ]
+        return ctx.weighted_sum(
+            {c: uploads[c].handle for c in keep}, {c: 1.0 / len(keep) for c in keep}
+        )
 
 
 class RegAgg(Protocol):
@@ -239,9 +254,12 @@ class RegAgg(Protocol):
     name = "regagg"
     # ŵ = A / B is formed in plaintext by the server; it is not one weighted sum of the
     # noised uploads, so no client-level DP
-    capabilities = Capabilities(reveals=("regagg_numerator", "regagg_denominator"),
-                                reveals_per_round=2, server_computes_update=True,
-                                client_dp_compatible=False)
+    capabilities = Capabilities(
+        reveals=("regagg_numerator", "regagg_denominator"),
+        reveals_per_round=2,
+        server_computes_update=True,
+        client_dp_compatible=False,
+    )
     client = RegAggClient
 
     def __init__(self, tau: float = TAU):
@@ -250,22 +268,28 @@ class RegAgg(Protocol):
     def describe(self):
         return {"name": self.name, "tau": self.tau}
 
-    def _ratio(self, ctx: RoundAPI, uploads: Mapping[str, Upload], nu: Mapping[str, float]
-               ) -> tuple[np.ndarray, list[str]]:
+    def _ratio(
+        self, ctx: RoundAPI, uploads: Mapping[str, Upload], nu: Mapping[str, float]
+    ) -> tuple[np.ndarray, list[str]]:
         """A / B with A = Σ τ ν_c G_c / |G_c − mean|_τ, B = Σ τ ν_c / |G_c − mean|_τ."""
         clients = list(uploads)
         handles = {c: uploads[c].handle for c in clients}
-        mean = ctx.as_field(ctx.weighted_sum(handles, {c: 1.0 / len(clients) for c in clients}),
-                           "centre")
-        replies = ctx.ask("regagg_terms", {
-            c: {"centre": mean, "nu": wire.scalar(nu[c]), "tau": wire.scalar(self.tau)}
-            for c in clients},
-            expect={"numerator": ctx.upload_kind, "denominator": ctx.upload_kind})
+        mean = ctx.as_field(
+            ctx.weighted_sum(handles, {c: 1.0 / len(clients) for c in clients}), "centre"
+        )
+        replies = ctx.ask(
+            "regagg_terms",
+            {
+                c: {"centre": mean, "nu": wire.scalar(nu[c]), "tau": wire.scalar(self.tau)}
+                for c in clients
+            },
+            expect={"numerator": ctx.upload_kind, "denominator": ctx.upload_kind},
+        )
         ones = {c: 1.0 for c in replies}
-        a = ctx.reveal(ctx.weighted_sum(ctx.load(replies, "numerator"), ones),
-                       "regagg_numerator")
-        b = ctx.reveal(ctx.weighted_sum(ctx.load(replies, "denominator"), ones),
-                       "regagg_denominator")
+        a = ctx.reveal(ctx.weighted_sum(ctx.load(replies, "numerator"), ones), "regagg_numerator")
+        b = ctx.reveal(
+            ctx.weighted_sum(ctx.load(replies, "denominator"), ones), "regagg_denominator"
+        )
         return a / b, [c for c in clients if c in replies]
 
     def aggregate(self, ctx: RoundAPI, uploads: Mapping[str, Upload]) -> Any:
@@ -278,24 +302,31 @@ class SimAgg(RegAgg):
     """ŵ − W = ½ Σ u_c G_c + ½ Σ ν_c G_c, with Σ u_c G_c = A / B computed without ν."""
 
     name = "simagg"
-    capabilities = Capabilities(reveals=("regagg_numerator", "regagg_denominator",
-                                         "fedavg_sum"),
-                                reveals_per_round=3, server_computes_update=True,
-                                client_dp_compatible=False)
+    capabilities = Capabilities(
+        reveals=("regagg_numerator", "regagg_denominator", "fedavg_sum"),
+        reveals_per_round=3,
+        server_computes_update=True,
+        client_dp_compatible=False,
+    )
 
     def aggregate(self, ctx: RoundAPI, uploads: Mapping[str, Upload]) -> Any:
         ratio, answered = self._ratio(ctx, uploads, {c: 1.0 for c in uploads})
         nu = sample_size_weights({c: uploads[c].n_samples for c in answered})
-        fedavg = ctx.reveal(ctx.weighted_sum({c: uploads[c].handle for c in answered}, nu),
-                            "fedavg_sum")
+        fedavg = ctx.reveal(
+            ctx.weighted_sum({c: uploads[c].handle for c in answered}, nu), "fedavg_sum"
+        )
         return ctx.plaintext((ratio + fedavg) / 2.0)
 
 
 class _Individual(Protocol):
     """Aggregators that need every client's update itself (not expressible as sums)."""
 
-    capabilities = Capabilities(reveals=("pseudo_gradient",), needs_individual_updates=True,
-                                server_computes_update=True, client_dp_compatible=False)
+    capabilities = Capabilities(
+        reveals=("pseudo_gradient",),
+        needs_individual_updates=True,
+        server_computes_update=True,
+        client_dp_compatible=False,
+    )
 
     def combine(self, gs: np.ndarray, nu: np.ndarray) -> np.ndarray:
         raise NotImplementedError
@@ -304,8 +335,11 @@ class _Individual(Protocol):
         updates = ctx.individual_updates(uploads)
         clients = list(updates)
         nu = sample_size_weights({c: uploads[c].n_samples for c in clients})
-        return ctx.plaintext(self.combine(np.stack([updates[c] for c in clients]),
-                                          np.array([nu[c] for c in clients])))
+        return ctx.plaintext(
+            self.combine(
+                np.stack([updates[c] for c in clients]), np.array([nu[c] for c in clients])
+            )
+        )
 
 
 class RegMedAgg(_Individual):
@@ -328,7 +362,7 @@ class TrimmedMean(_Individual):
         return trimmed_mean(gs, self.drop_fraction)
 
 
-for _cls in (CostWAgg, RoundCWAgg, RegCostAgg, TopKRegCost, RegAgg, SimAgg, RegMedAgg,
-             TrimmedMean):
-    register_protocol(_cls.name, _cls, summary="RoLePRO judicious aggregator (FeTS 2022)",
-                      _builtin=True)
+for _cls in (CostWAgg, RoundCWAgg, RegCostAgg, TopKRegCost, RegAgg, SimAgg, RegMedAgg, TrimmedMean):
+    register_protocol(
+        _cls.name, _cls, summary="RoLePRO judicious aggregator (FeTS 2022)", _builtin=True
+    )

@@ -14,23 +14,31 @@ reveals, needs or refuses.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
 from secagg.errors import ConfigError
 from secagg.protocols.base import ClientHalf, ComposedClientHalf, Protocol, RoundAPI, Upload
 from secagg.protocols.fedavg import FedAvg
-from secagg.wire import Field
 from secagg.protocols.registry import make_protocol, protocol_spec, register_protocol
+from secagg.wire import Field
 
 
-def _parts(then: str, switch_round: Any, then_options: dict[str, Any]
-           ) -> tuple[type[Protocol], dict[str, Any]]:
-    if then in ("rolepro", "fedavg") or not isinstance(switch_round, int) \
-            or isinstance(switch_round, bool) or switch_round < 0:
-        raise ConfigError(f"two-phase needs a judicious second aggregator and a switch "
-                          f"round >= 0 (got then={then!r}, switch_round={switch_round!r})")
+def _parts(
+    then: str, switch_round: Any, then_options: dict[str, Any]
+) -> tuple[type[Protocol], dict[str, Any]]:
+    if (
+        then in ("rolepro", "fedavg")
+        or not isinstance(switch_round, int)
+        or isinstance(switch_round, bool)
+        or switch_round < 0
+    ):
+        raise ConfigError(
+            f"two-phase needs a judicious second aggregator and a switch "
+            f"round >= 0 (got then={then!r}, switch_round={switch_round!r})"
+        )
     return protocol_spec(then).protocol, then_options
 
 
@@ -45,14 +53,14 @@ class TwoPhase(Protocol):
         self.capabilities = self.first.capabilities.union(self.then.capabilities)
 
     @classmethod
-    def make_client(cls, then: str = "regagg", switch_round: int = 3,
-                    **then_options: Any) -> ClientHalf:
+    def make_client(
+        cls, then: str = "regagg", switch_round: int = 3, **then_options: Any
+    ) -> ClientHalf:
         then_cls, options = _parts(then, switch_round, then_options)
         return ComposedClientHalf([FedAvg.make_client(), then_cls.make_client(**options)])
 
     def describe(self):
-        return {"name": self.name, "switch_round": self.switch_round,
-                "then": self.then.describe()}
+        return {"name": self.name, "switch_round": self.switch_round, "then": self.then.describe()}
 
     def current(self, ctx: RoundAPI) -> Protocol:
         return self.first if ctx.round < self.switch_round else self.then
@@ -81,8 +89,9 @@ class TwoPhase(Protocol):
     def begin_round(self, ctx: RoundAPI) -> float | None:
         return self.current(ctx).begin_round(ctx)
 
-    def train_settings(self, ctx: RoundAPI, client: str, settings: dict[str, Any]
-                       ) -> dict[str, Any]:
+    def train_settings(
+        self, ctx: RoundAPI, client: str, settings: dict[str, Any]
+    ) -> dict[str, Any]:
         return self.current(ctx).train_settings(ctx, client, settings)
 
     def train_fields(self, ctx: RoundAPI, client: str) -> dict[str, Field]:
@@ -101,6 +110,9 @@ class TwoPhase(Protocol):
         return self.current(ctx).aggregate(ctx, uploads)
 
 
-register_protocol("rolepro", TwoPhase,
-                  summary="FedAvg, then a judicious aggregator (then=..., switch_round=...)",
-                  _builtin=True)
+register_protocol(
+    "rolepro",
+    TwoPhase,
+    summary="FedAvg, then a judicious aggregator (then=..., switch_round=...)",
+    _builtin=True,
+)

@@ -24,18 +24,21 @@ a Gaussian mechanism with multiplier σ_s per release, accounted separately.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 import numpy as np
 
 from secagg.errors import ConfigError
 
-
 #: Rényi orders for every RDP → (ε, δ) conversion: Opacus' defaults (1.1 … 63) plus finer
 #: orders near 1, which give the tighter bound when the noise is small and ε large
-RDP_ORDERS = ([1 + x / 100 for x in range(1, 10)] + [1 + x / 10.0 for x in range(1, 100)]
-              + list(range(12, 64)) + [80, 128, 256])
+RDP_ORDERS = (
+    [1 + x / 100 for x in range(1, 10)]
+    + [1 + x / 10.0 for x in range(1, 100)]
+    + list(range(12, 64))
+    + [80, 128, 256]
+)
 
 
 @dataclass(frozen=True)
@@ -50,8 +53,9 @@ class ClientDP:
         if not self.clip > 0:
             raise ConfigError(f"client DP needs a clip norm > 0, got {self.clip}")
         if not self.noise_multiplier >= 0:
-            raise ConfigError(f"client DP needs a noise multiplier >= 0, got "
-                              f"{self.noise_multiplier}")
+            raise ConfigError(
+                f"client DP needs a noise multiplier >= 0, got {self.noise_multiplier}"
+            )
         if self.expected_clients < 1:
             raise ConfigError(f"expected_clients must be >= 1, got {self.expected_clients}")
 
@@ -70,8 +74,9 @@ def clip_l2(update: np.ndarray, clip: float) -> np.ndarray:
     return update if norm <= clip else update * (clip / norm)
 
 
-def noised_update(update: np.ndarray, clip: float, sigma: float,
-                  rng: np.random.Generator) -> np.ndarray:
+def noised_update(
+    update: np.ndarray, clip: float, sigma: float, rng: np.random.Generator
+) -> np.ndarray:
     """Clip to ``clip`` and add N(0, (sigma·clip)²) per coordinate."""
     clipped = clip_l2(np.asarray(update, dtype=np.float64), clip)
     return clipped + rng.normal(0.0, sigma * clip, clipped.shape)
@@ -97,14 +102,16 @@ class ScalarDP:
         if not self.low < self.high:
             raise ConfigError(f"scalar DP needs low < high, got [{self.low}, {self.high}]")
         if not self.noise_multiplier > 0:
-            raise ConfigError(f"scalar DP needs a noise multiplier > 0, got "
-                              f"{self.noise_multiplier}")
+            raise ConfigError(
+                f"scalar DP needs a noise multiplier > 0, got {self.noise_multiplier}"
+            )
 
     def config(self) -> dict[str, float]:
         return {"low": self.low, "high": self.high, "sigma": self.noise_multiplier}
 
 
-def privatize_scalar(value: float, low: float, high: float, sigma: float,
-                     rng: np.random.Generator) -> float:
+def privatize_scalar(
+    value: float, low: float, high: float, sigma: float, rng: np.random.Generator
+) -> float:
     """Clip to [low, high], add N(0, (sigma·(high−low))²)."""
     return float(np.clip(value, low, high) + rng.normal(0.0, sigma * (high - low)))

@@ -60,8 +60,14 @@ class RoundAborted(SecaggError):
     that seed's run; ``phase`` says where it happened and ``exclusions`` why each client
     was dropped."""
 
-    def __init__(self, message: str, *, round: int | None = None, phase: str | None = None,
-                 exclusions: dict[str, str] | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        round: int | None = None,
+        phase: str | None = None,
+        exclusions: dict[str, str] | None = None,
+    ):
         super().__init__(message)
         self.round, self.phase = round, phase
         self.exclusions = dict(exclusions or {})
@@ -86,3 +92,9 @@ class ValueRangeError(SecaggError, ValueError):
 
 class KeySetupError(SecaggError):
     """Key material is missing, or a wrapped key does not open (tampered or misaddressed)."""
+
+
+class StateError(ConfigError):
+    """A client's exported state cannot be restored here: another client's, truncated or
+    garbled, written by another state version, or made for another task, backend or
+    protocol. The client that refused it keeps the state it had."""

@@ -19,8 +19,9 @@ _PURPOSE = "sealed-for-observer/v1"
 def seal(payload: bytes, recipient_public: bytes, context: str) -> bytes:
     """Encrypt ``payload`` for the holder of ``recipient_public``, bound to ``context``."""
     ephemeral = KeyWrapper()
-    return ephemeral.public_bytes + ephemeral.wrap(payload, recipient_public, context,
-                                                   "observer", _PURPOSE)
+    return ephemeral.public_bytes + ephemeral.wrap(
+        payload, recipient_public, context, "observer", _PURPOSE
+    )
 
 
 class Observer:
@@ -37,5 +38,4 @@ class Observer:
         blob = bytes(blob)
         if len(blob) <= _PUBLIC:
             raise KeySetupError("sealed payload is too short")
-        return self._wrapper.unwrap(blob[_PUBLIC:], blob[:_PUBLIC], context, "observer",
-                                    _PURPOSE)
+        return self._wrapper.unwrap(blob[_PUBLIC:], blob[:_PUBLIC], context, "observer", _PURPOSE)

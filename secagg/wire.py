@@ -27,8 +27,9 @@ from __future__ import annotations
 import json
 import math
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -52,7 +53,10 @@ SCALAR = "scalar"
 VECTOR = "vector"
 CONFIG = "config"
 KINDS = (CIPHERTEXT, SCALAR, VECTOR, CONFIG)
-_VECTOR_DTYPES = {"<f4": np.dtype("<f4"), "<f8": np.dtype("<f8")}
+_VECTOR_DTYPES: dict[str, np.dtype[np.floating[Any]]] = {
+    "<f4": np.dtype("<f4"),
+    "<f8": np.dtype("<f8"),
+}
 
 
 @dataclass(frozen=True)
@@ -116,8 +120,13 @@ class Envelope:
         }
         head = json.dumps(header, separators=(",", ":")).encode()
         # one join: a model-sized payload is copied once, not once per concatenation
-        return b"".join([_PREFIX.pack(MAGIC, WIRE_VERSION, len(head)), head,
-                         *(f.data for f in self.fields.values())])
+        return b"".join(
+            [
+                _PREFIX.pack(MAGIC, WIRE_VERSION, len(head)),
+                head,
+                *(f.data for f in self.fields.values()),
+            ]
+        )
 
     @property
     def header_nbytes(self) -> int:
@@ -143,6 +152,7 @@ class Envelope:
 
     def vector(self, name: str, length: int | None = None) -> np.ndarray:
         f = self.get(name, VECTOR)
+        assert f.dtype is not None  # vector() and _check_field always set a vector's dtype
         arr = np.frombuffer(f.data, dtype=_VECTOR_DTYPES[f.dtype])
         if length is not None and arr.size != length:
             raise UnexpectedField(
@@ -162,11 +172,12 @@ class Envelope:
         return out
 
     def config(self, name: str) -> dict[str, Any]:
-        return json.loads(self.get(name, CONFIG).data)
+        # config fields are small and decoded as bytes (bytes() of bytes is not a copy)
+        return json.loads(bytes(self.get(name, CONFIG).data))
 
     # ---- decoding -------------------------------------------------------------------
     @classmethod
-    def from_bytes(cls, data: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> "Envelope":
+    def from_bytes(cls, data: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> Envelope:
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise MalformedMessage(f"expected bytes, got {type(data).__name__}")
         data = bytes(data)
@@ -199,8 +210,9 @@ class Envelope:
             if pos + nbytes > len(data):
                 raise TruncatedMessage(f"message ends inside field {name!r}")
             blob = view[pos : pos + nbytes]
-            fields[name] = _check_field(name, f_kind, blob if f_kind in (CIPHERTEXT, VECTOR)
-                                        else bytes(blob), spec)
+            fields[name] = _check_field(
+                name, f_kind, blob if f_kind in (CIPHERTEXT, VECTOR) else bytes(blob), spec
+            )
             pos += nbytes
         if pos != len(data):
             raise MalformedMessage(f"{len(data) - pos} trailing bytes after the last field")
@@ -245,8 +257,7 @@ def _check_header(header: Any):
     return sender, recipient, rnd, phase, specs
 
 
-def _check_field(name: str, f_kind: str, blob: bytes | memoryview, spec: dict[str, Any]
-                 ) -> Field:
+def _check_field(name: str, f_kind: str, blob: bytes | memoryview, spec: dict[str, Any]) -> Field:
     if f_kind == SCALAR:
         if len(blob) != 8:
             raise MalformedMessage(f"scalar {name!r} has {len(blob)} bytes, expected 8")
@@ -268,7 +279,7 @@ def _check_field(name: str, f_kind: str, blob: bytes | memoryview, spec: dict[st
             raise MalformedMessage(f"ciphertext {name!r} part lengths do not add up")
         return Field(CIPHERTEXT, blob, parts=tuple(parts))
     try:
-        json.loads(blob)
+        json.loads(bytes(blob))
     except (UnicodeDecodeError, json.JSONDecodeError):
         raise MalformedMessage(f"config {name!r} is not valid JSON") from None
     return Field(CONFIG, blob)

@@ -16,15 +16,20 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from secagg import wire
 from secagg.wire import Envelope
 
 ENVELOPE = "<envelope>"  # pseudo-field: framing and header bytes of a message
-KIND_LABEL = {wire.CIPHERTEXT: "ciphertext", wire.SCALAR: "plaintext scalar",
-              wire.VECTOR: "plaintext vector", wire.CONFIG: "plaintext config"}
+KIND_LABEL = {
+    wire.CIPHERTEXT: "ciphertext",
+    wire.SCALAR: "plaintext scalar",
+    wire.VECTOR: "plaintext vector",
+    wire.CONFIG: "plaintext config",
+}
 
 
 class AuditLog:
@@ -49,30 +54,74 @@ class AuditLog:
             fields.append(item)
         header = total_bytes - sum(f.nbytes for f in env.fields.values())
         fields.append({"name": ENVELOPE, "kind": "framing", "bytes": header})
-        self.records.append({"event": "message", "run": self.run, "round": env.round,
-                             "phase": env.phase, "direction": direction, "peer": peer,
-                             "bytes": total_bytes, "fields": fields})
+        self.records.append(
+            {
+                "event": "message",
+                "run": self.run,
+                "round": env.round,
+                "phase": env.phase,
+                "direction": direction,
+                "peer": peer,
+                "bytes": total_bytes,
+                "fields": fields,
+            }
+        )
 
-    def undecodable(self, round_number: int, phase: str, peer: str, nbytes: int, reason: str) -> None:
-        self.records.append({"event": "message", "run": self.run, "round": round_number, "phase": phase,
-                             "direction": "received", "peer": peer, "bytes": nbytes,
-                             "fields": [{"name": ENVELOPE, "kind": "undecodable",
-                                         "bytes": nbytes}], "error": reason})
+    def undecodable(
+        self, round_number: int, phase: str, peer: str, nbytes: int, reason: str
+    ) -> None:
+        self.records.append(
+            {
+                "event": "message",
+                "run": self.run,
+                "round": round_number,
+                "phase": phase,
+                "direction": "received",
+                "peer": peer,
+                "bytes": nbytes,
+                "fields": [{"name": ENVELOPE, "kind": "undecodable", "bytes": nbytes}],
+                "error": reason,
+            }
+        )
 
     def reveal(self, round_number: int, phase: str, name: str, length: int, by: str) -> None:
-        self.records.append({"event": "reveal", "run": self.run, "round": round_number, "phase": phase,
-                             "name": name, "kind": "plaintext vector", "length": length,
-                             "by": by})
+        self.records.append(
+            {
+                "event": "reveal",
+                "run": self.run,
+                "round": round_number,
+                "phase": phase,
+                "name": name,
+                "kind": "plaintext vector",
+                "length": length,
+                "by": by,
+            }
+        )
 
     def aborted(self, round_number: int, phase: str, reason: str) -> None:
         """A round that ended with no usable client (the run of ``self.run`` stopped)."""
-        self.records.append({"event": "aborted", "run": self.run, "round": round_number,
-                             "phase": phase, "reason": reason})
+        self.records.append(
+            {
+                "event": "aborted",
+                "run": self.run,
+                "round": round_number,
+                "phase": phase,
+                "reason": reason,
+            }
+        )
 
     def excluded(self, round_number: int, phase: str, peer: str, error: Exception) -> None:
-        self.records.append({"event": "excluded", "run": self.run, "round": round_number,
-                             "phase": phase, "peer": peer, "error": type(error).__name__,
-                             "reason": str(error)})
+        self.records.append(
+            {
+                "event": "excluded",
+                "run": self.run,
+                "round": round_number,
+                "phase": phase,
+                "peer": peer,
+                "error": type(error).__name__,
+                "reason": str(error),
+            }
+        )
 
     # ---- views --------------------------------------------------------------------------
     def traffic(self) -> list[dict[str, Any]]:
@@ -82,10 +131,18 @@ class AuditLog:
             if r["event"] != "message":
                 continue
             for f in r["fields"]:
-                rows.append({"run": r["run"], "round": r["round"], "phase": r["phase"],
-                             "direction": "up" if r["direction"] == "received" else "down",
-                             "peer": r["peer"], "field": f["name"], "kind": f["kind"],
-                             "bytes": f["bytes"]})
+                rows.append(
+                    {
+                        "run": r["run"],
+                        "round": r["round"],
+                        "phase": r["phase"],
+                        "direction": "up" if r["direction"] == "received" else "down",
+                        "peer": r["peer"],
+                        "field": f["name"],
+                        "kind": f["kind"],
+                        "bytes": f["bytes"],
+                    }
+                )
         return rows
 
     def summary(self) -> dict[str, Any]:
@@ -118,13 +175,19 @@ class AuditLog:
             "undeclared_plaintext_items": sorted(set(learned) - self.declared),
             "dp_protected_items": sorted(set(learned) & self.dp_protected),
             # derived from client data and learned without DP noise
-            "not_dp_protected_items": sorted(set(learned) - self.dp_protected
-                                             - self.infrastructure),
+            "not_dp_protected_items": sorted(
+                set(learned) - self.dp_protected - self.infrastructure
+            ),
             "sent_in_plaintext": {k: dict(v) for k, v in sorted(sent.items())},
-            "ciphertext_fields_received": sorted({
-                f["name"] for r in self.records if r["event"] == "message"
-                and r["direction"] == "received" for f in r["fields"]
-                if f["kind"] == "ciphertext"}),
+            "ciphertext_fields_received": sorted(
+                {
+                    f["name"]
+                    for r in self.records
+                    if r["event"] == "message" and r["direction"] == "received"
+                    for f in r["fields"]
+                    if f["kind"] == "ciphertext"
+                }
+            ),
             "exclusions": excluded,
             "aborted_runs": aborted,
         }

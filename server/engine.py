@@ -72,10 +72,16 @@ class PrivacyLedger:
         if self.client_dp is None:
             return
         for name, weights in ctx.releases:
-            self.events.append({
-                "round": ctx.round, "release": name, "clients": len(weights),
-                "noise_multiplier": realised_noise_multiplier(weights,
-                                                              self.client_dp.client_sigma)})
+            self.events.append(
+                {
+                    "round": ctx.round,
+                    "release": name,
+                    "clients": len(weights),
+                    "noise_multiplier": realised_noise_multiplier(
+                        weights, self.client_dp.client_sigma
+                    ),
+                }
+            )
 
 
 class Enrolment:
@@ -87,8 +93,7 @@ class Enrolment:
         self.counts: dict[str, float] = {}
 
     def run(self, ctx: RoundContext) -> None:
-        replies = ctx.ask("enroll", {c: {} for c in ctx.active},
-                          expect={"n_samples": wire.SCALAR})
+        replies = ctx.ask("enroll", {c: {} for c in ctx.active}, expect={"n_samples": wire.SCALAR})
         for c, env in replies.items():
             n = env.scalar("n_samples")
             if n > 0:
@@ -98,9 +103,11 @@ class Enrolment:
 
     def check(self, client: str, upload: Upload) -> None:
         if client in self.counts and upload.n_samples != self.counts[client]:
-            raise ClientInputError(f"{client} enrolled with {self.counts[client]:g} samples "
-                                   f"but reports {upload.n_samples:g}; its weight was fixed "
-                                   "from the first")
+            raise ClientInputError(
+                f"{client} enrolled with {self.counts[client]:g} samples "
+                f"but reports {upload.n_samples:g}; its weight was fixed "
+                "from the first"
+            )
 
 
 class RevealAndStep:
@@ -116,7 +123,7 @@ class RevealAndStep:
     def model_for(self, client: str, round_number: int) -> bool:
         return client not in self.holding
 
-    def apply(self, server: "Server", ctx: RoundContext, g_global: Any) -> float:
+    def apply(self, server: Server, ctx: RoundContext, g_global: Any) -> float:
         g = ctx.reveal(g_global, "global_update")
         start = time.perf_counter()
         update = server.optimizer.step(g)
@@ -136,11 +143,15 @@ class BlindApply(RevealAndStep):
     def model_for(self, client: str, round_number: int) -> bool:
         return round_number == 0 and client not in self.holding
 
-    def apply(self, server: "Server", ctx: RoundContext, g_global: Any) -> float:
+    def apply(self, server: Server, ctx: RoundContext, g_global: Any) -> float:
         aggregate = ctx.as_field(g_global, "global_update")
         peers = server.peers()
-        done = ctx.ask("apply", {c: {"aggregate": aggregate} for c in peers},
-                       expect={"applied": wire.CONFIG}, reach_excluded=True)
+        done = ctx.ask(
+            "apply",
+            {c: {"aggregate": aggregate} for c in peers},
+            expect={"applied": wire.CONFIG},
+            reach_excluded=True,
+        )
         for c in peers:
             if c not in done:
                 server.left[c] = f"missed the apply phase of round {ctx.round}"
@@ -163,23 +174,38 @@ class Server:
         audit: where every message is recorded (a new log by default).
     """
 
-    def __init__(self, protocol: Protocol, backend: ServerBackend, optimizer: ServerOptimizer,
-                 transport: Transport, initial_params: np.ndarray, *,
-                 plan: TrainingPlan | None = None, policy: RunPolicy | None = None,
-                 server_lr: StepSchedule | None = None, audit: AuditLog | None = None):
+    def __init__(
+        self,
+        protocol: Protocol,
+        backend: ServerBackend,
+        optimizer: ServerOptimizer,
+        transport: Transport,
+        initial_params: np.ndarray,
+        *,
+        plan: TrainingPlan | None = None,
+        policy: RunPolicy | None = None,
+        server_lr: StepSchedule | None = None,
+        audit: AuditLog | None = None,
+    ):
         self.plan = plan if plan is not None else TrainingPlan()
         self.policy = policy if policy is not None else RunPolicy()
         caps = protocol.capabilities
-        check_run(protocol.name, caps, backend=backend.name,
-                  backend_can_read=backend.can_read, policy=self.policy,
-                  client_dp=self.plan.client_dp is not None)
+        check_run(
+            protocol.name,
+            caps,
+            backend=backend.name,
+            backend_can_read=backend.can_read,
+            policy=self.policy,
+            client_dp=self.plan.client_dp is not None,
+        )
         self.protocol, self.backend, self.optimizer = protocol, backend, optimizer
         self.transport = transport
         self.server_lr = server_lr
         self.audit = audit if audit is not None else AuditLog()
         reports = set(self.plan.reports)
-        self.audit.declared |= (set(ENGINE_DECLARED) | set(caps.reveals)
-                                | set(backend.declares) | reports)
+        self.audit.declared |= (
+            set(ENGINE_DECLARED) | set(caps.reveals) | set(backend.declares) | reports
+        )
         self.audit.infrastructure |= set(backend.declares) | {"applied"} | reports
         if self.policy.server_blind:
             self.audit.declared.add("applied")  # clients' receipts for the apply phase
@@ -188,8 +214,11 @@ class Server:
         if self.plan.scalar_dp is not None:
             self.audit.dp_protected |= set(caps.client_scalars)
         self.ledger = PrivacyLedger(self.plan.client_dp)
-        self.updates = (BlindApply(initial_params) if self.policy.server_blind
-                        else RevealAndStep(initial_params))
+        self.updates = (
+            BlindApply(initial_params)
+            if self.policy.server_blind
+            else RevealAndStep(initial_params)
+        )
         #: fold uploads as they arrive where the protocol plans its weights (needs ``setup``)
         self.streaming = self.policy.streaming and caps.streams
         self.enrolment = Enrolment()
@@ -211,12 +240,13 @@ class Server:
     def peers(self) -> list[str]:
         return [c for c in self.transport.peers if c not in self.left]
 
-    def _context(self, round_number: int, optimizer: ServerOptimizer | None = None
-                 ) -> RoundContext:
-        exchange = Exchange(round_number, self.peers(), self.transport, self.audit,
-                            self.policy.max_message_bytes)
-        return RoundContext(exchange, self.n_params, self.backend, optimizer,
-                            self.policy.allow_plaintext_updates)
+    def _context(self, round_number: int, optimizer: ServerOptimizer | None = None) -> RoundContext:
+        exchange = Exchange(
+            round_number, self.peers(), self.transport, self.audit, self.policy.max_message_bytes
+        )
+        return RoundContext(
+            exchange, self.n_params, self.backend, optimizer, self.policy.allow_plaintext_updates
+        )
 
     def setup(self, rounds: int) -> dict[str, str]:
         """Run the backend's one-off phases (key setup) before round 0, and the enrolment.
@@ -241,15 +271,20 @@ class Server:
             self.optimizer.hyper["lr"] = float(server_lr)
         uploads, g_global, reports = self._train(ctx)
         if uploads < self.policy.min_clients:
-            raise RoundAborted(f"round {number}: {uploads} usable uploads, need "
-                               f"{self.policy.min_clients}; exclusions: {ctx.excluded}",
-                               round=number, phase="train", exclusions=ctx.excluded)
+            raise RoundAborted(
+                f"round {number}: {uploads} usable uploads, need "
+                f"{self.policy.min_clients}; exclusions: {ctx.excluded}",
+                round=number,
+                phase="train",
+                exclusions=ctx.excluded,
+            )
         norm = self.updates.apply(self, ctx, g_global)
         if self.protocol.capabilities.observes_validation:
             self._validate(ctx, send_model=not self.updates.blind)
         self.ledger.record(ctx)
-        return RoundReport(number, list(ctx.active), dict(ctx.excluded), dict(ctx.seconds),
-                           norm, reports)
+        return RoundReport(
+            number, list(ctx.active), dict(ctx.excluded), dict(ctx.seconds), norm, reports
+        )
 
     # ---- the training phase ----------------------------------------------------------------
     def _requests(self, ctx: RoundContext) -> dict[str, dict[str, wire.Field]]:
@@ -260,8 +295,10 @@ class Server:
         model = wire.vector(self.params.astype(np.float32))  # one copy, shared by all
         requests = {}
         for c in ctx.active:
-            request = {**common, "train": wire.config(
-                self.protocol.train_settings(ctx, c, dict(settings)))}
+            request = {
+                **common,
+                "train": wire.config(self.protocol.train_settings(ctx, c, dict(settings))),
+            }
             if self.updates.model_for(c, ctx.round):
                 request["model"] = model
             requests[c] = {**request, **self.protocol.train_fields(ctx, c)}
@@ -270,9 +307,12 @@ class Server:
     def _train(self, ctx: RoundContext) -> tuple[int, Any, dict[str, dict[str, float]]]:
         """Ask for the uploads; return how many are usable, their protected combination,
         and what clients reported with them."""
-        expect = {"pseudo_gradient": self.backend.upload_kind, "n_samples": wire.SCALAR,
-                  **{name: wire.SCALAR for name in self.plan.reports},
-                  **self.protocol.train_reply(ctx)}
+        expect = {
+            "pseudo_gradient": self.backend.upload_kind,
+            "n_samples": wire.SCALAR,
+            **{name: wire.SCALAR for name in self.plan.reports},
+            **self.protocol.train_reply(ctx),
+        }
         reports: dict[str, dict[str, float]] = {}
 
         def upload(client: str, env: wire.Envelope) -> Upload:
@@ -282,8 +322,7 @@ class Server:
                 raise ClientInputError(f"{client} reports {n} samples")
             extra = {k: env.scalar(k) for k in self.protocol.train_reply(ctx)}
             start = time.perf_counter()
-            loaded = Upload(self.backend.load(env, "pseudo_gradient", self.n_params), n,
-                            extra)
+            loaded = Upload(self.backend.load(env, "pseudo_gradient", self.n_params), n, extra)
             ctx.seconds["load"] += time.perf_counter() - start
             self.protocol.check_upload(ctx, client, loaded)
             reports[client] = {name: env.scalar(name) for name in self.plan.reports}
@@ -307,8 +346,7 @@ class Server:
     def _planned_weights(self, ctx: RoundContext) -> dict[str, float] | None:
         if not self.streaming or not self.enrolment.counts:
             return None
-        counts = {c: self.enrolment.counts[c] for c in ctx.active
-                  if c in self.enrolment.counts}
+        counts = {c: self.enrolment.counts[c] for c in ctx.active if c in self.enrolment.counts}
         plan = self.protocol.planned_weights(ctx, counts) if counts else None
         return None if plan is None else dict(plan)
 
@@ -323,16 +361,23 @@ class Server:
             fields["model"] = wire.vector(self.params.astype(np.float32))
         if self.plan.scalar_dp is not None:
             fields["scalar_dp"] = wire.config(self.plan.scalar_dp.config())
-        replies = ctx.ask("validate", {c: fields for c in self.peers()},
-                          expect={"val_loss": wire.SCALAR}, reach_excluded=True)
+        replies = ctx.ask(
+            "validate",
+            {c: fields for c in self.peers()},
+            expect={"val_loss": wire.SCALAR},
+            reach_excluded=True,
+        )
         # ``ask`` already excluded clients whose val_loss is missing or not finite
         losses = {c: env.scalar("val_loss") for c, env in replies.items()}
         if send_model:
             self.updates.holding = set(replies)
         if not losses:
-            raise RoundAborted(f"round {ctx.round}: no usable validation loss; exclusions: "
-                               f"{ctx.excluded}", round=ctx.round, phase="validate",
-                               exclusions=ctx.excluded)
+            raise RoundAborted(
+                f"round {ctx.round}: no usable validation loss; exclusions: {ctx.excluded}",
+                round=ctx.round,
+                phase="validate",
+                exclusions=ctx.excluded,
+            )
         self.protocol.observe_validation(ctx, losses)
 
     def sealed_model(self, round_number: int) -> tuple[str, bytes]:
@@ -340,11 +385,20 @@ class Server:
         the experimenter evaluates the model; the server relays bytes it cannot open)."""
         ctx = self._context(round_number)
         for client in self.peers():
-            reply = ctx.ask("observe", {client: {}},
-                            expect={"sealed_model": wire.CIPHERTEXT}, reach_excluded=True)
+            reply = ctx.ask(
+                "observe",
+                {client: {}},
+                expect={"sealed_model": wire.CIPHERTEXT},
+                reach_excluded=True,
+            )
             if client in reply:
-                return client, b"".join(bytes(p) for p in
-                                        reply[client].ciphertext_parts("sealed_model"))
-        raise RoundAborted(f"round {round_number}: no client sealed the model for the "
-                           f"experimenter; {ctx.excluded}", round=round_number,
-                           phase="observe", exclusions=ctx.excluded)
+                return client, b"".join(
+                    bytes(p) for p in reply[client].ciphertext_parts("sealed_model")
+                )
+        raise RoundAborted(
+            f"round {round_number}: no client sealed the model for the "
+            f"experimenter; {ctx.excluded}",
+            round=round_number,
+            phase="observe",
+            exclusions=ctx.excluded,
+        )

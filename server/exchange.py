@@ -14,10 +14,17 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from secagg import wire
-from secagg.errors import ClientInputError, RoundAborted, StaleMessage, UnexpectedField, UnknownSender
+from secagg.errors import (
+    ClientInputError,
+    RoundAborted,
+    StaleMessage,
+    UnexpectedField,
+    UnknownSender,
+)
 from secagg.server.audit import AuditLog
 from secagg.server.transport import Transport
 from secagg.wire import Envelope, Field
@@ -28,8 +35,14 @@ SERVER = "server"
 class Exchange:
     """The clients of one round, who is still in it, and the messages to and from them."""
 
-    def __init__(self, round_number: int, clients: list[str], transport: Transport,
-                 audit: AuditLog, max_message_bytes: int = wire.DEFAULT_MAX_BYTES):
+    def __init__(
+        self,
+        round_number: int,
+        clients: list[str],
+        transport: Transport,
+        audit: AuditLog,
+        max_message_bytes: int = wire.DEFAULT_MAX_BYTES,
+    ):
         self.round = round_number
         self.transport = transport
         self.audit = audit
@@ -46,13 +59,22 @@ class Exchange:
 
     def abort_if_empty(self, phase: str) -> None:
         if not self.active:
-            raise RoundAborted(f"round {self.round}: no usable client left after phase "
-                               f"{phase!r}; exclusions: {self.excluded}",
-                               round=self.round, phase=phase, exclusions=self.excluded)
+            raise RoundAborted(
+                f"round {self.round}: no usable client left after phase "
+                f"{phase!r}; exclusions: {self.excluded}",
+                round=self.round,
+                phase=phase,
+                exclusions=self.excluded,
+            )
 
-    def ask(self, phase: str, messages: Mapping[str, Mapping[str, Field]],
-            expect: Mapping[str, str] | None = None, reach_excluded: bool = False,
-            on_reply: Callable[[str, Envelope], Any] | None = None) -> dict[str, Any]:
+    def ask(
+        self,
+        phase: str,
+        messages: Mapping[str, Mapping[str, Field]],
+        expect: Mapping[str, str] | None = None,
+        reach_excluded: bool = False,
+        on_reply: Callable[[str, Envelope], Any] | None = None,
+    ) -> dict[str, Any]:
         """Send each active client its fields; return the replies that pass every check.
 
         ``expect`` maps reply field names to wire kinds; scalars are also checked finite.
@@ -102,8 +124,7 @@ class Exchange:
             self.abort_if_empty(phase)
         return {c: replies[c] for c in targets if c in replies}
 
-    def _accept(self, client: str, phase: str, raw: bytes, expect: Mapping[str, str]
-                ) -> Envelope:
+    def _accept(self, client: str, phase: str, raw: bytes, expect: Mapping[str, str]) -> Envelope:
         try:
             reply = Envelope.from_bytes(raw, self.max_message_bytes)
         except ClientInputError as exc:
@@ -115,7 +136,8 @@ class Exchange:
         if reply.round != self.round or reply.phase != phase:
             raise StaleMessage(
                 f"{client} answered round {reply.round} phase {reply.phase!r} "
-                f"during round {self.round} phase {phase!r} (replayed or stale)")
+                f"during round {self.round} phase {phase!r} (replayed or stale)"
+            )
         for name, kind in expect.items():
             reply.get(name, kind)
             if kind == wire.SCALAR:

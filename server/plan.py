@@ -46,8 +46,7 @@ class TrainingPlan:
 
     def settings(self, round_number: int) -> dict[str, Any]:
         """The ``train`` config of a round, before the protocol adjusts it."""
-        work = ({"epochs": self.local_epochs} if self.local_epochs else
-                {"steps": self.local_steps})
+        work = {"epochs": self.local_epochs} if self.local_epochs else {"steps": self.local_steps}
         out: dict[str, Any] = {"lr": self.client_lr.at(round_number), **work}
         if self.prox_mu:
             out["prox_mu"] = self.prox_mu
@@ -83,37 +82,57 @@ class RunPolicy:
 
     def __post_init__(self):
         if not isinstance(self.min_clients, int) or self.min_clients < 1:
-            raise ConfigError(f"min_clients must be a positive integer, got "
-                              f"{self.min_clients!r}")
+            raise ConfigError(f"min_clients must be a positive integer, got {self.min_clients!r}")
 
 
-def check_run(protocol: str, capabilities: Capabilities, *, backend: str,
-              backend_can_read: bool, policy: RunPolicy, client_dp: bool,
-              validation: bool | None = None) -> None:
+def check_run(
+    protocol: str,
+    capabilities: Capabilities,
+    *,
+    backend: str,
+    backend_can_read: bool,
+    policy: RunPolicy,
+    client_dp: bool,
+    validation: bool | None = None,
+) -> None:
     """Refuse combinations that cannot work, with what to do instead.
 
     ``validation``: whether the clients hold validation samples (None: unknown here)."""
     if policy.server_blind and backend_can_read:
-        raise ConfigError("server-blind runs need an encrypted backend (--backend ckks): on "
-                          f"{backend} the server reads every upload anyway")
+        raise ConfigError(
+            "server-blind runs need an encrypted backend (--backend ckks): on "
+            f"{backend} the server reads every upload anyway"
+        )
     if policy.server_blind and capabilities.server_computes_update:
-        raise ConfigError(f"{protocol} forms the global update in plaintext on the server "
-                          "(from revealed sums), so it cannot run server-blind")
+        raise ConfigError(
+            f"{protocol} forms the global update in plaintext on the server "
+            "(from revealed sums), so it cannot run server-blind"
+        )
     if policy.server_blind and capabilities.pretrain:
-        raise ConfigError(f"{protocol} pre-trains a model ({capabilities.pretrain}) that the "
-                          "server hands to the clients, which a server-blind run would keep "
-                          "from it; run it without --server-blind")
-    if capabilities.needs_individual_updates and not backend_can_read \
-            and not policy.allow_plaintext_updates:
+        raise ConfigError(
+            f"{protocol} pre-trains a model ({capabilities.pretrain}) that the "
+            "server hands to the clients, which a server-blind run would keep "
+            "from it; run it without --server-blind"
+        )
+    if (
+        capabilities.needs_individual_updates
+        and not backend_can_read
+        and not policy.allow_plaintext_updates
+    ):
         raise ConfigError(
             f"{protocol} needs every client's update in plaintext (it is not a sum), so it "
             f"cannot run on {backend} as is; pass --allow-plaintext-updates to accept that "
-            "(the audit will then report individual_updates_revealed: true)")
+            "(the audit will then report individual_updates_revealed: true)"
+        )
     if client_dp and not capabilities.client_dp_compatible:
-        raise ConfigError(f"{protocol}'s update is not one weighted sum of the clients' "
-                          "noised uploads, so client-level DP cannot be accounted for it; use "
-                          "a weighted-sum protocol (fedavg, fedadam, larc, costwagg, ...)")
+        raise ConfigError(
+            f"{protocol}'s update is not one weighted sum of the clients' "
+            "noised uploads, so client-level DP cannot be accounted for it; use "
+            "a weighted-sum protocol (fedavg, fedadam, larc, costwagg, ...)"
+        )
     if capabilities.observes_validation and validation is False:
-        raise ConfigError(f"{protocol} rewards its agent with the clients' validation loss: "
-                          "give the clients validation samples with --validation-split "
-                          "(e.g. 0.2)")
+        raise ConfigError(
+            f"{protocol} rewards its agent with the clients' validation loss: "
+            "give the clients validation samples with --validation-split "
+            "(e.g. 0.2)"
+        )

@@ -13,14 +13,21 @@ for their headroom, and a protocol whose weights exceed it is wrong on plain too
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
 from secagg import wire
 from secagg.backends.base import MAX_WEIGHT, ServerBackend
-from secagg.errors import (ClientInputError, ConfigError, DuplicateMessage, ProtocolStateError,
-                           RoundAborted, UnknownSender)
+from secagg.errors import (
+    ClientInputError,
+    ConfigError,
+    DuplicateMessage,
+    ProtocolStateError,
+    RoundAborted,
+    UnknownSender,
+)
 from secagg.protocols.base import Plaintext, Upload
 from secagg.protocols.optimizers import ServerOptimizer
 from secagg.server.exchange import SERVER, Exchange
@@ -31,16 +38,24 @@ def check_weights(weights: Mapping[str, float]) -> dict[str, float]:
     out = {c: float(w) for c, w in weights.items()}
     bad = {c: w for c, w in out.items() if not abs(w) <= MAX_WEIGHT}
     if bad:
-        raise ProtocolStateError(f"weights must satisfy |w| <= {MAX_WEIGHT} on every backend "
-                                 f"(encrypted sums need the headroom); got {bad}")
+        raise ProtocolStateError(
+            f"weights must satisfy |w| <= {MAX_WEIGHT} on every backend "
+            f"(encrypted sums need the headroom); got {bad}"
+        )
     return out
 
 
 class RoundContext:
     """A round for a protocol: the exchange, the backend, and what was released."""
 
-    def __init__(self, exchange: Exchange, n_params: int, backend: ServerBackend,
-                 optimizer: ServerOptimizer | None, allow_plaintext_updates: bool = False):
+    def __init__(
+        self,
+        exchange: Exchange,
+        n_params: int,
+        backend: ServerBackend,
+        optimizer: ServerOptimizer | None,
+        allow_plaintext_updates: bool = False,
+    ):
         self.exchange = exchange
         self.round = exchange.round
         self.n_params = n_params
@@ -69,8 +84,13 @@ class RoundContext:
     def exclude(self, client: str, phase: str, error: Exception) -> None:
         self.exchange.exclude(client, phase, error)
 
-    def ask(self, phase: str, messages: Mapping[str, Mapping[str, Field]],
-            expect: Mapping[str, str] | None = None, **kwargs: Any) -> dict[str, Any]:
+    def ask(
+        self,
+        phase: str,
+        messages: Mapping[str, Mapping[str, Field]],
+        expect: Mapping[str, str] | None = None,
+        **kwargs: Any,
+    ) -> dict[str, Any]:
         return self.exchange.ask(phase, messages, expect, **kwargs)
 
     @property
@@ -85,18 +105,20 @@ class RoundContext:
     def weighted_sum(self, handles: Mapping[str, Any], weights: Mapping[str, float]) -> Any:
         clients = [c for c in handles if c in weights and c in self.active]
         if not clients:
-            raise RoundAborted(f"round {self.round}: no client left to aggregate; "
-                               f"exclusions: {self.excluded}", round=self.round,
-                               phase="aggregate", exclusions=self.excluded)
+            raise RoundAborted(
+                f"round {self.round}: no client left to aggregate; exclusions: {self.excluded}",
+                round=self.round,
+                phase="aggregate",
+                exclusions=self.excluded,
+            )
         used = check_weights({c: weights[c] for c in clients})
         start = time.perf_counter()
-        total = self.backend.weighted_sum([handles[c] for c in clients],
-                                          [used[c] for c in clients])
+        total = self.backend.weighted_sum([handles[c] for c in clients], [used[c] for c in clients])
         self.seconds["aggregate"] += time.perf_counter() - start
         self._sums.append((total, used))
         return total
 
-    def running_sum(self, weights: Mapping[str, float]) -> "StreamedSum":
+    def running_sum(self, weights: Mapping[str, float]) -> StreamedSum:
         return StreamedSum(self, weights)
 
     def _released(self, handle: Any, name: str) -> None:
@@ -126,15 +148,16 @@ class RoundContext:
 
     def individual_updates(self, uploads: Mapping[str, Upload]) -> dict[str, np.ndarray]:
         if self.backend.can_read:
-            return {c: self.backend.read(u.handle) for c, u in uploads.items()
-                    if c in self.active}
+            return {c: self.backend.read(u.handle) for c, u in uploads.items() if c in self.active}
         if not self.allow_plaintext_updates:
             raise ConfigError(
                 "this aggregator needs every client's update in plaintext (a median or a "
                 "trimmed mean is not a sum); on an encrypted backend allow it explicitly "
-                "(--allow-plaintext-updates) and the audit will record the revealed updates")
-        replies = self.ask("plaintext_update", {c: {} for c in uploads},
-                           expect={"pseudo_gradient": wire.VECTOR})
+                "(--allow-plaintext-updates) and the audit will record the revealed updates"
+            )
+        replies = self.ask(
+            "plaintext_update", {c: {} for c in uploads}, expect={"pseudo_gradient": wire.VECTOR}
+        )
         return {c: env.vector("pseudo_gradient", self.n_params) for c, env in replies.items()}
 
     def reveal(self, handle: Any, name: str) -> np.ndarray:
@@ -176,9 +199,12 @@ class StreamedSum:
     def result(self) -> Any:
         clients = list(self.folded)  # a folded upload cannot be taken out again
         if not clients:
-            raise RoundAborted(f"round {self._ctx.round}: no upload was folded; exclusions: "
-                               f"{self._ctx.excluded}", round=self._ctx.round,
-                               phase="train", exclusions=self._ctx.excluded)
+            raise RoundAborted(
+                f"round {self._ctx.round}: no upload was folded; exclusions: {self._ctx.excluded}",
+                round=self._ctx.round,
+                phase="train",
+                exclusions=self._ctx.excluded,
+            )
         normaliser = sum(self.folded[c] for c in clients)
         start = time.perf_counter()
         total = self._sum.result(normaliser)

@@ -11,11 +11,12 @@ never imports the client package: the experiment driver hands it the transport.
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Iterator, Mapping, Protocol, Union
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Protocol
 
 from secagg.errors import ClientInputError, UnknownSender
 
-Reply = Union[bytes, ClientInputError]  # a reply, or why there is none
+Reply = bytes | ClientInputError  # a reply, or why there is none
 
 
 class ClientUnavailable(ClientInputError):

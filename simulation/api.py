@@ -14,17 +14,23 @@ importable by reference (module-level functions and classes).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from secagg.errors import ConfigError
 from secagg.server.audit import AuditLog
-from secagg.simulation.experiment import (ExperimentConfig, TransportFactory, run_experiment,
-                                          stderr_progress, summarize)
+from secagg.simulation.experiment import (
+    ExperimentConfig,
+    TransportFactory,
+    run_experiment,
+    stderr_progress,
+    summarize,
+)
 
 
 @dataclass
@@ -47,9 +53,14 @@ class RunResult:
         return self.audit.summary()
 
 
-def run(config: ExperimentConfig | None = None, *, out: str | Path | None = None,
-        transport: TransportFactory | None = None,
-        progress: bool | Callable[[str], None] = False, **settings: Any) -> RunResult:
+def run(
+    config: ExperimentConfig | None = None,
+    *,
+    out: str | Path | None = None,
+    transport: TransportFactory | None = None,
+    progress: bool | Callable[[str], None] = False,
+    **settings: Any,
+) -> RunResult:
     """Run an experiment: every seed of ``config`` (or of an ``ExperimentConfig(**settings)``;
     with both, ``settings`` override ``config``'s fields).
 
@@ -76,5 +87,13 @@ def run(config: ExperimentConfig | None = None, *, out: str | Path | None = None
     files: dict[str, Path] = {}
     if out is not None:
         files = write_outputs(Path(out), config, result.metrics, summary, result.audit)
-    return RunResult(config, result.metrics, summary, traffic_table(result.audit),
-                     result.audit, result.final_params, result.aborted, files)
+    return RunResult(
+        config,
+        result.metrics,
+        summary,
+        traffic_table(result.audit),
+        result.audit,
+        result.final_params,
+        result.aborted,
+        files,
+    )

@@ -18,27 +18,44 @@ import math
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
 
-from secagg.backends import BACKENDS, backend_spec, make_client_backend, make_server_backend
-from secagg.backends import resolve_options
-from secagg.clients.privacy import make_private
+from secagg.backends import (
+    BACKENDS,
+    make_client_backend,
+    make_server_backend,
+    resolve_options,
+)
+from secagg.clients.privacy import PrivateTrainer, make_private
 from secagg.clients.runtime import Client
-from secagg.clients.tasks import (ClientData, FederatedData, Task, custom_tasks, get_task,
-                                  register_task)
+from secagg.clients.tasks import (
+    ClientData,
+    FederatedData,
+    Task,
+    custom_tasks,
+    get_task,
+    register_task,
+)
 from secagg.clients.tasks.tcga_brca import random_client_splits
 from secagg.clients.tasks.vae import BetaVAE, autoencoding, reconstruction_score, vae_loss
 from secagg.clients.training import LocalTrainer, flat_params, set_flat_params
 from secagg.dp import ClientDP, ScalarDP
 from secagg.errors import ConfigError, RoundAborted
-from secagg.protocols import (PROTOCOLS, custom_protocols, default_server_optimizer,
-                              make_client_half, make_protocol, register_protocol)
+from secagg.protocols import (
+    PROTOCOLS,
+    custom_protocols,
+    default_server_optimizer,
+    make_client_half,
+    make_protocol,
+    register_protocol,
+)
 from secagg.protocols.optimizers import StepSchedule, make_optimizer
 from secagg.sealing import Observer
 from secagg.server.audit import AuditLog
@@ -99,18 +116,18 @@ class ExperimentConfig:
     #: run the clients in this many worker processes (in parallel); 0: in this process
     workers: int = 0
 
-    def validate(self) -> "ExperimentConfig":
+    def validate(self) -> ExperimentConfig:
         get_task(self.task)
         if self.protocol not in PROTOCOLS:
-            raise ConfigError(f"unknown protocol {self.protocol!r}; choose from "
-                              f"{', '.join(PROTOCOLS)}")
+            raise ConfigError(
+                f"unknown protocol {self.protocol!r}; choose from {', '.join(PROTOCOLS)}"
+            )
         if self.backend not in BACKENDS:
-            raise ConfigError(f"unknown backend {self.backend!r}; available: "
-                              f"{', '.join(BACKENDS)}")
-        if self.local_epochs is not None and (not isinstance(self.local_epochs, int)
-                                              or self.local_epochs < 1):
-            raise ConfigError(f"local_epochs must be a positive integer, got "
-                              f"{self.local_epochs!r}")
+            raise ConfigError(f"unknown backend {self.backend!r}; available: {', '.join(BACKENDS)}")
+        if self.local_epochs is not None and (
+            not isinstance(self.local_epochs, int) or self.local_epochs < 1
+        ):
+            raise ConfigError(f"local_epochs must be a positive integer, got {self.local_epochs!r}")
         for key in ("rounds", "local_steps", "batch_size"):
             value = getattr(self, key)
             if not isinstance(value, int) or value < 1:
@@ -122,15 +139,15 @@ class ExperimentConfig:
         if self.client_split is not None and not 0 < self.client_split < 1:
             raise ConfigError(f"client_split must lie in (0, 1), got {self.client_split}")
         if self.validation_split is not None and not 0 < self.validation_split < 1:
-            raise ConfigError(f"validation_split must lie in (0, 1), got "
-                              f"{self.validation_split}")
+            raise ConfigError(f"validation_split must lie in (0, 1), got {self.validation_split}")
         if not isinstance(self.fedprox_mu, (int, float)) or not self.fedprox_mu >= 0:
             raise ConfigError(f"fedprox_mu must be a number >= 0, got {self.fedprox_mu!r}")
         self._check_dp()
         if not isinstance(self.workers, int) or self.workers < 0:
             raise ConfigError(f"workers must be an integer >= 0, got {self.workers!r}")
         if self.client_split_count is not None and (
-                self.client_split is None or self.client_split_count < 1):
+            self.client_split is None or self.client_split_count < 1
+        ):
             raise ConfigError("client_split_count needs client_split and must be positive")
         resolve_options(self.backend, self.backend_options)
         StepSchedule.parse(self.client_lr, "client-lr")
@@ -139,21 +156,32 @@ class ExperimentConfig:
         make_optimizer({**self.optimizer_config(), "dim": 1})
         protocol = make_protocol(self.protocol, **self.protocol_options)
         make_client_half(self.protocol, **self.protocol_options)
-        check_run(self.protocol, protocol.capabilities, backend=self.backend,
-                  backend_can_read=self.backend == "plain", policy=self.policy(),
-                  client_dp=self.client_dp is not None,
-                  validation=self.validation_split is not None)
+        check_run(
+            self.protocol,
+            protocol.capabilities,
+            backend=self.backend,
+            backend_can_read=self.backend == "plain",
+            policy=self.policy(),
+            client_dp=self.client_dp is not None,
+            validation=self.validation_split is not None,
+        )
         return self
 
     def _check_dp(self) -> None:
         def need(name, value, keys, optional=()):
             if value is None:
                 return
-            if not isinstance(value, dict) or not set(keys) <= set(value) \
-                    or not set(value) <= set(keys) | set(optional):
-                raise ConfigError(f"{name} takes {', '.join(keys)}"
-                                  + (f" (and optionally {', '.join(optional)})" if optional
-                                     else "") + f", got {value!r}")
+            if (
+                not isinstance(value, dict)
+                or not set(keys) <= set(value)
+                or not set(value) <= set(keys) | set(optional)
+            ):
+                raise ConfigError(
+                    f"{name} takes {', '.join(keys)}"
+                    + (f" (and optionally {', '.join(optional)})" if optional else "")
+                    + f", got {value!r}"
+                )
+
         if self.dp_sgd is not None:
             need("dp_sgd", self.dp_sgd, ("clip",), ("noise", "epsilon"))
             if ("noise" in self.dp_sgd) == ("epsilon" in self.dp_sgd):
@@ -164,8 +192,11 @@ class ExperimentConfig:
         need("scalar_dp", self.scalar_dp, ("low", "high", "noise"))
         if not 0 < self.dp_delta < 1:
             raise ConfigError(f"dp_delta must lie in (0, 1), got {self.dp_delta}")
-        for name, spec in (("dp_sgd", self.dp_sgd), ("client_dp", self.client_dp),
-                           ("scalar_dp", self.scalar_dp)):
+        for name, spec in (
+            ("dp_sgd", self.dp_sgd),
+            ("client_dp", self.client_dp),
+            ("scalar_dp", self.scalar_dp),
+        ):
             for key, v in (spec or {}).items():
                 if not isinstance(v, (int, float)) or not math.isfinite(v):
                     raise ConfigError(f"{name}: {key} must be a number, got {v!r}")
@@ -173,11 +204,13 @@ class ExperimentConfig:
             ClientDP(self.client_dp["clip"], self.client_dp["noise"], 1)
         if self.scalar_dp is not None:
             ScalarDP(self.scalar_dp["low"], self.scalar_dp["high"], self.scalar_dp["noise"])
-        if self.dp_sgd is not None and not self.dp_sgd["clip"] > 0:
-            raise ConfigError(f"dp_sgd: clip must be > 0, got {self.dp_sgd['clip']}")
-        if self.dp_sgd is not None and not self.dp_sgd.get("noise",
-                                                           self.dp_sgd.get("epsilon")) > 0:
-            raise ConfigError("dp_sgd: noise or epsilon must be > 0")
+        if self.dp_sgd is not None:
+            if not self.dp_sgd["clip"] > 0:
+                raise ConfigError(f"dp_sgd: clip must be > 0, got {self.dp_sgd['clip']}")
+            # it holds exactly one of the two (checked above)
+            level = self.dp_sgd["noise"] if "noise" in self.dp_sgd else self.dp_sgd["epsilon"]
+            if not level > 0:
+                raise ConfigError("dp_sgd: noise or epsilon must be > 0")
 
     def optimizer_config(self) -> dict[str, Any]:
         cfg = default_server_optimizer(self.protocol)
@@ -187,25 +220,37 @@ class ExperimentConfig:
         return cfg
 
     def policy(self) -> RunPolicy:
-        return RunPolicy(server_blind=self.server_blind,
-                         allow_plaintext_updates=self.allow_plaintext_updates,
-                         streaming=self.streaming)
+        return RunPolicy(
+            server_blind=self.server_blind,
+            allow_plaintext_updates=self.allow_plaintext_updates,
+            streaming=self.streaming,
+        )
 
     def plan(self, n_clients: int) -> TrainingPlan:
         return TrainingPlan(
             client_lr=StepSchedule.parse(self.client_lr, "client-lr"),
-            local_steps=self.local_steps, local_epochs=self.local_epochs,
+            local_steps=self.local_steps,
+            local_epochs=self.local_epochs,
             prox_mu=float(self.fedprox_mu),
-            client_dp=(ClientDP(self.client_dp["clip"], self.client_dp["noise"], n_clients)
-                       if self.client_dp else None),
-            scalar_dp=(ScalarDP(self.scalar_dp["low"], self.scalar_dp["high"],
-                                self.scalar_dp["noise"]) if self.scalar_dp else None),
-            reports=({"dp_sgd_epsilon": {"delta": self.dp_delta}} if self.dp_sgd else {}))
+            client_dp=(
+                ClientDP(self.client_dp["clip"], self.client_dp["noise"], n_clients)
+                if self.client_dp
+                else None
+            ),
+            scalar_dp=(
+                ScalarDP(self.scalar_dp["low"], self.scalar_dp["high"], self.scalar_dp["noise"])
+                if self.scalar_dp
+                else None
+            ),
+            reports=({"dp_sgd_epsilon": {"delta": self.dp_delta}} if self.dp_sgd else {}),
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "resolved_server_opt": self.optimizer_config(),
-                "resolved_backend_options": resolve_options(self.backend,
-                                                            self.backend_options)}
+        return {
+            **asdict(self),
+            "resolved_server_opt": self.optimizer_config(),
+            "resolved_backend_options": resolve_options(self.backend, self.backend_options),
+        }
 
 
 def evaluate(task: Task, data: FederatedData, params: np.ndarray) -> dict[str, float]:
@@ -225,8 +270,9 @@ def evaluate(task: Task, data: FederatedData, params: np.ndarray) -> dict[str, f
 
     out = {"train_pooled": score(ClientData.concat(data.train))}
     with torch.no_grad():
-        out["train_loss"] = float(task.loss(model(ClientData.concat(data.train).x),
-                                            ClientData.concat(data.train).y))
+        out["train_loss"] = float(
+            task.loss(model(ClientData.concat(data.train).x), ClientData.concat(data.train).y)
+        )
     if data.pooled_test is not None:
         out["test_pooled"] = score(data.pooled_test)
         with torch.no_grad():
@@ -266,9 +312,15 @@ class ExperimentResult:
 def vae_task(config: ExperimentConfig, data: FederatedData) -> Task:
     """FedDisco's pre-stage task: the β-VAE on the same clients' samples."""
     n_in = data.train[0].x.shape[1]
-    return Task("beta-vae", "β-VAE on the task's samples", lambda: autoencoding(data),
-                lambda: BetaVAE(n_in), partial(vae_loss, beta=config.vae_beta),
-                reconstruction_score, "-MSE")
+    return Task(
+        "beta-vae",
+        "β-VAE on the task's samples",
+        lambda: autoencoding(data),
+        lambda: BetaVAE(n_in),
+        partial(vae_loss, beta=config.vae_beta),
+        reconstruction_score,
+        "-MSE",
+    )
 
 
 @dataclass
@@ -276,53 +328,82 @@ class ClientFactory:
     """Builds a seed's clients (picklable, so worker processes build them too): each loads
     the task's data itself and makes the same clients in any process.
 
-    ``stage``: None for the run itself, or the name of the protocol's pre-stage. Tasks and
-    protocols registered outside secagg travel along and are registered again in workers.
+    ``stage``: None for the run itself, or the name of the protocol's pre-stage. The task
+    and protocols registered outside secagg that the run uses travel along and are
+    registered again in workers (only those: another one need not be importable there).
     """
 
     config: ExperimentConfig
     seed: int
     stage: str | None = None
     observer_public: bytes | None = None
-    custom: tuple[dict, dict] = field(default_factory=lambda: (custom_tasks(),
-                                                               custom_protocols()))
+    custom: tuple[dict, dict] | None = None
+
+    def __post_init__(self):
+        if self.custom is None:
+            used = {self.config.protocol, self.config.protocol_options.get("then")}
+            self.custom = (
+                {k: v for k, v in custom_tasks().items() if k == self.config.task},
+                {k: v for k, v in custom_protocols().items() if k in used},
+            )
 
     def __call__(self, ids: list[str]) -> dict[str, Client]:
-        tasks, protocols = self.custom
+        tasks, protocols = self.custom or ({}, {})
         for name, task in tasks.items():
             register_task(name, task, replace=True)
         for name, spec in protocols.items():
-            register_protocol(name, spec.protocol, default_optimizer=spec.default_optimizer,
-                              summary=spec.summary, replace=True)
+            register_protocol(
+                name,
+                spec.protocol,
+                default_optimizer=spec.default_optimizer,
+                summary=spec.summary,
+                replace=True,
+            )
         config = self.config
         task = get_task(config.task)
         data, validation = seed_data(config, self.seed, task.load())
         if self.stage is not None:
             task = STAGES[self.stage].task(config, data)
             data, validation = task.load(), [None] * data.n_clients
-        return {cid: self._build(task, data.train[k], validation[k], k, cid)
-                for cid, k in ((c, int(c.rsplit("_", 1)[1])) for c in ids)}
+        return {
+            cid: self._build(task, data.train[k], validation[k], k, cid)
+            for cid, k in ((c, int(c.rsplit("_", 1)[1])) for c in ids)
+        }
 
-    def _build(self, task: Task, part: ClientData, validation: ClientData | None, k: int,
-               cid: str) -> Client:
+    def _build(
+        self, task: Task, part: ClientData, validation: ClientData | None, k: int, cid: str
+    ) -> Client:
         """Client k: its data, a trainer whose batch order the seed fixes, its halves of the
         backend and of the protocol."""
         config, seed = self.config, self.seed
-        trainer = LocalTrainer(task.make_model(), part, task.loss, config.batch_size,
-                               seed=seed * 1000 + k)
+        local = LocalTrainer(
+            task.make_model(), part, task.loss, config.batch_size, seed=seed * 1000 + k
+        )
+        trainer: LocalTrainer | PrivateTrainer = local
         protocol, options = config.protocol, config.protocol_options
         if self.stage is not None:
             protocol, options = STAGES[self.stage].protocol, {}
         elif config.dp_sgd is not None:
-            trainer = make_private(trainer, max_grad_norm=config.dp_sgd["clip"],
-                                   total_steps=config.rounds * local_steps_of(config, part),
-                                   noise_multiplier=config.dp_sgd.get("noise"),
-                                   target_epsilon=config.dp_sgd.get("epsilon"),
-                                   delta=config.dp_delta, seed=seed * 1000 + k)
-        return Client(cid, trainer,
-                      make_client_backend(config.backend, cid, config.backend_options),
-                      protocol=make_client_half(protocol, **options), validation=validation,
-                      seed=seed * 1000 + k + 500, observer_public=self.observer_public)
+            trainer = make_private(
+                local,
+                max_grad_norm=config.dp_sgd["clip"],
+                total_steps=config.rounds * local_steps_of(config, part),
+                noise_multiplier=config.dp_sgd.get("noise"),
+                target_epsilon=config.dp_sgd.get("epsilon"),
+                delta=config.dp_delta,
+                seed=seed * 1000 + k,
+            )
+        # PrivateTrainer offers LocalTrainer's interface, but Client (clients/runtime.py)
+        # declares a LocalTrainer
+        return Client(
+            cid,
+            trainer,
+            make_client_backend(config.backend, cid, config.backend_options),
+            protocol=make_client_half(protocol, **options),
+            validation=validation,
+            seed=seed * 1000 + k + 500,
+            observer_public=self.observer_public,
+        )
 
 
 #: (clients factory, client ids) -> a transport; the default is in-process or workers
@@ -336,14 +417,15 @@ def default_transport(factory: ClientFactory, ids: list[str]) -> Transport:
     return InProcessTransport({cid: c.handle for cid, c in clients.items()})
 
 
-def seed_data(config: ExperimentConfig, seed: int, data: FederatedData
-              ) -> tuple[FederatedData, list[ClientData | None]]:
+def seed_data(
+    config: ExperimentConfig, seed: int, data: FederatedData
+) -> tuple[FederatedData, Sequence[ClientData | None]]:
     """The clients' training data for a seed (its own random split, if the run asks for
     one) and their validation sets."""
     if config.client_split is not None:
         split = seed % config.client_split_count if config.client_split_count else seed
         data = random_client_splits(data, split, config.client_split)
-    validation: list[ClientData | None] = [None] * data.n_clients
+    validation: Sequence[ClientData | None] = [None] * data.n_clients
     if config.validation_split is not None:
         data, validation = hold_out_validation(data, config.validation_split)
     return data, validation
@@ -363,20 +445,36 @@ class Stage:
 
 STAGES: dict[str, Stage] = {
     "beta-vae": Stage(
-        vae_task, "fedavg",
-        lambda c: replace(c, protocol="fedavg", server_opt={}, protocol_options={},
-                          rounds=c.vae_rounds, client_lr=str(c.vae_lr),
-                          server_lr_schedule=None, client_split=None, dp_sgd=None,
-                          client_dp=None, scalar_dp=None),
-        lambda data: {"n_in": int(data.train[0].x.shape[1]), "hidden": 32, "latent": 4}),
+        vae_task,
+        "fedavg",
+        lambda c: replace(
+            c,
+            protocol="fedavg",
+            server_opt={},
+            protocol_options={},
+            rounds=c.vae_rounds,
+            client_lr=str(c.vae_lr),
+            server_lr_schedule=None,
+            client_split=None,
+            dp_sgd=None,
+            client_dp=None,
+            scalar_dp=None,
+        ),
+        lambda data: {"n_in": int(data.train[0].x.shape[1]), "hidden": 32, "latent": 4},
+    ),
 }
 
 
 # ---- one seed ---------------------------------------------------------------------------------
-def run_seed(config: ExperimentConfig, seed: int, audit: AuditLog,
-             data: FederatedData | None = None,
-             progress: Callable[[str], None] | None = None, *,
-             transport_factory: TransportFactory | None = None) -> SeedRun:
+def run_seed(
+    config: ExperimentConfig,
+    seed: int,
+    audit: AuditLog,
+    data: FederatedData | None = None,
+    progress: Callable[[str], None] | None = None,
+    *,
+    transport_factory: TransportFactory | None = None,
+) -> SeedRun:
     """One federated run, evaluated after every round."""
     task = get_task(config.task)
     data, _ = seed_data(config, seed, data if data is not None else task.load())
@@ -386,23 +484,53 @@ def run_seed(config: ExperimentConfig, seed: int, audit: AuditLog,
     stage = protocol.capabilities.pretrain
     if stage is not None:
         spec = STAGES[stage]
-        pre = _run(spec.configure(config), seed, audit, spec.task(config, data), data,
-                   make_protocol(spec.protocol), ClientFactory(config, seed, stage=stage),
-                   make_transport, progress, label=f"{seed}-{stage}")
+        pre = _run(
+            spec.configure(config),
+            seed,
+            audit,
+            spec.task(config, data),
+            data,
+            make_protocol(spec.protocol),
+            ClientFactory(config, seed, stage=stage),
+            make_transport,
+            progress,
+            label=f"{seed}-{stage}",
+        )
         if pre.aborted:
             return SeedRun(pre.rows[:0], pre.final_params, f"{stage}: {pre.aborted}")
         protocol.use_pretrained(pre.final_params, spec.layout(data))
     observer = Observer() if config.server_blind else None
-    factory = ClientFactory(config, seed,
-                            observer_public=observer.public_bytes if observer else None)
-    return _run(config, seed, audit, task, data, protocol, factory, make_transport,
-                progress, label=str(seed), observer=observer)
+    factory = ClientFactory(
+        config, seed, observer_public=observer.public_bytes if observer else None
+    )
+    return _run(
+        config,
+        seed,
+        audit,
+        task,
+        data,
+        protocol,
+        factory,
+        make_transport,
+        progress,
+        label=str(seed),
+        observer=observer,
+    )
 
 
-def _run(config: ExperimentConfig, seed: int, audit: AuditLog, task: Task,
-         data: FederatedData, protocol, factory: ClientFactory,
-         make_transport: TransportFactory, progress, label: str,
-         observer: Observer | None = None) -> SeedRun:
+def _run(
+    config: ExperimentConfig,
+    seed: int,
+    audit: AuditLog,
+    task: Task,
+    data: FederatedData,
+    protocol,
+    factory: ClientFactory,
+    make_transport: TransportFactory,
+    progress,
+    label: str,
+    observer: Observer | None = None,
+) -> SeedRun:
     task_data = task.load() if factory.stage is not None else data
     torch.manual_seed(seed)  # FLamby: the seed fixes the initial model (and the clients'
     initial = flat_params(task.make_model())  # batch order)
@@ -410,26 +538,45 @@ def _run(config: ExperimentConfig, seed: int, audit: AuditLog, task: Task,
     transport = make_transport(factory, ids)
     try:
         audit.run = label
-        server = Server(protocol, make_server_backend(config.backend, config.backend_options),
-                        make_optimizer({**config.optimizer_config(), "dim": initial.size}),
-                        transport, initial, plan=config.plan(len(transport.peers)),
-                        policy=config.policy(),
-                        server_lr=(StepSchedule.parse(config.server_lr_schedule, "server-lr")
-                                   if config.server_lr_schedule else None),
-                        audit=audit)
-        return _rounds(config, seed, audit, task, task_data, server, protocol, progress,
-                       observer)
+        server = Server(
+            protocol,
+            make_server_backend(config.backend, config.backend_options),
+            make_optimizer({**config.optimizer_config(), "dim": initial.size}),
+            transport,
+            initial,
+            plan=config.plan(len(transport.peers)),
+            policy=config.policy(),
+            server_lr=(
+                StepSchedule.parse(config.server_lr_schedule, "server-lr")
+                if config.server_lr_schedule
+                else None
+            ),
+            audit=audit,
+        )
+        return _rounds(config, seed, audit, task, task_data, server, protocol, progress, observer)
     finally:
         close = getattr(transport, "close", None)
         if close is not None:
             close()
 
 
-def _rounds(config: ExperimentConfig, seed: int, audit: AuditLog, task: Task,
-            data: FederatedData, server: Server, protocol, progress,
-            observer: Observer | None) -> SeedRun:
-    base = {"seed": seed, "task": config.task, "protocol": config.protocol,
-            "backend": config.backend}
+def _rounds(
+    config: ExperimentConfig,
+    seed: int,
+    audit: AuditLog,
+    task: Task,
+    data: FederatedData,
+    server: Server,
+    protocol,
+    progress,
+    observer: Observer | None,
+) -> SeedRun:
+    base = {
+        "seed": seed,
+        "task": config.task,
+        "protocol": config.protocol,
+        "backend": config.backend,
+    }
 
     def global_model(number: int) -> np.ndarray:
         # the experimenter's view; in server-blind runs the server does not hold the model
@@ -437,8 +584,9 @@ def _rounds(config: ExperimentConfig, seed: int, audit: AuditLog, task: Task,
         if observer is None or number == 0:
             return server.params
         client, blob = server.sealed_model(number - 1)
-        return np.frombuffer(observer.open(blob, f"{client}/round-{number - 1}"),
-                             dtype="<f8").copy()
+        return np.frombuffer(
+            observer.open(blob, f"{client}/round-{number - 1}"), dtype="<f8"
+        ).copy()
 
     rows = [{**base, "round": 0, **evaluate(task, data, server.params)}]
     try:
@@ -462,26 +610,39 @@ def _rounds(config: ExperimentConfig, seed: int, audit: AuditLog, task: Task,
         records = audit.records[first_record:]
         traffic = [r for r in records if r["event"] == "message" and r["phase"] != "observe"]
         scalar_releases += scalar_release_counts(records, audit.run, scalars)
-        row = {**base, "round": number + 1, **evaluate(task, data, model),
-               "clients": len(report.clients), "excluded": len(report.excluded),
-               "bytes_up": sum(r["bytes"] for r in traffic if r["direction"] == "received"),
-               "bytes_down": sum(r["bytes"] for r in traffic if r["direction"] == "sent"),
-               "seconds_round": wall,
-               **{f"seconds_{k}": v for k, v in report.seconds.items()},
-               **protocol.round_log(),
-               **privacy_columns(config, server, report.reports, number, scalar_releases)}
+        row = {
+            **base,
+            "round": number + 1,
+            **evaluate(task, data, model),
+            "clients": len(report.clients),
+            "excluded": len(report.excluded),
+            "bytes_up": sum(r["bytes"] for r in traffic if r["direction"] == "received"),
+            "bytes_down": sum(r["bytes"] for r in traffic if r["direction"] == "sent"),
+            "seconds_round": wall,
+            **{f"seconds_{k}": v for k, v in report.seconds.items()},
+            **protocol.round_log(),
+            **privacy_columns(config, server, report.reports, number, scalar_releases),
+        }
         rows.append(row)
         if progress:
             metric = row.get("test_pooled", row["train_pooled"])
-            progress(f"  seed {seed} round {number + 1}/{config.rounds}: {task.metric_name} "
-                     f"{metric:.4f}  up {row['bytes_up'] / 1e3:.1f} kB  down "
-                     f"{row['bytes_down'] / 1e3:.1f} kB  {wall:.2f} s"
-                     + (f"  excluded {report.excluded}" if report.excluded else ""))
+            progress(
+                f"  seed {seed} round {number + 1}/{config.rounds}: {task.metric_name} "
+                f"{metric:.4f}  up {row['bytes_up'] / 1e3:.1f} kB  down "
+                f"{row['bytes_down'] / 1e3:.1f} kB  {wall:.2f} s"
+                + (f"  excluded {report.excluded}" if report.excluded else "")
+            )
     return SeedRun(rows, np.array(model, copy=True))
 
 
-def _aborted(audit: AuditLog, rows: list[dict[str, Any]], model: np.ndarray,
-             exc: RoundAborted, progress, seed: int) -> SeedRun:
+def _aborted(
+    audit: AuditLog,
+    rows: list[dict[str, Any]],
+    model: np.ndarray,
+    exc: RoundAborted,
+    progress,
+    seed: int,
+) -> SeedRun:
     """A round with no usable client: record it, keep what was measured, stop this seed."""
     audit.aborted(exc.round if exc.round is not None else -1, exc.phase or "?", str(exc))
     if progress:
@@ -496,9 +657,13 @@ def local_steps_of(config: ExperimentConfig, part: ClientData) -> int:
     return config.local_steps
 
 
-def privacy_columns(config: ExperimentConfig, server: Server,
-                    reports: dict[str, dict[str, float]], number: int,
-                    scalar_releases: Counter) -> dict[str, float]:
+def privacy_columns(
+    config: ExperimentConfig,
+    server: Server,
+    reports: dict[str, dict[str, float]],
+    number: int,
+    scalar_releases: Counter,
+) -> dict[str, float]:
     """ε spent up to round ``number``, per mechanism (worst client where it differs by
     client). DP-SGD's ε is what each client reported with its upload this round."""
     out: dict[str, float] = {}
@@ -506,10 +671,12 @@ def privacy_columns(config: ExperimentConfig, server: Server,
         out["eps_client_level"] = client_level_epsilon(server.privacy_events, config.dp_delta)
         out["noise_multiplier_realised"] = min(
             (e["noise_multiplier"] for e in server.privacy_events if e["round"] == number),
-            default=float("nan"))
+            default=float("nan"),
+        )
     if config.dp_sgd is not None:
-        per_client = {f"eps_dp_sgd_{cid}": r["dp_sgd_epsilon"]
-                      for cid, r in sorted(reports.items())}
+        per_client = {
+            f"eps_dp_sgd_{cid}": r["dp_sgd_epsilon"] for cid, r in sorted(reports.items())
+        }
         out["eps_dp_sgd_max"] = max(per_client.values(), default=float("nan"))
         out.update(per_client)
     if config.scalar_dp is not None:
@@ -518,8 +685,9 @@ def privacy_columns(config: ExperimentConfig, server: Server,
     return out
 
 
-def hold_out_validation(data: FederatedData, share: float, seed: int = 0
-                        ) -> tuple[FederatedData, list[ClientData]]:
+def hold_out_validation(
+    data: FederatedData, share: float, seed: int = 0
+) -> tuple[FederatedData, list[ClientData]]:
     """Split each client's training samples into training and validation (a fixed split:
     every seed and protocol sees the same one)."""
     rng = np.random.default_rng(seed)
@@ -528,8 +696,10 @@ def hold_out_validation(data: FederatedData, share: float, seed: int = 0
         order = torch.from_numpy(rng.permutation(len(part)))
         n_val = max(1, int(round(share * len(part))))
         if n_val >= len(part):
-            raise ConfigError(f"validation_split {share} leaves a client of {len(part)} "
-                              "samples nothing to train on")
+            raise ConfigError(
+                f"validation_split {share} leaves a client of {len(part)} "
+                "samples nothing to train on"
+            )
         validation.append(ClientData(part.x[order[:n_val]], part.y[order[:n_val]]))
         train.append(ClientData(part.x[order[n_val:]], part.y[order[n_val:]]))
     return replace(data, train=train), validation
@@ -538,8 +708,11 @@ def hold_out_validation(data: FederatedData, share: float, seed: int = 0
 def summarize(metrics: pd.DataFrame) -> pd.DataFrame:
     """Mean and standard deviation over seeds, per protocol/backend/round."""
     keys = ["task", "protocol", "backend", "round"]
-    value_cols = [c for c in metrics.columns if c not in keys + ["seed"]
-                  and pd.api.types.is_numeric_dtype(metrics[c])]
+    value_cols = [
+        c
+        for c in metrics.columns
+        if c not in keys + ["seed"] and pd.api.types.is_numeric_dtype(metrics[c])
+    ]
     grouped = metrics.groupby(keys, sort=False)[value_cols]
     out = grouped.mean().add_suffix("_mean").join(grouped.std(ddof=1).add_suffix("_std"))
     out.insert(0, "n_seeds", metrics.groupby(keys, sort=False)["seed"].nunique())
@@ -547,9 +720,13 @@ def summarize(metrics: pd.DataFrame) -> pd.DataFrame:
     return out[ordered].reset_index()
 
 
-def run_experiment(config: ExperimentConfig, audit: AuditLog | None = None,
-                   progress: Callable[[str], None] | None = None, *,
-                   transport_factory: TransportFactory | None = None) -> ExperimentResult:
+def run_experiment(
+    config: ExperimentConfig,
+    audit: AuditLog | None = None,
+    progress: Callable[[str], None] | None = None,
+    *,
+    transport_factory: TransportFactory | None = None,
+) -> ExperimentResult:
     """Every seed of ``config``; ``transport_factory`` replaces the in-process (or worker)
     transport, e.g. with a network one."""
     config.validate()
@@ -559,10 +736,11 @@ def run_experiment(config: ExperimentConfig, audit: AuditLog | None = None,
     final, aborted = {}, {}
     for i, seed in enumerate(config.seeds):
         if progress:
-            progress(f"[{i + 1}/{len(config.seeds)}] {config.protocol} on {config.backend}, "
-                     f"task {config.task}, seed {seed}")
-        run = run_seed(config, seed, audit, data, progress,
-                       transport_factory=transport_factory)
+            progress(
+                f"[{i + 1}/{len(config.seeds)}] {config.protocol} on {config.backend}, "
+                f"task {config.task}, seed {seed}"
+            )
+        run = run_seed(config, seed, audit, data, progress, transport_factory=transport_factory)
         rows += run.rows
         final[seed] = run.final_params
         if run.aborted:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections import Counter
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 from opacus.accountants import RDPAccountant
 
@@ -45,8 +45,7 @@ def client_level_epsilon(events: Iterable[Mapping], delta: float) -> float:
     return gaussian_epsilon(((e["noise_multiplier"], 1.0, 1) for e in events), delta)
 
 
-def scalar_release_counts(records: Iterable[Mapping], run: str, names: set[str]
-                          ) -> Counter:
+def scalar_release_counts(records: Iterable[Mapping], run: str, names: set[str]) -> Counter:
     """How many protected scalars each client revealed in ``run`` (from the audit)."""
     counts: Counter = Counter()
     for r in records:

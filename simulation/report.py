@@ -15,8 +15,11 @@ from secagg.clients.tasks import get_task  # noqa: E402
 from secagg.server.audit import AuditLog  # noqa: E402
 from secagg.simulation.experiment import ExperimentConfig  # noqa: E402
 
-CURVES = (("test_pooled", "pooled test"), ("test_client_avg", "client-average test"),
-          ("train_pooled", "pooled train"))
+CURVES = (
+    ("test_pooled", "pooled test"),
+    ("test_client_avg", "client-average test"),
+    ("train_pooled", "pooled train"),
+)
 
 
 def traffic_table(audit: AuditLog) -> pd.DataFrame:
@@ -29,8 +32,9 @@ def traffic_table(audit: AuditLog) -> pd.DataFrame:
     return table.rename(columns={"sum": "bytes", "count": "messages"})
 
 
-def plot_convergence(summary: pd.DataFrame, path: Path, title: str,
-                     metric_name: str = "c-index") -> None:
+def plot_convergence(
+    summary: pd.DataFrame, path: Path, title: str, metric_name: str = "c-index"
+) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     for col, label in CURVES:
         if f"{col}_mean" not in summary:
@@ -67,41 +71,73 @@ def privacy_report(config: ExperimentConfig, metrics: pd.DataFrame, audit: Audit
     def per_seed(col):
         return {int(s): float(v) for s, v in final[col].items()} if col in final else None
 
-    report = {"delta": config.dp_delta, "assumptions": ASSUMPTIONS,
-              "dp_protected_items": summary["dp_protected_items"],
-              "not_dp_protected_items": summary["not_dp_protected_items"]}
+    report = {
+        "delta": config.dp_delta,
+        "assumptions": ASSUMPTIONS,
+        "dp_protected_items": summary["dp_protected_items"],
+        "not_dp_protected_items": summary["not_dp_protected_items"],
+    }
     if config.client_dp:
-        report["client_level"] = {**config.client_dp,
-                                  "epsilon_per_seed": per_seed("eps_client_level"),
-                                  "last_realised_noise_multiplier_per_seed":
-                                      per_seed("noise_multiplier_realised")}
+        report["client_level"] = {
+            **config.client_dp,
+            "epsilon_per_seed": per_seed("eps_client_level"),
+            "last_realised_noise_multiplier_per_seed": per_seed("noise_multiplier_realised"),
+        }
     if config.dp_sgd:
-        clients = sorted(c[len("eps_dp_sgd_"):] for c in final.columns
-                         if c.startswith("eps_dp_sgd_") and c != "eps_dp_sgd_max")
-        report["dp_sgd"] = {**config.dp_sgd, "epsilon_per_seed_and_client": {
-            int(s): {c: float(row[f"eps_dp_sgd_{c}"]) for c in clients}
-            for s, row in final.iterrows()}}
+        clients = sorted(
+            c[len("eps_dp_sgd_") :]
+            for c in final.columns
+            if c.startswith("eps_dp_sgd_") and c != "eps_dp_sgd_max"
+        )
+        report["dp_sgd"] = {
+            **config.dp_sgd,
+            "epsilon_per_seed_and_client": {
+                int(s): {c: float(row[f"eps_dp_sgd_{c}"]) for c in clients}
+                for s, (_, row) in zip(final.index, final.iterrows())
+            },
+        }  # index: the seeds
     if config.scalar_dp:
-        report["scalars"] = {**config.scalar_dp,
-                             "worst_client_epsilon_per_seed": per_seed("eps_scalars_max")}
+        report["scalars"] = {
+            **config.scalar_dp,
+            "worst_client_epsilon_per_seed": per_seed("eps_scalars_max"),
+        }
     return report
 
 
-def write_outputs(out: Path, config: ExperimentConfig, metrics: pd.DataFrame,
-                  summary: pd.DataFrame, audit: AuditLog) -> dict[str, Path]:
+def write_outputs(
+    out: Path,
+    config: ExperimentConfig,
+    metrics: pd.DataFrame,
+    summary: pd.DataFrame,
+    audit: AuditLog,
+) -> dict[str, Path]:
     """Write every result file to ``out``; returns them by name."""
     out.mkdir(parents=True, exist_ok=True)
-    files = {name: out / name for name in (
-        "metrics.csv", "summary.csv", "traffic.csv", "audit.jsonl", "audit_summary.json",
-        "config.json", "privacy.json", "convergence.png")}
+    files = {
+        name: out / name
+        for name in (
+            "metrics.csv",
+            "summary.csv",
+            "traffic.csv",
+            "audit.jsonl",
+            "audit_summary.json",
+            "config.json",
+            "privacy.json",
+            "convergence.png",
+        )
+    }
     metrics.to_csv(files["metrics.csv"], index=False)
     summary.to_csv(files["summary.csv"], index=False)
     traffic_table(audit).to_csv(files["traffic.csv"], index=False)
     audit.write(out)
     files["config.json"].write_text(json.dumps(config.to_dict(), indent=2) + "\n")
     files["privacy.json"].write_text(
-        json.dumps(privacy_report(config, metrics, audit), indent=2) + "\n")
-    plot_convergence(summary, files["convergence.png"],
-                     f"{config.protocol} on {config.backend}, {config.task}, "
-                     f"{len(config.seeds)} seed(s)", get_task(config.task).metric_name)
+        json.dumps(privacy_report(config, metrics, audit), indent=2) + "\n"
+    )
+    plot_convergence(
+        summary,
+        files["convergence.png"],
+        f"{config.protocol} on {config.backend}, {config.task}, {len(config.seeds)} seed(s)",
+        get_task(config.task).metric_name,
+    )
     return files

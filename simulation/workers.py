@@ -24,8 +24,9 @@ import sys
 import threading
 import traceback
 from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from multiprocessing.connection import Connection, wait
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 from secagg.errors import ConfigError
 from secagg.server.transport import ClientUnavailable, Reply, check_reply
@@ -78,8 +79,9 @@ def _recv(conn: Connection) -> tuple[str, str | None, Any]:
     return kind, peer, conn.recv_bytes() if raw else payload
 
 
-def _serve(build: Build, ids: list[str], inbox: Connection, outbox: Connection,
-           threads: int) -> None:
+def _serve(
+    build: Build, ids: list[str], inbox: Connection, outbox: Connection, threads: int
+) -> None:
     """A worker's main loop: build its clients, then answer requests in order."""
     try:
         clients = build(ids)
@@ -100,6 +102,7 @@ def _serve(build: Build, ids: list[str], inbox: Connection, outbox: Connection,
             pending.put(message)
             if message[0] == "stop":
                 return
+
     threading.Thread(target=drain, daemon=True).start()
     while True:
         kind, peer, data = pending.get()
@@ -112,10 +115,16 @@ def _serve(build: Build, ids: list[str], inbox: Connection, outbox: Connection,
                 _send(outbox, "error", peer, f"{type(exc).__name__}: {exc}")
             del data
         elif kind == "stats":
-            _send(outbox, "stats", None, {
-                "pid": os.getpid(), "peak_rss_bytes": peak_rss_bytes(),
-                "clients": {c: dict(getattr(obj, "seconds", {}))
-                            for c, obj in clients.items()}})
+            _send(
+                outbox,
+                "stats",
+                None,
+                {
+                    "pid": os.getpid(),
+                    "peak_rss_bytes": peak_rss_bytes(),
+                    "clients": {c: dict(getattr(obj, "seconds", {})) for c, obj in clients.items()},
+                },
+            )
         elif kind == "reset_peak":
             reset_peak_rss()
             _send(outbox, "reset", None)
@@ -124,8 +133,14 @@ def _serve(build: Build, ids: list[str], inbox: Connection, outbox: Connection,
 class WorkerPoolTransport:
     """A transport whose clients live in ``workers`` processes (client k in worker k % workers)."""
 
-    def __init__(self, build: Build, peers: list[str], workers: int, in_flight: int = 2,
-                 torch_threads: int = 1):
+    def __init__(
+        self,
+        build: Build,
+        peers: list[str],
+        workers: int,
+        in_flight: int = 2,
+        torch_threads: int = 1,
+    ):
         if workers < 1:
             raise ConfigError(f"workers must be at least 1, got {workers}")
         self._peers = list(peers)
@@ -139,8 +154,9 @@ class WorkerPoolTransport:
             req_read, req_write = ctx.Pipe(duplex=False)
             rep_read, rep_write = ctx.Pipe(duplex=False)
             ids = [p for p in self._peers if self._owner[p] == w]
-            proc = ctx.Process(target=_serve, args=(build, ids, req_read, rep_write,
-                                                    torch_threads), daemon=True)
+            proc = ctx.Process(
+                target=_serve, args=(build, ids, req_read, rep_write, torch_threads), daemon=True
+            )
             proc.start()
             req_read.close()
             rep_write.close()
@@ -189,8 +205,14 @@ class WorkerPoolTransport:
                 peer, data = next_up
                 w = self._owner.get(peer)
                 if w is None or w in self._dead:
-                    results.append((peer, ClientUnavailable(
-                        f"{peer}: no such client" if w is None else f"{peer}'s worker died")))
+                    results.append(
+                        (
+                            peer,
+                            ClientUnavailable(
+                                f"{peer}: no such client" if w is None else f"{peer}'s worker died"
+                            ),
+                        )
+                    )
                 elif len(outstanding[w]) >= self.in_flight:
                     return
                 else:
@@ -213,7 +235,7 @@ class WorkerPoolTransport:
                 send_what_fits()
                 continue
             for box in wait([self._outboxes[w] for w in busy]):
-                w = self._outboxes.index(box)
+                w = next(k for k in busy if self._outboxes[k] is box)  # wait() returns them
                 kind, peer, payload = self._receive(w)
                 if kind == "dead":  # every request it held goes unanswered
                     self._dead.add(w)
@@ -254,7 +276,7 @@ class WorkerPoolTransport:
             if proc.is_alive():
                 proc.terminate()
 
-    def __enter__(self) -> "WorkerPoolTransport":
+    def __enter__(self) -> WorkerPoolTransport:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -2,24 +2,25 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 
-from secagg.protocols import make_protocol
-from secagg.protocols.optimizers import SGD, StepSchedule
 from secagg import wire
 from secagg.backends.plain import PlainServer
-from secagg.wire import Envelope
+from secagg.protocols import make_protocol
+from secagg.protocols.optimizers import SGD
 from secagg.server.audit import AuditLog
 from secagg.server.engine import Server
-from secagg.server.plan import RunPolicy, TrainingPlan
+from secagg.server.plan import TrainingPlan
 from secagg.server.transport import InProcessTransport
+from secagg.wire import Envelope
 
 
 def honest_client(cid: str, g: np.ndarray, n: float) -> Callable[[bytes], bytes]:
     """Uploads a fixed pseudo-gradient; answers a LARC probe with ΔL = sum(g)."""
+
     def handle(data: bytes) -> bytes:
         req = Envelope.from_bytes(data)
         if req.phase == "train":
@@ -29,11 +30,13 @@ def honest_client(cid: str, g: np.ndarray, n: float) -> Callable[[bytes], bytes]
         else:
             fields = {"delta_loss": wire.scalar(float(np.sum(g)))}
         return Envelope(cid, "server", req.round, req.phase, fields).to_bytes()
+
     return handle
 
 
-def backend_client(cid: str, backend, g: np.ndarray, n: float,
-                   train_n: float | None = None) -> Callable[[bytes], bytes]:
+def backend_client(
+    cid: str, backend, g: np.ndarray, n: float, train_n: float | None = None
+) -> Callable[[bytes], bytes]:
     """A client with a real backend half (key setup, reveals) and a fixed pseudo-gradient;
     ``train_n`` makes it report another sample count with its upload than at enrolment."""
     handlers = backend.handlers()
@@ -45,20 +48,33 @@ def backend_client(cid: str, backend, g: np.ndarray, n: float,
         elif req.phase == "enroll":
             fields = {"n_samples": wire.scalar(n)}
         else:
-            fields = {"pseudo_gradient": backend.protect(g),
-                      "n_samples": wire.scalar(n if train_n is None else train_n)}
+            fields = {
+                "pseudo_gradient": backend.protect(g),
+                "n_samples": wire.scalar(n if train_n is None else train_n),
+            }
         return Envelope(cid, "server", req.round, req.phase, fields).to_bytes()
+
     return handle
 
 
-def make_server(handlers: dict, dim: int = 3, protocol: str = "fedavg",
-                audit: AuditLog | None = None) -> Server:
-    return Server(make_protocol(protocol), PlainServer(), SGD(dim, lr=1.0),
-                  InProcessTransport(handlers), np.zeros(dim), plan=TrainingPlan(local_steps=1), audit=audit or AuditLog())
+def make_server(
+    handlers: dict, dim: int = 3, protocol: str = "fedavg", audit: AuditLog | None = None
+) -> Server:
+    return Server(
+        make_protocol(protocol),
+        PlainServer(),
+        SGD(dim, lr=1.0),
+        InProcessTransport(handlers),
+        np.zeros(dim),
+        plan=TrainingPlan(local_steps=1),
+        audit=audit or AuditLog(),
+    )
 
 
 @pytest.fixture
 def honest():
-    gs = {"client_0": (np.array([1.0, 0.0, 2.0]), 10.0),
-          "client_1": (np.array([3.0, 1.0, 0.0]), 30.0)}
+    gs = {
+        "client_0": (np.array([1.0, 0.0, 2.0]), 10.0),
+        "client_1": (np.array([3.0, 1.0, 0.0]), 30.0),
+    }
     return gs, {c: honest_client(c, g, n) for c, (g, n) in gs.items()}

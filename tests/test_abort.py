@@ -17,37 +17,51 @@ from secagg.wire import Envelope
 
 def uploads_then_garbage(cid: str, g: np.ndarray, bad_phase: str):
     """Trains and uploads honestly; answers ``bad_phase`` with bytes that do not decode."""
+
     def handle(data: bytes) -> bytes:
         req = Envelope.from_bytes(data)
         if req.phase == bad_phase:
             return b"junk"
         if req.phase == "enroll":
-            return Envelope(cid, "server", req.round, req.phase,
-                            {"n_samples": wire.scalar(10)}).to_bytes()
+            return Envelope(
+                cid, "server", req.round, req.phase, {"n_samples": wire.scalar(10)}
+            ).to_bytes()
         fields = {"pseudo_gradient": wire.vector(g), "n_samples": wire.scalar(10)}
         if "loss_ratio" in req.fields:
             fields["loss_ratio"] = wire.scalar(1.0)
         return Envelope(cid, "server", req.round, req.phase, fields).to_bytes()
+
     return handle
 
 
-@pytest.mark.parametrize("protocol, phase, options", [
-    ("larc", "larc_probe", {}),
-    ("regagg", "regagg_terms", {}),
-    ("simagg", "regagg_terms", {}),
-    ("feddisco", "discrepancy", {}),
-    ("fedavg", "train", {}),
-    ("costwagg", "train", {}),
-    ("fedavg", "enroll", {}),
-])
+@pytest.mark.parametrize(
+    "protocol, phase, options",
+    [
+        ("larc", "larc_probe", {}),
+        ("regagg", "regagg_terms", {}),
+        ("simagg", "regagg_terms", {}),
+        ("feddisco", "discrepancy", {}),
+        ("fedavg", "train", {}),
+        ("costwagg", "train", {}),
+        ("fedavg", "enroll", {}),
+    ],
+)
 def test_no_usable_client_in_any_phase_is_one_typed_error(protocol, phase, options):
     proto = make_protocol(protocol, **options)
     if protocol == "feddisco":
         proto.use_pretrained(np.zeros(400), {"n_in": 2, "hidden": 3, "latent": 1})
-    clients = {c: uploads_then_garbage(c, np.full(2, k + 1.0), phase)
-               for k, c in enumerate(["a", "b", "c"])}
-    server = Server(proto, make_backends("plain", list(clients))[0], SGD(2),
-                    InProcessTransport(clients), np.zeros(2), plan=TrainingPlan(local_steps=1))
+    clients = {
+        c: uploads_then_garbage(c, np.full(2, k + 1.0), phase)
+        for k, c in enumerate(["a", "b", "c"])
+    }
+    server = Server(
+        proto,
+        make_backends("plain", list(clients))[0],
+        SGD(2),
+        InProcessTransport(clients),
+        np.zeros(2),
+        plan=TrainingPlan(local_steps=1),
+    )
     with pytest.raises(RoundAborted) as info:
         server.setup(rounds=1)
         server.run_round(0)
@@ -77,13 +91,17 @@ def test_the_driver_records_an_aborted_seed_and_runs_the_next(monkeypatch):
 
     monkeypatch.setattr(Client, "__init__", remember_seed)
     monkeypatch.setattr(Client, "on_train", failing)
-    config = ExperimentConfig(task="tcga-brca", protocol="larc", rounds=3, seeds=[1, 2],
-                              local_steps=2)
+    config = ExperimentConfig(
+        task="tcga-brca", protocol="larc", rounds=3, seeds=[1, 2], local_steps=2
+    )
     result = run_experiment(config)
-    assert set(result.aborted) == {1} and "no usable client left after phase 'train'" in \
-        result.aborted[1]
+    assert (
+        set(result.aborted) == {1}
+        and "no usable client left after phase 'train'" in result.aborted[1]
+    )
     rounds = result.metrics.groupby("seed")["round"].max().to_dict()
     assert rounds == {1: 1, 2: 3}  # seed 1: initial model and round 1 measured
     summary = result.audit.summary()
-    assert [(a["run"], a["round"], a["phase"]) for a in summary["aborted_runs"]] == \
-        [("1", 1, "train")]
+    assert [(a["run"], a["round"], a["phase"]) for a in summary["aborted_runs"]] == [
+        ("1", 1, "train")
+    ]

@@ -17,17 +17,20 @@ MARKER = "<!-- example: tests/test_api.py runs this block as a script -->"
 
 def readme_example() -> str:
     text = (ROOT / "README.md").read_text()
-    after = text[text.index(MARKER) + len(MARKER):]
+    after = text[text.index(MARKER) + len(MARKER) :]
     match = re.match(r"\s*```python\n(.*?)```", after, re.S)
     assert match, "the README's example block follows its marker"
     return match.group(1)
 
 
 def test_importing_secagg_loads_no_torch_until_the_api_is_used():
-    code = ("import sys, secagg; before = 'torch' in sys.modules; secagg.ExperimentConfig; "
-            "print(before, 'torch' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, cwd=ROOT).stdout.split()
+    code = (
+        "import sys, secagg; before = 'torch' in sys.modules; secagg.ExperimentConfig; "
+        "print(before, 'torch' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    ).stdout.split()
     assert out == ["False", "True"]
 
 
@@ -35,8 +38,9 @@ def test_importing_secagg_loads_no_torch_until_the_api_is_used():
 def test_the_readme_example_runs_as_printed(tmp_path):
     script = tmp_path / "custom.py"
     script.write_text(readme_example())
-    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.strip().splitlines()
     assert lines[0].split() == ["round", "test_pooled_mean"]
@@ -46,6 +50,24 @@ def test_the_readme_example_runs_as_printed(tmp_path):
     assert "'metrics.csv'" in lines[-1]
 
 
+@pytest.fixture
+def restore_registries():
+    """Unregister what a test registers: a task or protocol left behind travels to the
+    worker processes of later tests, which cannot import its module."""
+    from secagg.clients.tasks import TASKS
+    from secagg.protocols import PROTOCOLS
+
+    tasks, protocols = dict(TASKS), dict(PROTOCOLS)
+    yield
+    TASKS.clear()
+    TASKS.update(tasks)
+    PROTOCOLS.clear()
+    PROTOCOLS.update(protocols)
+    sys.modules.pop("custom_example", None)
+
+
+@pytest.mark.usefixtures("restore_registries")
+@pytest.mark.slow
 def test_a_custom_protocol_and_task_run_in_process_and_in_workers(tmp_path, monkeypatch):
     """The custom protocol is really used (its equal weights differ from FedAvg's on clients
     of different sizes), and worker processes, which register it again, agree."""
@@ -53,8 +75,9 @@ def test_a_custom_protocol_and_task_run_in_process_and_in_workers(tmp_path, monk
     monkeypatch.syspath_prepend(str(tmp_path))  # spawned workers inherit sys.path
     import custom_example  # noqa: F401  registers the task "lines" and the protocol "equal"
 
-    settings = dict(task="lines", backend="plain", rounds=3, seeds=[0], local_steps=5,
-                    client_lr="0.1")
+    settings = dict(
+        task="lines", backend="plain", rounds=3, seeds=[0], local_steps=5, client_lr="0.1"
+    )
     equal = secagg.run(protocol="equal", **settings)
     fedavg = secagg.run(protocol="fedavg", **settings)
     assert np.max(np.abs(equal.final_params[0] - fedavg.final_params[0])) > 1e-3

@@ -11,8 +11,8 @@ import torch
 
 from secagg.clients.tasks import ClientData, get_task
 from secagg.clients.training import LocalTrainer, flat_params
-from secagg.protocols.autofedrl import AutoFedRL, parse_range, searched_weights
 from secagg.errors import ConfigError
+from secagg.protocols.autofedrl import AutoFedRL, parse_range, searched_weights
 from secagg.simulation.experiment import ExperimentConfig, hold_out_validation, run_experiment
 
 
@@ -32,7 +32,8 @@ def test_searched_weights_by_hand():
     assert w == pytest.approx({"a": 0.5, "b": 0.5})
     # equal aw: FedAvg's sample-size weights
     assert searched_weights({"a": 1.0, "b": 3.0}, {"a": 0.7, "b": 0.7}) == pytest.approx(
-        {"a": 0.25, "b": 0.75})
+        {"a": 0.25, "b": 0.75}
+    )
 
 
 def test_one_round_of_the_protocol_by_hand():
@@ -49,6 +50,7 @@ def test_one_round_of_the_protocol_by_hand():
     assert settings == {"lr": plan["client_lr"], "steps": int(plan["local_steps"])}
 
     from secagg.protocols.base import Upload
+
     uploads = {"c0": Upload(np.array([1.0, 0.0]), 10.0), "c1": Upload(np.array([0.0, 1.0]), 30.0)}
     g = proto.aggregate(FakeRound(clients), uploads)
     e0, e1 = 10 * math.exp(plan["aw_c0"]), 30 * math.exp(plan["aw_c1"])
@@ -67,14 +69,23 @@ def test_searching_a_subset_leaves_the_rest_to_the_run():
     proto.observe_validation(FakeRound(["a"]), {"a": 1.0})
     proto.begin_round(FakeRound(["a"]))
     assert proto.train_settings(FakeRound(["a"]), "a", {"lr": 0.1, "steps": 5}) == {
-        "lr": 0.1, "steps": 5}
+        "lr": 0.1,
+        "steps": 5,
+    }
 
 
-@pytest.mark.parametrize("options, match", [
-    ({"agent": "ppo"}, "agent"), ({"search": "momentum"}, "search"),
-    ({"client_lr_range": "0.1"}, "low:high"), ({"server_lr_range": "2:1"}, "low < high"),
-    ({"grid_points": 1}, "grid_points"), ({"init_sigma": 0.0}, "init_sigma"),
-    ({"local_steps_range": "0:10"}, "at least 1")])
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        ({"agent": "ppo"}, "agent"),
+        ({"search": "momentum"}, "search"),
+        ({"client_lr_range": "0.1"}, "low:high"),
+        ({"server_lr_range": "2:1"}, "low < high"),
+        ({"grid_points": 1}, "grid_points"),
+        ({"init_sigma": 0.0}, "init_sigma"),
+        ({"local_steps_range": "0:10"}, "at least 1"),
+    ],
+)
 def test_bad_options_are_config_errors(options, match):
     with pytest.raises(ConfigError, match=match):
         AutoFedRL(**options)
@@ -93,8 +104,15 @@ def test_a_non_positive_mean_loss_gives_zero_reward_not_a_crash():
     assert proto.trajectory[-1]["reward"] == 0.0
 
 
-SMALL = ExperimentConfig(task="digits-dir8", protocol="autofedrl", rounds=3, seeds=[0],
-                         local_steps=3, batch_size=32, validation_split=0.2)
+SMALL = ExperimentConfig(
+    task="digits-dir8",
+    protocol="autofedrl",
+    rounds=3,
+    seeds=[0],
+    local_steps=3,
+    batch_size=32,
+    validation_split=0.2,
+)
 
 
 def test_autofedrl_needs_validation_samples():
@@ -102,16 +120,20 @@ def test_autofedrl_needs_validation_samples():
         run_experiment(replace(SMALL, validation_split=None))
 
 
-@pytest.mark.parametrize("options", [{"agent": "cs"}, {"agent": "ds", "grid_points": 2},
-                                     {"agent": "mlp"}])
+@pytest.mark.parametrize(
+    "options", [{"agent": "cs"}, {"agent": "ds", "grid_points": 2}, {"agent": "mlp"}]
+)
 def test_a_run_validates_every_round_and_sends_the_model_once_per_round(options):
     result = run_experiment(replace(SMALL, protocol_options=options))
     records = [r for r in result.audit.records if r["event"] == "message"]
     validate = [r for r in records if r["phase"] == "validate" and r["direction"] == "received"]
     assert len(validate) == 8 * (SMALL.rounds + 1)  # before round 0 and after each round
     # the model travels in the validate requests; training requests then omit it
-    model_sends = [r for r in records if r["direction"] == "sent"
-                   and any(f["name"] == "model" for f in r["fields"])]
+    model_sends = [
+        r
+        for r in records
+        if r["direction"] == "sent" and any(f["name"] == "model" for f in r["fields"])
+    ]
     assert {r["phase"] for r in model_sends} == {"validate"}
     assert len(model_sends) == 8 * (SMALL.rounds + 1)
     m = result.metrics[result.metrics["round"] > 0]
@@ -153,8 +175,9 @@ def test_fedprox_adds_mu_times_the_drift_to_every_step():
 
 
 def test_fedprox_option_reaches_the_clients():
-    base = ExperimentConfig(task="digits-dir8", rounds=2, seeds=[0], local_steps=10,
-                            batch_size=32, client_lr="0.5")
+    base = ExperimentConfig(
+        task="digits-dir8", rounds=2, seeds=[0], local_steps=10, batch_size=32, client_lr="0.5"
+    )
     plain = run_experiment(base)
     prox = run_experiment(replace(base, fedprox_mu=5.0))
     assert not np.allclose(plain.final_params[0], prox.final_params[0])
@@ -176,28 +199,38 @@ def test_a_split_that_leaves_a_client_nothing_to_train_on_is_refused():
 
 
 def test_a_client_without_validation_samples_is_excluded_with_the_reason():
-    from secagg.clients.runtime import Client
     from secagg.backends import make_backends
+    from secagg.clients.runtime import Client
+    from secagg.protocols.optimizers import SGD, StepSchedule
     from secagg.server.audit import AuditLog
     from secagg.server.engine import Server
     from secagg.server.plan import TrainingPlan
     from secagg.server.transport import InProcessTransport
-    from secagg.protocols.optimizers import SGD, StepSchedule
 
     data = get_task("digits-dir8").load()
     task = get_task("digits-dir8")
     ids = ["c0", "c1"]
     _, backends = make_backends("plain", ids)
     server_backend, _ = make_backends("plain", ids)
-    clients = {cid: Client(cid, LocalTrainer(task.make_model(), data.train[k], task.loss, 32,
-                                             seed=k), backends[cid],
-                           validation=data.train[k] if cid == "c0" else None)
-               for k, cid in enumerate(ids)}
+    clients = {
+        cid: Client(
+            cid,
+            LocalTrainer(task.make_model(), data.train[k], task.loss, 32, seed=k),
+            backends[cid],
+            validation=data.train[k] if cid == "c0" else None,
+        )
+        for k, cid in enumerate(ids)
+    }
     w = flat_params(task.make_model())
-    server = Server(AutoFedRL(), server_backend, SGD(dim=w.size, lr=1.0),
-                    InProcessTransport({c: cl.handle for c, cl in clients.items()}), w,
-                    plan=TrainingPlan(client_lr=StepSchedule.parse("0.1"), local_steps=2),
-                    audit=AuditLog())
+    server = Server(
+        AutoFedRL(),
+        server_backend,
+        SGD(dim=w.size, lr=1.0),
+        InProcessTransport({c: cl.handle for c, cl in clients.items()}),
+        w,
+        plan=TrainingPlan(client_lr=StepSchedule.parse("0.1"), local_steps=2),
+        audit=AuditLog(),
+    )
     report = server.run_round(0)
     assert "c1" in report.excluded and "no validation samples" in report.excluded["c1"]
     assert report.clients == ["c0"]
@@ -230,20 +263,26 @@ def test_autofedrl_as_rolepro_second_phase_runs_its_agent():
                 seen.setdefault(req.round, []).append(req.config("train")["lr"])
                 fields = {"pseudo_gradient": wire.vector(g), "n_samples": wire.scalar(10)}
             return Envelope(cid, "server", req.round, req.phase, fields).to_bytes()
+
         return handle
 
     protocol = make_protocol("rolepro", then="autofedrl", switch_round=1, search="client_lr")
     assert protocol.capabilities.observes_validation and protocol.capabilities.streams
-    server = Server(protocol, make_backends("plain", ["a", "b"])[0], SGD(2),
-                    InProcessTransport({"a": client("a", np.ones(2), 2.0),
-                                        "b": client("b", np.zeros(2), 1.0)}), np.zeros(2),
-                    plan=TrainingPlan(client_lr=StepSchedule.parse("0.1"), local_steps=1))
+    server = Server(
+        protocol,
+        make_backends("plain", ["a", "b"])[0],
+        SGD(2),
+        InProcessTransport({"a": client("a", np.ones(2), 2.0), "b": client("b", np.zeros(2), 1.0)}),
+        np.zeros(2),
+        plan=TrainingPlan(client_lr=StepSchedule.parse("0.1"), local_steps=1),
+    )
     server.setup(rounds=2)
     for number in range(2):
         server.run_round(number)
     assert seen[0] == [0.1, 0.1]  # FedAvg phase: the run's rate
     assert len(set(seen[1])) == 1 and 5e-4 <= seen[1][0] <= 5e-2  # drawn by the agent
-    assert [p for p in phases if p[1] == "validate"] == [(0, "validate")] * 4 + \
-        [(1, "validate")] * 2
+    assert [p for p in phases if p[1] == "validate"] == [(0, "validate")] * 4 + [
+        (1, "validate")
+    ] * 2
     assert len(protocol.then.trajectory) == 1  # rewarded once, for its own round
     assert protocol.then.trajectory[0]["client_lr"] == seen[1][0]

@@ -4,9 +4,9 @@ baseline, and learning on a toy problem whose best hyperparameter is known."""
 import numpy as np
 import pytest
 
-from secagg.protocols.autofedrl import relative_loss_reduction
-from secagg.protocols.hpo_agents import (ContinuousAgent, DiscreteAgent, MLPAgent, SearchSpace)
 from secagg.errors import ConfigError
+from secagg.protocols.autofedrl import relative_loss_reduction
+from secagg.protocols.hpo_agents import ContinuousAgent, DiscreteAgent, MLPAgent, SearchSpace
 
 
 def finite_difference(agent, h, eps=1e-6):
@@ -25,8 +25,9 @@ def finite_difference(agent, h, eps=1e-6):
     return grads
 
 
-@pytest.mark.parametrize("make", [lambda: ContinuousAgent(3, seed=1),
-                                  lambda: DiscreteAgent(2, points=4, seed=1)])
+@pytest.mark.parametrize(
+    "make", [lambda: ContinuousAgent(3, seed=1), lambda: DiscreteAgent(2, points=4, seed=1)]
+)
 def test_log_prob_gradients_match_finite_differences(make):
     agent = make()
     rng = np.random.default_rng(0)
@@ -64,8 +65,9 @@ def test_mlp_gradient_follows_psi_through_every_round():
             down = [q.copy() for q in params]
             up[i][idx] += eps
             down[i][idx] -= eps
-            numeric[idx] = (_mlp_after(up, 4).log_prob(h) - _mlp_after(down, 4).log_prob(h)) \
-                / (2 * eps)
+            numeric[idx] = (_mlp_after(up, 4).log_prob(h) - _mlp_after(down, 4).log_prob(h)) / (
+                2 * eps
+            )
         np.testing.assert_allclose(analytic[i], numeric, rtol=1e-4, atol=1e-7)
 
 
@@ -75,8 +77,13 @@ def test_discrete_probabilities_cover_the_grid():
     assert agent.probabilities().sum() == pytest.approx(1.0)
 
 
-@pytest.mark.parametrize("make", [lambda: ContinuousAgent(1, lr=0.05, window=3, seed=2),
-                                  lambda: DiscreteAgent(1, points=9, lr=0.05, window=3, seed=2)])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: ContinuousAgent(1, lr=0.05, window=3, seed=2),
+        lambda: DiscreteAgent(1, points=9, lr=0.05, window=3, seed=2),
+    ],
+)
 def test_agents_move_towards_the_rewarding_region(make):
     agent = make()
     best = 0.6
@@ -92,12 +99,15 @@ def test_reward_and_search_space():
     assert relative_loss_reduction(2.0, 1.5) == 0.25
     with pytest.raises(ValueError):
         relative_loss_reduction(0.0, 1.0)
-    space = SearchSpace(("client_lr", "local_iters"), (1e-3, 10), (1e-1, 50), (True, False),
-                        (False, True))
+    space = SearchSpace(
+        ("client_lr", "local_iters"), (1e-3, 10), (1e-1, 50), (True, False), (False, True)
+    )
     v = space.values(np.array([0.0, 1.0]))
     assert v["client_lr"] == pytest.approx(1e-2) and v["local_iters"] == 50.0
-    assert space.values(np.array([-5.0, -5.0])) == {"client_lr": pytest.approx(1e-3),
-                                                     "local_iters": 10.0}
+    assert space.values(np.array([-5.0, -5.0])) == {
+        "client_lr": pytest.approx(1e-3),
+        "local_iters": 10.0,
+    }
     with pytest.raises(ConfigError):
         SearchSpace(("a",), (1.0,), (0.5,), (False,), (False,))
     with pytest.raises(ConfigError, match="sample"):

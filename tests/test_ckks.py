@@ -13,8 +13,13 @@ from secagg.ckks.keywrap import KeyWrapper
 from secagg.ckks.presets import PRESETS, CKKSPreset, get_preset
 from secagg.ckks.public import PublicCKKS, make_context, to_bytes
 from secagg.ckks.secret import SecretKeyHolder
-from secagg.errors import (ConfigError, KeySetupError, MalformedCiphertext, ValueRangeError,
-                           WrongContext)
+from secagg.errors import (
+    ConfigError,
+    KeySetupError,
+    MalformedCiphertext,
+    ValueRangeError,
+    WrongContext,
+)
 
 COMPACT = get_preset("compact")
 
@@ -28,8 +33,9 @@ def test_every_preset_is_accepted_by_seal_at_128_bits():
     for preset in PRESETS.values():
         ctx = make_context(preset)
         assert ctx.parameters_set() and preset.security_bits == 128
-        assert ctx.first_context_data().parms().coeff_modulus().__len__() == len(
-            preset.coeff_bits) - 1
+        assert (
+            ctx.first_context_data().parms().coeff_modulus().__len__() == len(preset.coeff_bits) - 1
+        )
         assert preset.headroom > 1
 
 
@@ -45,8 +51,7 @@ def test_weighted_sum_is_accurate_across_chunks(keys):
     n = COMPACT.values_per_ciphertext * 2 + 17  # two full chunks and a partial one
     xs = [rng.normal(0, 0.05, n) for _ in range(3)]
     w = [0.25, 1.0, 1 / 3]
-    total = server.weighted_sum([server.load_ciphertexts(keys.encrypt(x, 1.0), n) for x in xs],
-                                w)
+    total = server.weighted_sum([server.load_ciphertexts(keys.encrypt(x, 1.0), n) for x in xs], w)
     dec = keys.decrypt([to_bytes(c) for c in total], n, server.sum_scale)
     exact = sum(wi * x for wi, x in zip(w, xs))
     assert np.max(np.abs(dec - exact)) / np.max(np.abs(exact)) < 1e-6
@@ -79,7 +84,7 @@ def test_a_key_the_server_makes_itself_decrypts_garbage(keys):
     x = np.linspace(-0.5, 0.5, n)
     parts = keys.encrypt(x, 1.0)
     other = SecretKeyHolder(COMPACT)  # what a server could generate on its own
-    garbage = other.decrypt(parts, n, 2.0 ** COMPACT.scale_bits)
+    garbage = other.decrypt(parts, n, 2.0**COMPACT.scale_bits)
     assert np.max(np.abs(garbage - x)) > 1e3
 
 
@@ -136,10 +141,11 @@ def test_flooding_noise_has_the_calibrated_spread(keys):
     up = server.load_ciphertexts(keys.encrypt(np.full(n, 0.1), 1.0), n)
     agg = [to_bytes(c) for c in server.weighted_sum([up], [1.0])]
     clean = keys.decrypt(agg, n, server.sum_scale)
-    coeff_sigma = 2.0 ** 50
+    coeff_sigma = 2.0**50
     flooded, sigma = keys.decrypt_flooded(agg, n, server.sum_scale, coeff_sigma)
-    assert sigma == pytest.approx(slot_sigma(coeff_sigma, COMPACT.poly_modulus_degree,
-                                             server.sum_scale))
+    assert sigma == pytest.approx(
+        slot_sigma(coeff_sigma, COMPACT.poly_modulus_degree, server.sum_scale)
+    )
     noise = flooded - clean
     # 4096 samples: the sample std is within 5% of σ with overwhelming probability
     assert np.std(noise) == pytest.approx(sigma, rel=0.05)
@@ -157,14 +163,26 @@ def test_a_decryptor_refuses_beyond_its_flooding_budget():
     from secagg.wire import Envelope
 
     client = CKKSClient("client_0", COMPACT)
-    client._setup = {"n_clients": 1, "decryption_budget": 1, "flooding_bits": 30,
-                     "preset": "compact", "params": client.fingerprint}
+    client._setup = {
+        "n_clients": 1,
+        "decryption_budget": 1,
+        "flooding_bits": 30,
+        "preset": "compact",
+        "params": client.fingerprint,
+    }
     client._keys = SecretKeyHolder(COMPACT)
     server = PublicCKKS(COMPACT)
     up = server.load_ciphertexts(client._keys.encrypt(np.ones(4) * 0.1, 1.0), 4)
-    req = Envelope("server", "client_0", 0, "reveal", {
-        "aggregate": wire.ciphertext([to_bytes(c) for c in server.weighted_sum([up], [1.0])]),
-        "reveal": wire.config({"name": "global_update", "n_values": 4})})
+    req = Envelope(
+        "server",
+        "client_0",
+        0,
+        "reveal",
+        {
+            "aggregate": wire.ciphertext([to_bytes(c) for c in server.weighted_sum([up], [1.0])]),
+            "reveal": wire.config({"name": "global_update", "n_values": 4}),
+        },
+    )
     out = client.on_reveal(req)["global_update"]
     assert np.allclose(np.frombuffer(out.data), 0.1, atol=1e-5)
     with pytest.raises(Exception, match="refuses decryption 2"):

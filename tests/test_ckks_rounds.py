@@ -7,19 +7,19 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from secagg.protocols import PROTOCOLS, make_protocol
-from secagg.protocols.fedavg import sample_size_weights
-from secagg.protocols.optimizers import SGD, StepSchedule
 from secagg import wire
 from secagg.backends import make_backends
 from secagg.ckks.presets import get_preset
 from secagg.ckks.secret import SecretKeyHolder
-from secagg.wire import Envelope
+from secagg.protocols import PROTOCOLS, make_protocol
+from secagg.protocols.fedavg import sample_size_weights
+from secagg.protocols.optimizers import SGD
 from secagg.server.audit import AuditLog
 from secagg.server.engine import Server
-from secagg.server.plan import RunPolicy, TrainingPlan
+from secagg.server.plan import TrainingPlan
 from secagg.server.transport import InProcessTransport
 from secagg.simulation.experiment import ExperimentConfig, run_experiment
+from secagg.wire import Envelope
 from tests.conftest import backend_client
 
 SMALL = ExperimentConfig(rounds=2, seeds=[1], local_steps=3, backend="ckks")
@@ -30,8 +30,15 @@ def small(protocol: str, **changes) -> ExperimentConfig:
     allow = make_protocol(protocol).capabilities.needs_individual_updates  # medians: not sums
     cfg = replace(SMALL, protocol=protocol, allow_plaintext_updates=allow, **changes)
     if protocol == "feddisco":  # a β-VAE over images: the digits task
-        cfg = replace(cfg, task="digits-niid2", local_epochs=1, batch_size=64, client_lr="0.5",
-                      vae_rounds=2, protocol_options={"alpha": 0.0})
+        cfg = replace(
+            cfg,
+            task="digits-niid2",
+            local_epochs=1,
+            batch_size=64,
+            client_lr="0.5",
+            vae_rounds=2,
+            protocol_options={"alpha": 0.0},
+        )
     if protocol == "autofedrl":  # the agent's reward needs the clients' validation losses
         cfg = replace(cfg, task="digits-dir8", batch_size=32, validation_split=0.2)
     return cfg
@@ -40,14 +47,18 @@ def small(protocol: str, **changes) -> ExperimentConfig:
 @pytest.mark.parametrize("protocol", list(PROTOCOLS))
 def test_ckks_audit_lists_only_declared_items(protocol):
     proto = make_protocol(protocol)
-    allow = proto.capabilities.needs_individual_updates  # medians and trimmed means cannot run on sums
+    # medians and trimmed means cannot run on sums
+    allow = proto.capabilities.needs_individual_updates
     result = run_experiment(small(protocol))
     summary = result.audit.summary()
     assert summary["individual_updates_revealed"] is allow
     assert summary["undeclared_plaintext_items"] == []
     assert "pseudo_gradient" in summary["ciphertext_fields_received"]
-    vectors = {k: v["plaintext vector"] for k, v in summary["learned_in_plaintext"].items()
-               if "plaintext vector" in v}
+    vectors = {
+        k: v["plaintext vector"]
+        for k, v in summary["learned_in_plaintext"].items()
+        if "plaintext vector" in v
+    }
     assert vectors and set(vectors) <= set(proto.capabilities.reveals) | {"global_update"}
     per_round = 6 if allow else 1  # one reveal per round, or every client's update
     rounds = SMALL.rounds + (small(protocol).vae_rounds if protocol == "feddisco" else 0)
@@ -77,8 +88,10 @@ def test_plain_and_ckks_give_the_same_model(protocol):
     plain = run_experiment(replace(cfg, backend="plain", backend_options={}))
     ckks = run_experiment(cfg)
     assert np.max(np.abs(plain.final_params[1] - ckks.final_params[1])) < 1e-5
-    assert (plain.metrics["test_pooled"].round(4).tolist()
-            == ckks.metrics["test_pooled"].round(4).tolist())
+    assert (
+        plain.metrics["test_pooled"].round(4).tolist()
+        == ckks.metrics["test_pooled"].round(4).tolist()
+    )
 
 
 def test_secret_key_bytes_never_reach_the_server():
@@ -93,10 +106,17 @@ def test_secret_key_bytes_never_reach_the_server():
 
     ids = ["client_0", "client_1", "client_2"]
     server_backend, backends = make_backends("ckks", ids)
-    handlers = {c: backend_client(c, backends[c], np.full(5, 0.01 * k), 10)
-                for k, c in enumerate(ids)}
-    server = Server(make_protocol("fedavg"), server_backend, SGD(5), Spy(handlers), np.zeros(5),
-                    plan=TrainingPlan(local_steps=1))
+    handlers = {
+        c: backend_client(c, backends[c], np.full(5, 0.01 * k), 10) for k, c in enumerate(ids)
+    }
+    server = Server(
+        make_protocol("fedavg"),
+        server_backend,
+        SGD(5),
+        Spy(handlers),
+        np.zeros(5),
+        plan=TrainingPlan(local_steps=1),
+    )
     server.setup(rounds=2)
     server.run_round(0)
     holders = [backends[c].keys for c in ids]
@@ -104,7 +124,7 @@ def test_secret_key_bytes_never_reach_the_server():
     assert all(h.export_for_wrapping() == secret for h in holders)  # one shared key
     blob = b"".join(received)
     for start in range(0, len(secret) - 32, len(secret) // 7):
-        assert secret[start:start + 32] not in blob
+        assert secret[start : start + 32] not in blob
 
 
 def _tamper(cid, backend, mutate):
@@ -118,18 +138,25 @@ def _tamper(cid, backend, mutate):
         fields = dict(reply.fields)
         fields["pseudo_gradient"] = mutate(reply, req)
         return Envelope(cid, "server", reply.round, reply.phase, fields).to_bytes()
+
     return handle
 
 
 WIDE = SecretKeyHolder(get_preset("wide"))
 BAD_UPLOADS = {
     "garbage ciphertext": (lambda r, q: wire.ciphertext([b"\x01" * 100]), "MalformedCiphertext"),
-    "truncated ciphertext": (lambda r, q: wire.ciphertext([r.ciphertext_parts(
-        "pseudo_gradient")[0][:-20]]), "MalformedCiphertext"),
-    "other preset": (lambda r, q: wire.ciphertext(WIDE.encrypt(np.zeros(5), 1.0)),
-                     "(MalformedCiphertext|WrongContext)"),
-    "extra chunk": (lambda r, q: wire.ciphertext(r.ciphertext_parts("pseudo_gradient") * 2),
-                    "MalformedCiphertext"),
+    "truncated ciphertext": (
+        lambda r, q: wire.ciphertext([r.ciphertext_parts("pseudo_gradient")[0][:-20]]),
+        "MalformedCiphertext",
+    ),
+    "other preset": (
+        lambda r, q: wire.ciphertext(WIDE.encrypt(np.zeros(5), 1.0)),
+        "(MalformedCiphertext|WrongContext)",
+    ),
+    "extra chunk": (
+        lambda r, q: wire.ciphertext(r.ciphertext_parts("pseudo_gradient") * 2),
+        "MalformedCiphertext",
+    ),
     "plaintext instead": (lambda r, q: wire.vector(np.zeros(5)), "UnexpectedField"),
 }
 
@@ -143,14 +170,22 @@ def test_bad_ckks_upload_excludes_only_that_client(case):
     handlers = {c: backend_client(c, backends[c], gs[c], 10 * (k + 1)) for k, c in enumerate(gs)}
     handlers["client_bad"] = _tamper("client_bad", backends["client_bad"], mutate)
     audit = AuditLog()
-    server = Server(make_protocol("fedavg"), server_backend, SGD(5), InProcessTransport(handlers),
-                    np.zeros(5), plan=TrainingPlan(local_steps=1), audit=audit)
+    server = Server(
+        make_protocol("fedavg"),
+        server_backend,
+        SGD(5),
+        InProcessTransport(handlers),
+        np.zeros(5),
+        plan=TrainingPlan(local_steps=1),
+        audit=audit,
+    )
     server.setup(rounds=2)
     report = server.run_round(0)
     assert list(report.excluded) == ["client_bad"]
     w = sample_size_weights({"client_0": 10, "client_1": 20})
-    np.testing.assert_allclose(server.params, w["client_0"] * gs["client_0"]
-                               + w["client_1"] * gs["client_1"], atol=1e-6)
+    np.testing.assert_allclose(
+        server.params, w["client_0"] * gs["client_0"] + w["client_1"] * gs["client_1"], atol=1e-6
+    )
     (ex,) = [r for r in audit.records if r["event"] == "excluded"]
     assert __import__("re").fullmatch(error, ex["error"]), ex
 
@@ -172,8 +207,15 @@ def test_replayed_upload_from_an_earlier_round_is_caught():
 
     handlers["client_bad"] = replayer
     audit = AuditLog()
-    server = Server(make_protocol("fedavg"), server_backend, SGD(5), InProcessTransport(handlers),
-                    np.zeros(5), plan=TrainingPlan(local_steps=1), audit=audit)
+    server = Server(
+        make_protocol("fedavg"),
+        server_backend,
+        SGD(5),
+        InProcessTransport(handlers),
+        np.zeros(5),
+        plan=TrainingPlan(local_steps=1),
+        audit=audit,
+    )
     server.setup(rounds=2)
     assert server.run_round(0).excluded == {}
     report = server.run_round(1)
@@ -183,11 +225,18 @@ def test_replayed_upload_from_an_earlier_round_is_caught():
 def test_a_client_whose_values_overflow_is_excluded_with_the_reason():
     ids = ["client_0", "client_big"]
     server_backend, backends = make_backends("ckks", ids)
-    handlers = {"client_0": backend_client("client_0", backends["client_0"], np.full(5, 0.1), 10),
-                "client_big": backend_client("client_big", backends["client_big"],
-                                        np.full(5, 1e6), 10)}
-    server = Server(make_protocol("fedavg"), server_backend, SGD(5), InProcessTransport(handlers),
-                    np.zeros(5), plan=TrainingPlan(local_steps=1))
+    handlers = {
+        "client_0": backend_client("client_0", backends["client_0"], np.full(5, 0.1), 10),
+        "client_big": backend_client("client_big", backends["client_big"], np.full(5, 1e6), 10),
+    }
+    server = Server(
+        make_protocol("fedavg"),
+        server_backend,
+        SGD(5),
+        InProcessTransport(handlers),
+        np.zeros(5),
+        plan=TrainingPlan(local_steps=1),
+    )
     server.setup(rounds=1)
     report = server.run_round(0)
     assert "exceeds the CKKS preset" in report.excluded["client_big"]
@@ -203,8 +252,13 @@ def test_server_blind_runs_give_the_same_model_and_the_server_never_learns_it():
     assert "global_update" not in summary["learned_in_plaintext"]
     assert summary["undeclared_plaintext_items"] == []
     assert summary["individual_updates_revealed"] is False
-    sent_models = [r for r in blind.audit.records if r["event"] == "message"
-                   and r["direction"] == "sent" and any(f["name"] == "model" for f in r["fields"])]
+    sent_models = [
+        r
+        for r in blind.audit.records
+        if r["event"] == "message"
+        and r["direction"] == "sent"
+        and any(f["name"] == "model" for f in r["fields"])
+    ]
     assert {r["round"] for r in sent_models} == {0}  # only the public initial model
 
 

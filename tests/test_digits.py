@@ -18,8 +18,7 @@ def labels(part):
 def test_niid2_has_five_two_class_clients_and_one_uniform():
     data = digits.load("niid2")
     assert len(data.train) == 6
-    assert [sorted(labels(p)) for p in data.train[:5]] == [[0, 1], [2, 3], [4, 5], [6, 7],
-                                                          [8, 9]]
+    assert [sorted(labels(p)) for p in data.train[:5]] == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]
     assert labels(data.train[5]) == set(range(10))
     total = sum(len(p) for p in data.train) + len(data.pooled_test)
     assert total == 1797
@@ -40,8 +39,16 @@ def test_accuracy_and_unknown_split():
 
 
 def test_encrypted_fedavg_learns_digits_in_local_epochs():
-    cfg = ExperimentConfig(task="digits-niid2", protocol="fedavg", backend="ckks", rounds=3,
-                           seeds=[0], local_epochs=2, batch_size=64, client_lr="0.5")
+    cfg = ExperimentConfig(
+        task="digits-niid2",
+        protocol="fedavg",
+        backend="ckks",
+        rounds=3,
+        seeds=[0],
+        local_epochs=2,
+        batch_size=64,
+        client_lr="0.5",
+    )
     result = run_experiment(cfg)
     final = result.metrics[result.metrics["round"] == 3].iloc[0]
     assert final["test_pooled"] > 0.5  # from ~0.1 at random initialisation

@@ -13,8 +13,15 @@ import torch
 
 from secagg.clients.tasks import get_task
 from secagg.clients.training import flat_params
-from secagg.dp import (RDP_ORDERS, ClientDP, ScalarDP, clip_l2, noised_update,
-                       privatize_scalar, realised_noise_multiplier)
+from secagg.dp import (
+    RDP_ORDERS,
+    ClientDP,
+    ScalarDP,
+    clip_l2,
+    noised_update,
+    privatize_scalar,
+    realised_noise_multiplier,
+)
 from secagg.errors import ConfigError
 from secagg.simulation.cli import build_parser, parse_settings
 from secagg.simulation.experiment import ExperimentConfig, run_experiment
@@ -44,14 +51,17 @@ def test_realised_noise_multiplier_by_hand():
     dp = ClientDP(clip=1.0, noise_multiplier=2.0, expected_clients=4)
     assert dp.client_sigma == pytest.approx(1.0)
     # four equal weights: z* itself
-    assert realised_noise_multiplier({c: 0.25 for c in "abcd"}, dp.client_sigma) \
-        == pytest.approx(2.0)
+    assert realised_noise_multiplier({c: 0.25 for c in "abcd"}, dp.client_sigma) == pytest.approx(
+        2.0
+    )
     # (0.5, 0.25, 0.25): ||w|| = sqrt(0.375), max 0.5 -> 1.2247
-    assert realised_noise_multiplier({"a": 0.5, "b": 0.25, "c": 0.25}, 1.0) \
-        == pytest.approx(math.sqrt(0.375) / 0.5)
+    assert realised_noise_multiplier({"a": 0.5, "b": 0.25, "c": 0.25}, 1.0) == pytest.approx(
+        math.sqrt(0.375) / 0.5
+    )
     # LARC-style unnormalised weights: only the ratios matter
-    assert realised_noise_multiplier({"a": 2.0, "b": 1.0, "c": 1.0}, 1.0) \
-        == pytest.approx(math.sqrt(0.375) / 0.5)
+    assert realised_noise_multiplier({"a": 2.0, "b": 1.0, "c": 1.0}, 1.0) == pytest.approx(
+        math.sqrt(0.375) / 0.5
+    )
 
 
 def test_privatized_scalars_are_clipped_then_noised():
@@ -65,9 +75,17 @@ def test_privatized_scalars_are_clipped_then_noised():
 def test_revealed_aggregate_carries_the_calibrated_noise(backend):
     """Clients with ~zero updates (client lr 1e-12): the revealed FedAvg update is pure noise
     Σ w_i ν_i with per-coordinate variance (σ_c C)² Σ w_i²; check it with a χ² bound."""
-    cfg = ExperimentConfig(task="digits-dir8", protocol="fedavg", backend=backend, rounds=1,
-                           seeds=[3], local_steps=1, batch_size=32, client_lr="1e-12",
-                           client_dp={"clip": 0.5, "noise": 1.5})
+    cfg = ExperimentConfig(
+        task="digits-dir8",
+        protocol="fedavg",
+        backend=backend,
+        rounds=1,
+        seeds=[3],
+        local_steps=1,
+        batch_size=32,
+        client_lr="1e-12",
+        client_dp={"clip": 0.5, "noise": 1.5},
+    )
     result = run_experiment(cfg)
     task = get_task(cfg.task)
     torch.manual_seed(3)
@@ -76,9 +94,9 @@ def test_revealed_aggregate_carries_the_calibrated_noise(backend):
     sizes = np.array([len(p) for p in task.load().train], dtype=float)
     w = sizes / sizes.sum()
     sigma_c = 1.5 / math.sqrt(len(sizes))
-    expected_var = (sigma_c * 0.5) ** 2 * np.sum(w ** 2)
+    expected_var = (sigma_c * 0.5) ** 2 * np.sum(w**2)
     n = noise.size
-    ratio = np.sum(noise ** 2) / (n * expected_var)  # χ²_n / n: mean 1, sd sqrt(2/n)
+    ratio = np.sum(noise**2) / (n * expected_var)  # χ²_n / n: mean 1, sd sqrt(2/n)
     assert abs(ratio - 1) < 5 * math.sqrt(2 / n), ratio
     assert abs(noise.mean()) < 5 * math.sqrt(expected_var / n)
     # and the accountant was fed the realised multiplier of these weights
@@ -86,8 +104,10 @@ def test_revealed_aggregate_carries_the_calibrated_noise(backend):
     assert z == pytest.approx(sigma_c * np.linalg.norm(w) / w.max(), rel=1e-9)
 
 
-@pytest.mark.parametrize("z, q, steps", [(1.0, 1.0, 10), (0.8, 0.01, 1000), (1.5, 0.05, 300),
-                                          (4.0, 1.0, 50), (1.1, 0.004, 5000)])
+@pytest.mark.parametrize(
+    "z, q, steps",
+    [(1.0, 1.0, 10), (0.8, 0.01, 1000), (1.5, 0.05, 300), (4.0, 1.0, 50), (1.1, 0.004, 5000)],
+)
 def test_rdp_epsilon_matches_google_dp_accounting_within_2_percent(z, q, steps):
     delta = 1e-5
     ours = gaussian_epsilon([(z, q, steps)], delta)
@@ -105,9 +125,17 @@ def test_no_noise_means_no_finite_epsilon():
     assert gaussian_epsilon([], 1e-5) == 0.0
 
 
+@pytest.mark.slow
 def test_dp_sgd_reaches_its_target_epsilon_and_reports_it_per_client():
-    cfg = ExperimentConfig(task="digits-dir8", protocol="fedavg", rounds=2, seeds=[0],
-                           local_steps=5, batch_size=32, dp_sgd={"clip": 1.0, "epsilon": 3.0})
+    cfg = ExperimentConfig(
+        task="digits-dir8",
+        protocol="fedavg",
+        rounds=2,
+        seeds=[0],
+        local_steps=5,
+        batch_size=32,
+        dp_sgd={"clip": 1.0, "epsilon": 3.0},
+    )
     m = run_experiment(cfg).metrics
     per_client = [c for c in m.columns if c.startswith("eps_dp_sgd_client_")]
     assert len(per_client) == 8
@@ -119,15 +147,20 @@ def test_dp_sgd_reaches_its_target_epsilon_and_reports_it_per_client():
 
 
 def test_dp_on_and_off_under_ckks_show_the_server_the_same_items():
-    base = ExperimentConfig(task="tcga-brca", protocol="larc", backend="ckks", rounds=2,
-                            seeds=[1], local_steps=3)
+    base = ExperimentConfig(
+        task="tcga-brca", protocol="larc", backend="ckks", rounds=2, seeds=[1], local_steps=3
+    )
     off = run_experiment(base).audit.summary()
-    on = run_experiment(replace(base, client_dp={"clip": 1.0, "noise": 1.0},
-                                scalar_dp={"low": -1.0, "high": 1.0, "noise": 1.0},
-                                dp_sgd={"clip": 1.0, "noise": 1.0})).audit.summary()
+    on = run_experiment(
+        replace(
+            base,
+            client_dp={"clip": 1.0, "noise": 1.0},
+            scalar_dp={"low": -1.0, "high": 1.0, "noise": 1.0},
+            dp_sgd={"clip": 1.0, "noise": 1.0},
+        )
+    ).audit.summary()
     # DP-SGD adds one item: each client's ε so far, a function of public settings and n_i
-    assert set(on["learned_in_plaintext"]) == set(off["learned_in_plaintext"]) | {
-        "dp_sgd_epsilon"}
+    assert set(on["learned_in_plaintext"]) == set(off["learned_in_plaintext"]) | {"dp_sgd_epsilon"}
     assert on["undeclared_plaintext_items"] == off["undeclared_plaintext_items"] == []
     assert on["individual_updates_revealed"] is False
     assert on["dp_protected_items"] == ["delta_loss", "global_update"]
@@ -136,22 +169,26 @@ def test_dp_on_and_off_under_ckks_show_the_server_the_same_items():
     assert on["not_dp_protected_items"] == ["n_samples"]
 
 
-@pytest.mark.parametrize("changes, match", [
-    ({"protocol": "regagg", "client_dp": {"clip": 1.0, "noise": 1.0}}, "weighted sum"),
-    ({"dp_sgd": {"clip": 1.0, "noise": 1.0, "epsilon": 2.0}}, "exactly one"),
-    ({"dp_sgd": {"noise": 1.0}}, "clip"),
-    ({"client_dp": {"clip": -1.0, "noise": 1.0}}, "clip norm"),
-    ({"scalar_dp": {"low": 1.0, "high": 0.0, "noise": 1.0}}, "low < high"),
-    ({"dp_delta": 2.0}, "dp_delta"),
-])
+@pytest.mark.parametrize(
+    "changes, match",
+    [
+        ({"protocol": "regagg", "client_dp": {"clip": 1.0, "noise": 1.0}}, "weighted sum"),
+        ({"dp_sgd": {"clip": 1.0, "noise": 1.0, "epsilon": 2.0}}, "exactly one"),
+        ({"dp_sgd": {"noise": 1.0}}, "clip"),
+        ({"client_dp": {"clip": -1.0, "noise": 1.0}}, "clip norm"),
+        ({"scalar_dp": {"low": 1.0, "high": 0.0, "noise": 1.0}}, "low < high"),
+        ({"dp_delta": 2.0}, "dp_delta"),
+    ],
+)
 def test_bad_dp_settings_are_config_errors(changes, match):
     with pytest.raises(ConfigError, match=match):
         ExperimentConfig(**changes).validate()
 
 
 def test_cli_reads_dp_settings():
-    args = build_parser().parse_args(["run", "--client-dp", "clip=0.5,noise=1.2",
-                                      "--dp-sgd", "clip=1,epsilon=8"])
+    args = build_parser().parse_args(
+        ["run", "--client-dp", "clip=0.5,noise=1.2", "--dp-sgd", "clip=1,epsilon=8"]
+    )
     assert args.client_dp == {"clip": 0.5, "noise": 1.2}
     assert args.dp_sgd == {"clip": 1.0, "epsilon": 8.0}
     with pytest.raises(Exception):
@@ -160,32 +197,41 @@ def test_cli_reads_dp_settings():
         ScalarDP(0.0, 1.0, 0.0)
 
 
-@pytest.mark.parametrize("changes, match", [
-    ({"dp_sgd": {"clip": 1.0, "noise": 0.0}}, "must be > 0"),
-    ({"dp_sgd": {"clip": 1.0, "epsilon": -2.0}}, "must be > 0"),
-    ({"dp_sgd": {"clip": 0.0, "noise": 1.0}}, "clip must be > 0"),
-    ({"dp_sgd": {"clip": 1.0, "noise": 1.0}, "fedprox_mu": 0.1}, "FedProx"),
-    ({"scalar_dp": {"low": 0.0, "high": 1.0, "noise": "lots"}}, "must be a number"),
-    ({"client_dp": {"clip": 1.0}}, "client_dp takes"),
-    ({"scalar_dp": {"low": 0.0, "high": 1.0, "noise": 0.0}}, "noise multiplier > 0"),
-])
+@pytest.mark.parametrize(
+    "changes, match",
+    [
+        ({"dp_sgd": {"clip": 1.0, "noise": 0.0}}, "must be > 0"),
+        ({"dp_sgd": {"clip": 1.0, "epsilon": -2.0}}, "must be > 0"),
+        ({"dp_sgd": {"clip": 0.0, "noise": 1.0}}, "clip must be > 0"),
+        ({"dp_sgd": {"clip": 1.0, "noise": 1.0}, "fedprox_mu": 0.1}, "FedProx"),
+        ({"scalar_dp": {"low": 0.0, "high": 1.0, "noise": "lots"}}, "must be a number"),
+        ({"client_dp": {"clip": 1.0}}, "client_dp takes"),
+        ({"scalar_dp": {"low": 0.0, "high": 1.0, "noise": 0.0}}, "noise multiplier > 0"),
+    ],
+)
 def test_more_bad_dp_settings_are_config_errors(changes, match):
     with pytest.raises(ConfigError, match=match):
         ExperimentConfig(**changes).validate()
 
 
 def test_the_engine_itself_refuses_client_dp_for_protocols_that_are_not_sums():
-    from secagg.protocols import make_protocol
-    from secagg.protocols.optimizers import SGD, StepSchedule
     from secagg.backends import make_backends
+    from secagg.protocols import make_protocol
+    from secagg.protocols.optimizers import SGD
     from secagg.server.engine import Server
     from secagg.server.plan import TrainingPlan
     from secagg.server.transport import InProcessTransport
 
     server_backend, _ = make_backends("plain", ["c0"])
     with pytest.raises(ConfigError, match="not one weighted sum"):
-        Server(make_protocol("regagg"), server_backend, SGD(dim=3), InProcessTransport({}),
-               np.zeros(3), plan=TrainingPlan(local_steps=1, client_dp=ClientDP(1.0, 1.0, 1)))
+        Server(
+            make_protocol("regagg"),
+            server_backend,
+            SGD(dim=3),
+            InProcessTransport({}),
+            np.zeros(3),
+            plan=TrainingPlan(local_steps=1, client_dp=ClientDP(1.0, 1.0, 1)),
+        )
 
 
 def test_make_private_needs_exactly_one_noise_setting():

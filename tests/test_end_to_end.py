@@ -18,8 +18,15 @@ def larc_run(tmp_path_factory):
 
 
 def test_run_writes_every_output(larc_run):
-    for name in ("metrics.csv", "summary.csv", "traffic.csv", "audit.jsonl",
-                 "audit_summary.json", "config.json", "convergence.png"):
+    for name in (
+        "metrics.csv",
+        "summary.csv",
+        "traffic.csv",
+        "audit.jsonl",
+        "audit_summary.json",
+        "config.json",
+        "convergence.png",
+    ):
         assert (larc_run / name).stat().st_size > 0, name
     metrics = pd.read_csv(larc_run / "metrics.csv")
     assert len(metrics) == 2 * 3  # seeds × (initial + 2 rounds)
@@ -28,15 +35,15 @@ def test_run_writes_every_output(larc_run):
     summary = pd.read_csv(larc_run / "summary.csv")
     assert (summary["n_seeds"] == 2).all()
     assert summary.loc[summary["round"] == 2, "test_pooled_mean"].iloc[0] == pytest.approx(
-        final["test_pooled"].mean())
+        final["test_pooled"].mean()
+    )
 
 
 def test_byte_counts_agree_across_tables(larc_run):
     metrics = pd.read_csv(larc_run / "metrics.csv")
     traffic = pd.read_csv(larc_run / "traffic.csv")
     assert traffic.loc[traffic["direction"] == "up", "bytes"].sum() == metrics["bytes_up"].sum()
-    assert traffic.loc[traffic["direction"] == "down", "bytes"].sum() == metrics[
-        "bytes_down"].sum()
+    assert traffic.loc[traffic["direction"] == "down", "bytes"].sum() == metrics["bytes_down"].sum()
     upload = traffic[(traffic["field"] == "pseudo_gradient") & (traffic["direction"] == "up")]
     # 40 float32 parameters per client, run and round; 6 clients each round
     assert (upload["bytes"] == 40 * 4).all() and (upload["messages"] == 1).all()
@@ -53,8 +60,13 @@ def test_plain_audit_says_individual_updates_were_revealed(larc_run):
     assert learned["global_update"] == {"revealed aggregate (plaintext vector)": 2 * 2}
     assert summary["sent_in_plaintext"]["alpha"] == {"plaintext scalar": 2 * 2 * 6}
     records = [json.loads(line) for line in (larc_run / "audit.jsonl").read_text().splitlines()]
-    dl = [f["value"] for r in records if r["event"] == "message" for f in r["fields"]
-          if f["name"] == "delta_loss"]
+    dl = [
+        f["value"]
+        for r in records
+        if r["event"] == "message"
+        for f in r["fields"]
+        if f["name"] == "delta_loss"
+    ]
     assert len(dl) == 24 and all(isinstance(v, float) for v in dl)
 
 
@@ -68,8 +80,25 @@ def test_same_seed_same_result(tmp_path):
 
 
 def test_preset_and_command_line_override(tmp_path):
-    assert main(["run", "--preset", "idash-larc", "--seeds", "3", "--rounds", "1",
-                 "--local-steps", "2", "--quiet", "--out", str(tmp_path)]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "--preset",
+                "idash-larc",
+                "--seeds",
+                "3",
+                "--rounds",
+                "1",
+                "--local-steps",
+                "2",
+                "--quiet",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["protocol"] == "larc" and config["seeds"] == [3] and config["rounds"] == 1
     assert config["resolved_server_opt"]["tau"] == 1e-3
@@ -77,14 +106,17 @@ def test_preset_and_command_line_override(tmp_path):
     assert "test_pooled" not in metrics  # the iDASH variant evaluates on training data
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["run", "--preset", "nope"], "does not exist"),
-    (["run", "--rounds", "0"], "rounds must be a positive integer"),
-    (["run", "--client-lr", "fast"], "client-lr schedule"),
-    (["run", "--server-opt", "sgd", "--tau", "1e-3"], "bad settings"),
-    (["run", "--larc-b", "-1", "--protocol", "larc"], "b >= 0"),
-    (["run", "--client-split", "1.5"], "client_split"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["run", "--preset", "nope"], "does not exist"),
+        (["run", "--rounds", "0"], "rounds must be a positive integer"),
+        (["run", "--client-lr", "fast"], "client-lr schedule"),
+        (["run", "--server-opt", "sgd", "--tau", "1e-3"], "bad settings"),
+        (["run", "--larc-b", "-1", "--protocol", "larc"], "b >= 0"),
+        (["run", "--client-split", "1.5"], "client_split"),
+    ],
+)
 def test_bad_options_exit_2_with_a_message(argv, message, capsys, tmp_path):
     assert main([*argv, "--out", str(tmp_path)]) == 2
     assert message in capsys.readouterr().err
@@ -106,9 +138,25 @@ def test_seed_lists():
 
 
 def test_a_dp_run_writes_its_privacy_report(tmp_path):
-    assert main(["run", "--protocol", "larc", "--backend", "ckks", *SMALL, "--out",
-                 str(tmp_path), "--client-dp", "clip=0.5,noise=1",
-                 "--scalar-dp", "low=-1,high=1,noise=2"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "--protocol",
+                "larc",
+                "--backend",
+                "ckks",
+                *SMALL,
+                "--out",
+                str(tmp_path),
+                "--client-dp",
+                "clip=0.5,noise=1",
+                "--scalar-dp",
+                "low=-1,high=1,noise=2",
+            ]
+        )
+        == 0
+    )
     report = json.loads((tmp_path / "privacy.json").read_text())
     eps = report["client_level"]["epsilon_per_seed"]
     assert set(eps) == {"1", "2"} and all(0 < e < float("inf") for e in eps.values())

@@ -7,11 +7,11 @@ while the round goes on with the others and gives FedAvg over the honest clients
 import numpy as np
 import pytest
 
-from secagg.protocols.fedavg import sample_size_weights
 from secagg import wire
 from secagg.errors import RoundAborted
-from secagg.wire import Envelope
+from secagg.protocols.fedavg import sample_size_weights
 from secagg.server.audit import AuditLog
+from secagg.wire import Envelope
 from tests.conftest import make_server
 
 
@@ -24,8 +24,9 @@ def test_fedavg_round_is_sample_weighted_mean_added_to_model(honest):
     gs, handlers = honest
     server = make_server(handlers)
     server.run_round(0)
-    np.testing.assert_allclose(server.params, (10 * gs["client_0"][0] + 30 * gs["client_1"][0])
-                               / 40)
+    np.testing.assert_allclose(
+        server.params, (10 * gs["client_0"][0] + 30 * gs["client_1"][0]) / 40
+    )
 
 
 def test_bytes_in_audit_are_the_bytes_on_the_wire(honest):
@@ -37,16 +38,21 @@ def test_bytes_in_audit_are_the_bytes_on_the_wire(honest):
             reply = handlers[cid](data)
             sizes.append((len(data), len(reply)))
             return reply
+
         return handle
 
     audit = AuditLog()
     make_server({c: spy(c) for c in handlers}, audit=audit).run_round(0)
     msgs = [r for r in audit.records if r["event"] == "message"]
     assert sum(r["bytes"] for r in msgs if r["direction"] == "sent") == sum(s for s, _ in sizes)
-    assert sum(r["bytes"] for r in msgs if r["direction"] == "received") == sum(
-        r for _, r in sizes)
-    up = [f for r in msgs if r["direction"] == "received" for f in r["fields"]
-          if f["name"] == "pseudo_gradient"]
+    assert sum(r["bytes"] for r in msgs if r["direction"] == "received") == sum(r for _, r in sizes)
+    up = [
+        f
+        for r in msgs
+        if r["direction"] == "received"
+        for f in r["fields"]
+        if f["name"] == "pseudo_gradient"
+    ]
     assert [f["bytes"] for f in up] == [3 * 8, 3 * 8]  # float64 vectors from the scripted client
     for r in msgs:  # per-field bytes plus framing add up to the message
         assert sum(f["bytes"] for f in r["fields"]) == r["bytes"]
@@ -55,8 +61,10 @@ def test_bytes_in_audit_are_the_bytes_on_the_wire(honest):
 def reply_with(fields, sender="client_bad", rnd=None, phase=None):
     def handle(data):
         req = Envelope.from_bytes(data)
-        return Envelope(sender, "server", req.round if rnd is None else rnd,
-                        phase or req.phase, fields).to_bytes()
+        return Envelope(
+            sender, "server", req.round if rnd is None else rnd, phase or req.phase, fields
+        ).to_bytes()
+
     return handle
 
 
@@ -79,14 +87,17 @@ BAD_CLIENTS = {
     "replayed round": (reply_with(GOOD_UPLOAD, rnd=7), "StaleMessage"),
     "wrong phase": (reply_with(GOOD_UPLOAD, phase="larc_probe"), "StaleMessage"),
     "missing field": (reply_with({"n_samples": wire.scalar(5)}), "UnexpectedField"),
-    "wrong kind": (reply_with({"pseudo_gradient": wire.config({"x": 1}),
-                               "n_samples": wire.scalar(5)}), "UnexpectedField"),
+    "wrong kind": (
+        reply_with({"pseudo_gradient": wire.config({"x": 1}), "n_samples": wire.scalar(5)}),
+        "UnexpectedField",
+    ),
     "extra field": (reply_with({**GOOD_UPLOAD, "secret": wire.scalar(1)}), "UnexpectedField"),
     "nan scalar": (reply_with({**GOOD_UPLOAD, "n_samples": NAN}), "UnexpectedField"),
-    "zero samples": (reply_with({**GOOD_UPLOAD, "n_samples": wire.scalar(0)}),
-                     "ClientInputError"),
-    "wrong length": (reply_with({**GOOD_UPLOAD, "pseudo_gradient": wire.vector(np.ones(4))}),
-                     "UnexpectedField"),
+    "zero samples": (reply_with({**GOOD_UPLOAD, "n_samples": wire.scalar(0)}), "ClientInputError"),
+    "wrong length": (
+        reply_with({**GOOD_UPLOAD, "pseudo_gradient": wire.vector(np.ones(4))}),
+        "UnexpectedField",
+    ),
     "crashes": (crashing, "ClientUnavailable"),
 }
 
@@ -113,8 +124,10 @@ def test_excluded_client_comes_back_next_round(honest):
         calls["n"] += 1
         if calls["n"] == 1:
             raise RuntimeError("network down")
-        return reply_with({"pseudo_gradient": wire.vector(np.zeros(3)),
-                           "n_samples": wire.scalar(40)}, sender="client_flaky")(data)
+        return reply_with(
+            {"pseudo_gradient": wire.vector(np.zeros(3)), "n_samples": wire.scalar(40)},
+            sender="client_flaky",
+        )(data)
 
     server = make_server({**handlers, "client_flaky": flaky})
     assert "client_flaky" in server.run_round(0).excluded
@@ -135,9 +148,13 @@ def test_larc_on_scripted_clients_uses_last_rounds_alpha(honest):
     server = make_server(handlers, protocol="larc", audit=audit)
     server.run_round(0)
     server.run_round(1)
-    alpha_sent = {(r["round"], r["peer"]): f["value"] for r in audit.records
-                  if r["event"] == "message" and r["direction"] == "sent"
-                  for f in r["fields"] if f["name"] == "alpha"}
+    alpha_sent = {
+        (r["round"], r["peer"]): f["value"]
+        for r in audit.records
+        if r["event"] == "message" and r["direction"] == "sent"
+        for f in r["fields"]
+        if f["name"] == "alpha"
+    }
     assert alpha_sent[(0, "client_0")] == alpha_sent[(0, "client_1")] == 1.0  # α^{-1} = 1
     expected = larc_weights(np.array([np.sum(gs[c][0]) for c in ("client_0", "client_1")]))
     assert [alpha_sent[(1, c)] for c in ("client_0", "client_1")] == pytest.approx(expected)

@@ -7,32 +7,35 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from secagg.protocols import make_client_half, make_protocol
-from secagg.protocols.optimizers import SGD, StepSchedule, make_optimizer, optimizer_fields
 from secagg import wire
 from secagg.backends import make_backends
 from secagg.backends.ckks_client import CKKSClient, _unb64
 from secagg.ckks.presets import get_preset
 from secagg.errors import ConfigError, KeySetupError, RoundAborted, SecaggError
-from secagg.wire import Envelope
+from secagg.protocols import make_client_half, make_protocol
+from secagg.protocols.optimizers import SGD, make_optimizer, optimizer_fields
 from secagg.server.engine import Server
 from secagg.server.plan import RunPolicy, TrainingPlan
 from secagg.server.transport import InProcessTransport
 from secagg.simulation.cli import load_config_file
 from secagg.simulation.experiment import ExperimentConfig
+from secagg.wire import Envelope
 
 
-@pytest.mark.parametrize("changes,message", [
-    ({"seeds": [1, 1]}, "seeds repeat"),
-    ({"seeds": []}, "non-empty list"),
-    ({"backend": "ckks", "backend_options": {"preset": "huge"}}, "must be one of"),
-    ({"backend": "ckks", "backend_options": {"flooding_bits": -1}}, "flooding_bits"),
-    ({"client_split_count": 10}, "client_split_count needs client_split"),
-    ({"task": "mnist"}, "unknown task"),
-    ({"protocol": "fedsgd"}, "unknown protocol"),
-    ({"backend": "paillier"}, "unknown backend"),
-    ({"protocol": "larc", "protocol_options": {"q": 19, "temperature": 2}}, "bad options"),
-])
+@pytest.mark.parametrize(
+    "changes,message",
+    [
+        ({"seeds": [1, 1]}, "seeds repeat"),
+        ({"seeds": []}, "non-empty list"),
+        ({"backend": "ckks", "backend_options": {"preset": "huge"}}, "must be one of"),
+        ({"backend": "ckks", "backend_options": {"flooding_bits": -1}}, "flooding_bits"),
+        ({"client_split_count": 10}, "client_split_count needs client_split"),
+        ({"task": "mnist"}, "unknown task"),
+        ({"protocol": "fedsgd"}, "unknown protocol"),
+        ({"backend": "paillier"}, "unknown backend"),
+        ({"protocol": "larc", "protocol_options": {"q": 19, "temperature": 2}}, "bad options"),
+    ],
+)
 def test_invalid_experiment_configs(changes, message):
     with pytest.raises(ConfigError, match=message):
         replace(ExperimentConfig(), **changes).validate()
@@ -60,13 +63,22 @@ def test_a_client_on_other_parameters_is_excluded_at_key_setup():
 
         def handle(data):
             req = Envelope.from_bytes(data)
-            return Envelope(cid, "server", req.round, req.phase,
-                            handlers[req.phase](req)).to_bytes()
+            return Envelope(
+                cid, "server", req.round, req.phase, handlers[req.phase](req)
+            ).to_bytes()
+
         return handle
 
-    server = Server(make_protocol("fedavg"), server_backend, SGD(3),
-                    InProcessTransport({c: handler(c) for c in ids}), np.zeros(3),
-                    plan=TrainingPlan(local_steps=1), policy=RunPolicy(streaming=False))  # key setup only
+    server = Server(
+        make_protocol("fedavg"),
+        server_backend,
+        SGD(3),
+        InProcessTransport({c: handler(c) for c in ids}),
+        np.zeros(3),
+        # key setup only
+        plan=TrainingPlan(local_steps=1),
+        policy=RunPolicy(streaming=False),
+    )
     excluded = server.setup(rounds=1)
     assert list(excluded) == ["client_odd"] and "KeySetupError" in excluded["client_odd"]
     assert "wide" in excluded["client_odd"]
@@ -74,9 +86,14 @@ def test_a_client_on_other_parameters_is_excluded_at_key_setup():
 
 def test_key_setup_fails_clearly_when_no_client_answers():
     server_backend, _ = make_backends("ckks", ["client_0"])
-    server = Server(make_protocol("fedavg"), server_backend, SGD(3),
-                    InProcessTransport({"client_0": lambda data: b"junk"}), np.zeros(3),
-                    plan=TrainingPlan(local_steps=1))
+    server = Server(
+        make_protocol("fedavg"),
+        server_backend,
+        SGD(3),
+        InProcessTransport({"client_0": lambda data: b"junk"}),
+        np.zeros(3),
+        plan=TrainingPlan(local_steps=1),
+    )
     with pytest.raises(RoundAborted, match="no usable client left after phase .key_hello."):
         server.setup(rounds=1)
 
@@ -92,10 +109,10 @@ def test_public_keys_must_be_base64():
 
 
 def _client(task_name="tcga-brca"):
+    from secagg.backends.plain import PlainClient
     from secagg.clients.runtime import Client
     from secagg.clients.tasks import get_task
     from secagg.clients.training import LocalTrainer
-    from secagg.backends.plain import PlainClient
 
     task = get_task(task_name)
     trainer = LocalTrainer(task.make_model(), task.load().train[5], task.loss, 8, seed=0)
@@ -111,13 +128,26 @@ def test_client_rejects_misaddressed_unknown_and_out_of_order_requests():
     with pytest.raises(MalformedMessage, match="no handler for phase 'dance'"):
         client.handle(Envelope("server", "client_5", 0, "dance").to_bytes())
     with pytest.raises(ProtocolStateError, match="holds no global model"):
-        client.handle(Envelope("server", "client_5", 0, "larc_probe", {
-            "g_hat": wire.vector(np.zeros(40)), "alpha": wire.scalar(1.0),
-            "loss_check": wire.config({"mode": "full"}),
-            **optimizer_fields(make_optimizer({"name": "sgd", "dim": 40}))}).to_bytes())
+        client.handle(
+            Envelope(
+                "server",
+                "client_5",
+                0,
+                "larc_probe",
+                {
+                    "g_hat": wire.vector(np.zeros(40)),
+                    "alpha": wire.scalar(1.0),
+                    "loss_check": wire.config({"mode": "full"}),
+                    **optimizer_fields(make_optimizer({"name": "sgd", "dim": 40})),
+                },
+            ).to_bytes()
+        )
     with pytest.raises(ProtocolStateError, match="no global model"):
-        client.handle(Envelope("server", "client_5", 0, "train", {
-            "train": wire.config({"lr": 0.1, "steps": 1})}).to_bytes())
+        client.handle(
+            Envelope(
+                "server", "client_5", 0, "train", {"train": wire.config({"lr": 0.1, "steps": 1})}
+            ).to_bytes()
+        )
     with pytest.raises(ProtocolStateError, match="cannot apply an update"):
         client.handle(Envelope("server", "client_5", 0, "apply").to_bytes())
 
@@ -126,11 +156,28 @@ def test_larc_probe_without_any_optimizer_state_is_refused():
     from secagg.errors import ProtocolStateError
 
     client = _client()
-    client.handle(Envelope("server", "client_5", 0, "train", {
-        "model": wire.vector(np.zeros(40, dtype=np.float32)),
-        "train": wire.config({"lr": 0.1, "steps": 1})}).to_bytes())
-    probe = Envelope("server", "client_5", 0, "larc_probe", {
-        "g_hat": wire.vector(np.zeros(40)), "alpha": wire.scalar(1.0),
-        "loss_check": wire.config({"mode": "full"})})
+    client.handle(
+        Envelope(
+            "server",
+            "client_5",
+            0,
+            "train",
+            {
+                "model": wire.vector(np.zeros(40, dtype=np.float32)),
+                "train": wire.config({"lr": 0.1, "steps": 1}),
+            },
+        ).to_bytes()
+    )
+    probe = Envelope(
+        "server",
+        "client_5",
+        0,
+        "larc_probe",
+        {
+            "g_hat": wire.vector(np.zeros(40)),
+            "alpha": wire.scalar(1.0),
+            "loss_check": wire.config({"mode": "full"}),
+        },
+    )
     with pytest.raises(ProtocolStateError, match="without optimizer state"):
         client.handle(probe.to_bytes())

@@ -6,14 +6,15 @@ import numpy as np
 import pytest
 from scipy.special import ndtri
 
-from secagg.protocols.feddisco import disco_weights, discrepancy, wasserstein_to_standard_normal
 from secagg.errors import ConfigError
+from secagg.protocols.feddisco import disco_weights, discrepancy, wasserstein_to_standard_normal
 
 
 def test_w1_of_a_point_mass_at_zero_is_e_abs_z():
     # W1(δ0, N(0,1)) = E|Z| = sqrt(2/π): the value a collapsed encoder gives
     assert wasserstein_to_standard_normal(np.zeros(10_000)) == pytest.approx(
-        math.sqrt(2 / math.pi), rel=1e-3)
+        math.sqrt(2 / math.pi), rel=1e-3
+    )
 
 
 def test_w1_of_a_shift_is_the_shift():
@@ -42,14 +43,26 @@ def test_all_zero_weights_are_a_clear_error():
 def test_feddisco_pipeline_reports_one_discrepancy_per_client_once():
     from secagg.simulation.experiment import ExperimentConfig, run_experiment
 
-    cfg = ExperimentConfig(task="digits-niid2", protocol="feddisco", seeds=[0], rounds=2,
-                           backend="ckks",
-                           local_epochs=1, batch_size=64, client_lr="0.5", vae_rounds=2,
-                           protocol_options={"alpha": 0.0})
+    cfg = ExperimentConfig(
+        task="digits-niid2",
+        protocol="feddisco",
+        seeds=[0],
+        rounds=2,
+        backend="ckks",
+        local_epochs=1,
+        batch_size=64,
+        client_lr="0.5",
+        vae_rounds=2,
+        protocol_options={"alpha": 0.0},
+    )
     result = run_experiment(cfg)
-    values = [f["value"] for r in result.audit.records if r["event"] == "message"
-              and r["direction"] == "received" for f in r["fields"]
-              if f["name"] == "discrepancy"]
+    values = [
+        f["value"]
+        for r in result.audit.records
+        if r["event"] == "message" and r["direction"] == "received"
+        for f in r["fields"]
+        if f["name"] == "discrepancy"
+    ]
     assert len(values) == 6 and all(v > 0 for v in values)
     assert {r["run"] for r in result.audit.records} == {"0", "0-beta-vae"}
     assert result.audit.summary()["undeclared_plaintext_items"] == []

@@ -8,9 +8,9 @@ import torch
 
 from secagg.clients.tasks import tcga_brca
 from secagg.clients.training import LocalTrainer
+from secagg.errors import ConfigError
 from secagg.protocols.larc import LARC, delta_loss, larc_weights
 from secagg.protocols.optimizers import SGD, Adam
-from secagg.errors import ConfigError
 
 
 def test_equal_delta_losses_give_weight_one():
@@ -22,8 +22,9 @@ def test_weights_hand_computed():
     # α = ([1, 1/2] + b) / (1 + b) with b = 0.5 -> [1, 2/3]
     alpha = larc_weights(np.array([0.0, math.log(2)]), q=1.0, b=0.5)
     np.testing.assert_allclose(alpha, [1.0, 2 / 3])
-    np.testing.assert_allclose(larc_weights(np.array([0.0, math.log(2)]), q=1.0, b=0.5,
-                                            normalize=True), [0.6, 0.4])
+    np.testing.assert_allclose(
+        larc_weights(np.array([0.0, math.log(2)]), q=1.0, b=0.5, normalize=True), [0.6, 0.4]
+    )
 
 
 def test_weights_floor_is_b_over_1_plus_b():

@@ -24,7 +24,8 @@ FORBIDDEN = {
 
 
 def layer(module: str) -> str:
-    """``secagg.server.engine`` -> "server"; ``secagg.wire`` -> "secagg"; ``torch.nn`` -> "torch"."""
+    """``secagg.server.engine`` -> "server"; ``secagg.wire`` -> "secagg"; ``torch.nn`` ->
+    "torch"."""
     parts = module.split(".")
     if parts[0] == "secagg":
         return parts[1] if len(parts) > 1 and parts[1] in SUBPACKAGES else "secagg"
@@ -55,19 +56,32 @@ def test_static_imports_respect_layering(package):
 
 
 def test_importing_the_server_loads_no_client_code_or_data_library():
-    code = ("import sys, secagg.server.engine, secagg.server.round, secagg.server.audit, "
-            "secagg.protocols; bad = [m for m in sys.modules if m.split('.')[0] in "
-            "('torch', 'pandas', 'lifelines') or m.startswith(('secagg.clients', "
-            "'secagg.simulation'))]; print(bad)")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                         text=True, check=True).stdout.strip()
+    code = (
+        "import sys, secagg.server.engine, secagg.server.round, secagg.server.audit, "
+        "secagg.protocols; bad = [m for m in sys.modules if m.split('.')[0] in "
+        "('torch', 'pandas', 'lifelines') or m.startswith(('secagg.clients', "
+        "'secagg.simulation'))]; print(bad)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.strip()
     assert out == "[]"
 
 
-SECRET_MODULES = {"secagg.ckks.secret", "secagg.backends.ckks_client", "secagg.ckks.keywrap"}
-PUBLIC_SIDE = [*(ROOT / "server").rglob("*.py"), *(ROOT / "protocols").rglob("*.py"),
-               ROOT / "secagg/backends/ckks_server.py", ROOT / "secagg/ckks/public.py",
-               ROOT / "secagg/ckks/presets.py", ROOT / "secagg/ckks/flooding.py"]
+SECRET_MODULES = {
+    "secagg.ckks.secret",
+    "secagg.backends.ckks_client",
+    "secagg.ckks.keywrap",
+    "secagg.sealing",
+}
+PUBLIC_SIDE = [
+    *(ROOT / "server").rglob("*.py"),
+    *(ROOT / "protocols").rglob("*.py"),
+    ROOT / "secagg/backends/ckks_server.py",
+    ROOT / "secagg/ckks/public.py",
+    ROOT / "secagg/ckks/presets.py",
+    ROOT / "secagg/ckks/flooding.py",
+]
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -86,8 +100,11 @@ def test_server_side_code_never_imports_secret_key_code(path):
 
 
 def test_the_server_process_loads_no_secret_key_code():
-    code = ("import sys, secagg.server.engine, secagg.backends.ckks_server; "
-            f"print(sorted(m for m in sys.modules if m in {sorted(SECRET_MODULES)!r}))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                         text=True, check=True).stdout.strip()
+    code = (
+        "import sys, secagg.server.engine, secagg.backends.ckks_server; "
+        f"print(sorted(m for m in sys.modules if m in {sorted(SECRET_MODULES)!r}))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.strip()
     assert out == "[]"

@@ -3,9 +3,16 @@
 import numpy as np
 import pytest
 
-from secagg.protocols.optimizers import (SGD, Adagrad, Adam, Momentum, StepSchedule, Yogi,
-                                  make_optimizer)
 from secagg.errors import ConfigError
+from secagg.protocols.optimizers import (
+    SGD,
+    Adagrad,
+    Adam,
+    Momentum,
+    StepSchedule,
+    Yogi,
+    make_optimizer,
+)
 
 G1 = np.array([0.5, -2.0, 0.0])
 G2 = np.array([-1.0, 1.0, 3.0])

@@ -4,14 +4,23 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from benchmarks.overhead import (Workload, linear_fit, main, mlp_width, run_config, slope,
-                                 summarise, targets)
+from benchmarks.overhead import (
+    Workload,
+    linear_fit,
+    main,
+    mlp_width,
+    run_config,
+    slope,
+    summarise,
+    targets,
+)
 
 
 @pytest.mark.parametrize("n", [1_000, 1_000_000, 10_000_000])
 def test_mlp_width_is_the_closest_to_the_parameter_count(n):
     def params(h):
         return h * h + 76 * h + 10  # 64-h-h-10 with biases
+
     h = mlp_width(n)
     assert Workload("mlp", n, 2, "plain").model_params() == params(h)
     assert abs(params(h) - n) <= min(abs(params(h - 1) - n), abs(params(h + 1) - n))
@@ -20,11 +29,13 @@ def test_mlp_width_is_the_closest_to_the_parameter_count(n):
 
 def test_fits_recover_known_growth():
     x = np.array([1e5, 1e6, 1e7])
-    assert slope(x, 3 * x ** 0.9) == pytest.approx(0.9)
+    assert slope(x, 3 * x**0.9) == pytest.approx(0.9)
     assert linear_fit([2, 10, 100], [1 + 0.5 * k for k in (2, 10, 100)]) == pytest.approx(
-        (1.0, 0.5))
+        (1.0, 0.5)
+    )
 
 
+@pytest.mark.slow
 def test_a_tiny_configuration_measures_every_part():
     rows = run_config(Workload("synthetic", 3_000, 3, "ckks"), rounds=2, workers=1)
     assert [r["round"] for r in rows] == [0, 1] and [r["warm"] for r in rows] == [False, True]
@@ -40,14 +51,28 @@ def test_a_tiny_configuration_measures_every_part():
 
 
 def test_targets_say_met_or_not_from_the_figures():
-    base = dict(kind="synthetic", preset="compact", streaming=True, client_dp=False,
-                local_steps=100,
-                n_params=1_000_000, model_params=1_000_000)
-    summary = pd.DataFrame([
-        {**base, "backend": "plain", "n_clients": 10, "wall_s": 1.0, "server_peak_rss_MB": 200},
-        {**base, "backend": "ckks", "n_clients": 10, "wall_s": 1.6, "server_peak_rss_MB": 400},
-        {**base, "backend": "ckks", "n_clients": 100, "wall_s": 30.0,
-         "server_peak_rss_MB": 450}])
+    base = dict(
+        kind="synthetic",
+        preset="compact",
+        streaming=True,
+        client_dp=False,
+        local_steps=100,
+        n_params=1_000_000,
+        model_params=1_000_000,
+    )
+    summary = pd.DataFrame(
+        [
+            {**base, "backend": "plain", "n_clients": 10, "wall_s": 1.0, "server_peak_rss_MB": 200},
+            {**base, "backend": "ckks", "n_clients": 10, "wall_s": 1.6, "server_peak_rss_MB": 400},
+            {
+                **base,
+                "backend": "ckks",
+                "n_clients": 100,
+                "wall_s": 30.0,
+                "server_peak_rss_MB": 450,
+            },
+        ]
+    )
     lines = "\n".join(targets(summary, quick=False))
     assert "1.60× (target ≤ 1.5×: NOT met)" in lines
     assert "round 30.0 s (target ≤ 600 s: met)" in lines

@@ -15,13 +15,27 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps",
-                    "--no-build-isolation", "-q", "-w", str(out)], check=True,
-                   capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            str(ROOT),
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(out),
+        ],
+        check=True,
+        capture_output=True,
+    )
     (path,) = out.glob("secagg-*.whl")
     return path
 
 
+@pytest.mark.slow
 def test_the_wheel_installs_only_the_secagg_namespace(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     top = {n.split("/")[0] for n in names}
@@ -33,14 +47,36 @@ def test_the_wheel_installs_only_the_secagg_namespace(wheel):
     assert not any("benchmarks" in n for n in names)  # they stay in the repository
 
 
+@pytest.mark.slow
 def test_the_installed_wheel_loads_its_data_outside_the_checkout(wheel, tmp_path):
     target = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target",
-                    str(target), str(wheel)], check=True, capture_output=True)
-    code = ("import secagg, secagg.clients.tasks as t; "
-            "print(secagg.__file__); print(len(t.get_task('tcga-brca').load().train))")
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "-q",
+            "--target",
+            str(target),
+            str(wheel),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    code = (
+        "import secagg, secagg.clients.tasks as t; "
+        "print(secagg.__file__); print(len(t.get_task('tcga-brca').load().train))"
+    )
     env = {**os.environ, "PYTHONPATH": str(target)}
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, check=True,
-                         capture_output=True, text=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
     assert out[0].startswith(str(target))  # not the checkout's copy
     assert out[1] == "6"

@@ -6,17 +6,24 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from secagg.protocols import make_client_half, make_protocol
-from secagg.protocols.optimizers import SGD, StepSchedule
-from secagg.protocols.rolepro import (cost_weights, regagg, regagg_terms, regcost_weights, simagg,
-                               top_k_keep, trimmed_mean)
 from secagg import wire
 from secagg.backends import make_backends
 from secagg.errors import ConfigError
-from secagg.wire import Envelope
+from secagg.protocols import make_client_half, make_protocol
+from secagg.protocols.optimizers import SGD
+from secagg.protocols.rolepro import (
+    cost_weights,
+    regagg,
+    regagg_terms,
+    regcost_weights,
+    simagg,
+    top_k_keep,
+    trimmed_mean,
+)
 from secagg.server.engine import Server
-from secagg.server.plan import RunPolicy, TrainingPlan
+from secagg.server.plan import TrainingPlan
 from secagg.server.transport import InProcessTransport
+from secagg.wire import Envelope
 
 NU = np.array([0.5, 0.3, 0.2])
 R = np.array([1.0, 2.0, 1.0])
@@ -76,9 +83,11 @@ def test_scaled_terms_are_bounded_and_their_ratio_is_regagg():
 
 # ---- the two-phase identity through the round engine -------------------------------------------
 
-GS = {"client_0": np.array([0.10, -0.20, 0.05, 0.00]),
-      "client_1": np.array([0.12, 0.30, 0.04, 0.01]),
-      "client_2": np.array([-0.50, -0.10, 0.06, 0.02])}
+GS = {
+    "client_0": np.array([0.10, -0.20, 0.05, 0.00]),
+    "client_1": np.array([0.12, 0.30, 0.04, 0.01]),
+    "client_2": np.array([-0.50, -0.10, 0.06, 0.02]),
+}
 NS = {"client_0": 30.0, "client_1": 20.0, "client_2": 50.0}
 
 
@@ -97,6 +106,7 @@ def scripted(cid, backend):
             a, b = regagg_terms(g, centre, req.scalar("nu"), req.scalar("tau"))
             fields = {"numerator": backend.protect(a), "denominator": backend.protect(b)}
         return Envelope(cid, "server", req.round, req.phase, fields).to_bytes()
+
     return handle
 
 
@@ -105,11 +115,17 @@ def scripted(cid, backend):
 def test_two_phase_result_equals_the_one_shot_formula(backend, protocol):
     # A and B hold τ-scaled entries (~1e-5 here): on compact the flooded reveal's ~1e-10
     # noise is ~1e-5 of them, so the identity is checked on the wide preset (Δ = 2^80)
-    server_backend, backends = make_backends(backend, list(GS),
-                                             **({"preset": "wide"} if backend == "ckks" else {}))
-    server = Server(make_protocol(protocol), server_backend, SGD(4),
-                    InProcessTransport({c: scripted(c, backends[c]) for c in GS}), np.zeros(4),
-                    plan=TrainingPlan(local_steps=1))
+    server_backend, backends = make_backends(
+        backend, list(GS), **({"preset": "wide"} if backend == "ckks" else {})
+    )
+    server = Server(
+        make_protocol(protocol),
+        server_backend,
+        SGD(4),
+        InProcessTransport({c: scripted(c, backends[c]) for c in GS}),
+        np.zeros(4),
+        plan=TrainingPlan(local_steps=1),
+    )
     server.setup(rounds=1)
     server.run_round(0)
     gs = np.stack(list(GS.values()))
@@ -119,21 +135,29 @@ def test_two_phase_result_equals_the_one_shot_formula(backend, protocol):
 
 
 def test_loss_ratios_reported_by_a_real_client():
+    from secagg.backends.plain import PlainClient
     from secagg.clients.runtime import Client
     from secagg.clients.tasks import tcga_brca
     from secagg.clients.training import LocalTrainer
-    from secagg.backends.plain import PlainClient
 
-    trainer = LocalTrainer(tcga_brca.make_model(), tcga_brca.load().train[3],
-                           tcga_brca.cox_loss, 8, seed=0)
+    trainer = LocalTrainer(
+        tcga_brca.make_model(), tcga_brca.load().train[3], tcga_brca.cox_loss, 8, seed=0
+    )
     client = Client("client_3", trainer, PlainClient(), protocol=make_client_half("costwagg"))
     w0 = np.zeros(40)
 
     def train(rnd, w, ratio):
-        req = Envelope("server", "client_3", rnd, "train", {
-            "model": wire.vector(w.astype(np.float32)),
-            "train": wire.config({"lr": 0.05, "steps": 5}),
-            "loss_ratio": wire.config({"kind": ratio})})
+        req = Envelope(
+            "server",
+            "client_3",
+            rnd,
+            "train",
+            {
+                "model": wire.vector(w.astype(np.float32)),
+                "train": wire.config({"lr": 0.05, "steps": 5}),
+                "loss_ratio": wire.config({"kind": ratio}),
+            },
+        )
         reply = Envelope.from_bytes(client.handle(req.to_bytes()))
         return reply.scalar("loss_ratio"), reply.vector("pseudo_gradient")
 
@@ -151,18 +175,26 @@ def test_two_phase_switches_aggregator():
 
     # five clients: the 20 % trimmed mean drops the farthest from the median per coordinate
     # (client_4), so it differs from the mean in both coordinates
-    gs = {"client_0": (np.array([0.0, 1.0]), 10.0), "client_1": (np.array([0.1, 0.9]), 10.0),
-          "client_2": (np.array([0.2, 1.1]), 10.0), "client_3": (np.array([0.3, 0.8]), 10.0),
-          "client_4": (np.array([3.0, -2.0]), 10.0)}
+    gs = {
+        "client_0": (np.array([0.0, 1.0]), 10.0),
+        "client_1": (np.array([0.1, 0.9]), 10.0),
+        "client_2": (np.array([0.2, 1.1]), 10.0),
+        "client_3": (np.array([0.3, 0.8]), 10.0),
+        "client_4": (np.array([3.0, -2.0]), 10.0),
+    }
     stacked = np.stack([g for g, _ in gs.values()])
     mean, trimmed = stacked.mean(axis=0), stacked[:4].mean(axis=0)
     assert np.all(np.abs(mean - trimmed) > 0.1)  # the wrong phase would show
 
     def run(switch_round):
-        server = Server(make_protocol("rolepro", then="trimmedmean", switch_round=switch_round),
-                        make_backends("plain", list(gs))[0], SGD(2), InProcessTransport(
-                            {c: honest_client(c, g, n) for c, (g, n) in gs.items()}),
-                        np.zeros(2), plan=TrainingPlan(local_steps=1))
+        server = Server(
+            make_protocol("rolepro", then="trimmedmean", switch_round=switch_round),
+            make_backends("plain", list(gs))[0],
+            SGD(2),
+            InProcessTransport({c: honest_client(c, g, n) for c, (g, n) in gs.items()}),
+            np.zeros(2),
+            plan=TrainingPlan(local_steps=1),
+        )
         steps = []
         for number in range(3):
             before = server.params.copy()
@@ -173,35 +205,50 @@ def test_two_phase_switches_aggregator():
     for switch_round in (0, 1, 2, 3):
         steps = run(switch_round)
         for number, step in enumerate(steps):
-            np.testing.assert_allclose(step, mean if number < switch_round else trimmed,
-                                       err_msg=f"switch {switch_round}, round {number}")
+            np.testing.assert_allclose(
+                step,
+                mean if number < switch_round else trimmed,
+                err_msg=f"switch {switch_round}, round {number}",
+            )
 
 
 def _ratio_client(cid, g, ratio):
     def handle(data):
         req = Envelope.from_bytes(data)
         if req.phase == "enroll":
-            return Envelope(cid, "server", req.round, req.phase,
-                            {"n_samples": wire.scalar(10)}).to_bytes()
+            return Envelope(
+                cid, "server", req.round, req.phase, {"n_samples": wire.scalar(10)}
+            ).to_bytes()
         fields = {"pseudo_gradient": wire.vector(g), "n_samples": wire.scalar(10)}
         if "loss_ratio" in req.fields:  # only when the round's protocol asks for it
             fields["loss_ratio"] = wire.scalar(ratio)
         return Envelope(cid, "server", req.round, req.phase, fields).to_bytes()
+
     return handle
 
 
-@pytest.mark.parametrize("protocol, options", [
-    ("regcostagg", {}), ("rolepro", {"then": "regcostagg", "switch_round": 0})])
+@pytest.mark.parametrize(
+    "protocol, options",
+    [("regcostagg", {}), ("rolepro", {"then": "regcostagg", "switch_round": 0})],
+)
 def test_a_non_positive_loss_ratio_excludes_only_that_client(protocol, options):
     """Alone or as RoLePRO's second phase, RegCostAgg excludes a client reporting a ratio of
     −1: with it, the weights r ν / Σ r ν would be 1.2/−1.2 ... and the model would move by
     (1.2 − 9·1.0)/(1.2 + 0.9 − 1.0) = −7.09 instead of 1.2/2.1 = 0.571."""
-    handlers = {"client_0": _ratio_client("client_0", np.ones(2), 1.2),
-                "client_1": _ratio_client("client_1", np.zeros(2), 0.9),
-                "client_bad": _ratio_client("client_bad", np.full(2, 9.0), -1.0)}
+    handlers = {
+        "client_0": _ratio_client("client_0", np.ones(2), 1.2),
+        "client_1": _ratio_client("client_1", np.zeros(2), 0.9),
+        "client_bad": _ratio_client("client_bad", np.full(2, 9.0), -1.0),
+    }
     server_backend, _ = make_backends("plain", list(handlers))
-    server = Server(make_protocol(protocol, **options), server_backend, SGD(2),
-                    InProcessTransport(handlers), np.zeros(2), plan=TrainingPlan(local_steps=1))
+    server = Server(
+        make_protocol(protocol, **options),
+        server_backend,
+        SGD(2),
+        InProcessTransport(handlers),
+        np.zeros(2),
+        plan=TrainingPlan(local_steps=1),
+    )
     server.setup(rounds=1)
     report = server.run_round(0)
     assert "loss ratio of -1.0" in report.excluded["client_bad"]

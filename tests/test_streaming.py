@@ -11,25 +11,27 @@ import weakref
 import numpy as np
 import pytest
 
-from secagg.protocols import make_protocol
-from secagg.protocols.fedavg import sample_size_weights
-from secagg.protocols.optimizers import SGD, StepSchedule
 from secagg import wire
 from secagg.backends import make_backends
 from secagg.backends.plain import PlainServer
-from secagg.ckks.public import PublicCKKS, to_bytes
 from secagg.ckks.presets import get_preset
+from secagg.ckks.public import PublicCKKS, to_bytes
 from secagg.ckks.secret import SecretKeyHolder
 from secagg.errors import WrongContext
-from secagg.wire import Envelope
+from secagg.protocols import make_protocol
+from secagg.protocols.fedavg import sample_size_weights
+from secagg.protocols.optimizers import SGD
 from secagg.server.audit import AuditLog
 from secagg.server.engine import Server
 from secagg.server.plan import RunPolicy, TrainingPlan
 from secagg.server.transport import InProcessTransport
+from secagg.wire import Envelope
 from tests.conftest import backend_client
 
-GS = {f"client_{k}": (np.linspace(-0.2, 0.3, 6) * (k + 1) - 0.01 * k, 10.0 * (k + 2))
-      for k in range(4)}
+GS = {
+    f"client_{k}": (np.linspace(-0.2, 0.3, 6) * (k + 1) - 0.01 * k, 10.0 * (k + 2))
+    for k in range(4)
+}
 
 
 def run_one_round(backend, streaming, handlers=None, server_backend=None, protocol="fedavg"):
@@ -37,9 +39,16 @@ def run_one_round(backend, streaming, handlers=None, server_backend=None, protoc
         server_backend, backends = make_backends(backend, list(GS))
         handlers = {c: backend_client(c, backends[c], g, n) for c, (g, n) in GS.items()}
     audit = AuditLog()
-    server = Server(make_protocol(protocol), server_backend, SGD(6), InProcessTransport(handlers),
-                    np.zeros(6), plan=TrainingPlan(local_steps=1), audit=audit,
-                    policy=RunPolicy(streaming=streaming))
+    server = Server(
+        make_protocol(protocol),
+        server_backend,
+        SGD(6),
+        InProcessTransport(handlers),
+        np.zeros(6),
+        plan=TrainingPlan(local_steps=1),
+        audit=audit,
+        policy=RunPolicy(streaming=streaming),
+    )
     server.setup(rounds=1)
     report = server.run_round(0)
     return server, report, audit
@@ -51,8 +60,11 @@ def test_streamed_round_is_bit_for_bit_the_buffered_round_on_plain(protocol):
     buffered, _, _ = run_one_round("plain", False, protocol=protocol)
     assert streamed.streaming and not buffered.streaming
     assert np.array_equal(streamed.params, buffered.params)
-    assert [r["peer"] for r in audit.records if r.get("phase") == "enroll"
-            and r["direction"] == "received"] == list(GS)  # every client enrolled once
+    assert [
+        r["peer"]
+        for r in audit.records
+        if r.get("phase") == "enroll" and r["direction"] == "received"
+    ] == list(GS)  # every client enrolled once
 
 
 def test_streamed_round_matches_the_buffered_round_on_ckks():
@@ -73,20 +85,25 @@ def test_a_dropped_client_is_renormalised_away(backend):
         if Envelope.from_bytes(data).phase == "train":
             raise RuntimeError("out of memory")
         return backend_client("client_3", backends["client_3"], *GS["client_3"])(data)
+
     handlers["client_3"] = fails_in_training
     server, report, _ = run_one_round(backend, True, handlers, server_backend)
     assert list(report.excluded) == ["client_3"]
     survivors = {c: GS[c] for c in GS if c != "client_3"}
     w = sample_size_weights({c: n for c, (_, n) in survivors.items()})
-    np.testing.assert_allclose(server.params, sum(w[c] * g for c, (g, _) in survivors.items()),
-                               atol=1e-5 if backend == "ckks" else 1e-12)
+    np.testing.assert_allclose(
+        server.params,
+        sum(w[c] * g for c, (g, _) in survivors.items()),
+        atol=1e-5 if backend == "ckks" else 1e-12,
+    )
 
 
 def test_an_upload_whose_count_differs_from_its_enrolment_is_excluded():
     server_backend, backends = make_backends("plain", list(GS))
     handlers = {c: backend_client(c, backends[c], g, n) for c, (g, n) in GS.items()}
-    handlers["client_1"] = backend_client("client_1", backends["client_1"], GS["client_1"][0],
-                                    GS["client_1"][1], train_n=1000.0)
+    handlers["client_1"] = backend_client(
+        "client_1", backends["client_1"], GS["client_1"][0], GS["client_1"][1], train_n=1000.0
+    )
     server, report, audit = run_one_round("plain", True, handlers, server_backend)
     assert list(report.excluded) == ["client_1"]
     assert "enrolled with 30 samples but reports 1000" in report.excluded["client_1"]
@@ -136,9 +153,16 @@ def test_a_client_that_fails_enrolment_is_excluded_then_and_from_the_sum():
         if Envelope.from_bytes(data).phase == "enroll":
             return backend_client("client_2", backends["client_2"], GS["client_2"][0], 0.0)(data)
         return honest(data)
+
     handlers["client_2"] = zero_at_enrolment
-    server = Server(make_protocol("fedavg"), server_backend, SGD(6), InProcessTransport(handlers),
-                    np.zeros(6), plan=TrainingPlan(local_steps=1))
+    server = Server(
+        make_protocol("fedavg"),
+        server_backend,
+        SGD(6),
+        InProcessTransport(handlers),
+        np.zeros(6),
+        plan=TrainingPlan(local_steps=1),
+    )
     excluded = server.setup(rounds=1)
     assert "reports 0.0 samples" in excluded["client_2"]
     report = server.run_round(0)
@@ -155,15 +179,16 @@ def test_running_sums_refuse_what_they_cannot_add():
     from secagg.server.round import RoundContext
 
     server_backend, backends = make_backends("ckks", ["client_0"])
-    ctx = RoundContext(Exchange(0, ["client_0"], InProcessTransport({}), AuditLog()), 5,
-                       server_backend, None)
+    ctx = RoundContext(
+        Exchange(0, ["client_0"], InProcessTransport({}), AuditLog()), 5, server_backend, None
+    )
     total = ctx.running_sum({"client_0": 1.0})
     keys = SecretKeyHolder(get_preset("compact"))
 
     def upload(n=5):
         field = wire.ciphertext(keys.encrypt(np.full(n, 0.1), 1.0))
-        return server_backend.load(Envelope("client_0", "server", 0, "train", {"g": field}),
-                                   "g", n)
+        return server_backend.load(Envelope("client_0", "server", 0, "train", {"g": field}), "g", n)
+
     total.add("client_0", upload())
     with pytest.raises(DuplicateMessage):
         total.add("client_0", upload())

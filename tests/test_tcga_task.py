@@ -30,8 +30,7 @@ def test_random_client_splits_are_5_to_1_and_reproducible():
     a = tcga_brca.random_client_splits(data, seed=3)
     b = tcga_brca.random_client_splits(data, seed=3)
     assert [len(p) for p in a.test] == [round(n / 6) for n in (279, 165, 174, 131, 131, 20)]
-    assert all(len(tr) + len(te) == len(orig)
-               for tr, te, orig in zip(a.train, a.test, data.train))
+    assert all(len(tr) + len(te) == len(orig) for tr, te, orig in zip(a.train, a.test, data.train))
     assert torch.equal(a.test[0].x, b.test[0].x)
     c = tcga_brca.random_client_splits(data, seed=4)
     assert not torch.equal(a.test[0].x, c.test[0].x)
@@ -50,8 +49,9 @@ def test_cox_loss_all_events_hand_computed():
     # times already descending: risk set of sample j is samples 0..j
     s = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
     loss = cox_loss(s, _truth([1, 1, 1], [30.0, 20.0, 10.0]))
-    expected = (0.0 + (math.log(math.e + math.e**2) - 2)
-                + (math.log(math.e + math.e**2 + math.e**3) - 3)) / 3
+    expected = (
+        0.0 + (math.log(math.e + math.e**2) - 2) + (math.log(math.e + math.e**2 + math.e**3) - 3)
+    ) / 3
     assert loss.item() == pytest.approx(expected, rel=1e-12)
 
 

@@ -34,8 +34,7 @@ def test_pseudo_gradient_is_new_minus_old_and_deterministic():
     for _ in range(2):
         trainer = LocalTrainer(tcga_brca.make_model(), data, tcga_brca.cox_loss, 8, seed=11)
         g = trainer.train(w0, lr=0.1, steps=10)
-        np.testing.assert_allclose(flat_params(trainer.model), w0.astype(np.float32) + g,
-                                   atol=1e-6)
+        np.testing.assert_allclose(flat_params(trainer.model), w0.astype(np.float32) + g, atol=1e-6)
         runs.append(g)
     np.testing.assert_array_equal(runs[0], runs[1])
     assert np.linalg.norm(runs[0]) > 0

@@ -7,25 +7,41 @@ import numpy as np
 import pytest
 
 from secagg import wire
-from secagg.errors import (MalformedMessage, OversizedMessage, TruncatedMessage,
-                           UnexpectedField, UnsupportedVersion, WireError)
+from secagg.errors import (
+    MalformedMessage,
+    OversizedMessage,
+    TruncatedMessage,
+    UnexpectedField,
+    UnsupportedVersion,
+    WireError,
+)
 from secagg.wire import Envelope
 
 
 def sample() -> Envelope:
-    return Envelope("client_1", "server", 3, "train", {
-        "pseudo_gradient": wire.vector(np.arange(5, dtype=np.float32)),
-        "n_samples": wire.scalar(129),
-        "blob": wire.ciphertext([b"abc", b"", b"defgh"]),
-        "train": wire.config({"lr": 0.1, "steps": 100}),
-    })
+    return Envelope(
+        "client_1",
+        "server",
+        3,
+        "train",
+        {
+            "pseudo_gradient": wire.vector(np.arange(5, dtype=np.float32)),
+            "n_samples": wire.scalar(129),
+            "blob": wire.ciphertext([b"abc", b"", b"defgh"]),
+            "train": wire.config({"lr": 0.1, "steps": 100}),
+        },
+    )
 
 
 def test_round_trip_preserves_every_kind():
     env = sample()
     back = Envelope.from_bytes(env.to_bytes())
-    assert (back.sender, back.recipient, back.round, back.phase) == ("client_1", "server", 3,
-                                                                     "train")
+    assert (back.sender, back.recipient, back.round, back.phase) == (
+        "client_1",
+        "server",
+        3,
+        "train",
+    )
     np.testing.assert_array_equal(back.vector("pseudo_gradient", 5), np.arange(5))
     assert back.fields["pseudo_gradient"].dtype == "<f4"
     assert back.scalar("n_samples") == 129.0
@@ -82,23 +98,48 @@ def _with_header(header: dict, payload: bytes = b"") -> bytes:
 BASE = {"sender": "a", "recipient": "server", "round": 0, "phase": "train"}
 
 
-@pytest.mark.parametrize("header,payload,match", [
-    ({**BASE, "fields": [{"name": "x", "kind": "rot13", "nbytes": 0}]}, b"", "unknown kind"),
-    ({**BASE, "fields": [{"name": "x", "kind": "scalar", "nbytes": 4}]}, b"1234", "expected 8"),
-    ({**BASE, "fields": [{"name": "x", "kind": "vector", "nbytes": 8, "dtype": "<i8"}]},
-     b"12345678", "dtype"),
-    ({**BASE, "fields": [{"name": "x", "kind": "vector", "nbytes": 6, "dtype": "<f4"}]},
-     b"123456", "whole number"),
-    ({**BASE, "fields": [{"name": "x", "kind": "ciphertext", "nbytes": 3, "parts": [1, 1]}]},
-     b"abc", "add up"),
-    ({**BASE, "fields": [{"name": "x", "kind": "scalar", "nbytes": -8}]}, b"", "invalid length"),
-    ({**BASE, "fields": [{"name": "x", "kind": "config", "nbytes": 2}]}, b"{x", "JSON"),
-    ({**BASE, "fields": [{"name": "x", "kind": "scalar", "nbytes": 0},
-                         {"name": "x", "kind": "scalar", "nbytes": 0}]}, b"", "repeated"),
-    ({**BASE, "round": -1, "fields": []}, b"", "round"),
-    ({**BASE, "round": True, "fields": []}, b"", "round"),
-    ({"sender": "a", "fields": []}, b"", "lacks"),
-])
+@pytest.mark.parametrize(
+    "header,payload,match",
+    [
+        ({**BASE, "fields": [{"name": "x", "kind": "rot13", "nbytes": 0}]}, b"", "unknown kind"),
+        ({**BASE, "fields": [{"name": "x", "kind": "scalar", "nbytes": 4}]}, b"1234", "expected 8"),
+        (
+            {**BASE, "fields": [{"name": "x", "kind": "vector", "nbytes": 8, "dtype": "<i8"}]},
+            b"12345678",
+            "dtype",
+        ),
+        (
+            {**BASE, "fields": [{"name": "x", "kind": "vector", "nbytes": 6, "dtype": "<f4"}]},
+            b"123456",
+            "whole number",
+        ),
+        (
+            {**BASE, "fields": [{"name": "x", "kind": "ciphertext", "nbytes": 3, "parts": [1, 1]}]},
+            b"abc",
+            "add up",
+        ),
+        (
+            {**BASE, "fields": [{"name": "x", "kind": "scalar", "nbytes": -8}]},
+            b"",
+            "invalid length",
+        ),
+        ({**BASE, "fields": [{"name": "x", "kind": "config", "nbytes": 2}]}, b"{x", "JSON"),
+        (
+            {
+                **BASE,
+                "fields": [
+                    {"name": "x", "kind": "scalar", "nbytes": 0},
+                    {"name": "x", "kind": "scalar", "nbytes": 0},
+                ],
+            },
+            b"",
+            "repeated",
+        ),
+        ({**BASE, "round": -1, "fields": []}, b"", "round"),
+        ({**BASE, "round": True, "fields": []}, b"", "round"),
+        ({"sender": "a", "fields": []}, b"", "lacks"),
+    ],
+)
 def test_inconsistent_headers_are_malformed(header, payload, match):
     with pytest.raises(MalformedMessage, match=match):
         Envelope.from_bytes(_with_header(header, payload))
@@ -124,13 +165,16 @@ def test_accessors_check_kind_length_and_finiteness():
         env.scalar("pseudo_gradient")
     with pytest.raises(UnexpectedField, match="expected 6"):
         env.vector("pseudo_gradient", 6)
-    nan_scalar = _with_header({**BASE, "fields": [{"name": "x", "kind": "scalar", "nbytes": 8}]},
-                              struct.pack("<d", float("nan")))
+    nan_scalar = _with_header(
+        {**BASE, "fields": [{"name": "x", "kind": "scalar", "nbytes": 8}]},
+        struct.pack("<d", float("nan")),
+    )
     with pytest.raises(UnexpectedField, match="not finite"):
         Envelope.from_bytes(nan_scalar).scalar("x")
-    inf_vec = _with_header({**BASE, "fields": [
-        {"name": "v", "kind": "vector", "nbytes": 8, "dtype": "<f4"}]},
-        np.array([1.0, np.inf], dtype="<f4").tobytes())
+    inf_vec = _with_header(
+        {**BASE, "fields": [{"name": "v", "kind": "vector", "nbytes": 8, "dtype": "<f4"}]},
+        np.array([1.0, np.inf], dtype="<f4").tobytes(),
+    )
     with pytest.raises(UnexpectedField, match="non-finite"):
         Envelope.from_bytes(inf_vec).vector("v")
 

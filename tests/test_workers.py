@@ -74,15 +74,18 @@ def test_a_worker_that_cannot_build_its_clients_is_a_clear_error():
         WorkerPoolTransport(BrokenClients(), ["c0"], workers=1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["plain", "ckks"])
 def test_a_run_with_worker_processes_gives_the_in_process_model(backend):
-    config = dict(task="tcga-brca", protocol="fedavg", backend=backend, rounds=2,
-                  seeds=[3], local_steps=5)
+    config = dict(
+        task="tcga-brca", protocol="fedavg", backend=backend, rounds=2, seeds=[3], local_steps=5
+    )
     local = run_experiment(ExperimentConfig(**config))
     parallel = run_experiment(ExperimentConfig(**config, workers=2))
     # plain: the order of float additions follows arrival; ckks: flooding noise differs
-    np.testing.assert_allclose(parallel.final_params[3], local.final_params[3],
-                               atol=1e-9 if backend == "plain" else 1e-4)
+    np.testing.assert_allclose(
+        parallel.final_params[3], local.final_params[3], atol=1e-9 if backend == "plain" else 1e-4
+    )
     up_local, up_parallel = (r.metrics["bytes_up"].iloc[1:] for r in (local, parallel))
     if backend == "plain":  # the same envelopes, whoever carries them
         assert up_parallel.tolist() == up_local.tolist()
@@ -90,12 +93,23 @@ def test_a_run_with_worker_processes_gives_the_in_process_model(backend):
         np.testing.assert_allclose(up_parallel, up_local, rtol=1e-3)
 
 
-@pytest.mark.parametrize("settings", [
-    {"backend": "ckks", "server_blind": True, "protocol": "fedadam"},
-    {"dp_sgd": {"clip": 1.0, "noise": 1.0}},
-    {"protocol": "feddisco", "task": "digits-niid2", "local_steps": 3, "batch_size": 32,
-     "vae_rounds": 2, "protocol_options": {"alpha": 0.1}}],
-    ids=["server_blind", "dp_sgd", "feddisco"])
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"backend": "ckks", "server_blind": True, "protocol": "fedadam"},
+        {"dp_sgd": {"clip": 1.0, "noise": 1.0}},
+        {
+            "protocol": "feddisco",
+            "task": "digits-niid2",
+            "local_steps": 3,
+            "batch_size": 32,
+            "vae_rounds": 2,
+            "protocol_options": {"alpha": 0.1},
+        },
+    ],
+    ids=["server_blind", "dp_sgd", "feddisco"],
+)
 def test_workers_run_what_once_read_the_clients_state(settings):
     """Server-blind models, DP-SGD's ε and FedDisco's encoder travel as messages now, so
     worker processes give the in-process run's model and numbers."""

@@ -7,9 +7,11 @@ classes) so that worker processes can rebuild it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
+from functools import partial
 
+import numpy as np
 import torch
 
 from secagg.clients.tasks import digits, tcga_brca
@@ -24,23 +26,41 @@ class Task:
     load: Callable[[], FederatedData]
     make_model: Callable[[], torch.nn.Module]
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-    metric: Callable[[object, object], float]
+    metric: Callable[[np.ndarray, np.ndarray], float]  # (targets, model outputs) -> score
     metric_name: str
 
 
 TASKS = {
     "tcga-brca": Task(
-        "tcga-brca", "Fed-TCGA-BRCA (FLamby split: 6 regions, 866 train / 222 test)",
-        lambda: tcga_brca.load("flamby"), tcga_brca.make_model, tcga_brca.cox_loss,
-        tcga_brca.c_index, "c_index"),
+        "tcga-brca",
+        "Fed-TCGA-BRCA (FLamby split: 6 regions, 866 train / 222 test)",
+        lambda: tcga_brca.load("flamby"),
+        tcga_brca.make_model,
+        tcga_brca.cox_loss,
+        tcga_brca.c_index,
+        "c_index",
+    ),
     "tcga-brca-idash": Task(
-        "tcga-brca-idash", "iDASH 2024 Track 2 variant (900 patients, training-set evaluation)",
-        lambda: tcga_brca.load("idash2024"), tcga_brca.make_model, tcga_brca.cox_loss,
-        tcga_brca.c_index, "c_index"),
-    **{f"digits-{split}": Task(
-        f"digits-{split}", f"scikit-learn digits, split {split} (see clients/tasks/digits.py)",
-        lambda split=split: digits.load(split), digits.make_model, digits.cross_entropy,
-        digits.accuracy, "accuracy") for split in digits.SPLITS},
+        "tcga-brca-idash",
+        "iDASH 2024 Track 2 variant (900 patients, training-set evaluation)",
+        lambda: tcga_brca.load("idash2024"),
+        tcga_brca.make_model,
+        tcga_brca.cox_loss,
+        tcga_brca.c_index,
+        "c_index",
+    ),
+    **{
+        f"digits-{split}": Task(
+            f"digits-{split}",
+            f"scikit-learn digits, split {split} (see clients/tasks/digits.py)",
+            partial(digits.load, split),
+            digits.make_model,
+            digits.cross_entropy,
+            digits.accuracy,
+            "accuracy",
+        )
+        for split in digits.SPLITS
+    },
 }
 
 
@@ -52,8 +72,10 @@ def register_task(name: str, task: Task, *, replace: bool = False) -> None:
     if not isinstance(task, Task):
         raise ConfigError(f"register_task({name!r}): expected a Task, got {type(task).__name__}")
     if name in _BUILTIN or (name in TASKS and not replace):
-        raise ConfigError(f"task {name!r} is already registered"
-                          + ("" if name in _BUILTIN else " (pass replace=True)"))
+        raise ConfigError(
+            f"task {name!r} is already registered"
+            + ("" if name in _BUILTIN else " (pass replace=True)")
+        )
     TASKS[name] = task
 
 
@@ -68,5 +90,12 @@ def get_task(name: str) -> Task:
     return TASKS[name]
 
 
-__all__ = ["ClientData", "FederatedData", "TASKS", "Task", "custom_tasks", "get_task",
-           "register_task"]
+__all__ = [
+    "ClientData",
+    "FederatedData",
+    "TASKS",
+    "Task",
+    "custom_tasks",
+    "get_task",
+    "register_task",
+]

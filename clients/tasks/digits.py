@@ -22,8 +22,9 @@ from secagg.errors import ConfigError
 SPLITS = ("niid1", "niid2", "dir8")
 
 
-def _dirichlet_parts(labels: np.ndarray, n_clients: int, alpha: float,
-                     rng: np.random.Generator) -> list[np.ndarray]:
+def _dirichlet_parts(
+    labels: np.ndarray, n_clients: int, alpha: float, rng: np.random.Generator
+) -> list[np.ndarray]:
     parts: list[list[int]] = [[] for _ in range(n_clients)]
     for cls in np.unique(labels):
         idx = rng.permutation(np.flatnonzero(labels == cls))
@@ -36,7 +37,8 @@ def _dirichlet_parts(labels: np.ndarray, n_clients: int, alpha: float,
 
 def _two_class_parts(labels: np.ndarray, rng: np.random.Generator) -> list[np.ndarray]:
     """Five clients with two classes each (0–1, 2–3, ...), one client with a slice of all."""
-    uniform, biased = [], [[] for _ in range(5)]
+    uniform: list[int] = []
+    biased: list[list[int]] = [[] for _ in range(5)]
     for cls in range(10):
         idx = rng.permutation(np.flatnonzero(labels == cls))
         n_uniform = idx.size // 6
@@ -52,8 +54,9 @@ def load(split: str = "niid1", seed: int = 0) -> FederatedData:
     x = (digits.data / 16.0).astype(np.float32)
     y = digits.target.astype(np.int64)
     rng = np.random.default_rng(seed)
-    test_idx = np.concatenate([rng.permutation(np.flatnonzero(y == c))[: (y == c).sum() // 5]
-                               for c in range(10)])
+    test_idx = np.concatenate(
+        [rng.permutation(np.flatnonzero(y == c))[: (y == c).sum() // 5] for c in range(10)]
+    )
     train_idx = np.setdiff1d(np.arange(y.size), test_idx)
     xt, yt = x[train_idx], y[train_idx]
     if split == "niid2":
@@ -65,7 +68,9 @@ def load(split: str = "niid1", seed: int = 0) -> FederatedData:
     return FederatedData(
         name=f"digits[{split}]",
         train=[ClientData(torch.from_numpy(xt[p]), torch.from_numpy(yt[p])) for p in parts],
-        test=None, pooled_test=test)
+        test=None,
+        pooled_test=test,
+    )
 
 
 def make_model() -> nn.Module:

@@ -42,7 +42,7 @@ class ClientData:
         return self.x.shape[0]
 
     @staticmethod
-    def concat(parts: list["ClientData"]) -> "ClientData":
+    def concat(parts: list[ClientData]) -> ClientData:
         return ClientData(torch.cat([p.x for p in parts]), torch.cat([p.y for p in parts]))
 
 
@@ -82,15 +82,22 @@ def load(variant: str = "flamby") -> FederatedData:
 
     train = [part(f"train_{k}") for k in range(N_CLIENTS)]
     test = [part(f"test_{k}") for k in range(N_CLIENTS)]
+    empty = [k for k, t in enumerate(train) if t is None]
+    if empty:
+        raise ConfigError(
+            f"{folder / 'train_test_split.csv'} gives no training samples to clients {empty}"
+        )
+    tests = [t for t in test if t is not None]
     return FederatedData(
         name=f"tcga-brca[{variant}]",
-        train=train,
-        test=None if any(t is None for t in test) else test,
+        train=[t for t in train if t is not None],
+        test=tests if len(tests) == len(test) else None,
     )
 
 
-def random_client_splits(data: FederatedData, seed: int, test_fraction: float = 1 / 6
-                         ) -> FederatedData:
+def random_client_splits(
+    data: FederatedData, seed: int, test_fraction: float = 1 / 6
+) -> FederatedData:
     """Split every client's training samples at random into train/test (5:1 by default)."""
     rng = np.random.default_rng(seed)
     train, test = [], []

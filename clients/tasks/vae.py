@@ -21,14 +21,16 @@ class BetaVAE(nn.Module):
     def __init__(self, n_in: int = 64, hidden: int = 32, latent: int = LATENT):
         super().__init__()
         self.n_in, self.latent = n_in, latent
-        self.encoder = nn.Sequential(nn.Linear(n_in, hidden), nn.ReLU(),
-                                     nn.Linear(hidden, 2 * latent))
-        self.decoder = nn.Sequential(nn.Linear(latent, hidden), nn.ReLU(),
-                                     nn.Linear(hidden, n_in), nn.Sigmoid())
+        self.encoder = nn.Sequential(
+            nn.Linear(n_in, hidden), nn.ReLU(), nn.Linear(hidden, 2 * latent)
+        )
+        self.decoder = nn.Sequential(
+            nn.Linear(latent, hidden), nn.ReLU(), nn.Linear(hidden, n_in), nn.Sigmoid()
+        )
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         """Latent means μ(x): the encodings whose spread FedDisco compares with N(0, 1)."""
-        return self.encoder(x)[:, :self.latent]
+        return self.encoder(x)[:, : self.latent]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         mu, logvar = self.encoder(x).chunk(2, dim=1)
@@ -41,19 +43,20 @@ def vae_loss(output: torch.Tensor, target: torch.Tensor, beta: float = BETA) -> 
     n_in = target.shape[1]
     recon, mu, logvar = output[:, :n_in], *output[:, n_in:].chunk(2, dim=1)
     rec = ((recon - target) ** 2).sum(dim=1).mean()
-    kl = (-0.5 * (1 + logvar - mu ** 2 - logvar.exp()).sum(dim=1)).mean()
+    kl = (-0.5 * (1 + logvar - mu**2 - logvar.exp()).sum(dim=1)).mean()
     return rec + beta * kl
 
 
 def reconstruction_score(target, output) -> float:
     """Negative mean squared reconstruction error (higher is better), for progress output."""
     target, output = np.asarray(target), np.asarray(output)
-    return -float(np.mean((output[:, :target.shape[1]] - target) ** 2))
+    return -float(np.mean((output[:, : target.shape[1]] - target) ** 2))
 
 
 def autoencoding(data: FederatedData) -> FederatedData:
     """The same partition with every sample as its own target."""
     same = [ClientData(p.x, p.x) for p in data.train]
     test = data.pooled_test
-    return FederatedData(f"{data.name}/vae", same, None,
-                         None if test is None else ClientData(test.x, test.x))
+    return FederatedData(
+        f"{data.name}/vae", same, None, None if test is None else ClientData(test.x, test.x)
+    )

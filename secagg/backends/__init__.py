@@ -9,8 +9,9 @@ imported when a client is built.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from secagg.backends.base import BackendOption, ClientBackend, ServerBackend
 from secagg.errors import ConfigError
@@ -33,17 +34,21 @@ class BackendSpec:
         known = {o.key: o for o in self.options}
         unknown = set(options) - set(known)
         if unknown:
-            raise ConfigError(f"backend {self.name!r} has no option(s) {sorted(unknown)}; "
-                              f"its options: {sorted(known) or 'none'}")
+            raise ConfigError(
+                f"backend {self.name!r} has no option(s) {sorted(unknown)}; "
+                f"its options: {sorted(known) or 'none'}"
+            )
         out = {}
         for key, opt in known.items():
             value = options.get(key, opt.default)
             if not isinstance(value, opt.type) or isinstance(value, bool) != (opt.type is bool):
-                raise ConfigError(f"backend option {key} must be a {opt.type.__name__}, got "
-                                  f"{value!r}")
+                raise ConfigError(
+                    f"backend option {key} must be a {opt.type.__name__}, got {value!r}"
+                )
             if opt.choices is not None and value not in opt.choices:
-                raise ConfigError(f"backend option {key} must be one of {opt.choices}, got "
-                                  f"{value!r}")
+                raise ConfigError(
+                    f"backend option {key} must be one of {opt.choices}, got {value!r}"
+                )
             out[key] = value
         if self.check is not None:
             self.check(out)
@@ -82,18 +87,38 @@ def _check_flooding(options: dict[str, Any]) -> None:
 
 
 BACKENDS: dict[str, BackendSpec] = {
-    "plain": BackendSpec("plain", "float vectors; the server sees everything (baseline)",
-                         _plain_server, _plain_client),
+    "plain": BackendSpec(
+        "plain",
+        "float vectors; the server sees everything (baseline)",
+        _plain_server,
+        _plain_client,
+    ),
     "ckks": BackendSpec(
-        "ckks", "CKKS ciphertexts under one key the clients share (SEAL via TenSEAL)",
-        _ckks_server, _ckks_client, (
-            BackendOption("preset", "ckks-preset", str, "compact",
-                          "parameter set: compact (N=4096, moduli 47+46+16 bits) or wide "
-                          "(N=8192, 60+60+60 bits); both 128-bit secure (SEAL enforces it)", ("compact", "wide")),
-            BackendOption("flooding_bits", "flooding-bits", int, 30,
-                          "statistical security of the noise flooding of revealed aggregates "
-                          "(0 turns flooding off and is insecure)"),
-        ), _check_flooding),
+        "ckks",
+        "CKKS ciphertexts under one key the clients share (SEAL via TenSEAL)",
+        _ckks_server,
+        _ckks_client,
+        (
+            BackendOption(
+                "preset",
+                "ckks-preset",
+                str,
+                "compact",
+                "parameter set: compact (N=4096, moduli 47+46+16 bits) or wide "
+                "(N=8192, 60+60+60 bits); both 128-bit secure (SEAL enforces it)",
+                ("compact", "wide"),
+            ),
+            BackendOption(
+                "flooding_bits",
+                "flooding-bits",
+                int,
+                30,
+                "statistical security of the noise flooding of revealed aggregates "
+                "(0 turns flooding off and is insecure)",
+            ),
+        ),
+        _check_flooding,
+    ),
 }
 
 
@@ -111,20 +136,31 @@ def make_server_backend(name: str, options: Mapping[str, Any]) -> ServerBackend:
     return backend_spec(name).make_server(resolve_options(name, options))
 
 
-def make_client_backend(name: str, client_id: str, options: Mapping[str, Any]
-                        ) -> ClientBackend:
+def make_client_backend(name: str, client_id: str, options: Mapping[str, Any]) -> ClientBackend:
     return backend_spec(name).make_client(client_id, resolve_options(name, options))
 
 
-__all__ = ["BACKENDS", "BackendOption", "BackendSpec", "ClientBackend", "ServerBackend",
-           "backend_spec", "make_client_backend", "make_server_backend", "resolve_options"]
+__all__ = [
+    "BACKENDS",
+    "BackendOption",
+    "BackendSpec",
+    "ClientBackend",
+    "ServerBackend",
+    "backend_spec",
+    "make_client_backend",
+    "make_server_backend",
+    "resolve_options",
+]
 
 
-def make_backends(name: str, client_ids: list[str], **options: Any
-                  ) -> tuple[ServerBackend, dict[str, ClientBackend]]:
+def make_backends(
+    name: str, client_ids: list[str], **options: Any
+) -> tuple[ServerBackend, dict[str, ClientBackend]]:
     """Both halves at once (tests, benchmarks): the server's and one per client."""
-    return (make_server_backend(name, options),
-            {c: make_client_backend(name, c, options) for c in client_ids})
+    return (
+        make_server_backend(name, options),
+        {c: make_client_backend(name, c, options) for c in client_ids},
+    )
 
 
 __all__ += ["make_backends"]

@@ -36,14 +36,14 @@ the CLI name no backend option themselves. A new backend is a module plus a regi
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
+from secagg.errors import ConfigError
 from secagg.options import Option
-
 from secagg.wire import Envelope, Field
-
 
 #: the largest |weight| a sum may use on any backend
 MAX_WEIGHT = 1.0
@@ -67,6 +67,23 @@ class ClientBackend(ABC):
     def handlers(self) -> dict[str, Callable[[Envelope], dict[str, Field]]]:
         """Phases the backend itself answers (key setup, reveals); none for plain."""
         return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        """What this half remembers between messages (keys, key setup, counters), for a
+        client that runs as a fresh process per message (``Client.export_state``).
+
+        Values are JSON-able, 1-D numpy arrays, or ``bytes`` (secret key material): the
+        caller keeps secrets in opaque fields and the blob on the client's own node."""
+        return {}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Take over what :meth:`state_dict` exported; on error, leave this half as it was."""
+        if state:
+            raise ConfigError(
+                f"the {self.name} client backend keeps no state, got "
+                f"{sorted(state)}: restore a state exported by a {self.name} "
+                "client"
+            )
 
 
 class RunningSum(ABC):

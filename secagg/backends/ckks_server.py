@@ -7,8 +7,9 @@ floods the decryption before returning it (see ``secagg/ckks/flooding.py``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -41,35 +42,55 @@ class CKKSServer(ServerBackend):
         self.fingerprint = params_fingerprint(preset)
         self._reveals = 0
 
-    def setup_config(self, n_clients: int, decryption_budget: int,
-                     flooding_bits: int) -> dict[str, Any]:
-        return {"preset": self.preset.name, "params": self.fingerprint, "n_clients": n_clients,
-                "decryption_budget": decryption_budget, "flooding_bits": flooding_bits}
+    def setup_config(
+        self, n_clients: int, decryption_budget: int, flooding_bits: int
+    ) -> dict[str, Any]:
+        return {
+            "preset": self.preset.name,
+            "params": self.fingerprint,
+            "n_clients": n_clients,
+            "decryption_budget": decryption_budget,
+            "flooding_bits": flooding_bits,
+        }
 
     # ---- key setup: the clients make one CKKS key and share it through the server ----------
     def setup(self, ctx, decryption_budget: int) -> None:
         clients = list(ctx.active)
-        setup = wire.config(self.setup_config(len(clients), decryption_budget,
-                                              self.flooding_bits))
-        hello = ctx.ask("key_hello", {c: {"setup": setup} for c in clients},
-                        expect={"x25519_public": wire.CONFIG})
+        setup = wire.config(self.setup_config(len(clients), decryption_budget, self.flooding_bits))
+        hello = ctx.ask(
+            "key_hello",
+            {c: {"setup": setup} for c in clients},
+            expect={"x25519_public": wire.CONFIG},
+        )
         publics = {c: env.config("x25519_public")["key"] for c, env in hello.items()}
         if not publics:
-            raise RoundAborted("no client answered the key setup", round=ctx.round,
-                               phase="key_hello", exclusions=ctx.excluded)
+            raise RoundAborted(
+                "no client answered the key setup",
+                round=ctx.round,
+                phase="key_hello",
+                exclusions=ctx.excluded,
+            )
         leader, *others = list(publics)
-        gen = ctx.ask("key_generate", {leader: {
-            "setup": setup, "peers": wire.config({c: publics[c] for c in others})}},
-            expect={f"wrapped_key.{c}": wire.CIPHERTEXT for c in others})
+        gen = ctx.ask(
+            "key_generate",
+            {leader: {"setup": setup, "peers": wire.config({c: publics[c] for c in others})}},
+            expect={f"wrapped_key.{c}": wire.CIPHERTEXT for c in others},
+        )
         if leader not in gen:
-            raise RoundAborted(f"key leader {leader} failed: {ctx.excluded.get(leader)}",
-                               round=ctx.round, phase="key_generate",
-                               exclusions=ctx.excluded)
-        install = {c: {"setup": setup, "leader": wire.config({"id": leader,
-                                                              "key": publics[leader]}),
-                       "wrapped_key": wire.ciphertext(gen[leader].ciphertext_parts(
-                           f"wrapped_key.{c}"))}
-                   for c in others}
+            raise RoundAborted(
+                f"key leader {leader} failed: {ctx.excluded.get(leader)}",
+                round=ctx.round,
+                phase="key_generate",
+                exclusions=ctx.excluded,
+            )
+        install = {
+            c: {
+                "setup": setup,
+                "leader": wire.config({"id": leader, "key": publics[leader]}),
+                "wrapped_key": wire.ciphertext(gen[leader].ciphertext_parts(f"wrapped_key.{c}")),
+            }
+            for c in others
+        }
         done = ctx.ask("key_install", install, expect={"installed": wire.CONFIG})
         for c, env in done.items():
             if env.config("installed").get("params") != self.fingerprint:
@@ -86,7 +107,7 @@ class CKKSServer(ServerBackend):
         cts = self.public.weighted_sum([h.ciphertexts for h in handles], weights)
         return CKKSHandle(cts, handles[0].n_values, self.public.sum_scale)
 
-    def running_sum(self, length: int) -> "CKKSRunningSum":
+    def running_sum(self, length: int) -> CKKSRunningSum:
         return CKKSRunningSum(self.public, length)
 
     def to_field(self, handle: CKKSHandle) -> Field:
@@ -95,8 +116,10 @@ class CKKSServer(ServerBackend):
     # ---- reveal through a decryptor client ---------------------------------------------------
     def reveal(self, ctx, handle: CKKSHandle, name: str) -> tuple[np.ndarray, str]:
         """Ask a decryptor (rotating over the active clients) for a flooded decryption."""
-        request = {"aggregate": self.to_field(handle),
-                   "reveal": wire.config({"name": name, "n_values": handle.n_values})}
+        request = {
+            "aggregate": self.to_field(handle),
+            "reveal": wire.config({"name": name, "n_values": handle.n_values}),
+        }
         errors = {}
         candidates = list(ctx.active)
         for attempt in range(len(candidates)):
@@ -106,8 +129,12 @@ class CKKSServer(ServerBackend):
                 self._reveals += 1
                 return reply[decryptor].vector(name, handle.n_values), decryptor
             errors[decryptor] = ctx.excluded.get(decryptor)
-        raise RoundAborted(f"no decryptor could reveal {name}: {errors}", round=ctx.round,
-                           phase="reveal", exclusions=ctx.excluded)
+        raise RoundAborted(
+            f"no decryptor could reveal {name}: {errors}",
+            round=ctx.round,
+            phase="reveal",
+            exclusions=ctx.excluded,
+        )
 
 
 class CKKSRunningSum(RunningSum):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -42,7 +42,7 @@ class PlainServer(ServerBackend):
             total.add(h, w)
         return total.result()
 
-    def running_sum(self, length: int) -> "PlainRunningSum":
+    def running_sum(self, length: int) -> PlainRunningSum:
         return PlainRunningSum(length)
 
     def to_field(self, handle: np.ndarray) -> Field:

@@ -32,7 +32,7 @@ SEAL_NOISE_MAX = 6 * 3.2  # SEAL's clipped-normal encryption noise: σ 3.2, cut 
 
 def error_bound(n_clients: int, weight_bits: int) -> float:
     """E: worst-case per-coefficient decryption error of a weighted sum of fresh uploads."""
-    return n_clients * 2.0 ** weight_bits * SEAL_NOISE_MAX
+    return n_clients * 2.0**weight_bits * SEAL_NOISE_MAX
 
 
 def flooding_sigma(error: float, decryptions: int, security_bits: int = 30) -> float:

@@ -37,13 +37,33 @@ def fingerprint(public: bytes) -> str:
 class KeyWrapper:
     """One client's X25519 identity for wrapping and unwrapping key material."""
 
-    def __init__(self):
-        self._private = X25519PrivateKey.generate()
+    def __init__(self, private: X25519PrivateKey | None = None):
+        self._private = private if private is not None else X25519PrivateKey.generate()
+
+    @classmethod
+    def from_private_bytes(cls, raw: bytes) -> KeyWrapper:
+        """The identity :meth:`private_bytes` exported (a client restored from its state)."""
+        try:
+            return cls(X25519PrivateKey.from_private_bytes(bytes(raw)))
+        except (ValueError, TypeError) as exc:
+            raise KeySetupError(
+                f"not a raw X25519 private key ({len(bytes(raw))} bytes; 32 expected): {exc}"
+            ) from None
+
+    def private_bytes(self) -> bytes:
+        """The raw 32-byte private key: secret, for the client's own state export only
+        (whoever holds it can unwrap every key wrapped for this client)."""
+        return self._private.private_bytes(
+            serialization.Encoding.Raw,
+            serialization.PrivateFormat.Raw,
+            serialization.NoEncryption(),
+        )
 
     @property
     def public_bytes(self) -> bytes:
-        return self._private.public_key().public_bytes(serialization.Encoding.Raw,
-                                                       serialization.PublicFormat.Raw)
+        return self._private.public_key().public_bytes(
+            serialization.Encoding.Raw, serialization.PublicFormat.Raw
+        )
 
     def _key(self, peer_public: bytes, aad: bytes) -> bytes:
         try:
@@ -51,17 +71,20 @@ class KeyWrapper:
         except ValueError as exc:
             raise KeySetupError(f"invalid X25519 public key: {exc}") from None
         shared = self._private.exchange(peer)
-        return HKDF(algorithm=hashes.SHA256(), length=32, salt=None,
-                    info=_INFO + b"|" + aad).derive(shared)
+        return HKDF(
+            algorithm=hashes.SHA256(), length=32, salt=None, info=_INFO + b"|" + aad
+        ).derive(shared)
 
-    def wrap(self, payload: bytes, peer_public: bytes, sender: str, recipient: str,
-             params: str) -> bytes:
+    def wrap(
+        self, payload: bytes, peer_public: bytes, sender: str, recipient: str, params: str
+    ) -> bytes:
         aad = _aad(sender, recipient, params)
         nonce = os.urandom(_NONCE)
         return nonce + AESGCM(self._key(peer_public, aad)).encrypt(nonce, payload, aad)
 
-    def unwrap(self, blob: bytes, peer_public: bytes, sender: str, recipient: str,
-               params: str) -> bytes:
+    def unwrap(
+        self, blob: bytes | memoryview, peer_public: bytes, sender: str, recipient: str, params: str
+    ) -> bytes:
         aad = _aad(sender, recipient, params)
         blob = bytes(blob)  # may be a view into the message it came in
         if len(blob) <= _NONCE:
@@ -69,5 +92,7 @@ class KeyWrapper:
         try:
             return AESGCM(self._key(peer_public, aad)).decrypt(blob[:_NONCE], blob[_NONCE:], aad)
         except InvalidTag:
-            raise KeySetupError(f"wrapped key from {sender} does not open for {recipient} "
-                                "(tampered, misaddressed or other parameters)") from None
+            raise KeySetupError(
+                f"wrapped key from {sender} does not open for {recipient} "
+                "(tampered, misaddressed or other parameters)"
+            ) from None

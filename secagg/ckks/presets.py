@@ -53,20 +53,34 @@ class CKKSPreset:
         """Largest |Σ w_i x_i| entry an aggregate can hold (with a 2-bit safety margin)."""
         return 2.0 ** (self.data_bits - 1 - 0.5 - self.scale_bits - self.weight_bits - 2)
 
-    def check(self) -> "CKKSPreset":
+    def check(self) -> CKKSPreset:
         if self.scale_bits + self.weight_bits + 4 > self.data_bits:
             raise ConfigError(f"preset {self.name}: scale and weight bits leave no headroom")
         return self
 
 
-PRESETS: dict[str, CKKSPreset] = {p.name: p.check() for p in (
-    CKKSPreset("compact", 4096, (47, 46, 16), scale_bits=62, weight_bits=20,
-               description="N=4096, 93-bit data modulus (109 bits with the special prime, "
-                           "SEAL's 128-bit maximum): headroom 181"),
-    CKKSPreset("wide", 8192, (60, 60, 60), scale_bits=80, weight_bits=24,
-               description="N=8192, 120-bit data modulus: headroom 5,800, flooding error "
-                           "below 1e-14"),
-)}
+PRESETS: dict[str, CKKSPreset] = {
+    p.name: p.check()
+    for p in (
+        CKKSPreset(
+            "compact",
+            4096,
+            (47, 46, 16),
+            scale_bits=62,
+            weight_bits=20,
+            description="N=4096, 93-bit data modulus (109 bits with the special prime, "
+            "SEAL's 128-bit maximum): headroom 181",
+        ),
+        CKKSPreset(
+            "wide",
+            8192,
+            (60, 60, 60),
+            scale_bits=80,
+            weight_bits=24,
+            description="N=8192, 120-bit data modulus: headroom 5,800, flooding error below 1e-14",
+        ),
+    )
+}
 DEFAULT_PRESET = "compact"
 
 

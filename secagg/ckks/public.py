@@ -13,7 +13,7 @@ import os
 import shutil
 import tempfile
 import threading
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import tenseal.sealapi as seal
@@ -25,8 +25,7 @@ from secagg.errors import ConfigError, MalformedCiphertext, WrongContext
 # when the machine has it, and delete each file as soon as it has been read. Names come from a
 # counter (no uuid, no pathlib: this runs once per ciphertext chunk, hundreds of times per
 # million parameters), with the thread id so that threads never share a file.
-_SCRATCH = tempfile.mkdtemp(prefix="secagg-",
-                            dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+_SCRATCH = tempfile.mkdtemp(prefix="secagg-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
 _NAMES = itertools.count()
 atexit.register(shutil.rmtree, _SCRATCH, ignore_errors=True)
 
@@ -46,8 +45,9 @@ def to_bytes(obj) -> bytes:
         os.unlink(path)
 
 
-def from_bytes(obj, context: seal.SEALContext, data: bytes):
-    """Load bytes into a fresh SEAL object; SEAL validates them against the context."""
+def from_bytes(obj, context: seal.SEALContext, data: bytes | memoryview):
+    """Load bytes (or a view into a received message) into a fresh SEAL object; SEAL
+    validates them against the context."""
     path = _scratch_path()
     try:
         with open(path, "wb") as f:
@@ -58,23 +58,25 @@ def from_bytes(obj, context: seal.SEALContext, data: bytes):
         os.unlink(path)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def make_context(preset: CKKSPreset) -> seal.SEALContext:
     """SEAL's context for a preset, built once per process and shared: it is immutable, and
     building one (NTT tables, prime checks) costs about 10 ms, which 100 clients and the
     server would otherwise pay twice each."""
     parms = seal.EncryptionParameters(seal.SCHEME_TYPE.CKKS)
     parms.set_poly_modulus_degree(preset.poly_modulus_degree)
-    parms.set_coeff_modulus(seal.CoeffModulus.Create(preset.poly_modulus_degree,
-                                                     list(preset.coeff_bits)))
+    parms.set_coeff_modulus(
+        seal.CoeffModulus.Create(preset.poly_modulus_degree, list(preset.coeff_bits))
+    )
     context = seal.SEALContext(parms, True, seal.SEC_LEVEL_TYPE.TC128)
     if not context.parameters_set():
-        raise ConfigError(f"SEAL rejects preset {preset.name}: "
-                          f"{context.parameters_error_message()}")
+        raise ConfigError(
+            f"SEAL rejects preset {preset.name}: {context.parameters_error_message()}"
+        )
     return context
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def params_fingerprint(preset: CKKSPreset) -> str:
     """A short public identifier of the parameter set, bound into key wrapping."""
     parms = make_context(preset).key_context_data().parms()
@@ -89,11 +91,15 @@ class PublicCKKS:
         self.context = make_context(preset)
         self.evaluator = seal.Evaluator(self.context)
         self.encoder = seal.CKKSEncoder(self.context)
-        self.scale = 2.0 ** preset.scale_bits
+        self.scale = 2.0**preset.scale_bits
 
-    def load_ciphertexts(self, parts: Sequence[bytes], n_values: int,
-                         scale: float | None = None, aggregate: bool = False
-                         ) -> list[seal.Ciphertext]:
+    def load_ciphertexts(
+        self,
+        parts: Sequence[bytes | memoryview],
+        n_values: int,
+        scale: float | None = None,
+        aggregate: bool = False,
+    ) -> list[seal.Ciphertext]:
         """Load and check ciphertexts for an n-value vector at the fresh-upload level.
 
         Uploads must carry the fresh scale Δ (or ``scale``). An ``aggregate`` (a weighted
@@ -104,8 +110,9 @@ class PublicCKKS:
         if len(parts) != expected:
             raise MalformedCiphertext(
                 f"{len(parts)} ciphertexts for {n_values} values; preset {self.preset.name} "
-                f"packs {self.preset.values_per_ciphertext} per ciphertext, so {expected}")
-        out = []
+                f"packs {self.preset.values_per_ciphertext} per ciphertext, so {expected}"
+            )
+        out: list[seal.Ciphertext] = []
         for i, data in enumerate(parts):
             try:
                 ct = from_bytes(seal.Ciphertext(), self.context, data)
@@ -116,21 +123,27 @@ class PublicCKKS:
             if ct.size() != 2 or not ct.is_ntt_form():
                 raise MalformedCiphertext(f"ciphertext {i} has size {ct.size()}, expected 2")
             if aggregate:
-                if not self.scale <= ct.scale <= self.sum_scale or (out and
-                                                                    ct.scale != out[0].scale):
-                    raise WrongContext(f"aggregate ciphertext {i} has scale "
-                                       f"2^{np.log2(ct.scale):.1f}, outside [2^"
-                                       f"{self.preset.scale_bits}, 2^"
-                                       f"{self.preset.scale_bits + self.preset.weight_bits}] "
-                                       "or unlike the other chunks")
+                if not self.scale <= ct.scale <= self.sum_scale or (
+                    out and ct.scale != out[0].scale
+                ):
+                    raise WrongContext(
+                        f"aggregate ciphertext {i} has scale "
+                        f"2^{np.log2(ct.scale):.1f}, outside [2^"
+                        f"{self.preset.scale_bits}, 2^"
+                        f"{self.preset.scale_bits + self.preset.weight_bits}] "
+                        "or unlike the other chunks"
+                    )
             elif ct.scale != (self.scale if scale is None else scale):
-                raise WrongContext(f"ciphertext {i} has scale 2^{np.log2(ct.scale):.1f}, "
-                                   f"preset {self.preset.name} uses 2^{self.preset.scale_bits}")
+                raise WrongContext(
+                    f"ciphertext {i} has scale 2^{np.log2(ct.scale):.1f}, "
+                    f"preset {self.preset.name} uses 2^{self.preset.scale_bits}"
+                )
             out.append(ct)
         return out
 
-    def weighted_sum(self, vectors: Sequence[list[seal.Ciphertext]],
-                     weights: Sequence[float]) -> list[seal.Ciphertext]:
+    def weighted_sum(
+        self, vectors: Sequence[list[seal.Ciphertext]], weights: Sequence[float]
+    ) -> list[seal.Ciphertext]:
         """Σ_i w_i · vectors[i], chunk by chunk, with w_i quantised to 2^-weight_bits."""
         total = CiphertextSum(self)
         for vec, w in zip(vectors, weights):
@@ -139,7 +152,7 @@ class PublicCKKS:
 
     @property
     def sum_scale(self) -> float:
-        return self.scale * 2.0 ** self.preset.weight_bits
+        return self.scale * 2.0**self.preset.weight_bits
 
 
 class CiphertextSum:
@@ -154,7 +167,7 @@ class CiphertextSum:
     def __init__(self, public: PublicCKKS):
         self.public = public
         self.chunks: list[seal.Ciphertext] | None = None
-        self._wscale = 2.0 ** public.preset.weight_bits
+        self._wscale = 2.0**public.preset.weight_bits
 
     def add(self, vector: list[seal.Ciphertext], weight: float, consume: bool = False) -> bool:
         """Fold ``weight · vector`` in; False if the weight rounds to zero at this preset's
@@ -166,8 +179,9 @@ class CiphertextSum:
         if round(abs(w) * self._wscale) == 0:
             return False
         if self.chunks is not None and len(vector) != len(self.chunks):
-            raise MalformedCiphertext(f"{len(vector)} chunks, the running sum has "
-                                      f"{len(self.chunks)}")
+            raise MalformedCiphertext(
+                f"{len(vector)} chunks, the running sum has {len(self.chunks)}"
+            )
         factor = seal.Plaintext()  # the constant round(w·2^wb), encoded once per upload
         self.public.encoder.encode(w, vector[0].parms_id(), self._wscale, factor)
         evaluator = self.public.evaluator

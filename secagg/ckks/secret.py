@@ -2,12 +2,14 @@
 
 It encrypts (seeded symmetric encryption: half-size uploads), decrypts, and decrypts with
 noise flooding for releases to the server. The secret key leaves it only through
-:meth:`SecretKeyHolder.export_for_wrapping`, whose caller wraps it for another client.
+:meth:`SecretKeyHolder.export_for_wrapping`, whose caller wraps it for another client or puts
+it in the client's own state export (``Client.export_state``, kept on the client's node);
+``SecretKeyHolder(preset, exported)`` loads it back.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import tenseal.sealapi as seal
@@ -29,8 +31,9 @@ class SecretKeyHolder:
             try:
                 self._secret = from_bytes(seal.SecretKey(), ctx, secret_key_bytes)
             except (RuntimeError, ValueError) as exc:
-                raise KeySetupError(f"secret key does not load for preset {preset.name}: "
-                                    f"{exc}") from None
+                raise KeySetupError(
+                    f"secret key does not load for preset {preset.name}: {exc}"
+                ) from None
         self._encryptor = seal.Encryptor(ctx, self._secret)
         self._decryptor = seal.Decryptor(ctx, self._secret)
         self._encoder = seal.CKKSEncoder(ctx)
@@ -55,38 +58,44 @@ class SecretKeyHolder:
                 f"value {values[i]:.6g} at index {i} exceeds the CKKS preset "
                 f"{self.preset.name!r} per-client bound {bound:.6g} (aggregate headroom "
                 f"{self.preset.headroom:.6g} shared by the clients); clip or rescale the "
-                "update, or choose the 'wide' preset")
+                "update, or choose the 'wide' preset"
+            )
         per = self.preset.values_per_ciphertext
         half = per // 2
         out = []
         for j in range(chunks_for(values.size, self.preset)):
             chunk = np.zeros(per)
-            part = values[j * per:(j + 1) * per]
-            chunk[:part.size] = part
+            part = values[j * per : (j + 1) * per]
+            chunk[: part.size] = part
             pt = seal.Plaintext()
-            self._encoder.encode((chunk[:half] + 1j * chunk[half:]).tolist(), self.public.scale,
-                                 pt)
+            self._encoder.encode((chunk[:half] + 1j * chunk[half:]).tolist(), self.public.scale, pt)
             out.append(to_bytes(self._encryptor.encrypt_symmetric(pt)))
         return out
 
     # ---- decryption -----------------------------------------------------------------------
-    def decrypt(self, parts: Sequence[bytes], n_values: int, scale: float | None = None
-                ) -> np.ndarray:
+    def decrypt(
+        self, parts: Sequence[bytes | memoryview], n_values: int, scale: float | None = None
+    ) -> np.ndarray:
         """Decrypt ciphertexts at ``scale``, or (None) an aggregate at the scale it carries."""
         return self._decode(self._load(parts, n_values, scale), n_values)
 
-    def decrypt_flooded(self, parts: Sequence[bytes], n_values: int, scale: float | None,
-                        coeff_sigma: float) -> tuple[np.ndarray, float]:
+    def decrypt_flooded(
+        self,
+        parts: Sequence[bytes | memoryview],
+        n_values: int,
+        scale: float | None,
+        coeff_sigma: float,
+    ) -> tuple[np.ndarray, float]:
         """Decrypt and add flooding noise; returns the values and the per-value noise σ."""
         cts = self._load(parts, n_values, scale)
         values = self._decode(cts, n_values)
         sigma = slot_sigma(coeff_sigma, self.preset.poly_modulus_degree, cts[0].scale)
         return values + sigma * csprng_normal(values.size), sigma
 
-    def _load(self, parts: Sequence[bytes], n_values: int, scale: float | None
-              ) -> list[seal.Ciphertext]:
-        return self.public.load_ciphertexts(parts, n_values, scale=scale,
-                                            aggregate=scale is None)
+    def _load(
+        self, parts: Sequence[bytes | memoryview], n_values: int, scale: float | None
+    ) -> list[seal.Ciphertext]:
+        return self.public.load_ciphertexts(parts, n_values, scale=scale, aggregate=scale is None)
 
     def _decode(self, cts: list[seal.Ciphertext], n_values: int) -> np.ndarray:
         out = []

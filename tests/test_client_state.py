@@ -1,0 +1,334 @@
+"""A client that lives for one message, restored from the state the previous message
+exported, answers exactly as a long-lived client does (as when Flower starts a fresh
+ClientApp per message); a blob that is not this client's is refused and changes nothing.
+
+The end-to-end runs go through the real classes: the experiment's ClientFactory builds every
+client, the real Server drives the rounds, and the transport below keeps nothing of a client
+between messages but the bytes ``export_state`` returned.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from secagg import wire
+from secagg.backends.plain import PlainClient
+from secagg.ckks.keywrap import KeyWrapper
+from secagg.clients.state import STATE_VERSION, decode_state, encode_state
+from secagg.clients.tasks import ClientData
+from secagg.clients.training import LocalTrainer
+from secagg.errors import ConfigError, KeySetupError, StateError
+from secagg.server.transport import InProcessTransport
+from secagg.simulation.experiment import ClientFactory, ExperimentConfig, run_experiment
+from secagg.wire import Envelope
+
+#: CostWAgg keeps l(w^c_{t-1}) on the client; client DP and scalar DP draw from the client's
+#: noise generator; 5 steps of batch 8 do not divide an epoch, so the batch position matters
+PLAIN = ExperimentConfig(
+    task="tcga-brca",
+    protocol="costwagg",
+    backend="plain",
+    rounds=3,
+    seeds=[1],
+    local_steps=5,
+    client_dp={"clip": 1.0, "noise": 0.5},
+    scalar_dp={"low": 0.5, "high": 2.0, "noise": 0.05},
+)
+#: server-blind LARC: key setup, each client's own model and Adam copy, the probe phase
+CKKS = ExperimentConfig(
+    task="tcga-brca",
+    protocol="larc",
+    backend="ckks",
+    rounds=3,
+    seeds=[1],
+    local_steps=5,
+    server_blind=True,
+)
+#: DP-SGD (Opacus): accountant, noise generator and the Poisson sampler's place; 7 steps a
+#: round over epochs of 31 batches, so rounds end mid-epoch
+DP_SGD = ExperimentConfig(
+    task="tcga-brca",
+    protocol="fedavg",
+    backend="plain",
+    rounds=3,
+    seeds=[1],
+    local_steps=7,
+    dp_sgd={"clip": 1.0, "noise": 1.0},
+)
+#: flooding and encryption noise are random on ckks; plain and DP-SGD are deterministic
+ATOL = {"plain": 0.0, "ckks": 1e-4}
+
+
+class FreshPerMessage:
+    """A transport whose clients live for one message: each request builds a fresh client
+    through the experiment's factory, restores the state the previous message exported,
+    answers and exports again. ``forget(client, pristine)`` (the controls) damages the
+    restored client, to show the comparison would notice that piece of state missing."""
+
+    def __init__(self, factory: ClientFactory, ids: list[str], forget=None):
+        self.factory, self.forget = factory, forget
+        self.blobs: dict[str, bytes | None] = {cid: None for cid in ids}
+        self.messages = 0
+        self._inner = InProcessTransport(
+            {cid: (lambda data, cid=cid: self._answer(cid, data)) for cid in ids}
+        )
+
+    @property
+    def peers(self) -> list[str]:
+        return self._inner.peers
+
+    def exchange(self, requests):
+        return self._inner.exchange(requests)
+
+    def _fresh(self, cid: str):
+        return self.factory([cid])[cid]
+
+    def _answer(self, cid: str, data: bytes) -> bytes:
+        client = self._fresh(cid)
+        if self.blobs[cid] is not None:
+            client.restore_state(self.blobs[cid])
+            if self.forget is not None:
+                self.forget(client, self._fresh(cid))
+        reply = client.handle(data)
+        self.blobs[cid] = client.export_state()
+        self.messages += 1
+        return reply
+
+
+def fresh_run(config: ExperimentConfig, forget=None):
+    made: list[FreshPerMessage] = []
+
+    def transport(factory, ids):
+        made.append(FreshPerMessage(factory, ids, forget))
+        return made[-1]
+
+    return run_experiment(config, transport_factory=transport), made[-1]
+
+
+_LONG_LIVED: dict[str, object] = {}
+
+
+def long_lived(config: ExperimentConfig):
+    """The reference run (one per config in this module)."""
+    key = repr(config)
+    if key not in _LONG_LIVED:
+        _LONG_LIVED[key] = run_experiment(config)
+    return _LONG_LIVED[key]
+
+
+def exclusions(result) -> list[tuple]:
+    return [(e["round"], e["phase"], e["peer"]) for e in result.audit.summary()["exclusions"]]
+
+
+# ---- (a) a fresh client per message gives the long-lived client's model ---------------------
+@pytest.mark.parametrize(
+    "config", [PLAIN, CKKS, DP_SGD], ids=["plain-costwagg", "ckks-larc-blind", "dp-sgd"]
+)
+def test_a_fresh_client_per_message_gives_the_long_lived_model(config):
+    reference = long_lived(config)
+    result, transport = fresh_run(config)
+    assert not result.aborted and not reference.aborted
+    assert exclusions(result) == exclusions(reference) == []
+    # every message was answered by a client that existed for that message only
+    assert transport.messages >= config.rounds * len(transport.peers)
+    np.testing.assert_allclose(
+        result.final_params[1], reference.final_params[1], rtol=0, atol=ATOL[config.backend]
+    )
+    if config.dp_sgd:  # the ε each client reports comes from its restored accountant
+        assert (
+            result.metrics["eps_dp_sgd_max"].tolist()[1:]
+            == reference.metrics["eps_dp_sgd_max"].tolist()[1:]
+        )
+
+
+def _zero_moments(client, pristine):
+    if client.optimizer is not None:
+        client.optimizer.load_state_dict(
+            {k: np.zeros_like(v) for k, v in client.optimizer.state.items()}
+        )
+
+
+def _reset_dp_sgd(client, pristine):
+    client.trainer.load_state_dict(pristine.trainer.state_dict())
+
+
+CONTROLS = {
+    "plain: batch position": (PLAIN, lambda c, p: setattr(c.trainer, "stream", p.trainer.stream)),
+    "plain: DP noise generator": (PLAIN, lambda c, p: setattr(c, "rng", p.rng)),
+    "plain: loss-ratio half": (PLAIN, lambda c, p: setattr(c, "protocol", p.protocol)),
+    "ckks: global model": (CKKS, lambda c, p: setattr(c, "_w", None)),
+    "ckks: optimizer moments": (CKKS, _zero_moments),
+    "ckks: batch position": (CKKS, lambda c, p: setattr(c.trainer, "stream", p.trainer.stream)),
+    "dp-sgd: Opacus state": (DP_SGD, _reset_dp_sgd),
+}
+
+
+@pytest.mark.parametrize("name", list(CONTROLS))
+def test_losing_a_piece_of_state_would_change_the_answer(name):
+    """Controls: the runs above would notice any of these pieces lost."""
+    config, forget = CONTROLS[name]
+    reference = long_lived(config)
+    result, _ = fresh_run(config, forget)
+    if name == "ckks: global model":  # without its model a client cannot answer the probe
+        assert result.aborted
+    else:
+        assert not result.aborted
+        assert (
+            np.max(np.abs(result.final_params[1] - reference.final_params[1]))
+            > 100 * ATOL[config.backend] + 1e-9
+        )
+
+
+def test_the_call_count_that_seeds_torch_is_restored():
+    """Models with randomness of their own (the β-VAE) draw it per call: a trainer restored
+    mid-run draws what the long-lived one draws, one that lost its count does not."""
+    data = ClientData(torch.randn(20, 3), torch.randn(20, 1))
+
+    def trainer():
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(3, 4), nn.Dropout(0.5), nn.Linear(4, 1))
+        return LocalTrainer(model, data, nn.functional.mse_loss, batch_size=6, seed=7)
+
+    w = np.zeros(trainer().n_params) + 0.1
+    a = trainer()
+    a.train(w, lr=0.1, steps=3)
+    state = a.state_dict()
+    expected = a.train(w, lr=0.1, steps=3)
+    b = trainer()
+    b.load_state_dict(state)
+    np.testing.assert_array_equal(b.train(w, lr=0.1, steps=3), expected)
+    c = trainer()
+    c.load_state_dict({**state, "calls": 0})
+    assert not np.array_equal(c.train(w, lr=0.1, steps=3), expected)
+
+
+# ---- (b) foreign, truncated, garbled, other-version blobs are refused; nothing changes ------
+@pytest.fixture(scope="module")
+def ckks_blobs():
+    """Every client's exported state after a short server-blind ckks run, and its factory."""
+    _, transport = fresh_run(replace(CKKS, rounds=1))
+    return transport.factory, transport.blobs
+
+
+def _bad_blobs(blobs: dict[str, bytes]) -> dict[str, tuple[bytes, str]]:
+    own = blobs["client_0"]
+    meta, state = decode_state(own, "client_0")
+    flipped = bytearray(own)
+    flipped[12] ^= 0xFF  # inside the JSON header
+    other_version = encode_state("client_0", {**meta, "version": STATE_VERSION + 1}, state)
+    other_model = encode_state("client_0", {**meta, "n_params": meta["n_params"] + 1}, state)
+    # passes every check before loading, then fails in the trainer, after the backend half
+    # took the keys: the client must put its old keys back
+    late = copy.deepcopy(state)
+    late["trainer"]["stream"]["n"] += 1
+    return {
+        "another client's": (blobs["client_1"], "state of 'client_1'"),
+        "truncated": (own[: len(own) // 2], "not a client state"),
+        "empty": (b"", "not a client state"),
+        "garbled": (bytes(flipped), "not a client state"),
+        "a training message": (
+            Envelope("server", "client_0", 0, "train", {}).to_bytes(),
+            "not an exported client state",
+        ),
+        "another version": (other_version, f"version {STATE_VERSION + 1}"),
+        "another model": (other_model, "different kind of client"),
+        "failing late": (encode_state("client_0", meta, late), "nothing was changed"),
+    }
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "another client's",
+        "truncated",
+        "empty",
+        "garbled",
+        "a training message",
+        "another version",
+        "another model",
+        "failing late",
+    ],
+)
+def test_a_blob_that_is_not_this_clients_is_refused_and_changes_nothing(ckks_blobs, case):
+    factory, blobs = ckks_blobs
+    blob, message = _bad_blobs(blobs)[case]
+    for client in (
+        factory(["client_0"])["client_0"],  # fresh: no key yet
+        _restored(factory, blobs["client_0"]),
+    ):  # mid-run: keys and model
+        before = client.export_state()
+        with pytest.raises(StateError, match=message) as err:
+            client.restore_state(blob)
+        assert isinstance(err.value, ConfigError)
+        assert client.export_state() == before
+
+
+def test_a_plain_client_refuses_a_ckks_state(ckks_blobs):
+    _, blobs = ckks_blobs
+    plain = ClientFactory(replace(PLAIN, rounds=1), 1)(["client_0"])["client_0"]
+    before = plain.export_state()
+    with pytest.raises(StateError, match="backend='ckks', here 'plain'"):
+        plain.restore_state(blobs["client_0"])
+    assert plain.export_state() == before
+
+
+def test_backends_without_state_refuse_one():
+    assert PlainClient().state_dict() == {}
+    PlainClient().load_state_dict({})
+    with pytest.raises(ConfigError, match="keeps no state"):
+        PlainClient().load_state_dict({"secret_key": b"x"})
+
+
+# ---- (c) the exported secret key decrypts what the original encrypts ------------------------
+def _restored(factory, blob: bytes):
+    client = factory(["client_0"])["client_0"]
+    client.restore_state(blob)
+    return client
+
+
+def test_the_exported_ckks_key_restores_a_client_that_decrypts_the_originals_uploads():
+    kept = {}
+
+    def transport(factory, ids):  # long-lived clients, kept to look at after the run
+        kept.update(factory=factory, clients=factory(ids))
+        return InProcessTransport({cid: c.handle for cid, c in kept["clients"].items()})
+
+    run_experiment(replace(CKKS, rounds=1), transport_factory=transport)
+    original = kept["clients"]["client_0"]
+    blob = original.export_state()
+    restored = _restored(kept["factory"], blob)
+    values = np.random.default_rng(0).normal(size=original.n_params)
+    request = Envelope("server", "client_0", 1, "test", {"x": original.protect(values)})
+    received = Envelope.from_bytes(request.to_bytes())
+    np.testing.assert_allclose(restored.open(received, "x"), values, atol=1e-6)
+    # and the other way round: the original opens what the restored client encrypts
+    back = Envelope.from_bytes(
+        Envelope("server", "client_0", 1, "test", {"x": restored.protect(values)}).to_bytes()
+    )
+    np.testing.assert_allclose(original.open(back, "x"), values, atol=1e-6)
+    assert restored.backend._wrapper.public_bytes == original.backend._wrapper.public_bytes
+    # a client of the same run that was not restored holds no key
+    with pytest.raises(KeySetupError):
+        kept["factory"](["client_0"])["client_0"].open(received, "x")
+    # key material travels in opaque fields only, never in the JSON parts
+    env = Envelope.from_bytes(blob)
+    assert {"opaque:backend/secret_key", "opaque:backend/x25519_private"} <= set(env.fields)
+    assert env.fields["opaque:backend/secret_key"].kind == wire.CIPHERTEXT
+    assert "secret_key" not in env.config("state")["backend"]
+
+
+def test_a_key_wrapper_round_trips_its_private_key():
+    a = KeyWrapper()
+    b = KeyWrapper.from_private_bytes(a.private_bytes())
+    assert b.public_bytes == a.public_bytes and len(a.private_bytes()) == 32
+    peer = KeyWrapper()
+    blob = peer.wrap(b"key", a.public_bytes, "p", "a", "params")
+    assert b.unwrap(blob, peer.public_bytes, "p", "a", "params") == b"key"
+    with pytest.raises(KeySetupError, match="32 expected"):
+        KeyWrapper.from_private_bytes(b"short")
