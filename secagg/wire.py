@@ -201,7 +201,7 @@ class Envelope:
             header = json.loads(data[start : start + head_len].decode())
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise MalformedMessage(f"header is not valid JSON: {exc}") from None
-        sender, recipient, rnd, phase, specs = _check_header(header)
+        sender, recipient, round_number, phase, specs = _check_header(header)
         fields: dict[str, Field] = {}
         pos = start + head_len
         view = memoryview(data)  # large fields stay views into the message: no copy
@@ -216,7 +216,7 @@ class Envelope:
             pos += nbytes
         if pos != len(data):
             raise MalformedMessage(f"{len(data) - pos} trailing bytes after the last field")
-        return cls(sender, recipient, rnd, phase, fields)
+        return cls(sender, recipient, round_number, phase, fields)
 
 
 def _field_header(name: str, f: Field) -> dict[str, Any]:
@@ -233,13 +233,13 @@ def _check_header(header: Any):
         raise MalformedMessage("header is not a JSON object")
     try:
         sender, recipient = header["sender"], header["recipient"]
-        rnd, phase, specs = header["round"], header["phase"], header["fields"]
+        round_number, phase, specs = header["round"], header["phase"], header["fields"]
     except KeyError as exc:
         raise MalformedMessage(f"header lacks {exc.args[0]!r}") from None
     if not (isinstance(sender, str) and isinstance(recipient, str) and isinstance(phase, str)):
         raise MalformedMessage("sender, recipient and phase must be strings")
-    if not isinstance(rnd, int) or isinstance(rnd, bool) or rnd < 0:
-        raise MalformedMessage(f"round must be a non-negative integer, got {rnd!r}")
+    if not isinstance(round_number, int) or isinstance(round_number, bool) or round_number < 0:
+        raise MalformedMessage(f"round must be a non-negative integer, got {round_number!r}")
     if not isinstance(specs, list):
         raise MalformedMessage("fields must be a list")
     seen = set()
@@ -254,7 +254,7 @@ def _check_header(header: Any):
             raise MalformedMessage(f"field {name!r} has unknown kind {f_kind!r}")
         if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 0:
             raise MalformedMessage(f"field {name!r} has an invalid length {nbytes!r}")
-    return sender, recipient, rnd, phase, specs
+    return sender, recipient, round_number, phase, specs
 
 
 def _check_field(name: str, f_kind: str, blob: bytes | memoryview, spec: dict[str, Any]) -> Field:

@@ -393,8 +393,6 @@ class ClientFactory:
                 delta=config.dp_delta,
                 seed=seed * 1000 + k,
             )
-        # PrivateTrainer offers LocalTrainer's interface, but Client (clients/runtime.py)
-        # declares a LocalTrainer
         return Client(
             cid,
             trainer,

@@ -98,3 +98,37 @@ def test_register_refuses_builtin_names_and_non_protocols():
         secagg.register_protocol("mine", object)
     with pytest.raises(ConfigError, match="already registered"):
         secagg.register_task("tcga-brca", secagg.Task("x", "", None, None, None, None, ""))
+
+
+def test_an_injected_transport_carries_every_message():
+    """``secagg.run(transport=...)`` replaces the in-process transport: every envelope of the
+    run goes through the one given (here a wrapper that counts what it carries)."""
+    from secagg.simulation.experiment import default_transport
+
+    carried: list[str] = []
+
+    class Counting:
+        def __init__(self, inner):
+            self.inner = inner
+
+        @property
+        def peers(self):
+            return self.inner.peers
+
+        def exchange(self, requests):
+            for peer, reply in self.inner.exchange(requests):
+                carried.append(peer)
+                yield peer, reply
+
+    result = secagg.run(
+        task="tcga-brca",
+        protocol="fedavg",
+        rounds=2,
+        seeds=[0],
+        local_steps=2,
+        transport=lambda factory, ids: Counting(default_transport(factory, ids)),
+    )
+    received = [
+        r for r in result.audit.records if r["event"] == "message" and r["direction"] == "received"
+    ]
+    assert len(carried) == len(received) == 6 + 2 * 6  # enrolment, then two training rounds

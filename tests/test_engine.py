@@ -158,3 +158,24 @@ def test_larc_on_scripted_clients_uses_last_rounds_alpha(honest):
     assert alpha_sent[(0, "client_0")] == alpha_sent[(0, "client_1")] == 1.0  # α^{-1} = 1
     expected = larc_weights(np.array([np.sum(gs[c][0]) for c in ("client_0", "client_1")]))
     assert [alpha_sent[(1, c)] for c in ("client_0", "client_1")] == pytest.approx(expected)
+
+
+def test_weights_beyond_one_are_refused_on_every_backend(honest):
+    """|w| <= 1 is the backend contract (encrypted sums need the headroom); a protocol that
+    breaks it is stopped on plain too, not only where CKKS would overflow."""
+    from secagg.errors import ProtocolStateError
+    from secagg.protocols import Protocol
+
+    class Doubling(Protocol):
+        name = "doubling"
+
+        def aggregate(self, ctx, uploads):
+            return ctx.weighted_sum(
+                {c: u.handle for c, u in uploads.items()}, {c: 2.0 for c in uploads}
+            )
+
+    _, handlers = honest
+    server = make_server(handlers)
+    server.protocol = Doubling()
+    with pytest.raises(ProtocolStateError, match=r"\|w\| <= 1"):
+        server.run_round(0)
