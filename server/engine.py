@@ -269,15 +269,7 @@ class Server:
         server_lr = self.protocol.begin_round(ctx)
         if server_lr is not None:
             self.optimizer.hyper["lr"] = float(server_lr)
-        uploads, g_global, reports = self._train(ctx)
-        if uploads < self.policy.min_clients:
-            raise RoundAborted(
-                f"round {number}: {uploads} usable uploads, need "
-                f"{self.policy.min_clients}; exclusions: {ctx.excluded}",
-                round=number,
-                phase="train",
-                exclusions=ctx.excluded,
-            )
+        g_global, reports = self._train(ctx)
         norm = self.updates.apply(self, ctx, g_global)
         if self.protocol.capabilities.observes_validation:
             self._validate(ctx, send_model=not self.updates.blind)
@@ -304,9 +296,20 @@ class Server:
             requests[c] = {**request, **self.protocol.train_fields(ctx, c)}
         return requests
 
-    def _train(self, ctx: RoundContext) -> tuple[int, Any, dict[str, dict[str, float]]]:
-        """Ask for the uploads; return how many are usable, their protected combination,
-        and what clients reported with them."""
+    def _enough(self, ctx: RoundContext, usable: int) -> None:
+        """Abort before combining anything when fewer uploads than the policy's minimum."""
+        if usable < self.policy.min_clients:
+            raise RoundAborted(
+                f"round {ctx.round}: {usable} usable uploads, need "
+                f"{self.policy.min_clients}; exclusions: {ctx.excluded}",
+                round=ctx.round,
+                phase="train",
+                exclusions=ctx.excluded,
+            )
+
+    def _train(self, ctx: RoundContext) -> tuple[Any, dict[str, dict[str, float]]]:
+        """Ask for the uploads; return their protected combination and what clients
+        reported with them."""
         expect = {
             "pseudo_gradient": self.backend.upload_kind,
             "n_samples": wire.SCALAR,
@@ -332,7 +335,8 @@ class Server:
         requests = self._requests(ctx)
         if plan is None:
             uploads = ctx.ask("train", requests, expect=expect, on_reply=upload)
-            return len(uploads), self.protocol.aggregate(ctx, uploads), reports
+            self._enough(ctx, len(uploads))
+            return self.protocol.aggregate(ctx, uploads), reports
         total: StreamedSum = ctx.running_sum(plan)
 
         def fold(client: str, env: wire.Envelope) -> None:
@@ -341,7 +345,8 @@ class Server:
             total.add(client, loaded.handle)
 
         ctx.ask("train", requests, expect=expect, on_reply=fold)
-        return len(total.folded), total.result(), reports
+        self._enough(ctx, len(total.folded))
+        return total.result(), reports
 
     def _planned_weights(self, ctx: RoundContext) -> dict[str, float] | None:
         if not self.streaming or not self.enrolment.counts:

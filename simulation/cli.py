@@ -224,16 +224,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="keep every upload until the protocol sums them, instead of folding "
         "each into a running sum as it arrives (streaming is on by default "
-        "for fedavg, the FedOpt family, autofedrl and rolepro's FedAvg "
-        "phase; other protocols always buffer)",
+        "for protocols whose weights are known before the uploads: fedavg, the FedOpt "
+        "family, autofedrl, rolepro's FedAvg phase; the others always buffer)",
     )
     perf.add_argument(
         "--workers",
         type=int,
         help="run the clients in this many worker processes, so they train and "
         "encrypt in parallel (e.g. the number of cores); 0 (default) runs "
-        "them one after another in this process. Not yet with "
-        "--server-blind, --dp-sgd or feddisco",
+        "them one after another in this process; every mode runs in workers",
     )
     opt.add_argument(
         "--server-lr-schedule",

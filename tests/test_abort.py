@@ -105,3 +105,40 @@ def test_the_driver_records_an_aborted_seed_and_runs_the_next(monkeypatch):
     assert [(a["run"], a["round"], a["phase"]) for a in summary["aborted_runs"]] == [
         ("1", 1, "train")
     ]
+
+
+def test_fewer_uploads_than_the_minimum_abort_before_any_second_phase():
+    """With min_clients 3 and one client failing, LARC's round is aborted right after the
+    uploads: no probe (a decryption of Ĝ) is sent for a round that cannot finish."""
+    from secagg.server.plan import RunPolicy
+    from tests.conftest import honest_client
+
+    sent: list[str] = []
+
+    class Recording(InProcessTransport):
+        def exchange(self, requests):
+            def record():
+                for peer, data in requests:
+                    sent.append(Envelope.from_bytes(data).phase)
+                    yield peer, data
+
+            return super().exchange(record())
+
+    clients = {
+        "a": honest_client("a", np.ones(2), 10),
+        "b": honest_client("b", np.zeros(2), 10),
+        "c": lambda data: b"junk",
+    }
+    server = Server(
+        make_protocol("larc"),
+        make_backends("plain", list(clients))[0],
+        SGD(2),
+        Recording(clients),
+        np.zeros(2),
+        plan=TrainingPlan(local_steps=1),
+        policy=RunPolicy(min_clients=3),
+    )
+    with pytest.raises(RoundAborted, match="2 usable uploads, need 3") as info:
+        server.run_round(0)
+    assert info.value.phase == "train" and set(info.value.exclusions) == {"c"}
+    assert sent == ["train"] * 3
