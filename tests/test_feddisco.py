@@ -66,3 +66,22 @@ def test_feddisco_pipeline_reports_one_discrepancy_per_client_once():
     assert len(values) == 6 and all(v > 0 for v in values)
     assert {r["run"] for r in result.audit.records} == {"0", "0-beta-vae"}
     assert result.audit.summary()["undeclared_plaintext_items"] == []
+
+
+def test_the_numpy_encoder_is_the_torch_vae_encoder():
+    """The client half runs the β-VAE's encoder in numpy from the flat parameters the server
+    sends; it must be the torch model's own ``encode`` (the layout of BetaVAE)."""
+    import torch
+
+    from secagg.clients.tasks.vae import LATENT, BetaVAE
+    from secagg.clients.training import flat_params
+    from secagg.protocols.feddisco import vae_encoder_means
+
+    torch.manual_seed(0)
+    model = BetaVAE(n_in=7, hidden=5)
+    x = torch.randn(11, 7)
+    with torch.no_grad():
+        expected = model.encode(x).numpy()
+    got = vae_encoder_means(flat_params(model), x.numpy().astype(np.float64), 7, 5, LATENT)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    assert got.shape == (11, LATENT) and np.ptp(got) > 0.1  # not a degenerate comparison
