@@ -29,8 +29,10 @@ import torch
 
 from secagg.backends import (
     BACKENDS,
+    Provision,
     make_client_backend,
     make_server_backend,
+    provision,
     resolve_options,
 )
 from secagg.clients.privacy import PrivateTrainer, make_private
@@ -338,6 +340,9 @@ class ClientFactory:
     stage: str | None = None
     observer_public: bytes | None = None
     custom: tuple[dict, dict] | None = None
+    #: each client's identity key, the roster and the decryption budget (the driver
+    #: provisions them, as a deployment provisions node keys); never the server's to set
+    provisions: dict[str, Provision] | None = None
 
     def __post_init__(self):
         if self.custom is None:
@@ -396,7 +401,12 @@ class ClientFactory:
         return Client(
             cid,
             trainer,
-            make_client_backend(config.backend, cid, config.backend_options),
+            make_client_backend(
+                config.backend,
+                cid,
+                config.backend_options,
+                (self.provisions or {}).get(cid, Provision()),
+            ),
             protocol=make_client_half(protocol, **options),
             validation=validation,
             seed=seed * 1000 + k + 500,
@@ -533,6 +543,13 @@ def _run(
     torch.manual_seed(seed)  # FLamby: the seed fixes the initial model (and the clients'
     initial = flat_params(task.make_model())  # batch order)
     ids = [f"client_{k}" for k in range(task_data.n_clients)]
+    if config.backend != "plain" and factory.provisions is None:
+        # every reveal the run makes; none at all in server-blind runs, whose clients then
+        # refuse any reveal request
+        budget = (
+            0 if config.server_blind else config.rounds * protocol.capabilities.reveals_per_round
+        )
+        factory = replace(factory, provisions=provision(ids, budget))
     transport = make_transport(factory, ids)
     try:
         audit.run = label

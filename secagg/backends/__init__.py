@@ -18,13 +18,41 @@ from secagg.errors import ConfigError
 
 
 @dataclass(frozen=True)
+class Provision:
+    """What a client's backend half gets from its own configuration, never from the server
+    (provisioned like NVFlare's and Flower's node keys; in simulation the driver plays the
+    provisioning authority).
+
+    Parameters:
+        identity: this client's raw X25519 private key.
+        roster: every client's raw X25519 public key, by client id.
+        decryption_budget: how many aggregates the run will reveal at most (sizes flooding).
+    """
+
+    identity: bytes | None = None
+    roster: Mapping[str, bytes] = field(default_factory=dict)
+    decryption_budget: int = 1
+
+
+def provision(client_ids: list[str], decryption_budget: int) -> dict[str, Provision]:
+    """Fresh identities for ``client_ids`` and the roster they share."""
+    from secagg.ckks.keywrap import KeyWrapper  # private keys: never in the server's imports
+
+    identities = {c: KeyWrapper() for c in client_ids}
+    roster = {c: w.public_bytes for c, w in identities.items()}
+    return {
+        c: Provision(w.private_bytes(), roster, decryption_budget) for c, w in identities.items()
+    }
+
+
+@dataclass(frozen=True)
 class BackendSpec:
     """A registry entry: the backend's options and how to build each half from them."""
 
     name: str
     summary: str
     make_server: Callable[[dict[str, Any]], ServerBackend]
-    make_client: Callable[[str, dict[str, Any]], ClientBackend]
+    make_client: Callable[[str, dict[str, Any], Provision], ClientBackend]
     options: tuple[BackendOption, ...] = field(default_factory=tuple)
     #: checks across the resolved options (raises ConfigError)
     check: Callable[[dict[str, Any]], None] | None = None
@@ -61,7 +89,7 @@ def _plain_server(options: dict[str, Any]) -> ServerBackend:
     return PlainServer()
 
 
-def _plain_client(client_id: str, options: dict[str, Any]) -> ClientBackend:
+def _plain_client(client_id: str, options: dict[str, Any], provision: Provision) -> ClientBackend:
     from secagg.backends.plain import PlainClient
 
     return PlainClient()
@@ -71,14 +99,24 @@ def _ckks_server(options: dict[str, Any]) -> ServerBackend:
     from secagg.backends.ckks_server import CKKSServer
     from secagg.ckks.presets import get_preset
 
-    return CKKSServer(get_preset(options["preset"]), flooding_bits=options["flooding_bits"])
+    return CKKSServer(get_preset(options["preset"]))
 
 
-def _ckks_client(client_id: str, options: dict[str, Any]) -> ClientBackend:
+def _ckks_client(client_id: str, options: dict[str, Any], provision: Provision) -> ClientBackend:
     from secagg.backends.ckks_client import CKKSClient  # holds the secret key
+    from secagg.ckks.keywrap import KeyWrapper
     from secagg.ckks.presets import get_preset
 
-    return CKKSClient(client_id, get_preset(options["preset"]))
+    if provision.identity is None or client_id not in provision.roster:
+        raise ConfigError(f"{client_id} needs a provisioned identity and roster for ckks")
+    return CKKSClient(
+        client_id,
+        get_preset(options["preset"]),
+        identity=KeyWrapper.from_private_bytes(provision.identity),
+        roster=provision.roster,
+        flooding_bits=options["flooding_bits"],
+        decryption_budget=provision.decryption_budget,
+    )
 
 
 def _check_flooding(options: dict[str, Any]) -> None:
@@ -136,11 +174,15 @@ def make_server_backend(name: str, options: Mapping[str, Any]) -> ServerBackend:
     return backend_spec(name).make_server(resolve_options(name, options))
 
 
-def make_client_backend(name: str, client_id: str, options: Mapping[str, Any]) -> ClientBackend:
-    return backend_spec(name).make_client(client_id, resolve_options(name, options))
+def make_client_backend(
+    name: str, client_id: str, options: Mapping[str, Any], provision: Provision
+) -> ClientBackend:
+    return backend_spec(name).make_client(client_id, resolve_options(name, options), provision)
 
 
 __all__ = [
+    "Provision",
+    "provision",
     "BACKENDS",
     "BackendOption",
     "BackendSpec",
@@ -154,12 +196,17 @@ __all__ = [
 
 
 def make_backends(
-    name: str, client_ids: list[str], **options: Any
+    name: str, client_ids: list[str], *, decryption_budget: int = 8, **options: Any
 ) -> tuple[ServerBackend, dict[str, ClientBackend]]:
-    """Both halves at once (tests, benchmarks): the server's and one per client."""
+    """Both halves at once (tests, benchmarks): the server's and one per client, the clients
+    provisioned with fresh identities and one roster."""
+    provisions = provision(client_ids, decryption_budget) if name != "plain" else {}
     return (
         make_server_backend(name, options),
-        {c: make_client_backend(name, c, options) for c in client_ids},
+        {
+            c: make_client_backend(name, c, options, provisions.get(c, Provision()))
+            for c in client_ids
+        },
     )
 
 

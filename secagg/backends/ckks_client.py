@@ -1,4 +1,14 @@
-"""Client half of the CKKS backend: key setup, encryption, decryption, flooded reveals."""
+"""Client half of the CKKS backend: key setup, encryption, decryption, flooded reveals.
+
+What the client's security rests on comes from its own configuration (its provisioning),
+never from a server's message: its X25519 identity, the roster of the run's identities
+(client id -> public key), its flooding bits and its decryption budget. Key setup is
+authenticated by the roster: the leader wraps the CKKS key only for peers in it, with their
+roster keys; a peer opens a wrapped key only with its leader's roster key; and a client
+takes part in key setup once (a second ``key_generate`` or ``key_install`` is refused), so
+a server can neither add itself as a peer, nor swap a public key, nor plant a key it knows,
+nor change the flooding mid-run.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +22,7 @@ from secagg import wire
 from secagg.backends.base import ClientBackend
 from secagg.ckks.flooding import error_bound, flooding_sigma
 from secagg.ckks.keywrap import KeyWrapper
-from secagg.ckks.presets import CKKSPreset, get_preset
+from secagg.ckks.presets import CKKSPreset
 from secagg.ckks.public import params_fingerprint
 from secagg.ckks.secret import SecretKeyHolder
 from secagg.errors import KeySetupError, ProtocolStateError
@@ -22,11 +32,33 @@ from secagg.wire import Envelope, Field
 class CKKSClient(ClientBackend):
     name = "ckks"
 
-    def __init__(self, client_id: str, preset: CKKSPreset):
+    def __init__(
+        self,
+        client_id: str,
+        preset: CKKSPreset,
+        *,
+        identity: KeyWrapper | None = None,
+        roster: Mapping[str, bytes] | None = None,
+        flooding_bits: int = 30,
+        decryption_budget: int = 1,
+    ):
+        """``identity``: this client's X25519 key; ``roster``: every client's public key
+        (this one's included); ``flooding_bits`` and ``decryption_budget`` size the flooding
+        of every reveal. Without a roster the client knows only itself."""
         self.id = client_id
         self.preset = preset
         self.fingerprint = params_fingerprint(preset)
-        self._wrapper = KeyWrapper()
+        self._wrapper = identity if identity is not None else KeyWrapper()
+        self.roster = (
+            dict(roster) if roster is not None else {client_id: self._wrapper.public_bytes}
+        )
+        if self.roster.get(client_id) != self._wrapper.public_bytes:
+            raise KeySetupError(f"{client_id}'s identity key is not its key in the roster")
+        if not isinstance(flooding_bits, int) or not 0 <= flooding_bits <= 128:
+            raise KeySetupError(f"flooding_bits must lie in [0, 128], got {flooding_bits!r}")
+        if not isinstance(decryption_budget, int) or decryption_budget < 0:
+            raise KeySetupError(f"decryption_budget must be a count, got {decryption_budget!r}")
+        self.flooding_bits, self.decryption_budget = flooding_bits, decryption_budget
         self._keys: SecretKeyHolder | None = None
         self._setup: dict | None = None
         self.decryptions = 0
@@ -106,69 +138,101 @@ class CKKSClient(ClientBackend):
 
     # ---- key setup -----------------------------------------------------------------------
     def _accept_setup(self, env: Envelope) -> None:
+        """The server proposes only the parameter set; it must be this client's own."""
         setup = env.config("setup")
-        if setup.get("params") != self.fingerprint or get_preset(setup["preset"]) != self.preset:
+        if (
+            not isinstance(setup, dict)
+            or setup.get("params") != self.fingerprint
+            or setup.get("preset") != self.preset.name
+        ):
             raise KeySetupError(
-                f"{self.id}: the server proposes parameters {setup.get('params')}"
-                f", this client runs {self.preset.name} ({self.fingerprint})"
+                f"{self.id}: the server proposes parameters {setup!r}, this client runs "
+                f"{self.preset.name} ({self.fingerprint})"
             )
-        self._setup = setup
+        self._setup = {"preset": self.preset.name, "params": self.fingerprint}
+
+    def _once(self) -> None:
+        if self._keys is not None:
+            raise KeySetupError(f"{self.id} already holds this run's key: setup happens once")
+
+    def _roster_key(self, peer: Any, role: str) -> bytes:
+        if not isinstance(peer, str) or peer == self.id or peer not in self.roster:
+            raise KeySetupError(
+                f"{self.id}: the server names {peer!r} as {role}, who is not another client "
+                "in this client's roster; refusing"
+            )
+        return self.roster[peer]
 
     def on_hello(self, env: Envelope) -> dict[str, Field]:
         self._accept_setup(env)
         return {"x25519_public": wire.config({"key": _b64(self._wrapper.public_bytes)})}
 
     def on_generate(self, env: Envelope) -> dict[str, Field]:
-        """The key leader makes the CKKS key and wraps it for every other client."""
+        """The key leader makes the CKKS key and wraps it for the other clients the server
+        lists, each with its public key from this client's own roster."""
+        self._once()
         self._accept_setup(env)
-        self._keys = SecretKeyHolder(self.preset)
-        secret = self._keys.export_for_wrapping()
-        return {
+        peers = env.config("peers")
+        ids = peers.get("ids") if isinstance(peers, dict) else None
+        if not isinstance(ids, list) or len(set(map(str, ids))) != len(ids):
+            raise KeySetupError(f"{self.id}: the peers to wrap for must be a list of ids")
+        publics = {peer: self._roster_key(peer, "a peer") for peer in ids}  # all, or none
+        keys = SecretKeyHolder(self.preset)
+        secret = keys.export_for_wrapping()
+        wrapped = {
             f"wrapped_key.{peer}": wire.ciphertext(
-                self._wrapper.wrap(secret, _unb64(public), self.id, peer, self.fingerprint)
+                self._wrapper.wrap(secret, public, self.id, peer, self.fingerprint)
             )
-            for peer, public in env.config("peers").items()
+            for peer, public in publics.items()
         }
+        self._keys = keys
+        return wrapped
 
     def on_install(self, env: Envelope) -> dict[str, Field]:
+        """Open the leader's wrapped key with the leader's public key from the roster."""
+        self._once()
         self._accept_setup(env)
         leader = env.config("leader")
-        (blob,) = env.ciphertext_parts("wrapped_key")
-        secret = self._wrapper.unwrap(
-            blob, _unb64(leader["key"]), leader["id"], self.id, self.fingerprint
-        )
+        leader_id = leader.get("id") if isinstance(leader, dict) else None
+        public = self._roster_key(leader_id, "the key leader")
+        parts = env.ciphertext_parts("wrapped_key")
+        if len(parts) != 1:
+            raise KeySetupError(f"{self.id}: expected one wrapped key, got {len(parts)} parts")
+        secret = self._wrapper.unwrap(parts[0], public, str(leader_id), self.id, self.fingerprint)
         self._keys = SecretKeyHolder(self.preset, secret)
         return {"installed": wire.config({"params": self.fingerprint})}
 
     # ---- data path -------------------------------------------------------------------------
     def protect(self, values: np.ndarray) -> Field:
-        n_clients = self._setup["n_clients"] if self._setup else 1
-        return wire.ciphertext(self.keys.encrypt(values, bound=self.preset.headroom / n_clients))
+        bound = self.preset.headroom / len(self.roster)
+        return wire.ciphertext(self.keys.encrypt(values, bound=bound))
 
     def open(self, envelope: Envelope, name: str, length: int) -> np.ndarray:
         return self.keys.decrypt(envelope.ciphertext_parts(name), length)  # an aggregate
 
     def on_reveal(self, env: Envelope) -> dict[str, Field]:
         """Decrypt an aggregate for the server, flooded for the run's decryption budget."""
-        if self._setup is None:
-            raise KeySetupError(f"{self.id} has no key setup")
-        budget = int(self._setup["decryption_budget"])
+        budget = self.decryption_budget
         if self.decryptions >= budget:
             raise ProtocolStateError(
                 f"{self.id} refuses decryption {self.decryptions + 1}: the "
                 f"flooding was sized for {budget}"
             )
         info = env.config("reveal")
+        if (
+            not isinstance(info, dict)
+            or not isinstance(info.get("name"), str)
+            or not isinstance(info.get("n_values"), int)
+        ):
+            raise ProtocolStateError(f"{self.id}: a reveal request names a field and a length")
         sigma = flooding_sigma(
-            error_bound(self._setup["n_clients"], self.preset.weight_bits),
-            budget,
-            int(self._setup["flooding_bits"]),
+            error_bound(len(self.roster), self.preset.weight_bits), budget, self.flooding_bits
         )
         values, self.last_flooding_sigma = self.keys.decrypt_flooded(
             env.ciphertext_parts("aggregate"),
             int(info["n_values"]),
             None,
-            sigma if self._setup["flooding_bits"] > 0 else 0.0,
+            sigma if self.flooding_bits > 0 else 0.0,
         )
         self.decryptions += 1
         return {info["name"]: wire.vector(values)}
@@ -182,10 +246,3 @@ def _as_bytes(value: Any) -> bytes:
 
 def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
-
-
-def _unb64(text: str) -> bytes:
-    try:
-        return base64.b64decode(text, validate=True)
-    except (ValueError, TypeError):
-        raise KeySetupError("a public key is not valid base64") from None

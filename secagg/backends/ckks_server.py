@@ -35,45 +35,41 @@ class CKKSServer(ServerBackend):
     key_model = "shared"
     declares = ("x25519_public", "installed")  # clients' public keys; key-install receipts
 
-    def __init__(self, preset: CKKSPreset, flooding_bits: int = 30):
+    def __init__(self, preset: CKKSPreset):
         self.preset = preset
-        self.flooding_bits = flooding_bits
         self.public = PublicCKKS(preset)
         self.fingerprint = params_fingerprint(preset)
         self._reveals = 0
 
-    def setup_config(
-        self, n_clients: int, decryption_budget: int, flooding_bits: int
-    ) -> dict[str, Any]:
-        return {
-            "preset": self.preset.name,
-            "params": self.fingerprint,
-            "n_clients": n_clients,
-            "decryption_budget": decryption_budget,
-            "flooding_bits": flooding_bits,
-        }
+    def setup_config(self) -> dict[str, Any]:
+        """What the server proposes: the parameter set. Everything a client's security rests
+        on (the roster, flooding, the decryption budget) is in the client's own
+        configuration, never in a server's message."""
+        return {"preset": self.preset.name, "params": self.fingerprint}
 
     # ---- key setup: the clients make one CKKS key and share it through the server ----------
     def setup(self, ctx, decryption_budget: int) -> None:
+        """Who is online (``key_hello``), then one leader makes the key and wraps it for the
+        others, whose identities it takes from its own roster; the server relays the blobs.
+        ``decryption_budget`` is the clients' business (their configuration holds it)."""
         clients = list(ctx.active)
-        setup = wire.config(self.setup_config(len(clients), decryption_budget, self.flooding_bits))
+        setup = wire.config(self.setup_config())
         hello = ctx.ask(
             "key_hello",
             {c: {"setup": setup} for c in clients},
             expect={"x25519_public": wire.CONFIG},
         )
-        publics = {c: env.config("x25519_public")["key"] for c, env in hello.items()}
-        if not publics:
+        if not hello:
             raise RoundAborted(
                 "no client answered the key setup",
                 round=ctx.round,
                 phase="key_hello",
                 exclusions=ctx.excluded,
             )
-        leader, *others = list(publics)
+        leader, *others = list(hello)
         gen = ctx.ask(
             "key_generate",
-            {leader: {"setup": setup, "peers": wire.config({c: publics[c] for c in others})}},
+            {leader: {"setup": setup, "peers": wire.config({"ids": others})}},
             expect={f"wrapped_key.{c}": wire.CIPHERTEXT for c in others},
         )
         if leader not in gen:
@@ -86,14 +82,15 @@ class CKKSServer(ServerBackend):
         install = {
             c: {
                 "setup": setup,
-                "leader": wire.config({"id": leader, "key": publics[leader]}),
+                "leader": wire.config({"id": leader}),
                 "wrapped_key": wire.ciphertext(gen[leader].ciphertext_parts(f"wrapped_key.{c}")),
             }
             for c in others
         }
         done = ctx.ask("key_install", install, expect={"installed": wire.CONFIG})
         for c, env in done.items():
-            if env.config("installed").get("params") != self.fingerprint:
+            receipt = env.config("installed")
+            if not isinstance(receipt, dict) or receipt.get("params") != self.fingerprint:
                 ctx.exclude(c, "key_install", KeySetupError("installed other parameters"))
 
     # ---- aggregation -----------------------------------------------------------------------
@@ -124,10 +121,17 @@ class CKKSServer(ServerBackend):
         candidates = list(ctx.active)
         for attempt in range(len(candidates)):
             decryptor = candidates[(self._reveals + attempt) % len(candidates)]
-            reply = ctx.ask("reveal", {decryptor: request}, expect={name: wire.VECTOR})
+            # decoded inside ``ask``: a reply of the wrong length or with a NaN excludes the
+            # decryptor (and the next one is asked) instead of ending the run
+            reply = ctx.ask(
+                "reveal",
+                {decryptor: request},
+                expect={name: wire.VECTOR},
+                on_reply=lambda _, env: env.vector(name, handle.n_values),
+            )
             if decryptor in reply:
                 self._reveals += 1
-                return reply[decryptor].vector(name, handle.n_values), decryptor
+                return reply[decryptor], decryptor
             errors[decryptor] = ctx.excluded.get(decryptor)
         raise RoundAborted(
             f"no decryptor could reveal {name}: {errors}",

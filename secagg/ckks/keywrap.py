@@ -2,11 +2,13 @@
 
 The server relays wrapped keys but holds no X25519 private key of any client, so it cannot
 derive the wrapping key. The associated data binds sender, recipient and the CKKS parameter
-fingerprint, so a blob cannot be replayed to another client or under other parameters.
+fingerprint (length-prefixed, so unambiguous), so a blob cannot be replayed to another client
+or under other parameters.
 
-Public keys travel through the server: under the honest-but-curious model it relays them
-faithfully; a server that substitutes keys (an active attack) is out of scope, as the README
-states. ``fingerprint`` gives a short string clients could compare out of band.
+Public keys never come from the server: every client holds the roster of the run's
+identities (client id -> X25519 public key) in its own configuration, provisioned like
+NVFlare's and Flower's node keys; see ``secagg.backends.ckks_client``. ``fingerprint`` gives a
+short string to compare a roster out of band.
 """
 
 from __future__ import annotations
@@ -22,12 +24,15 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from secagg.errors import KeySetupError
 
-_INFO = b"secagg/ckks-secret-key-wrap/v1"
+_INFO = b"secagg/ckks-secret-key-wrap/v2"
 _NONCE = 12
 
 
 def _aad(sender: str, recipient: str, params: str) -> bytes:
-    return f"{sender}->{recipient}|{params}".encode()
+    """Sender, recipient and parameters, each length-prefixed: no two triples give the same
+    bytes (with a separator, ("a", "b->c") and ("a->b", "c") would)."""
+    return b"".join(len(p).to_bytes(4, "big") + p for p in
+                    (s.encode() for s in (sender, recipient, params)))
 
 
 def fingerprint(public: bytes) -> str:
