@@ -10,11 +10,26 @@ a Gaussian mechanism with the *realised* noise multiplier
     z = σ_c ‖w‖₂ / max_i w_i,
 
 which is what the accountant is fed, round by round. With K equal weights z = σ_c √K, so a
-target multiplier z* is met by σ_c = z* / √K_expected. Assumptions (README, "Differential
-privacy"): clients are honest and add their noise; weights are fixed before the reveal
-(weights chosen after upload from other clients' reports are used as realised, but their own
-dependence on data is not accounted: they are revealed scalars, see below); fewer surviving
-clients or uneven weights mean less noise, and the realised z says so.
+target multiplier z* is met by σ_c = z* / √K_expected.
+
+Several sums released in one round from the *same* noised uploads (LARC's Ĝ and its global
+update) share their noise, so they are one Gaussian mechanism, not independent ones: with
+the releases' weights as the rows of W, the outputs are W x with noise covariance
+(σ_c C)² W Wᵀ, and client j moves their mean by W[:, j] ⊗ Δ. The joint multiplier for j is
+
+    z_j = σ_c / √(W[:, j]ᵀ (W Wᵀ)⁺ W[:, j]),
+
+the worst client's is the round's (:func:`joint_noise_multiplier`). For one release it is
+the formula above; for LARC's weights (1/3, 1, …, 1) then (1, …, 1) the difference of the
+two sums is client 0's noised upload itself, and z_0 = σ_c (per-release figures said 2.3 σ_c
+and 2.4 σ_c). Where the server sees each noised upload (plain, or plaintext updates allowed)
+every upload is a mechanism of multiplier σ_c, and sums add nothing.
+
+Assumptions (README, "Differential privacy"): clients are honest and add their noise;
+weights are fixed before the reveal (weights chosen after upload from other clients' reports
+are used as realised, but their own dependence on data is not accounted: they are revealed
+scalars, see below); fewer surviving clients or uneven weights mean less noise, and the
+realised z says so.
 
 Revealed scalars (ΔL, validation losses, loss ratios, discrepancies) are not covered by the
 update's DP. :func:`privatize_scalar` clips one to [low, high] and adds N(0, (σ_s (high−low))²):
@@ -88,6 +103,17 @@ def realised_noise_multiplier(weights: Mapping[str, float], client_sigma: float)
     if w.size == 0 or not w.max() > 0:
         raise ValueError("a weighted sum needs at least one nonzero weight")
     return float(client_sigma * np.linalg.norm(w) / w.max())
+
+
+def joint_noise_multiplier(releases: list[Mapping[str, float]], client_sigma: float) -> float:
+    """The worst client's z for sums released together from the same noised uploads."""
+    clients = sorted({c for weights in releases for c in weights})
+    w = np.array([[float(r.get(c, 0.0)) for c in clients] for r in releases])
+    if w.size == 0 or not np.abs(w).max() > 0:
+        raise ValueError("a release needs at least one nonzero weight")
+    gram = np.linalg.pinv(w @ w.T, hermitian=True)
+    exposure = np.einsum("ij,ik,kj->j", w, gram, w)  # W[:, j]ᵀ (W Wᵀ)⁺ W[:, j] per client
+    return float(client_sigma / math.sqrt(float(exposure.max())))
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ import numpy as np
 
 from secagg import wire
 from secagg.backends.base import ServerBackend
-from secagg.dp import ClientDP, realised_noise_multiplier
+from secagg.dp import ClientDP, joint_noise_multiplier
 from secagg.errors import ClientInputError, RoundAborted
 from secagg.protocols.base import Protocol, RoundAPI, Upload
 from secagg.protocols.optimizers import ServerOptimizer, StepSchedule
@@ -61,27 +61,34 @@ class RoundReport:
 
 
 class PrivacyLedger:
-    """Client-level DP: the realised noise multiplier of every sum that left the server's
-    protected state, per round (the accountant composes them)."""
+    """Client-level DP: one Gaussian mechanism per round, with its realised multiplier.
 
-    def __init__(self, client_dp: ClientDP | None):
+    ``sums``: the sums released this round (revealed, or sent to clients) are accounted
+    jointly, since they share the same noised uploads (``secagg.dp.joint_noise_multiplier``).
+    Where the server sees every noised upload (``sees_uploads``: plain) each upload is itself
+    a release of multiplier σ_c, which is what this run's server got (``noise_multiplier``);
+    ``sums_multiplier`` stays what a server seeing only the sums would have got."""
+
+    def __init__(self, client_dp: ClientDP | None, *, sees_uploads: bool):
         self.client_dp = client_dp
+        self.sees_uploads = sees_uploads
         self.events: list[dict[str, Any]] = []
 
     def record(self, ctx: RoundContext) -> None:
-        if self.client_dp is None:
+        if self.client_dp is None or not ctx.releases:
             return
-        for name, weights in ctx.releases:
-            self.events.append(
-                {
-                    "round": ctx.round,
-                    "release": name,
-                    "clients": len(weights),
-                    "noise_multiplier": realised_noise_multiplier(
-                        weights, self.client_dp.client_sigma
-                    ),
-                }
-            )
+        sigma = self.client_dp.client_sigma
+        sums = joint_noise_multiplier([weights for _, weights in ctx.releases], sigma)
+        self.events.append(
+            {
+                "round": ctx.round,
+                "release": "+".join(name for name, _ in ctx.releases),
+                "clients": len({c for _, weights in ctx.releases for c in weights}),
+                "noise_multiplier": min(sigma, sums) if self.sees_uploads else sums,
+                "sums_multiplier": sums,
+                "against": "each noised upload" if self.sees_uploads else "the released sums",
+            }
+        )
 
 
 class Enrolment:
@@ -213,7 +220,7 @@ class Server:
             self.audit.dp_protected.add("global_update")
         if self.plan.scalar_dp is not None:
             self.audit.dp_protected |= set(caps.client_scalars)
-        self.ledger = PrivacyLedger(self.plan.client_dp)
+        self.ledger = PrivacyLedger(self.plan.client_dp, sees_uploads=backend.can_read)
         self.updates = (
             BlindApply(initial_params)
             if self.policy.server_blind

@@ -683,7 +683,12 @@ def privacy_columns(
     client). DP-SGD's ε is what each client reported with its upload this round."""
     out: dict[str, float] = {}
     if config.client_dp is not None:
-        out["eps_client_level"] = client_level_epsilon(server.privacy_events, config.dp_delta)
+        events = server.privacy_events
+        out["eps_client_level"] = client_level_epsilon(events, config.dp_delta)
+        # what a server that sees only the released sums (an encrypted backend) would get
+        out["eps_client_level_sums"] = client_level_epsilon(
+            [{"noise_multiplier": e["sums_multiplier"]} for e in events], config.dp_delta
+        )
         out["noise_multiplier_realised"] = min(
             (e["noise_multiplier"] for e in server.privacy_events if e["round"] == number),
             default=float("nan"),

@@ -54,8 +54,10 @@ def plot_convergence(
 
 ASSUMPTIONS = [
     "clients are honest: they clip and add their noise share before encrypting",
-    "client-level epsilon uses the realised noise multiplier of each released sum "
-    "(sigma_c * ||w||_2 / max w); fewer surviving clients or uneven weights mean less noise",
+    "client-level epsilon uses the realised noise multiplier of each round's releases, "
+    "accounted jointly (sums of the same noised uploads share their noise); on plain the "
+    "server reads every noised upload, so epsilon is per upload (multiplier sigma_c); fewer "
+    "surviving clients or uneven weights mean less noise",
     "weights chosen from clients' reports (LARC, CostWAgg, Auto-FedRL) are taken as given; "
     "their own dependence on data is covered only if those scalars are noised (--scalar-dp)",
     "DP-SGD on the Cox loss is indicative: the partial likelihood is not a sum over samples",
@@ -81,6 +83,12 @@ def privacy_report(config: ExperimentConfig, metrics: pd.DataFrame, audit: Audit
         report["client_level"] = {
             **config.client_dp,
             "epsilon_per_seed": per_seed("eps_client_level"),
+            "accounted_against": (
+                "each noised upload (the server reads them on plain)"
+                if config.backend == "plain"
+                else "the released sums, each round's jointly (they share the uploads' noise)"
+            ),
+            "epsilon_against_sums_only_per_seed": per_seed("eps_client_level_sums"),
             "last_realised_noise_multiplier_per_seed": per_seed("noise_multiplier_realised"),
         }
     if config.dp_sgd:
