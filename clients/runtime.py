@@ -313,14 +313,19 @@ class Client:
         return reply
 
     def _reports(self, wanted: dict[str, Any]) -> dict[str, Field]:
-        """Data-independent numbers the run asked for (DP-SGD's ε so far, at δ)."""
+        """Data-independent numbers the run asked for: DP-SGD's ε so far (at δ), the noise
+        multiplier the client uses (solved for a target ε, or given) and its sampling rate."""
         out = {}
         for name, setting in wanted.items():
+            if not name.startswith("dp_sgd_") or not hasattr(self.trainer, "epsilon"):
+                raise ProtocolStateError(f"{self.id} cannot report {name!r}")
+            trainer: Any = self.trainer  # a PrivateTrainer
             if name == "dp_sgd_epsilon":
-                epsilon = getattr(self.trainer, "epsilon", None)
-                if epsilon is None:
-                    raise ProtocolStateError(f"{self.id} does not train with DP-SGD")
-                out[name] = wire.scalar(epsilon(float(setting["delta"])))
+                out[name] = wire.scalar(trainer.epsilon(float(setting["delta"])))
+            elif name == "dp_sgd_noise_multiplier":
+                out[name] = wire.scalar(trainer.noise_multiplier)
+            elif name == "dp_sgd_sample_rate":
+                out[name] = wire.scalar(trainer.sample_rate)
             else:
                 raise ProtocolStateError(f"{self.id} cannot report {name!r}")
         return out

@@ -32,7 +32,7 @@ import numpy as np
 
 from secagg import wire
 from secagg.backends.base import ServerBackend
-from secagg.dp import ClientDP, joint_noise_multiplier
+from secagg.dp import ClientDP, joint_noise_multiplier, realised_noise_multiplier
 from secagg.errors import ClientInputError, RoundAborted
 from secagg.protocols.base import Protocol, RoundAPI, Upload
 from secagg.protocols.optimizers import ServerOptimizer, StepSchedule
@@ -83,6 +83,10 @@ class PrivacyLedger:
             {
                 "round": ctx.round,
                 "release": "+".join(name for name, _ in ctx.releases),
+                # each release as if it were alone: what accounting them separately gives
+                "per_release_multipliers": [
+                    realised_noise_multiplier(weights, sigma) for _, weights in ctx.releases
+                ],
                 "clients": len({c for _, weights in ctx.releases for c in weights}),
                 "noise_multiplier": min(sigma, sums) if self.sees_uploads else sums,
                 "sums_multiplier": sums,

@@ -244,7 +244,15 @@ class ExperimentConfig:
                 if self.scalar_dp
                 else None
             ),
-            reports=({"dp_sgd_epsilon": {"delta": self.dp_delta}} if self.dp_sgd else {}),
+            reports=(
+                {
+                    "dp_sgd_epsilon": {"delta": self.dp_delta},
+                    "dp_sgd_noise_multiplier": {},
+                    "dp_sgd_sample_rate": {},
+                }
+                if self.dp_sgd
+                else {}
+            ),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -296,6 +304,8 @@ class SeedRun:
     final_params: np.ndarray
     #: why the run stopped early (a round with no usable client), else None
     aborted: str | None = None
+    #: client-level DP: one record per round (``Server.privacy_events``)
+    privacy_events: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -305,6 +315,8 @@ class ExperimentResult:
     final_params: dict[int, np.ndarray]  # per seed
     #: seeds whose run was aborted, with the reason
     aborted: dict[int, str] = field(default_factory=dict)
+    #: client-level DP per seed: each round's releases and realised multipliers
+    privacy_events: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
 
     def __iter__(self):  # ``metrics, audit = run_experiment(...)`` keeps working
         return iter((self.metrics, self.audit))
@@ -647,7 +659,7 @@ def _rounds(
                 f"{row['bytes_down'] / 1e3:.1f} kB  {wall:.2f} s"
                 + (f"  excluded {report.excluded}" if report.excluded else "")
             )
-    return SeedRun(rows, np.array(model, copy=True))
+    return SeedRun(rows, np.array(model, copy=True), None, list(server.privacy_events))
 
 
 def _aborted(
@@ -699,6 +711,9 @@ def privacy_columns(
         }
         out["eps_dp_sgd_max"] = max(per_client.values(), default=float("nan"))
         out.update(per_client)
+        for cid, r in sorted(reports.items()):  # what each client's ε rests on
+            out[f"dp_sgd_noise_multiplier_{cid}"] = r["dp_sgd_noise_multiplier"]
+            out[f"dp_sgd_sample_rate_{cid}"] = r["dp_sgd_sample_rate"]
     if config.scalar_dp is not None:
         eps = scalar_epsilons(scalar_releases, config.scalar_dp["noise"], config.dp_delta)
         out["eps_scalars_max"] = max(eps.values(), default=0.0)
@@ -753,7 +768,9 @@ def run_experiment(
     audit = audit if audit is not None else AuditLog()
     data = get_task(config.task).load()
     rows: list[dict[str, Any]] = []
-    final, aborted = {}, {}
+    final: dict[int, np.ndarray] = {}
+    aborted: dict[int, str] = {}
+    events: dict[int, list[dict[str, Any]]] = {}
     for i, seed in enumerate(config.seeds):
         if progress:
             progress(
@@ -763,10 +780,11 @@ def run_experiment(
         run = run_seed(config, seed, audit, data, progress, transport_factory=transport_factory)
         rows += run.rows
         final[seed] = run.final_params
+        events[seed] = run.privacy_events
         if run.aborted:
             aborted[seed] = run.aborted
     metrics = pd.DataFrame(rows)
-    return ExperimentResult(metrics, audit, final, aborted)
+    return ExperimentResult(metrics, audit, final, aborted, events)
 
 
 def stderr_progress(line: str) -> None:

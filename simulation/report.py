@@ -97,13 +97,19 @@ def privacy_report(config: ExperimentConfig, metrics: pd.DataFrame, audit: Audit
             for c in final.columns
             if c.startswith("eps_dp_sgd_") and c != "eps_dp_sgd_max"
         )
+
+        def per_client(prefix: str) -> dict[int, dict[str, float]]:
+            return {
+                int(s): {c: float(row[f"{prefix}{c}"]) for c in clients if f"{prefix}{c}" in row}
+                for s, (_, row) in zip(final.index, final.iterrows())
+            }  # index: the seeds
+
         report["dp_sgd"] = {
             **config.dp_sgd,
-            "epsilon_per_seed_and_client": {
-                int(s): {c: float(row[f"eps_dp_sgd_{c}"]) for c in clients}
-                for s, (_, row) in zip(final.index, final.iterrows())
-            },
-        }  # index: the seeds
+            "epsilon_per_seed_and_client": per_client("eps_dp_sgd_"),
+            "noise_multiplier_per_seed_and_client": per_client("dp_sgd_noise_multiplier_"),
+            "sample_rate_per_seed_and_client": per_client("dp_sgd_sample_rate_"),
+        }
     if config.scalar_dp:
         report["scalars"] = {
             **config.scalar_dp,

@@ -146,6 +146,15 @@ def test_dp_sgd_reaches_its_target_epsilon_and_reports_it_per_client():
         assert final[c].iloc[0] == pytest.approx(3.0, rel=0.02)
     after_one = m[m["round"] == 1]
     assert (after_one[per_client].to_numpy() < final[per_client].to_numpy()).all()
+    # the multiplier each client solved for and its sampling rate are recorded, and they
+    # give back the target ε over the run's 10 steps
+    from secagg.simulation.privacy import gaussian_epsilon
+
+    for k in range(8):
+        z = final[f"dp_sgd_noise_multiplier_client_{k}"].iloc[0]
+        q = final[f"dp_sgd_sample_rate_client_{k}"].iloc[0]
+        assert 0 < q < 1 and z > 0
+        assert gaussian_epsilon([(z, q, 10)], 1e-5) == pytest.approx(3.0, rel=0.02)
 
 
 def test_dp_on_and_off_under_ckks_show_the_server_the_same_items():
@@ -161,8 +170,13 @@ def test_dp_on_and_off_under_ckks_show_the_server_the_same_items():
             dp_sgd={"clip": 1.0, "noise": 1.0},
         )
     ).audit.summary()
-    # DP-SGD adds one item: each client's ε so far, a function of public settings and n_i
-    assert set(on["learned_in_plaintext"]) == set(off["learned_in_plaintext"]) | {"dp_sgd_epsilon"}
+    # DP-SGD adds three items: each client's ε so far, its noise multiplier and sampling
+    # rate, functions of public settings and n_i
+    assert set(on["learned_in_plaintext"]) == set(off["learned_in_plaintext"]) | {
+        "dp_sgd_epsilon",
+        "dp_sgd_noise_multiplier",
+        "dp_sgd_sample_rate",
+    }
     assert on["undeclared_plaintext_items"] == off["undeclared_plaintext_items"] == []
     assert on["individual_updates_revealed"] is False
     assert on["dp_protected_items"] == ["delta_loss", "global_update"]
