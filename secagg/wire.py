@@ -19,13 +19,15 @@ Each field has a *kind* that says what the receiver learns from it:
 - ``config``: plaintext JSON control data (hyperparameters, optimizer settings).
 
 Decoding checks everything before trusting anything and raises a typed
-:class:`~secagg.errors.WireError` otherwise.
+:class:`~secagg.errors.WireError` otherwise. JSON (the header, config fields) is bounded in
+size and nesting depth before it is parsed: Python's parser recurses once per level.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -47,6 +49,19 @@ _PREFIX = struct.Struct(">4sHI")
 #: Largest envelope a receiver accepts by default (1 GiB); callers may lower it.
 DEFAULT_MAX_BYTES = 1 << 30
 _MAX_HEADER_BYTES = 1 << 20
+#: Largest config field a receiver parses: a config holds settings, not data.
+MAX_CONFIG_BYTES = 1 << 20
+#: Deepest JSON nesting accepted (what secagg writes is a few levels deep; json's C parser
+#: raises RecursionError near a thousand, less when called deep in a stack).
+MAX_JSON_DEPTH = 32
+# In valid JSON a backslash only starts a two-character escape, inside a string; once escapes
+# are gone, a string is a quote, non-quotes, a quote. Two linear passes (a single regex with
+# escapes inside strings backtracks quadratically on an unterminated string of \" pairs).
+_JSON_ESCAPE = re.compile(rb"\\.", re.DOTALL)
+_JSON_STRING = re.compile(rb'"[^"]*"')
+_OPEN = np.zeros(256, dtype=np.int8)
+_OPEN[[ord("["), ord("{")]] = 1
+_OPEN[[ord("]"), ord("}")]] = -1
 
 CIPHERTEXT = "ciphertext"
 SCALAR = "scalar"
@@ -173,7 +188,11 @@ class Envelope:
 
     def config(self, name: str) -> dict[str, Any]:
         # config fields are small and decoded as bytes (bytes() of bytes is not a copy)
-        return json.loads(bytes(self.get(name, CONFIG).data))
+        what = f"config {name!r} from {self.sender}"
+        value = parse_json(bytes(self.get(name, CONFIG).data), what, MAX_CONFIG_BYTES)
+        if not isinstance(value, dict):
+            raise UnexpectedField(f"{what} is a JSON {type(value).__name__}, not an object")
+        return value
 
     # ---- decoding -------------------------------------------------------------------
     @classmethod
@@ -197,10 +216,7 @@ class Envelope:
         start = _PREFIX.size
         if len(data) < start + head_len:
             raise TruncatedMessage("message ends inside its header")
-        try:
-            header = json.loads(data[start : start + head_len].decode())
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise MalformedMessage(f"header is not valid JSON: {exc}") from None
+        header = parse_json(data[start : start + head_len], "header", _MAX_HEADER_BYTES)
         sender, recipient, round_number, phase, specs = _check_header(header)
         fields: dict[str, Field] = {}
         pos = start + head_len
@@ -264,7 +280,7 @@ def _check_field(name: str, f_kind: str, blob: bytes | memoryview, spec: dict[st
         return Field(SCALAR, blob)
     if f_kind == VECTOR:
         dtype = spec.get("dtype")
-        if dtype not in _VECTOR_DTYPES:
+        if not isinstance(dtype, str) or dtype not in _VECTOR_DTYPES:  # a list is unhashable
             raise MalformedMessage(f"vector {name!r} has unsupported dtype {dtype!r}")
         if len(blob) % _VECTOR_DTYPES[dtype].itemsize:
             raise MalformedMessage(f"vector {name!r} length is not a whole number of {dtype}")
@@ -278,8 +294,45 @@ def _check_field(name: str, f_kind: str, blob: bytes | memoryview, spec: dict[st
         ):
             raise MalformedMessage(f"ciphertext {name!r} part lengths do not add up")
         return Field(CIPHERTEXT, blob, parts=tuple(parts))
-    try:
-        json.loads(bytes(blob))
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise MalformedMessage(f"config {name!r} is not valid JSON") from None
+    parse_json(bytes(blob), f"config {name!r}", MAX_CONFIG_BYTES)
     return Field(CONFIG, blob)
+
+
+def json_depth(text: bytes) -> int:
+    """Deepest nesting of brackets in JSON text, outside strings, without parsing it.
+
+    Invalid JSON may get a wrong depth; the parser refuses it anyway."""
+    bare = _JSON_STRING.sub(b"", _JSON_ESCAPE.sub(b"", text))
+    steps = _OPEN[np.frombuffer(bare, dtype=np.uint8)]
+    return int(np.cumsum(steps, dtype=np.int64).max()) if steps.size else 0
+
+
+def _refuse_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a finite number")  # NaN, Infinity: json.dumps never writes
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text[:20]} overflows a float")
+    return value
+
+
+def parse_json(text: bytes, what: str, max_bytes: int) -> Any:
+    """JSON from another party: bounded in size and depth before parsing, finite numbers
+    only; every failure is a :class:`MalformedMessage` (or :class:`OversizedMessage`)."""
+    if len(text) > max_bytes:
+        raise OversizedMessage(f"{what} has {len(text)} bytes, more than the {max_bytes} allowed")
+    depth = json_depth(text)
+    if depth > MAX_JSON_DEPTH:
+        raise MalformedMessage(
+            f"{what} nests {depth} levels deep; at most {MAX_JSON_DEPTH} are accepted"
+        )
+    try:
+        return json.loads(
+            text.decode("utf-8"), parse_constant=_refuse_constant, parse_float=_finite_float
+        )
+    # ValueError covers JSONDecodeError and ints past Python's digit limit; RecursionError
+    # cannot happen within the depth bound unless the caller's stack is already deep
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise MalformedMessage(f"{what} is not valid JSON: {exc}") from None

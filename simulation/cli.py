@@ -180,6 +180,12 @@ def build_parser() -> argparse.ArgumentParser:
         "discrepancy) to [L, H] and add N(0, (S(H-L))^2)",
     )
     dp.add_argument("--dp-delta", type=float, help="delta for every epsilon reported (1e-5)")
+    dp.add_argument(
+        "--dp-noise",
+        choices=["seeded", "os"],
+        help="clients' DP noise from the run's seed (reproducible simulation; default) or "
+        "from generators seeded by the OS CSPRNG (what a deployment needs)",
+    )
     opt = run.add_argument_group("server optimizer (defaults depend on --protocol)")
     opt.add_argument("--server-opt", choices=["sgd", "momentum", "adam", "yogi", "adagrad"])
     opt.add_argument("--server-lr", type=float)
@@ -319,6 +325,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[ExperimentConfig, Path]:
         "client_dp",
         "scalar_dp",
         "dp_delta",
+        "dp_noise",
         "streaming",
         "workers",
     ):

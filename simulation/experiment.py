@@ -15,6 +15,7 @@ whose model the server hands to the clients in a declared message.
 from __future__ import annotations
 
 import math
+import secrets
 import sys
 import time
 from collections import Counter
@@ -113,6 +114,9 @@ class ExperimentConfig:
     #: revealed scalars clipped to [low, high] and noised: {"low", "high", "noise"}
     scalar_dp: dict[str, float] | None = None
     dp_delta: float = 1e-5
+    #: where clients' DP noise comes from: "seeded" (from the run's seed: a reproducible
+    #: simulation, not for deployment) or "os" (generators seeded from the OS CSPRNG)
+    dp_noise: str = "seeded"
     #: fold uploads into a running sum as they arrive, where the protocol's weights allow it
     streaming: bool = True
     #: run the clients in this many worker processes (in parallel); 0: in this process
@@ -145,6 +149,8 @@ class ExperimentConfig:
         if not isinstance(self.fedprox_mu, (int, float)) or not self.fedprox_mu >= 0:
             raise ConfigError(f"fedprox_mu must be a number >= 0, got {self.fedprox_mu!r}")
         self._check_dp()
+        if self.dp_noise not in ("seeded", "os"):
+            raise ConfigError(f"dp_noise must be 'seeded' or 'os', got {self.dp_noise!r}")
         if not isinstance(self.workers, int) or self.workers < 0:
             raise ConfigError(f"workers must be an integer >= 0, got {self.workers!r}")
         if self.client_split_count is not None and (
@@ -387,6 +393,11 @@ class ClientFactory:
             for cid, k in ((c, int(c.rsplit("_", 1)[1])) for c in ids)
         }
 
+    def _noise_seed(self, reproducible: int) -> int:
+        """The seed of a client's DP noise (and DP-SGD's sampling): from the run's seed, or
+        fresh from the OS CSPRNG when ``dp_noise`` is "os"."""
+        return reproducible if self.config.dp_noise == "seeded" else secrets.randbits(63)
+
     def _build(
         self, task: Task, part: ClientData, validation: ClientData | None, k: int, cid: str
     ) -> Client:
@@ -408,7 +419,7 @@ class ClientFactory:
                 noise_multiplier=config.dp_sgd.get("noise"),
                 target_epsilon=config.dp_sgd.get("epsilon"),
                 delta=config.dp_delta,
-                seed=seed * 1000 + k,
+                seed=self._noise_seed(seed * 1000 + k),
             )
         return Client(
             cid,
@@ -421,7 +432,7 @@ class ClientFactory:
             ),
             protocol=make_client_half(protocol, **options),
             validation=validation,
-            seed=seed * 1000 + k + 500,
+            seed=self._noise_seed(seed * 1000 + k + 500),
             observer_public=self.observer_public,
         )
 

@@ -75,6 +75,12 @@ def privacy_report(config: ExperimentConfig, metrics: pd.DataFrame, audit: Audit
 
     report = {
         "delta": config.dp_delta,
+        "noise_source": (
+            "seeded from the run's seed: reproducible simulation, predictable noise (not for "
+            "deployment)"
+            if config.dp_noise == "seeded"
+            else "generators seeded from the OS CSPRNG"
+        ),
         "assumptions": ASSUMPTIONS,
         "dp_protected_items": summary["dp_protected_items"],
         "not_dp_protected_items": summary["not_dp_protected_items"],

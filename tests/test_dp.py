@@ -260,3 +260,26 @@ def test_make_private_needs_exactly_one_noise_setting():
         make_private(trainer, max_grad_norm=1.0, total_steps=10)
     with pytest.raises(ConfigError, match="noise_multiplier > 0"):
         make_private(trainer, max_grad_norm=1.0, total_steps=10, noise_multiplier=0.0)
+
+
+def test_dp_noise_from_the_os_differs_between_identical_runs_and_says_so(tmp_path):
+    """Seeded noise repeats exactly (a reproducible simulation); OS-seeded noise does not,
+    and privacy.json says which one a run used."""
+    import json
+
+    from secagg.simulation.api import run
+
+    base = dict(
+        task="tcga-brca",
+        protocol="fedavg",
+        rounds=1,
+        seeds=[2],
+        local_steps=1,
+        client_dp={"clip": 1.0, "noise": 1.0},
+    )
+    seeded = [run(**base).final_params[2] for _ in range(2)]
+    np.testing.assert_array_equal(seeded[0], seeded[1])
+    fresh = [run(**base, dp_noise="os", out=tmp_path / str(i)) for i in range(2)]
+    assert np.abs(fresh[0].final_params[2] - fresh[1].final_params[2]).max() > 1e-6
+    report = json.loads((tmp_path / "0" / "privacy.json").read_text())
+    assert "OS CSPRNG" in report["noise_source"]

@@ -184,3 +184,84 @@ def test_senders_refuse_to_encode_non_finite_values():
         wire.scalar(float("inf"))
     with pytest.raises(UnexpectedField):
         wire.vector([1.0, float("nan")])
+
+
+# ---- JSON from another party: bounded depth and size, finite numbers, typed errors -----------
+def _with_raw_header(head: bytes, payload: bytes = b"") -> bytes:
+    return struct.pack(">4sHI", wire.MAGIC, wire.WIRE_VERSION, len(head)) + head + payload
+
+
+def _nested(depth: int) -> list:
+    value: list = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+def test_json_depth_counts_brackets_outside_strings_only():
+    assert wire.json_depth(b"") == wire.json_depth(b"1") == 0
+    assert wire.json_depth(b'{"a": [1, {"b": []}]}') == 4
+    assert wire.json_depth(b'["[[[", "\\"]]]", "\\\\", ["{"]]') == 2
+    assert wire.json_depth(b'[{"k": "\\u005b\\u005b"}]') == 2
+
+
+@pytest.mark.parametrize("where", ["header", "config"])
+def test_nesting_deeper_than_the_limit_is_malformed_in_header_and_config(where):
+    for depth, ok in ((wire.MAX_JSON_DEPTH, True), (wire.MAX_JSON_DEPTH + 1, False)):
+        if where == "header":  # the header object is one level
+            data = _with_header({**BASE, "fields": [], "x": _nested(depth - 1)})
+        else:
+            body = json.dumps({"x": _nested(depth - 1)}).encode()
+            fields = [{"name": "c", "kind": "config", "nbytes": len(body)}]
+            data = _with_header({**BASE, "fields": fields}, body)
+        if ok:
+            Envelope.from_bytes(data)
+        else:
+            with pytest.raises(MalformedMessage, match=f"nests {depth} levels deep"):
+                Envelope.from_bytes(data)
+
+
+@pytest.mark.parametrize(
+    "number", [b"1" * 5000, b"1e999", b"-1e999", b"NaN", b"Infinity", b"-Infinity"]
+)
+def test_numbers_python_cannot_hold_or_json_does_not_allow_are_malformed(number):
+    head = b'{"sender":"a","recipient":"server","round":' + number + b',"phase":"p","fields":[]}'
+    with pytest.raises(MalformedMessage, match="not valid JSON"):
+        Envelope.from_bytes(_with_raw_header(head))
+    fields = b'[{"name":"c","kind":"config","nbytes":%d}]' % (len(number) + 6)
+    head = b'{"sender":"a","recipient":"server","round":0,"phase":"p","fields":' + fields + b"}"
+    with pytest.raises(MalformedMessage, match="not valid JSON"):
+        Envelope.from_bytes(_with_raw_header(head, b'{"x":' + number + b"}"))
+
+
+def test_a_huge_but_representable_round_is_just_a_number():
+    env = Envelope.from_bytes(_with_header({**BASE, "round": 10**4000, "fields": []}))
+    assert env.round == 10**4000  # Exchange refuses it as stale, typed
+
+
+def test_unhashable_dtype_is_malformed_not_a_type_error():
+    header = {**BASE, "fields": [{"name": "v", "kind": "vector", "nbytes": 0, "dtype": []}]}
+    with pytest.raises(MalformedMessage, match="dtype"):
+        Envelope.from_bytes(_with_header(header))
+
+
+def test_config_fields_are_bounded_and_must_be_objects():
+    big = json.dumps({"x": "a" * wire.MAX_CONFIG_BYTES}).encode()
+    fields = [{"name": "c", "kind": "config", "nbytes": len(big)}]
+    with pytest.raises(OversizedMessage, match="config 'c'"):
+        Envelope.from_bytes(_with_header({**BASE, "fields": fields}, big))
+    fields = [{"name": "c", "kind": "config", "nbytes": 6}]
+    env = Envelope.from_bytes(_with_header({**BASE, "fields": fields}, b"[1, 2]"))
+    with pytest.raises(UnexpectedField, match="not an object"):
+        env.config("c")
+
+
+def test_the_depth_scan_stays_linear_on_unterminated_escaped_strings():
+    import time
+
+    head = b'"' + b'\\"' * (wire._MAX_HEADER_BYTES // 2 - 1)
+    start = time.perf_counter()
+    with pytest.raises(MalformedMessage):
+        Envelope.from_bytes(_with_raw_header(head))
+    # a one-regex string scan is quadratic here: 0.65 s at 16 KB, ~45 min extrapolated at 1 MiB
+    assert time.perf_counter() - start < 1.0

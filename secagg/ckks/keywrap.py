@@ -31,8 +31,9 @@ _NONCE = 12
 def _aad(sender: str, recipient: str, params: str) -> bytes:
     """Sender, recipient and parameters, each length-prefixed: no two triples give the same
     bytes (with a separator, ("a", "b->c") and ("a->b", "c") would)."""
-    return b"".join(len(p).to_bytes(4, "big") + p for p in
-                    (s.encode() for s in (sender, recipient, params)))
+    return b"".join(
+        len(p).to_bytes(4, "big") + p for p in (s.encode() for s in (sender, recipient, params))
+    )
 
 
 def fingerprint(public: bytes) -> str:

@@ -1,6 +1,13 @@
 """The public half of CKKS: parameters, ciphertext (de)serialisation and weighted sums.
 
 Nothing here can decrypt: no function takes or produces a secret key.
+
+Bytes from a client (or a server, for a decryptor) are checked here before SEAL sees them.
+SEAL 4.1 trusts sizes inside its own format: a header's ``size`` sets a buffer SEAL
+allocates, a zstd body is inflated without bound, and a ciphertext claiming size 0 turns off
+the bound on its data array, so a 65 KB upload could make it allocate gigabytes. So an upload
+is inflated here into a buffer of the largest size a ciphertext of the preset can have, its
+layout is checked field by field, and SEAL loads the checked, uncompressed bytes.
 """
 
 from __future__ import annotations
@@ -8,15 +15,20 @@ from __future__ import annotations
 import atexit
 import functools
 import hashlib
+import io
 import itertools
 import os
 import shutil
+import signal
+import struct
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import tenseal.sealapi as seal
+import zstandard
 
 from secagg.ckks.presets import CKKSPreset, chunks_for
 from secagg.errors import ConfigError, MalformedCiphertext, WrongContext
@@ -24,38 +36,256 @@ from secagg.errors import ConfigError, MalformedCiphertext, WrongContext
 # SEAL's Python binding (de)serialises through files only: keep them in memory-backed /dev/shm
 # when the machine has it, and delete each file as soon as it has been read. Names come from a
 # counter (no uuid, no pathlib: this runs once per ciphertext chunk, hundreds of times per
-# million parameters), with the thread id so that threads never share a file.
+# million parameters), with the process and thread ids so that no two writers share a file
+# (a forked child inherits the counter). Files are created 0600 by us, never by SEAL: they hold
+# ciphertexts and, on clients, secret keys.
+_OWNER = os.getpid()
 _SCRATCH = tempfile.mkdtemp(prefix="secagg-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
 _NAMES = itertools.count()
-atexit.register(shutil.rmtree, _SCRATCH, ignore_errors=True)
+_LIVE: set[str] = set()  # scratch files that exist right now, of this process and its forks
 
 
 def _scratch_path() -> str:
-    return f"{_SCRATCH}/{threading.get_ident()}-{next(_NAMES)}"
+    return f"{_SCRATCH}/{os.getpid()}-{threading.get_ident()}-{next(_NAMES)}"
+
+
+def _create_scratch() -> tuple[str, int]:
+    """A new scratch file, readable by this user only; (path, open descriptor for writing)."""
+    path = _scratch_path()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    _LIVE.add(path)
+    return path, fd
+
+
+def _remove_scratch(path: str) -> None:
+    _LIVE.discard(path)
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _remove_all_scratch() -> None:
+    """Remove this process's scratch files (a forked child's set still names its parent's
+    files, which are not its to remove), and the folder if this process made it."""
+    mine = f"{_SCRATCH}/{os.getpid()}-"
+    for path in list(_LIVE):  # a copy: another thread may be adding to the set
+        if path.startswith(mine):
+            _remove_scratch(path)
+    if os.getpid() == _OWNER:
+        shutil.rmtree(_SCRATCH, ignore_errors=True)
+
+
+def _on_fatal_signal(signum: int, frame) -> None:
+    """SIGTERM (or SIGINT without Python's handler) would end the process without atexit:
+    clean up, then die of the signal as the default action would."""
+    _remove_all_scratch()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def _install_cleanup() -> None:
+    atexit.register(_remove_all_scratch)
+    # Only where the signal would kill the process outright: Python's SIGINT handler raises
+    # KeyboardInterrupt, which unwinds through the try/finally of every save and load and then
+    # runs atexit; a handler someone else installed (or SIG_IGN) is theirs to keep.
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        if signal.getsignal(signum) == signal.SIG_DFL:
+            signal.signal(signum, _on_fatal_signal)
+
+
+_install_cleanup()
 
 
 def to_bytes(obj) -> bytes:
-    """SEAL object -> bytes (SEAL's own format, zstd-compressed)."""
-    path = _scratch_path()
+    """SEAL object -> bytes (SEAL's own format, zstd-compressed: the binding's ``save`` takes
+    no compression mode)."""
+    path, fd = _create_scratch()
     try:
+        os.close(fd)  # SEAL opens the file by name and truncates it: its mode stays 0600
         obj.save(path)
         with open(path, "rb") as f:
             return f.read()
     finally:
-        os.unlink(path)
+        _remove_scratch(path)
 
 
 def from_bytes(obj, context: seal.SEALContext, data: bytes | memoryview):
     """Load bytes (or a view into a received message) into a fresh SEAL object; SEAL
-    validates them against the context."""
-    path = _scratch_path()
+    validates them against the context. Bytes from another party go through
+    :func:`checked_blob` first: SEAL's own checks do not bound what it allocates."""
+    path, fd = _create_scratch()
     try:
-        with open(path, "wb") as f:
+        with open(fd, "wb") as f:
             f.write(data)
         obj.load(context, path)
         return obj
     finally:
-        os.unlink(path)
+        _remove_scratch(path)
+
+
+#: what SEAL's binding raises for bytes it cannot load (pybind11 maps std::logic_error to
+#: RuntimeError, out_of_range to IndexError, bad_alloc to MemoryError, ...)
+SEAL_LOAD_ERRORS = (RuntimeError, ValueError, TypeError, IndexError, MemoryError, OverflowError)
+
+
+# ---- SEAL's serialisation format, checked before SEAL reads untrusted bytes -------------------
+#: SEALHeader: magic, header size, version major, minor, compression mode, reserved, total size
+_HEADER = struct.Struct("<HBBBBHQ")
+HEADER_BYTES = _HEADER.size
+SEAL_MAGIC = 0xA15E
+COMPR_NONE, COMPR_ZSTD = 0, 2
+_COMPR_NAMES = {0: "none", 1: "zlib", 2: "zstd"}
+#: a ciphertext's metadata: parms_id, is_ntt_form, size, N, coeff_modulus_size, scale,
+#: correction factor; then its data (a DynArray: nested header, count, count uint64s) and, in
+#: a seeded ciphertext, the PRNG info (nested header, PRNG type, 64-byte seed) for the second
+#: polynomial
+_CT_META = struct.Struct("<32sBQQQdQ")
+_COUNT = struct.Struct("<Q")
+_PRNG_INFO_BYTES = _HEADER.size + 1 + 64
+
+
+@dataclass(frozen=True)
+class SEALHeader:
+    magic: int
+    header_size: int
+    version: tuple[int, int]
+    compr_mode: int
+    reserved: int
+    size: int
+
+
+def read_header(data: bytes | memoryview, offset: int = 0, what: str = "SEAL object") -> SEALHeader:
+    if len(data) < offset + _HEADER.size:
+        raise MalformedCiphertext(
+            f"{what} has {max(len(data) - offset, 0)} bytes where a {_HEADER.size}-byte SEAL "
+            "header should be (empty or truncated)"
+        )
+    magic, header_size, major, minor, mode, reserved, size = _HEADER.unpack_from(data, offset)
+    return SEALHeader(magic, header_size, (major, minor), mode, reserved, size)
+
+
+@functools.cache
+def written_header() -> SEALHeader:
+    """The header this SEAL build writes (version, compression mode), read off a saved
+    ciphertext: uploads must look like what our own clients write."""
+    return read_header(to_bytes(seal.Ciphertext()))
+
+
+def check_header(header: SEALHeader, nbytes: int, compr_mode: int, what: str) -> None:
+    """``header`` must be one this build writes, with ``compr_mode``, for exactly ``nbytes``."""
+    ours = written_header()
+    if header.magic != SEAL_MAGIC or header.header_size != _HEADER.size or header.reserved:
+        raise MalformedCiphertext(f"{what} has no valid SEAL header")
+    if header.version != ours.version:
+        raise MalformedCiphertext(
+            f"{what} was written by SEAL {header.version[0]}.{header.version[1]}; this build "
+            f"reads and writes {ours.version[0]}.{ours.version[1]}"
+        )
+    if header.compr_mode != compr_mode:
+        raise MalformedCiphertext(
+            f"{what} has compression mode {header.compr_mode} "
+            f"({_COMPR_NAMES.get(header.compr_mode, 'unknown')}); here SEAL writes only "
+            f"{compr_mode} ({_COMPR_NAMES[compr_mode]})"
+        )
+    if header.size != nbytes:
+        raise MalformedCiphertext(f"{what} claims {header.size} bytes but has {nbytes}")
+
+
+def zstd_bound(n: int) -> int:
+    """zstd's worst-case compressed size of n bytes (ZSTD_COMPRESSBOUND in zstd.h)."""
+    return n + (n >> 8) + (((128 << 10) - n) >> 11 if n < (128 << 10) else 0)
+
+
+def inflate(body: bytes | memoryview, max_bytes: int, what: str) -> bytes:
+    """A zstd body inflated to at most ``max_bytes``: read through a bounded stream, so a body
+    that would inflate to more is refused after ``max_bytes + 1`` bytes, whatever its frame
+    headers claim (a one-shot decompress would allocate what the header says)."""
+    try:
+        with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(bytes(body))) as reader:
+            out = reader.read(max_bytes + 1)
+            if len(out) <= max_bytes and reader.read(1):
+                out += b"\0"  # more frames follow: too long all the same
+    except zstandard.ZstdError as exc:
+        raise MalformedCiphertext(f"{what} is not a zstd body ({exc})") from None
+    if len(out) > max_bytes:
+        raise MalformedCiphertext(
+            f"{what} inflates to more than {max_bytes} bytes, the most it can have at this preset"
+        )
+    return out
+
+
+def checked_blob(
+    data: bytes | memoryview,
+    max_raw: int,
+    check_layout: Callable[[bytes], None],
+    what: str,
+) -> bytes:
+    """SEAL bytes from another party -> the same object, uncompressed and checked.
+
+    The header must be one this build writes (zstd, the exact length of ``data``, at most
+    zstd's bound for ``max_raw`` bytes), the body must inflate to at most ``max_raw`` bytes,
+    and ``check_layout(raw)`` must accept every size inside it. SEAL then reads a blob whose
+    every length is known: it allocates nothing the preset does not need."""
+    if len(data) > _HEADER.size + zstd_bound(max_raw):
+        raise MalformedCiphertext(
+            f"{what} has {len(data)} bytes; at this preset it has at most "
+            f"{_HEADER.size + zstd_bound(max_raw)}"
+        )
+    check_header(read_header(data, 0, what), len(data), COMPR_ZSTD, what)
+    raw = inflate(memoryview(data)[_HEADER.size :], max_raw, what)
+    check_layout(raw)
+    ours = written_header()
+    head = _HEADER.pack(
+        SEAL_MAGIC, _HEADER.size, *ours.version, COMPR_NONE, 0, _HEADER.size + len(raw)
+    )
+    return head + raw
+
+
+def check_nested(raw: bytes, offset: int, nbytes: int, what: str) -> None:
+    """A header SEAL writes inside an object (before a data array or a PRNG seed): SEAL
+    loads through it again, so it must be uncompressed and exactly ``nbytes`` long."""
+    check_header(read_header(raw, offset, what), nbytes, COMPR_NONE, what)
+
+
+def ciphertext_raw_bytes(n: int, primes: int, seeded: bool) -> int:
+    """Uncompressed size of a size-2 ciphertext of N=n over ``primes`` primes: metadata,
+    data array, and for a seeded one the first polynomial and the seed of the second."""
+    polys = 1 if seeded else 2
+    data = _HEADER.size + _COUNT.size + polys * n * primes * 8
+    return _CT_META.size + data + (_PRNG_INFO_BYTES if seeded else 0)
+
+
+def check_ciphertext_layout(raw: bytes, n: int, primes: int, what: str) -> None:
+    """Every size in an uncompressed ciphertext, against the preset's: a size-2 ciphertext
+    of degree ``n`` over ``primes`` primes, seeded (an upload) or not (a sum)."""
+    if len(raw) < _CT_META.size:
+        raise MalformedCiphertext(f"{what} ends inside its metadata ({len(raw)} bytes)")
+    _, _, size, degree, n_primes, _, _ = _CT_META.unpack_from(raw)
+    if size != 2:
+        raise MalformedCiphertext(f"{what} has size {size}, expected 2")
+    if (degree, n_primes) != (n, primes):
+        raise WrongContext(
+            f"{what} is of degree {degree} over {n_primes} primes; this preset's fresh "
+            f"ciphertexts are of degree {n} over {primes}"
+        )
+    seeded = len(raw) == ciphertext_raw_bytes(n, primes, True)
+    if not (seeded or len(raw) == ciphertext_raw_bytes(n, primes, False)):
+        raise MalformedCiphertext(
+            f"{what} inflates to {len(raw)} bytes; a ciphertext of this preset has "
+            f"{ciphertext_raw_bytes(n, primes, True)} (seeded) or "
+            f"{ciphertext_raw_bytes(n, primes, False)}"
+        )
+    count = (1 if seeded else 2) * n * primes
+    at = _CT_META.size
+    check_nested(raw, at, _HEADER.size + _COUNT.size + 8 * count, f"{what}'s data")
+    (claimed,) = _COUNT.unpack_from(raw, at + _HEADER.size)
+    if claimed != count:
+        raise MalformedCiphertext(f"{what} claims {claimed} coefficients, expected {count}")
+    if seeded:
+        check_nested(raw, len(raw) - _PRNG_INFO_BYTES, _PRNG_INFO_BYTES, f"{what}'s seed")
 
 
 @functools.cache
@@ -92,6 +322,28 @@ class PublicCKKS:
         self.evaluator = seal.Evaluator(self.context)
         self.encoder = seal.CKKSEncoder(self.context)
         self.scale = 2.0**preset.scale_bits
+        # the shape every ciphertext the server sums or sends has: fresh level, size 2
+        self._degree = preset.poly_modulus_degree
+        self._primes = len(self.context.first_context_data().parms().coeff_modulus())
+        #: largest uncompressed ciphertext of this preset (a sum: two full polynomials)
+        self.max_raw_bytes = ciphertext_raw_bytes(self._degree, self._primes, seeded=False)
+
+    def load_ciphertext(
+        self, data: bytes | memoryview, what: str = "ciphertext"
+    ) -> seal.Ciphertext:
+        """One ciphertext from another party's bytes: checked (:func:`checked_blob`), then
+        loaded by SEAL, whose own errors become :class:`MalformedCiphertext`."""
+        n, primes = self._degree, self._primes
+        blob = checked_blob(
+            data,
+            self.max_raw_bytes,
+            lambda raw: check_ciphertext_layout(raw, n, primes, what),
+            what,
+        )
+        try:
+            return from_bytes(seal.Ciphertext(), self.context, blob)
+        except SEAL_LOAD_ERRORS as exc:
+            raise MalformedCiphertext(f"{what} does not load: {exc}") from None
 
     def load_ciphertexts(
         self,
@@ -114,10 +366,7 @@ class PublicCKKS:
             )
         out: list[seal.Ciphertext] = []
         for i, data in enumerate(parts):
-            try:
-                ct = from_bytes(seal.Ciphertext(), self.context, data)
-            except (RuntimeError, ValueError, TypeError) as exc:
-                raise MalformedCiphertext(f"ciphertext {i} does not load: {exc}") from None
+            ct = self.load_ciphertext(data, f"ciphertext {i}")
             if ct.parms_id() != self.context.first_parms_id():
                 raise WrongContext(f"ciphertext {i} is not at this preset's fresh level")
             if ct.size() != 2 or not ct.is_ntt_form():

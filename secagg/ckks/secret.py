@@ -9,6 +9,7 @@ it in the client's own state export (``Client.export_state``, kept on the client
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 
 import numpy as np
@@ -16,8 +17,58 @@ import tenseal.sealapi as seal
 
 from secagg.ckks.flooding import csprng_normal, slot_sigma
 from secagg.ckks.presets import CKKSPreset, chunks_for
-from secagg.ckks.public import PublicCKKS, from_bytes, to_bytes
-from secagg.errors import KeySetupError, ValueRangeError
+from secagg.ckks.public import (
+    HEADER_BYTES,
+    SEAL_LOAD_ERRORS,
+    PublicCKKS,
+    check_nested,
+    checked_blob,
+    from_bytes,
+    to_bytes,
+)
+from secagg.errors import ClientInputError, KeySetupError, MalformedCiphertext, ValueRangeError
+
+#: a secret key is a plaintext at the key level: parms_id, coefficient count, scale, then its
+#: data (a DynArray: nested header, count, count uint64s)
+_PLAIN_META = struct.Struct("<32sQd")
+_COUNT = struct.Struct("<Q")
+
+
+def secret_key_raw_bytes(n: int, primes: int) -> int:
+    """Uncompressed size of a secret key of degree ``n`` over the key level's ``primes``."""
+    return _PLAIN_META.size + HEADER_BYTES + _COUNT.size + 8 * n * primes
+
+
+def check_secret_key_layout(raw: bytes, n: int, primes: int) -> None:
+    """Every size in an uncompressed secret key, against the preset's: the key comes from
+    the leader (another client) or a state export, and SEAL 4.1 would allocate whatever a
+    forged count inside it claims."""
+    count = n * primes
+    if len(raw) != secret_key_raw_bytes(n, primes):
+        raise MalformedCiphertext(
+            f"secret key inflates to {len(raw)} bytes; this preset's has "
+            f"{secret_key_raw_bytes(n, primes)}"
+        )
+    _, coeffs, _ = _PLAIN_META.unpack_from(raw)
+    check_nested(raw, _PLAIN_META.size, HEADER_BYTES + _COUNT.size + 8 * count, "secret key")
+    (claimed,) = _COUNT.unpack_from(raw, _PLAIN_META.size + HEADER_BYTES)
+    if coeffs != count or claimed != count:
+        raise MalformedCiphertext(
+            f"secret key claims {coeffs} and {claimed} coefficients, expected {count}"
+        )
+
+
+def load_secret_key(ctx: seal.SEALContext, data: bytes | memoryview) -> seal.SecretKey:
+    """A secret key from bytes: checked (sizes, compression, layout), then loaded by SEAL."""
+    n = ctx.key_context_data().parms().poly_modulus_degree()
+    primes = len(ctx.key_context_data().parms().coeff_modulus())
+    blob = checked_blob(
+        data,
+        secret_key_raw_bytes(n, primes),
+        lambda raw: check_secret_key_layout(raw, n, primes),
+        "secret key",
+    )
+    return from_bytes(seal.SecretKey(), ctx, blob)
 
 
 class SecretKeyHolder:
@@ -29,8 +80,8 @@ class SecretKeyHolder:
             self._secret = seal.KeyGenerator(ctx).secret_key()
         else:
             try:
-                self._secret = from_bytes(seal.SecretKey(), ctx, secret_key_bytes)
-            except (RuntimeError, ValueError) as exc:
+                self._secret = load_secret_key(ctx, secret_key_bytes)
+            except (ClientInputError, *SEAL_LOAD_ERRORS) as exc:
                 raise KeySetupError(
                     f"secret key does not load for preset {preset.name}: {exc}"
                 ) from None
