@@ -572,7 +572,7 @@ def _run(
         budget = (
             0 if config.server_blind else config.rounds * protocol.capabilities.reveals_per_round
         )
-        factory = replace(factory, provisions=provision(ids, budget))
+        factory = replace(factory, provisions=provision(ids, budget, initial.size))
     transport = make_transport(factory, ids)
     try:
         audit.run = label

@@ -27,21 +27,27 @@ class Provision:
         identity: this client's raw X25519 private key.
         roster: every client's raw X25519 public key, by client id.
         decryption_budget: how many aggregates the run will reveal at most (sizes flooding).
+        reveal_length: the number of values every reveal returns (the model's size); None
+            accepts any.
     """
 
     identity: bytes | None = None
     roster: Mapping[str, bytes] = field(default_factory=dict)
     decryption_budget: int = 1
+    reveal_length: int | None = None
 
 
-def provision(client_ids: list[str], decryption_budget: int) -> dict[str, Provision]:
+def provision(
+    client_ids: list[str], decryption_budget: int, reveal_length: int | None = None
+) -> dict[str, Provision]:
     """Fresh identities for ``client_ids`` and the roster they share."""
     from secagg.ckks.keywrap import KeyWrapper  # private keys: never in the server's imports
 
     identities = {c: KeyWrapper() for c in client_ids}
     roster = {c: w.public_bytes for c, w in identities.items()}
     return {
-        c: Provision(w.private_bytes(), roster, decryption_budget) for c, w in identities.items()
+        c: Provision(w.private_bytes(), roster, decryption_budget, reveal_length)
+        for c, w in identities.items()
     }
 
 
@@ -116,6 +122,7 @@ def _ckks_client(client_id: str, options: dict[str, Any], provision: Provision) 
         roster=provision.roster,
         flooding_bits=options["flooding_bits"],
         decryption_budget=provision.decryption_budget,
+        reveal_length=provision.reveal_length,
     )
 
 

@@ -41,10 +41,13 @@ class CKKSClient(ClientBackend):
         roster: Mapping[str, bytes] | None = None,
         flooding_bits: int = 30,
         decryption_budget: int = 1,
+        reveal_length: int | None = None,
     ):
         """``identity``: this client's X25519 key; ``roster``: every client's public key
         (this one's included); ``flooding_bits`` and ``decryption_budget`` size the flooding
-        of every reveal. Without a roster the client knows only itself."""
+        of every reveal; ``reveal_length``, if given, is the only number of values a reveal
+        may return (the model's size: a server asking for a whole chunk of a 40-value
+        aggregate gets nothing). Without a roster the client knows only itself."""
         self.id = client_id
         self.preset = preset
         self.fingerprint = params_fingerprint(preset)
@@ -59,6 +62,7 @@ class CKKSClient(ClientBackend):
         if not isinstance(decryption_budget, int) or decryption_budget < 0:
             raise KeySetupError(f"decryption_budget must be a count, got {decryption_budget!r}")
         self.flooding_bits, self.decryption_budget = flooding_bits, decryption_budget
+        self.reveal_length = reveal_length
         self._keys: SecretKeyHolder | None = None
         self._setup: dict | None = None
         self.decryptions = 0
@@ -225,8 +229,17 @@ class CKKSClient(ClientBackend):
             or not isinstance(info.get("n_values"), int)
         ):
             raise ProtocolStateError(f"{self.id}: a reveal request names a field and a length")
+        if self.reveal_length is not None and info["n_values"] != self.reveal_length:
+            raise ProtocolStateError(
+                f"{self.id} reveals {self.reveal_length} values, the model's size; the server "
+                f"asks for {info['n_values']}"
+            )
+        # every client shares the key and may spend its own budget: the key releases up to
+        # roster size × budget decryptions, and the flooding is sized for all of them
         sigma = flooding_sigma(
-            error_bound(len(self.roster), self.preset.weight_bits), budget, self.flooding_bits
+            error_bound(len(self.roster), self.preset.weight_bits),
+            budget * len(self.roster),
+            self.flooding_bits,
         )
         values, self.last_flooding_sigma = self.keys.decrypt_flooded(
             env.ciphertext_parts("aggregate"),
