@@ -44,6 +44,9 @@ class Capabilities:
     client_scalars: tuple[str, ...] = ()
     #: aggregates decrypted for the server per round (sizes the CKKS flooding budget)
     reveals_per_round: int = 1
+    #: aggregates each client opens itself per round in the protocol's own phases (LARC's Ĝ,
+    #: RegAgg's centre): a client opens no more, and the flooding counts them too
+    opens_per_round: int = 0
     #: the server forms the update in plaintext (from revealed sums): no server-blind runs
     server_computes_update: bool = False
     #: needs each client's own update (medians, trimming): not expressible as sums
@@ -67,8 +70,8 @@ class Capabilities:
             raise ConfigError(
                 f"client scalars {self.client_scalars} must be declared in reveals {self.reveals}"
             )
-        if self.reveals_per_round < 0:
-            raise ConfigError("reveals_per_round must be >= 0")
+        if self.reveals_per_round < 0 or self.opens_per_round < 0:
+            raise ConfigError("reveals_per_round and opens_per_round must be >= 0")
 
     def union(self, other: Capabilities) -> Capabilities:
         """What a protocol made of both needs: every item either reveals, the larger reveal
@@ -80,7 +83,7 @@ class Capabilities:
             a, b = getattr(self, f.name), getattr(other, f.name)
             if f.name in ("reveals", "client_scalars"):
                 merged[f.name] = tuple(dict.fromkeys(a + b))
-            elif f.name == "reveals_per_round":
+            elif f.name in ("reveals_per_round", "opens_per_round"):
                 merged[f.name] = max(a, b)
             elif f.name == "client_dp_compatible":
                 merged[f.name] = a and b

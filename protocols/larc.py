@@ -98,7 +98,9 @@ class LARCClient(ClientHalf):
 class LARC(Protocol):
     name = "larc"
     capabilities = Capabilities(
-        reveals=("delta_loss", "alpha", "global_update"), client_scalars=("delta_loss",)
+        reveals=("delta_loss", "alpha", "global_update"),
+        client_scalars=("delta_loss",),
+        opens_per_round=1,  # Ĝ
     )
     client = LARCClient
     #: settings with CLI flags of their own (``--larc-q`` ...)

@@ -257,6 +257,7 @@ class RegAgg(Protocol):
     capabilities = Capabilities(
         reveals=("regagg_numerator", "regagg_denominator"),
         reveals_per_round=2,
+        opens_per_round=1,  # the centre
         server_computes_update=True,
         client_dp_compatible=False,
     )
@@ -305,6 +306,7 @@ class SimAgg(RegAgg):
     capabilities = Capabilities(
         reveals=("regagg_numerator", "regagg_denominator", "fedavg_sum"),
         reveals_per_round=3,
+        opens_per_round=1,  # the centre
         server_computes_update=True,
         client_dp_compatible=False,
     )

@@ -572,7 +572,10 @@ def _run(
         budget = (
             0 if config.server_blind else config.rounds * protocol.capabilities.reveals_per_round
         )
-        factory = replace(factory, provisions=provision(ids, budget, initial.size))
+        opens = config.rounds * (
+            protocol.capabilities.opens_per_round + (1 if config.server_blind else 0)
+        )
+        factory = replace(factory, provisions=provision(ids, budget, initial.size, opens))
     transport = make_transport(factory, ids)
     try:
         audit.run = label

@@ -29,16 +29,22 @@ class Provision:
         decryption_budget: how many aggregates the run will reveal at most (sizes flooding).
         reveal_length: the number of values every reveal returns (the model's size); None
             accepts any.
+        open_budget: how many aggregates the client opens itself at most (LARC's Ĝ,
+            RegAgg's centre, server-blind updates).
     """
 
     identity: bytes | None = None
     roster: Mapping[str, bytes] = field(default_factory=dict)
     decryption_budget: int = 1
     reveal_length: int | None = None
+    open_budget: int = 0
 
 
 def provision(
-    client_ids: list[str], decryption_budget: int, reveal_length: int | None = None
+    client_ids: list[str],
+    decryption_budget: int,
+    reveal_length: int | None = None,
+    open_budget: int = 0,
 ) -> dict[str, Provision]:
     """Fresh identities for ``client_ids`` and the roster they share."""
     from secagg.ckks.keywrap import KeyWrapper  # private keys: never in the server's imports
@@ -46,7 +52,7 @@ def provision(
     identities = {c: KeyWrapper() for c in client_ids}
     roster = {c: w.public_bytes for c, w in identities.items()}
     return {
-        c: Provision(w.private_bytes(), roster, decryption_budget, reveal_length)
+        c: Provision(w.private_bytes(), roster, decryption_budget, reveal_length, open_budget)
         for c, w in identities.items()
     }
 
@@ -123,6 +129,7 @@ def _ckks_client(client_id: str, options: dict[str, Any], provision: Provision) 
         flooding_bits=options["flooding_bits"],
         decryption_budget=provision.decryption_budget,
         reveal_length=provision.reveal_length,
+        open_budget=provision.open_budget,
     )
 
 
@@ -203,11 +210,18 @@ __all__ = [
 
 
 def make_backends(
-    name: str, client_ids: list[str], *, decryption_budget: int = 8, **options: Any
+    name: str,
+    client_ids: list[str],
+    *,
+    decryption_budget: int = 8,
+    open_budget: int = 8,
+    **options: Any,
 ) -> tuple[ServerBackend, dict[str, ClientBackend]]:
     """Both halves at once (tests, benchmarks): the server's and one per client, the clients
     provisioned with fresh identities and one roster."""
-    provisions = provision(client_ids, decryption_budget) if name != "plain" else {}
+    provisions = (
+        provision(client_ids, decryption_budget, open_budget=open_budget) if name != "plain" else {}
+    )
     return (
         make_server_backend(name, options),
         {

@@ -42,6 +42,7 @@ class CKKSClient(ClientBackend):
         flooding_bits: int = 30,
         decryption_budget: int = 1,
         reveal_length: int | None = None,
+        open_budget: int = 0,
     ):
         """``identity``: this client's X25519 key; ``roster``: every client's public key
         (this one's included); ``flooding_bits`` and ``decryption_budget`` size the flooding
@@ -63,6 +64,9 @@ class CKKSClient(ClientBackend):
             raise KeySetupError(f"decryption_budget must be a count, got {decryption_budget!r}")
         self.flooding_bits, self.decryption_budget = flooding_bits, decryption_budget
         self.reveal_length = reveal_length
+        if not isinstance(open_budget, int) or open_budget < 0:
+            raise KeySetupError(f"open_budget must be a count, got {open_budget!r}")
+        self.open_budget, self.opens = open_budget, 0
         self._keys: SecretKeyHolder | None = None
         self._setup: dict | None = None
         self.decryptions = 0
@@ -91,6 +95,7 @@ class CKKSClient(ClientBackend):
         "secret_key",
         "setup",
         "decryptions",
+        "opens",
         "last_flooding_sigma",
     )
 
@@ -105,6 +110,7 @@ class CKKSClient(ClientBackend):
             "secret_key": (self._keys.export_for_wrapping() if self._keys is not None else None),
             "setup": None if self._setup is None else dict(self._setup),
             "decryptions": self.decryptions,
+            "opens": self.opens,
             "last_flooding_sigma": self.last_flooding_sigma,
         }
 
@@ -125,11 +131,16 @@ class CKKSClient(ClientBackend):
             state["last_flooding_sigma"],
             state["setup"],
         )
-        if not isinstance(decryptions, int) or isinstance(decryptions, bool) or decryptions < 0:
-            raise KeySetupError(f"{self.id}: decryption count {decryptions!r} is not a count")
+        for count in (decryptions, state["opens"]):
+            if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+                raise KeySetupError(f"{self.id}: decryption count {count!r} is not a count")
         if setup is not None and not isinstance(setup, dict):
             raise KeySetupError(f"{self.id}: key setup {setup!r} is not a mapping")
         wrapper = KeyWrapper.from_private_bytes(_as_bytes(state["x25519_private"]))
+        if wrapper.public_bytes != self.roster.get(self.id):
+            raise KeySetupError(
+                f"{self.id}: the state's identity is not this client's in its roster"
+            )
         keys = (
             None
             if state["secret_key"] is None
@@ -137,7 +148,7 @@ class CKKSClient(ClientBackend):
         )
         self._wrapper, self._keys = wrapper, keys
         self._setup = None if setup is None else dict(setup)
-        self.decryptions = decryptions
+        self.decryptions, self.opens = decryptions, state["opens"]
         self.last_flooding_sigma = None if sigma is None else float(sigma)
 
     # ---- key setup -----------------------------------------------------------------------
@@ -211,8 +222,32 @@ class CKKSClient(ClientBackend):
         bound = self.preset.headroom / len(self.roster)
         return wire.ciphertext(self.keys.encrypt(values, bound=bound))
 
+    def _coeff_sigma(self) -> float:
+        """Flooding for every decryption the shared key may make: each client of the roster
+        may spend its reveal and open budgets."""
+        if self.flooding_bits == 0:
+            return 0.0
+        total = (self.decryption_budget + self.open_budget) * len(self.roster)
+        return flooding_sigma(
+            error_bound(len(self.roster), self.preset.weight_bits),
+            max(total, 1),
+            self.flooding_bits,
+        )
+
     def open(self, envelope: Envelope, name: str, length: int) -> np.ndarray:
-        return self.keys.decrypt(envelope.ciphertext_parts(name), length)  # an aggregate
+        """An aggregate the server sent this client (LARC's Ĝ, RegAgg's centre, a
+        server-blind update), flooded like a reveal: what the client computes from it may be
+        released. At most ``open_budget`` times."""
+        if self.opens >= self.open_budget:
+            raise ProtocolStateError(
+                f"{self.id} refuses to open aggregate {self.opens + 1}: its configuration "
+                f"allows {self.open_budget}"
+            )
+        values, _ = self.keys.decrypt_flooded(
+            envelope.ciphertext_parts(name), length, None, self._coeff_sigma()
+        )
+        self.opens += 1
+        return values
 
     def on_reveal(self, env: Envelope) -> dict[str, Field]:
         """Decrypt an aggregate for the server, flooded for the run's decryption budget."""
@@ -234,18 +269,8 @@ class CKKSClient(ClientBackend):
                 f"{self.id} reveals {self.reveal_length} values, the model's size; the server "
                 f"asks for {info['n_values']}"
             )
-        # every client shares the key and may spend its own budget: the key releases up to
-        # roster size × budget decryptions, and the flooding is sized for all of them
-        sigma = flooding_sigma(
-            error_bound(len(self.roster), self.preset.weight_bits),
-            budget * len(self.roster),
-            self.flooding_bits,
-        )
         values, self.last_flooding_sigma = self.keys.decrypt_flooded(
-            env.ciphertext_parts("aggregate"),
-            int(info["n_values"]),
-            None,
-            sigma if self.flooding_bits > 0 else 0.0,
+            env.ciphertext_parts("aggregate"), int(info["n_values"]), None, self._coeff_sigma()
         )
         self.decryptions += 1
         return {info["name"]: wire.vector(values)}

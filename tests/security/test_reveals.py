@@ -57,7 +57,7 @@ def test_flooding_is_sized_for_every_decryption_the_shared_key_may_make(n_client
     """Each of n clients may spend its budget b on the one key: the key releases up to n·b
     decryptions, and the flooding is sized for n·b (before: b)."""
     ids = [f"client_{k}" for k in range(n_clients)]
-    _, clients = make_backends("ckks", ids, decryption_budget=5)
+    _, clients = make_backends("ckks", ids, decryption_budget=5, open_budget=0)
     from secagg.ckks.secret import SecretKeyHolder
 
     client = clients["client_0"]
@@ -73,3 +73,28 @@ def test_flooding_is_sized_for_every_decryption_the_shared_key_may_make(n_client
         2.0**PRESET.scale_bits,
     )
     assert client.last_flooding_sigma == pytest.approx(per_client * math.sqrt(n_clients))
+
+
+def test_what_a_client_opens_itself_is_budgeted_and_flooded():
+    """LARC's probe opened any ciphertext the server sent, any number of times, exactly
+    (a decryption oracle through ΔL). Now each open spends the client's own open budget and
+    is flooded like a reveal: the same ciphertext opened twice gives two different values."""
+    from secagg.ckks.secret import SecretKeyHolder
+
+    _, clients = make_backends("ckks", ["client_0", "client_1"], open_budget=2)
+    client = clients["client_0"]
+    client._keys = SecretKeyHolder(PRESET)  # as after key setup
+    probe = Envelope.from_bytes(
+        Envelope(
+            "server",
+            "client_0",
+            0,
+            "larc_probe",
+            {"g_hat": wire.ciphertext(client.keys.encrypt(np.full(8, 0.5), bound=1.0))},
+        ).to_bytes()
+    )
+    first, second = (client.open(probe, "g_hat", 8) for _ in range(2))
+    assert not np.array_equal(first, second)
+    assert np.allclose(first, 0.5, atol=5e-3) and np.allclose(second, 0.5, atol=5e-3)
+    with pytest.raises(ProtocolStateError, match="refuses to open aggregate 3"):
+        client.open(probe, "g_hat", 8)
