@@ -21,19 +21,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from benchmarks.dp_tcga import BASE, CLIP, NOISES
 from secagg.simulation.cli import parse_seeds
-from secagg.simulation.experiment import ExperimentConfig, run_experiment
+from secagg.simulation.experiment import run_experiment
 from secagg.simulation.privacy import client_level_epsilon
 
-BASE = ExperimentConfig(
-    task="tcga-brca",
-    rounds=5,
-    local_steps=100,
-    batch_size=8,
-    client_lr="0.1",
-    server_opt={"name": "adam", "lr": 0.01, "tau": 1e-3},
-)
-NOISES = (0.5, 1.0, 2.0, 4.0)
 DELTA = 1e-5
 
 
@@ -57,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     for protocol in ("fedadam", "larc"):
         for z in NOISES:
             config = replace(
-                BASE, protocol=protocol, seeds=args.seeds, client_dp={"clip": 0.5, "noise": z}
+                BASE, protocol=protocol, seeds=args.seeds, client_dp={"clip": CLIP, "noise": z}
             )
             result = run_experiment(config)
             for seed, events in result.privacy_events.items():

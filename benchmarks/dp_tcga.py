@@ -36,7 +36,6 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from benchmarks.stats import format_difference, mean_std, paired_difference  # noqa: E402
-from secagg.errors import RoundFailed  # noqa: E402
 from secagg.simulation.cli import parse_seeds  # noqa: E402
 from secagg.simulation.experiment import ExperimentConfig, run_experiment, stderr_progress  # noqa
 
@@ -142,9 +141,9 @@ def main() -> None:
                 "seed": seed,
                 "diverged": False,
             }
-            try:
-                m = run_experiment(cfg).metrics
-            except RoundFailed:  # every client's update went non-finite: the run diverged
+            result = run_experiment(cfg)
+            m = result.metrics
+            if result.aborted:  # every client's update went non-finite: the run diverged
                 rows.append(
                     {
                         **row,
@@ -156,8 +155,8 @@ def main() -> None:
                 )
                 continue
             r = m[m["round"] == cfg.rounds].iloc[0]
-            eps = (
-                r["eps_client_level"]
+            eps = (  # client level: against a server that sees the released sums only (ckks)
+                r["eps_client_level_sums"]
                 if "client_dp" in changes
                 else r["eps_dp_sgd_max"]
                 if "dp_sgd" in changes
@@ -168,7 +167,7 @@ def main() -> None:
                     **row,
                     "epsilon": eps,
                     "c_index": r["test_pooled"],
-                    "realised_z_last": r.get("noise_multiplier_realised", np.nan),
+                    "realised_z_last": r.get("noise_multiplier_realised_sums", np.nan),
                 }
             )
     order = {(a[0], a[1], a[3]): i for i, a in enumerate(arms())}

@@ -50,7 +50,7 @@ import platform
 import sys
 import time
 import traceback
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +62,12 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from benchmarks.stats import markdown_table  # noqa: E402
-from secagg.backends import make_backends  # noqa: E402
+from secagg.backends import (  # noqa: E402
+    Provision,
+    make_backends,
+    make_client_backend,
+    provision,
+)
 from secagg.dp import ClientDP  # noqa: E402
 from secagg.protocols import make_protocol  # noqa: E402
 from secagg.protocols.optimizers import StepSchedule, make_optimizer  # noqa: E402
@@ -141,6 +146,9 @@ class Workload:
     local_steps: int = 100
     batch_size: int = 32
     seed: int = 0
+    #: every client's identity, the roster and the budgets, made once in the parent (each
+    #: worker builds only its share of the clients, all with the one roster)
+    provisions: dict[str, Provision] | None = field(default=None, compare=False, hash=False)
 
     def model_params(self) -> int:
         if self.kind == "synthetic":
@@ -151,7 +159,13 @@ class Workload:
     def __call__(self, ids: list[str]) -> dict[str, Any]:
         from secagg.clients.runtime import Client
 
-        _, backends = make_backends(self.backend, ids, **preset_option(self.backend, self.preset))
+        options = preset_option(self.backend, self.preset)
+        backends = {
+            c: make_client_backend(
+                self.backend, c, options, (self.provisions or {}).get(c, Provision())
+            )
+            for c in ids
+        }
         clients = {}
         for cid in ids:
             k = int(cid.rsplit("_", 1)[1])
@@ -277,6 +291,8 @@ def measure_rounds(
         workload.backend, [], **preset_option(workload.backend, workload.preset)
     )
     dp = ClientDP(1.0, 1.0, len(ids)) if client_dp else None
+    if workload.backend != "plain":
+        workload = replace(workload, provisions=provision(ids, rounds, initial.size))
     rows = []
     with WorkerPoolTransport(workload, ids, workers) as transport:
         audit = AuditLog()
@@ -312,7 +328,7 @@ def measure_rounds(
             before = after
             row = {
                 "label": label,
-                **asdict(workload),
+                **{k: v for k, v in asdict(workload).items() if k != "provisions"},
                 "model_params": initial.size,
                 "warm": rnd > 0,
                 "workers": transport.workers,

@@ -719,6 +719,10 @@ def privacy_columns(
             (e["noise_multiplier"] for e in server.privacy_events if e["round"] == number),
             default=float("nan"),
         )
+        out["noise_multiplier_realised_sums"] = min(
+            (e["sums_multiplier"] for e in server.privacy_events if e["round"] == number),
+            default=float("nan"),
+        )
     if config.dp_sgd is not None:
         per_client = {
             f"eps_dp_sgd_{cid}": r["dp_sgd_epsilon"] for cid, r in sorted(reports.items())

@@ -58,11 +58,17 @@ def backend_client(
 
 
 def make_server(
-    handlers: dict, dim: int = 3, protocol: str = "fedavg", audit: AuditLog | None = None
+    handlers: dict,
+    dim: int = 3,
+    protocol: str = "fedavg",
+    audit: AuditLog | None = None,
+    backend=None,
 ) -> Server:
+    """A server of ``protocol`` over scripted ``handlers``, one local step, SGD lr 1 (plain
+    unless a server ``backend`` is given)."""
     return Server(
         make_protocol(protocol),
-        PlainServer(),
+        backend if backend is not None else PlainServer(),
         SGD(dim, lr=1.0),
         InProcessTransport(handlers),
         np.zeros(dim),

@@ -20,7 +20,7 @@ from secagg.server.plan import TrainingPlan
 from secagg.server.transport import InProcessTransport
 from secagg.simulation.experiment import ExperimentConfig, run_experiment
 from secagg.wire import Envelope
-from tests.conftest import backend_client
+from tests.conftest import backend_client, make_server
 
 SMALL = ExperimentConfig(rounds=2, seeds=[1], local_steps=3, backend="ckks")
 
@@ -170,15 +170,7 @@ def test_bad_ckks_upload_excludes_only_that_client(case):
     handlers = {c: backend_client(c, backends[c], gs[c], 10 * (k + 1)) for k, c in enumerate(gs)}
     handlers["client_bad"] = _tamper("client_bad", backends["client_bad"], mutate)
     audit = AuditLog()
-    server = Server(
-        make_protocol("fedavg"),
-        server_backend,
-        SGD(5),
-        InProcessTransport(handlers),
-        np.zeros(5),
-        plan=TrainingPlan(local_steps=1),
-        audit=audit,
-    )
+    server = make_server(handlers, dim=5, audit=audit, backend=server_backend)
     server.setup(rounds=2)
     report = server.run_round(0)
     assert list(report.excluded) == ["client_bad"]
@@ -207,15 +199,7 @@ def test_replayed_upload_from_an_earlier_round_is_caught():
 
     handlers["client_bad"] = replayer
     audit = AuditLog()
-    server = Server(
-        make_protocol("fedavg"),
-        server_backend,
-        SGD(5),
-        InProcessTransport(handlers),
-        np.zeros(5),
-        plan=TrainingPlan(local_steps=1),
-        audit=audit,
-    )
+    server = make_server(handlers, dim=5, audit=audit, backend=server_backend)
     server.setup(rounds=2)
     assert server.run_round(0).excluded == {}
     report = server.run_round(1)

@@ -37,7 +37,8 @@ def test_fits_recover_known_growth():
 
 @pytest.mark.slow
 def test_a_tiny_configuration_measures_every_part():
-    rows = run_config(Workload("synthetic", 3_000, 3, "ckks"), rounds=2, workers=1)
+    # two workers: each builds its share of the clients, all with the parent's one roster
+    rows = run_config(Workload("synthetic", 3_000, 3, "ckks"), rounds=2, workers=2)
     assert [r["round"] for r in rows] == [0, 1] and [r["warm"] for r in rows] == [False, True]
     for r in rows:
         assert r["clients_used"] == 3 and r["excluded"] == 0 and r["streaming"]

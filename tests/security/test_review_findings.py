@@ -31,13 +31,8 @@ from secagg.ckks.presets import get_preset
 from secagg.ckks.public import PublicCKKS, ciphertext_raw_bytes, inflate, written_header
 from secagg.ckks.secret import SecretKeyHolder
 from secagg.errors import ClientInputError, MalformedCiphertext, MalformedMessage
-from secagg.protocols import make_protocol
 from secagg.protocols.fedavg import sample_size_weights
-from secagg.protocols.optimizers import SGD
 from secagg.server.audit import AuditLog
-from secagg.server.engine import Server
-from secagg.server.plan import TrainingPlan
-from secagg.server.transport import InProcessTransport
 from secagg.wire import Envelope
 from tests.conftest import backend_client, make_server
 from tests.security.forge import (
@@ -165,15 +160,7 @@ def _ckks_round(bad_upload):
 
     handlers["client_bad"] = tampering
     audit = AuditLog()
-    server = Server(
-        make_protocol("fedavg"),
-        server_backend,
-        SGD(5),
-        InProcessTransport(handlers),
-        np.zeros(5),
-        plan=TrainingPlan(local_steps=1),
-        audit=audit,
-    )
+    server = make_server(handlers, dim=5, audit=audit, backend=server_backend)
     server.setup(rounds=2)
     return server, server.run_round(0), audit, gs
 
