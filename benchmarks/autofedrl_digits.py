@@ -35,7 +35,12 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
-from benchmarks.stats import format_difference, mean_std, paired_difference  # noqa: E402
+from benchmarks.stats import (  # noqa: E402
+    format_difference,
+    mean_std,
+    paired_difference,
+    run_complete,
+)
 from secagg.clients.tasks import get_task  # noqa: E402
 from secagg.clients.training import set_flat_params  # noqa: E402
 from secagg.protocols.autofedrl import AutoFedRL  # noqa: E402
@@ -44,7 +49,6 @@ from secagg.simulation.cli import parse_seeds  # noqa: E402
 from secagg.simulation.experiment import (  # noqa: E402
     ExperimentConfig,
     hold_out_validation,
-    run_experiment,
     stderr_progress,
 )
 
@@ -87,7 +91,7 @@ def validation_loss(cfg: ExperimentConfig) -> float:
     _, validation = hold_out_validation(task.load(), cfg.validation_split)
     model = task.make_model()
     losses = []
-    for params in run_experiment(cfg).final_params.values():
+    for params in run_complete(cfg).final_params.values():
         set_flat_params(model, params)
         with torch.no_grad():
             losses.append(np.mean([float(task.loss(model(v.x), v.y)) for v in validation]))
@@ -232,7 +236,7 @@ def main() -> None:
     for method, cfg in methods(tuned, mu).items():
         cfg = replace(cfg, rounds=args.rounds, seeds=args.seeds)
         stderr_progress(f"== {method}")
-        metrics = run_experiment(cfg).metrics.assign(method=method)
+        metrics = run_complete(cfg).metrics.assign(method=method)
         curves.append(metrics)
         runs.append(per_seed(metrics).assign(method=method))
         last = metrics[metrics["round"] == args.rounds]

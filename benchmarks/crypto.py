@@ -65,7 +65,9 @@ def bench_preset(
     agg, t_agg = timed(aggregate, repeats)
     exact = sum(w * x for w, x in zip(weights, xs))
     dec, t_dec = timed(lambda: keys.decrypt(agg, n, server.sum_scale), repeats)
-    sigma = flooding_sigma(error_bound(len(xs), preset.weight_bits), rounds, 30)
+    # as a decryptor sizes it: every decryption the shared key may make, each client's
+    # budget of one reveal per round times the number of clients (FedAvg opens nothing)
+    sigma = flooding_sigma(error_bound(len(xs), preset.weight_bits), rounds * len(xs), 30)
     flooded, _ = keys.decrypt_flooded(agg, n, server.sum_scale, sigma)
     return {
         "upload_B_per_param": sum(map(len, uploads)) / n,

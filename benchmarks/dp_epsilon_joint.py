@@ -22,8 +22,8 @@ from pathlib import Path
 import pandas as pd
 
 from benchmarks.dp_tcga import BASE, CLIP, NOISES
+from benchmarks.stats import run_complete  # noqa: E402
 from secagg.simulation.cli import parse_seeds
-from secagg.simulation.experiment import run_experiment
 from secagg.simulation.privacy import client_level_epsilon
 
 DELTA = 1e-5
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> None:
             config = replace(
                 BASE, protocol=protocol, seeds=args.seeds, client_dp={"clip": CLIP, "noise": z}
             )
-            result = run_experiment(config)
+            result = run_complete(config)
             for seed, events in result.privacy_events.items():
                 rows.append({"protocol": protocol, "z_star": z, "seed": seed, **epsilons(events)})
             print(f"{protocol} z* {z}: done", flush=True)

@@ -17,9 +17,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from benchmarks.stats import format_difference, mean_std, paired_difference
+from benchmarks.stats import (
+    format_difference,
+    mean_std,
+    paired_difference,
+    run_complete,
+)
 from secagg.simulation.cli import parse_seeds
-from secagg.simulation.experiment import ExperimentConfig, run_experiment, stderr_progress
+from secagg.simulation.experiment import ExperimentConfig, stderr_progress
 
 HERE = Path(__file__).parent
 
@@ -43,7 +48,7 @@ def main() -> None:
             client_lr="0.1",
             protocol_options={"alpha": alpha, "b": 0.1},
         )
-        metrics = run_experiment(cfg, progress=stderr_progress).metrics
+        metrics = run_complete(cfg, progress=stderr_progress).metrics
         for seed, g in metrics[metrics["round"] > 0].groupby("seed"):
             g = g.sort_values("round")
             rows.append(

@@ -15,9 +15,12 @@ from pathlib import Path
 import pandas as pd
 from scipy import stats
 
-from benchmarks.stats import mean_std
+from benchmarks.stats import (
+    mean_std,
+    run_complete,
+)
 from secagg.simulation.cli import parse_seeds
-from secagg.simulation.experiment import ExperimentConfig, run_experiment, stderr_progress
+from secagg.simulation.experiment import ExperimentConfig, stderr_progress
 
 HERE = Path(__file__).parent
 CONFIGS = {
@@ -57,7 +60,7 @@ def main() -> None:
     rows = []
     for method, config in CONFIGS.items():
         config.seeds = args.seeds
-        metrics, _ = run_experiment(config, progress=stderr_progress)
+        metrics, _ = run_complete(config, progress=stderr_progress)
         final = metrics[metrics["round"] == config.rounds]
         for _, r in final.iterrows():
             rows.append(

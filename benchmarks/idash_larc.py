@@ -23,7 +23,12 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from benchmarks.stats import format_difference, mean_std, paired_difference  # noqa: E402
+from benchmarks.stats import (  # noqa: E402
+    format_difference,
+    mean_std,
+    paired_difference,
+    run_complete,
+)
 from secagg.simulation.cli import parse_seeds  # noqa: E402
 from secagg.simulation.experiment import ExperimentConfig, run_experiment, stderr_progress  # noqa
 
@@ -50,7 +55,7 @@ def main() -> None:
     for study, (extra, metric) in STUDIES.items():
         for arm, options in ARMS.items():
             config = replace(IDASH, seeds=args.seeds, **extra, **options)
-            metrics, _ = run_experiment(config, progress=stderr_progress)
+            metrics, _ = run_complete(config, progress=stderr_progress)
             final = metrics[metrics["round"] == config.rounds]
             rows += [
                 {"study": study, "arm": arm, "seed": r["seed"], "c_index": r[metric]}

@@ -15,9 +15,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from benchmarks.stats import markdown_table
+from benchmarks.stats import (
+    markdown_table,
+    run_complete,
+)
 from secagg.simulation.cli import parse_seeds
-from secagg.simulation.experiment import ExperimentConfig, run_experiment
+from secagg.simulation.experiment import ExperimentConfig
 
 HERE = Path(__file__).parent
 CONFIGS = {
@@ -35,7 +38,7 @@ def main() -> None:
     rows = []
     for name, base in CONFIGS.items():
         runs = {
-            b: run_experiment(
+            b: run_complete(
                 replace(
                     base,
                     backend=b,

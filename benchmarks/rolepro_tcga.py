@@ -22,7 +22,12 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from benchmarks.stats import format_difference, mean_std, paired_difference  # noqa: E402
+from benchmarks.stats import (  # noqa: E402
+    format_difference,
+    mean_std,
+    paired_difference,
+    run_complete,
+)
 from secagg.simulation.cli import parse_seeds  # noqa: E402
 from secagg.simulation.experiment import ExperimentConfig, run_experiment, stderr_progress  # noqa
 
@@ -69,7 +74,7 @@ def main() -> None:
     curves = {}
 
     def run(label: str, table: str, config: ExperimentConfig) -> None:
-        metrics = run_experiment(config, progress=stderr_progress).metrics
+        metrics = run_complete(config, progress=stderr_progress).metrics
         curves[(table, label)] = metrics.groupby("round")["test_pooled"].mean()
         runs.append(summarize_run(metrics).assign(table=table, method=label))
 

@@ -42,3 +42,14 @@ def markdown_table(frame, floatfmt: str = ".6g") -> str:
 def format_difference(d: dict[str, float]) -> str:
     """``+0.0123 [+0.0045, +0.0201]``: a paired_difference() result for a table cell."""
     return f"{d['mean_diff']:+.4f} [{d['ci_low']:+.4f}, {d['ci_high']:+.4f}]"
+
+
+def run_complete(config, **kwargs):
+    """``run_experiment``, but a seed that was aborted (a round left without usable
+    clients) fails the benchmark loudly instead of being scored on its last round."""
+    from secagg.simulation.experiment import run_experiment
+
+    result = run_experiment(config, **kwargs)
+    if result.aborted:
+        raise RuntimeError(f"{config.protocol}: seeds aborted: {result.aborted}")
+    return result
