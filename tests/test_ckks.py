@@ -162,14 +162,7 @@ def test_a_decryptor_refuses_beyond_its_flooding_budget():
     from secagg import wire
     from secagg.wire import Envelope
 
-    client = CKKSClient("client_0", COMPACT)
-    client._setup = {
-        "n_clients": 1,
-        "decryption_budget": 1,
-        "flooding_bits": 30,
-        "preset": "compact",
-        "params": client.fingerprint,
-    }
+    client = CKKSClient("client_0", COMPACT, decryption_budget=1)  # its own configuration
     client._keys = SecretKeyHolder(COMPACT)
     server = PublicCKKS(COMPACT)
     up = server.load_ciphertexts(client._keys.encrypt(np.ones(4) * 0.1, 1.0), 4)

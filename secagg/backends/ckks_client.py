@@ -68,7 +68,6 @@ class CKKSClient(ClientBackend):
             raise KeySetupError(f"open_budget must be a count, got {open_budget!r}")
         self.open_budget, self.opens = open_budget, 0
         self._keys: SecretKeyHolder | None = None
-        self._setup: dict | None = None
         self.decryptions = 0
         self.last_flooding_sigma: float | None = None
 
@@ -93,7 +92,6 @@ class CKKSClient(ClientBackend):
         "params",
         "x25519_private",
         "secret_key",
-        "setup",
         "decryptions",
         "opens",
         "last_flooding_sigma",
@@ -108,7 +106,6 @@ class CKKSClient(ClientBackend):
             "params": self.fingerprint,
             "x25519_private": self._wrapper.private_bytes(),
             "secret_key": (self._keys.export_for_wrapping() if self._keys is not None else None),
-            "setup": None if self._setup is None else dict(self._setup),
             "decryptions": self.decryptions,
             "opens": self.opens,
             "last_flooding_sigma": self.last_flooding_sigma,
@@ -126,16 +123,10 @@ class CKKSClient(ClientBackend):
                 f"{state['preset']} ({state['params']}), this client runs "
                 f"{self.preset.name} ({self.fingerprint})"
             )
-        decryptions, sigma, setup = (
-            state["decryptions"],
-            state["last_flooding_sigma"],
-            state["setup"],
-        )
+        decryptions, sigma = state["decryptions"], state["last_flooding_sigma"]
         for count in (decryptions, state["opens"]):
             if not isinstance(count, int) or isinstance(count, bool) or count < 0:
                 raise KeySetupError(f"{self.id}: decryption count {count!r} is not a count")
-        if setup is not None and not isinstance(setup, dict):
-            raise KeySetupError(f"{self.id}: key setup {setup!r} is not a mapping")
         wrapper = KeyWrapper.from_private_bytes(_as_bytes(state["x25519_private"]))
         if wrapper.public_bytes != self.roster.get(self.id):
             raise KeySetupError(
@@ -147,7 +138,6 @@ class CKKSClient(ClientBackend):
             else SecretKeyHolder(self.preset, _as_bytes(state["secret_key"]))
         )
         self._wrapper, self._keys = wrapper, keys
-        self._setup = None if setup is None else dict(setup)
         self.decryptions, self.opens = decryptions, state["opens"]
         self.last_flooding_sigma = None if sigma is None else float(sigma)
 
@@ -164,7 +154,6 @@ class CKKSClient(ClientBackend):
                 f"{self.id}: the server proposes parameters {setup!r}, this client runs "
                 f"{self.preset.name} ({self.fingerprint})"
             )
-        self._setup = {"preset": self.preset.name, "params": self.fingerprint}
 
     def _once(self) -> None:
         if self._keys is not None:
