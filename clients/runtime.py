@@ -47,6 +47,7 @@ from secagg.clients.state import (
     decode_state,
     encode_state,
     model_sized,
+    restored_generator,
 )
 from secagg.clients.tasks import ClientData
 from secagg.clients.training import LocalTrainer
@@ -213,8 +214,7 @@ class Client:
             raise StateError(f"a client state holds {list(parts)}, got {sorted(state)}")
         own = state["client"]
         w, g = (model_sized(own[k], self.n_params, k) for k in ("w", "g"))
-        rng = np.random.Generator(type(self.rng.bit_generator)())
-        rng.bit_generator.state = own["rng"]
+        rng = restored_generator(self.rng, own["rng"], "the DP noise")
         opt = state["optimizer"]
         optimizer = None if opt is None else make_optimizer(opt["config"], opt["state"])
         if optimizer is not None and optimizer.dim != self.n_params:

@@ -165,3 +165,14 @@ def model_sized(values: Any, n_params: int, name: str) -> np.ndarray | None:
     if values.shape != (n_params,):
         raise StateError(f"the state's {name!r} has {values.size} values, the model {n_params}")
     return values
+
+
+def restored_generator(like: np.random.Generator, state: Any, what: str) -> np.random.Generator:
+    """A new generator of ``like``'s kind at ``state`` (``bit_generator.state``, a plain
+    dict); ``like`` is left alone, so a failed restore changes nothing."""
+    rng = np.random.Generator(type(like.bit_generator)())
+    try:
+        rng.bit_generator.state = state
+    except (TypeError, ValueError, KeyError) as exc:
+        raise StateError(f"{what}'s generator state does not load: {exc}") from None
+    return rng

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from secagg.clients.state import restored_generator
 from secagg.clients.tasks import ClientData
 from secagg.errors import StateError
 
@@ -83,11 +84,7 @@ class BatchStream:
         pos = state["pos"]
         if not isinstance(pos, int) or isinstance(pos, bool) or pos < 0:
             raise StateError(f"the batch stream position {pos!r} is not a position")
-        rng = np.random.Generator(type(self.rng.bit_generator)())
-        try:
-            rng.bit_generator.state = state["rng"]
-        except (TypeError, ValueError, KeyError) as exc:
-            raise StateError(f"the batch stream's generator state does not load: {exc}") from None
+        rng = restored_generator(self.rng, state["rng"], "the batch stream")
         self._order, self._pos, self.rng = order.astype(np.int64), pos, rng
 
 
