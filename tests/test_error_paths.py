@@ -34,6 +34,14 @@ from secagg.wire import Envelope
         ({"protocol": "fedsgd"}, "unknown protocol"),
         ({"backend": "paillier"}, "unknown backend"),
         ({"protocol": "larc", "protocol_options": {"q": 19, "temperature": 2}}, "bad options"),
+        ({"backend_options": {"preset": "wide"}}, "backend 'plain' has no option"),
+        ({"backend": "ckks", "backend_options": {"flooding_bits": "30"}}, "must be of type int"),
+        ({"dp_noise": "urandom"}, "dp_noise must be 'seeded' or 'os'"),
+        (
+            {"protocol": "feddisco", "backend": "ckks", "server_blind": True},
+            "pre-trains a model",
+        ),
+        ({"server_lr_schedule": "0.1@0,0.2@0"}, "server-lr schedule"),
     ],
 )
 def test_invalid_experiment_configs(changes, message):

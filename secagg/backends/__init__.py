@@ -83,7 +83,7 @@ class BackendSpec:
             value = options.get(key, opt.default)
             if not isinstance(value, opt.type) or isinstance(value, bool) != (opt.type is bool):
                 raise ConfigError(
-                    f"backend option {key} must be a {opt.type.__name__}, got {value!r}"
+                    f"backend option {key} must be of type {opt.type.__name__}, got {value!r}"
                 )
             if opt.choices is not None and value not in opt.choices:
                 raise ConfigError(
