@@ -334,7 +334,7 @@ class Client:
         """Server-blind runs: decrypt the global pseudo-gradient and step the optimizer here."""
         if self._optimizer is None or self._w is None:
             raise ProtocolStateError(f"{self.id} cannot apply an update: no model or optimizer")
-        g_global = self.open(env, "aggregate")
+        g_global = self.open(env, "global_update")
         self._w = self._w + self._optimizer.step(g_global)
         return {"applied": wire.config({"round": env.round})}
 

@@ -140,8 +140,9 @@ class RoundAPI(TypingProtocol):
     def running_sum(self, weights: Mapping[str, float]) -> Any:
         """An empty sum with these weights that uploads are folded into as they arrive."""
 
-    def as_field(self, handle: Any, name: str = "aggregate") -> Field:
-        """Encode a handle (an aggregate) to send it to clients (a release, for DP)."""
+    def as_fields(self, handle: Any, name: str) -> dict[str, Field]:
+        """Fields that send an aggregate to clients under ``name`` (a release, for DP): a
+        client opens it with ``ClientAPI.open(env, name)``, which checks it first."""
 
     def reveal(self, handle: Any, name: str) -> np.ndarray:
         """Decrypt an aggregate for the server; recorded in the audit as a revealed item."""

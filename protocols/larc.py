@@ -147,8 +147,8 @@ class LARC(Protocol):
     def aggregate(self, ctx: RoundAPI, uploads: Mapping[str, Upload]) -> Any:
         handles = {c: u.handle for c, u in uploads.items()}
         alpha_prev = {c: self.alpha_prev.get(c, 1.0) for c in uploads}
-        g_hat = ctx.as_field(ctx.weighted_sum(handles, alpha_prev), "g_hat")
-        probe = {"g_hat": g_hat, "loss_check": wire.config({"mode": self.loss_check})}
+        g_hat = ctx.as_fields(ctx.weighted_sum(handles, alpha_prev), "g_hat")
+        probe = {**g_hat, "loss_check": wire.config({"mode": self.loss_check})}
         if ctx.server_optimizer is not None:  # server-blind runs: clients hold the optimizer
             probe.update(optimizer_fields(ctx.server_optimizer))
         replies = ctx.ask(

@@ -275,13 +275,13 @@ class RegAgg(Protocol):
         """A / B with A = Σ τ ν_c G_c / |G_c − mean|_τ, B = Σ τ ν_c / |G_c − mean|_τ."""
         clients = list(uploads)
         handles = {c: uploads[c].handle for c in clients}
-        mean = ctx.as_field(
+        mean = ctx.as_fields(
             ctx.weighted_sum(handles, {c: 1.0 / len(clients) for c in clients}), "centre"
         )
         replies = ctx.ask(
             "regagg_terms",
             {
-                c: {"centre": mean, "nu": wire.scalar(nu[c]), "tau": wire.scalar(self.tau)}
+                c: {**mean, "nu": wire.scalar(nu[c]), "tau": wire.scalar(self.tau)}
                 for c in clients
             },
             expect={"numerator": ctx.upload_kind, "denominator": ctx.upload_kind},

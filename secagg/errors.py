@@ -78,6 +78,23 @@ class ProtocolStateError(SecaggError):
     key, without a model, ...): the protocol ran out of order."""
 
 
+class ReleaseRefused(ProtocolStateError):
+    """A client refuses to consent to, reveal or open an aggregate it cannot check: not a
+    weighted sum of signed uploads, too few contributors or a dominant weight, another
+    length, an upload already released once, or a budget spent (``secagg.ckks.release``)."""
+
+
+class ConsentRefused(RoundAborted):
+    """Contributors did not consent to releasing an aggregate their uploads are in, so it
+    cannot be opened this round. ``culprits``: the clients that refused while the others
+    consented to the same request (the engine takes them out of the run); empty when every
+    contributor refused, i.e. the request itself broke the clients' policy."""
+
+    def __init__(self, message: str, *, culprits: list[str], **kwargs):
+        super().__init__(message, **kwargs)
+        self.culprits = list(culprits)
+
+
 class MalformedCiphertext(ClientInputError):
     """Ciphertext bytes that SEAL cannot load, or the wrong number or kind of ciphertexts."""
 

@@ -33,7 +33,7 @@ import numpy as np
 from secagg import wire
 from secagg.backends.base import ServerBackend
 from secagg.dp import ClientDP, joint_noise_multiplier, realised_noise_multiplier
-from secagg.errors import ClientInputError, RoundAborted
+from secagg.errors import ClientInputError, ConsentRefused, RoundAborted
 from secagg.protocols.base import Protocol, RoundAPI, Upload
 from secagg.protocols.optimizers import ServerOptimizer, StepSchedule
 from secagg.server.audit import AuditLog
@@ -58,6 +58,8 @@ class RoundReport:
     update_norm: float = 0.0
     #: what clients reported with their upload on the run's request (DP-SGD's ε)
     reports: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: why the round made no update (contributors refused a release), or None
+    skipped: str | None = None
 
 
 class PrivacyLedger:
@@ -155,11 +157,11 @@ class BlindApply(RevealAndStep):
         return round_number == 0 and client not in self.holding
 
     def apply(self, server: Server, ctx: RoundContext, g_global: Any) -> float:
-        aggregate = ctx.as_field(g_global, "global_update")
+        aggregate = ctx.as_fields(g_global, "global_update")
         peers = server.peers()
         done = ctx.ask(
             "apply",
-            {c: {"aggregate": aggregate} for c in peers},
+            {c: aggregate for c in peers},
             expect={"applied": wire.CONFIG},
             reach_excluded=True,
         )
@@ -280,13 +282,36 @@ class Server:
         server_lr = self.protocol.begin_round(ctx)
         if server_lr is not None:
             self.optimizer.hyper["lr"] = float(server_lr)
-        g_global, reports = self._train(ctx)
-        norm = self.updates.apply(self, ctx, g_global)
+        try:
+            g_global, reports = self._train(ctx)
+            norm = self.updates.apply(self, ctx, g_global)
+        except ConsentRefused as exc:
+            if not exc.culprits:
+                raise  # every contributor refused: the request breaks the clients' policy
+            return self._skipped(ctx, exc)
         if self.protocol.capabilities.observes_validation:
             self._validate(ctx, send_model=not self.updates.blind)
         self.ledger.record(ctx)
         return RoundReport(
             number, list(ctx.active), dict(ctx.excluded), dict(ctx.seconds), norm, reports
+        )
+
+    def _skipped(self, ctx: RoundContext, exc: ConsentRefused) -> RoundReport:
+        """Some contributors refused a release the others consented to: nothing can be
+        opened this round (their uploads are in the sum), so the round makes no update, and
+        they leave the run, which goes on without them. What was released before the
+        refusal is still accounted."""
+        for client in exc.culprits:
+            self.left[client] = f"refused consent in round {ctx.round}"
+        self.ledger.record(ctx)
+        return RoundReport(
+            ctx.round,
+            list(ctx.active),
+            dict(ctx.excluded),
+            dict(ctx.seconds),
+            0.0,
+            {},
+            skipped=str(exc),
         )
 
     # ---- the training phase ----------------------------------------------------------------

@@ -128,9 +128,9 @@ class RoundContext:
                 del self._sums[i]
                 return
 
-    def as_field(self, handle: Any, name: str = "aggregate") -> Field:
+    def as_fields(self, handle: Any, name: str) -> dict[str, Field]:
         self._released(handle, name)
-        return self.backend.to_field(handle)
+        return self.backend.release(self, handle, name)
 
     def load(self, replies: Mapping[str, Envelope], name: str) -> dict[str, Any]:
         handles = {}

@@ -33,6 +33,7 @@ from secagg.backends import (
     Provision,
     make_client_backend,
     make_server_backend,
+    public_signers,
     provision,
     resolve_options,
 )
@@ -572,16 +573,23 @@ def _run(
         budget = (
             0 if config.server_blind else config.rounds * protocol.capabilities.reveals_per_round
         )
-        opens = config.rounds * (
-            protocol.capabilities.opens_per_round + (1 if config.server_blind else 0)
+        opens_per_round = protocol.capabilities.opens_per_round + (1 if config.server_blind else 0)
+        # one upload enters at most one reveal (none server-blind) and the round's opens
+        per_upload = {"reveal": 0 if config.server_blind else 1, "open": opens_per_round}
+        factory = replace(
+            factory,
+            provisions=provision(
+                ids, budget, initial.size, config.rounds * opens_per_round, per_upload
+            ),
         )
-        factory = replace(factory, provisions=provision(ids, budget, initial.size, opens))
     transport = make_transport(factory, ids)
     try:
         audit.run = label
         server = Server(
             protocol,
-            make_server_backend(config.backend, config.backend_options),
+            make_server_backend(
+                config.backend, config.backend_options, public_signers(factory.provisions or {})
+            ),
             make_optimizer({**config.optimizer_config(), "dim": initial.size}),
             transport,
             initial,

@@ -159,24 +159,20 @@ def test_csprng_normal_is_standard_normal():
 
 
 def test_a_decryptor_refuses_beyond_its_flooding_budget():
-    from secagg import wire
-    from secagg.wire import Envelope
+    from tests.harness import BackendRound
 
-    client = CKKSClient("client_0", COMPACT, decryption_budget=1)  # its own configuration
-    client._keys = SecretKeyHolder(COMPACT)
-    server = PublicCKKS(COMPACT)
-    up = server.load_ciphertexts(client._keys.encrypt(np.ones(4) * 0.1, 1.0), 4)
-    req = Envelope(
-        "server",
-        "client_0",
-        0,
-        "reveal",
-        {
-            "aggregate": wire.ciphertext([to_bytes(c) for c in server.weighted_sum([up], [1.0])]),
-            "reveal": wire.config({"name": "global_update", "n_values": 4}),
-        },
-    )
-    out = client.on_reveal(req)["global_update"]
-    assert np.allclose(np.frombuffer(out.data), 0.1, atol=1e-5)
-    with pytest.raises(Exception, match="refuses decryption 2"):
-        client.on_reveal(req)
+    ids = ["client_0", "client_1"]
+    run = BackendRound(ids, 4, decryption_budget=1)  # each client's own configuration
+    outs = []
+    for _ in range(2):
+        ctx = run.ctx()
+        total = ctx.weighted_sum(
+            run.uploads({c: np.full(4, 0.1) for c in ids}), {c: 0.5 for c in ids}
+        )
+        request = run.server._release_fields(ctx, total, "global_update", "reveal", "aggregate")
+        if outs:
+            with pytest.raises(Exception, match="refuses decryption 2"):
+                run.ask("client_0", "reveal", request)
+        else:
+            outs.append(run.ask("client_0", "reveal", request)["global_update"])
+    assert np.allclose(np.frombuffer(outs[0].data), 0.1, atol=1e-5)

@@ -183,9 +183,12 @@ def test_bad_ckks_upload_excludes_only_that_client(case):
 
 
 def test_replayed_upload_from_an_earlier_round_is_caught():
-    ids = ["client_0", "client_bad"]
+    # two honest clients: a decryptor opens sums of at least two uploads (its own policy)
+    ids = ["client_0", "client_1", "client_bad"]
     server_backend, backends = make_backends("ckks", ids)
-    handlers = {"client_0": backend_client("client_0", backends["client_0"], np.full(5, 0.1), 10)}
+    handlers = {
+        c: backend_client(c, backends[c], np.full(5, 0.1), 10) for c in ("client_0", "client_1")
+    }
     _stash: dict = {}
 
     def replayer(data):  # resends round 0's whole reply in round 1
@@ -207,10 +210,11 @@ def test_replayed_upload_from_an_earlier_round_is_caught():
 
 
 def test_a_client_whose_values_overflow_is_excluded_with_the_reason():
-    ids = ["client_0", "client_big"]
+    ids = ["client_0", "client_1", "client_big"]
     server_backend, backends = make_backends("ckks", ids)
     handlers = {
         "client_0": backend_client("client_0", backends["client_0"], np.full(5, 0.1), 10),
+        "client_1": backend_client("client_1", backends["client_1"], np.full(5, 0.1), 10),
         "client_big": backend_client("client_big", backends["client_big"], np.full(5, 1e6), 10),
     }
     server = Server(

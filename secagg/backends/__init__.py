@@ -31,6 +31,11 @@ class Provision:
             accepts any.
         open_budget: how many aggregates the client opens itself at most (LARC's Ĝ,
             RegAgg's centre, server-blind updates).
+        signing_key: this client's raw Ed25519 private key (it signs consents to releases).
+        signers: every client's raw Ed25519 public key, by client id (public: the server
+            gets them too, to check consents before it relays them).
+        releases_per_upload: how many releases of each kind ("reveal", "open") one upload
+            may enter (the protocol's own, fixed by the driver).
     """
 
     identity: bytes | None = None
@@ -38,6 +43,9 @@ class Provision:
     decryption_budget: int = 1
     reveal_length: int | None = None
     open_budget: int = 0
+    signing_key: bytes | None = None
+    signers: Mapping[str, bytes] = field(default_factory=dict)
+    releases_per_upload: Mapping[str, int] = field(default_factory=lambda: {"reveal": 1, "open": 1})
 
 
 def provision(
@@ -45,16 +53,40 @@ def provision(
     decryption_budget: int,
     reveal_length: int | None = None,
     open_budget: int = 0,
+    releases_per_upload: Mapping[str, int] | None = None,
 ) -> dict[str, Provision]:
-    """Fresh identities for ``client_ids`` and the roster they share."""
+    """Fresh identities (X25519 for key wrapping, Ed25519 for consents) for ``client_ids``
+    and the rosters they share."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
     from secagg.ckks.keywrap import KeyWrapper  # private keys: never in the server's imports
 
     identities = {c: KeyWrapper() for c in client_ids}
     roster = {c: w.public_bytes for c, w in identities.items()}
+    signing = {c: Ed25519PrivateKey.generate() for c in client_ids}
+    signers = {
+        c: k.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw) for c, k in signing.items()
+    }
+    per_upload = dict(releases_per_upload or {"reveal": 1, "open": 1})
     return {
-        c: Provision(w.private_bytes(), roster, decryption_budget, reveal_length, open_budget)
+        c: Provision(
+            w.private_bytes(),
+            roster,
+            decryption_budget,
+            reveal_length,
+            open_budget,
+            signing[c].private_bytes_raw(),
+            signers,
+            per_upload,
+        )
         for c, w in identities.items()
     }
+
+
+def public_signers(provisions: Mapping[str, Provision]) -> dict[str, bytes]:
+    """The signers' roster as the server gets it (public keys only)."""
+    return {c: p.signers[c] for c, p in provisions.items() if c in p.signers}
 
 
 @dataclass(frozen=True)
@@ -63,7 +95,8 @@ class BackendSpec:
 
     name: str
     summary: str
-    make_server: Callable[[dict[str, Any]], ServerBackend]
+    #: (options, the clients' public signing keys or None) -> the server half
+    make_server: Callable[[dict[str, Any], Mapping[str, bytes] | None], ServerBackend]
     make_client: Callable[[str, dict[str, Any], Provision], ClientBackend]
     options: tuple[BackendOption, ...] = field(default_factory=tuple)
     #: checks across the resolved options (raises ConfigError)
@@ -81,6 +114,8 @@ class BackendSpec:
         out = {}
         for key, opt in known.items():
             value = options.get(key, opt.default)
+            if opt.type is float and isinstance(value, int) and not isinstance(value, bool):
+                value = float(value)
             if not isinstance(value, opt.type) or isinstance(value, bool) != (opt.type is bool):
                 raise ConfigError(
                     f"backend option {key} must be of type {opt.type.__name__}, got {value!r}"
@@ -95,7 +130,7 @@ class BackendSpec:
         return out
 
 
-def _plain_server(options: dict[str, Any]) -> ServerBackend:
+def _plain_server(options: dict[str, Any], signers: Mapping[str, bytes] | None) -> ServerBackend:
     from secagg.backends.plain import PlainServer
 
     return PlainServer()
@@ -107,11 +142,11 @@ def _plain_client(client_id: str, options: dict[str, Any], provision: Provision)
     return PlainClient()
 
 
-def _ckks_server(options: dict[str, Any]) -> ServerBackend:
+def _ckks_server(options: dict[str, Any], signers: Mapping[str, bytes] | None) -> ServerBackend:
     from secagg.backends.ckks_server import CKKSServer
     from secagg.ckks.presets import get_preset
 
-    return CKKSServer(get_preset(options["preset"]))
+    return CKKSServer(get_preset(options["preset"]), signers=signers)
 
 
 def _ckks_client(client_id: str, options: dict[str, Any], provision: Provision) -> ClientBackend:
@@ -130,12 +165,21 @@ def _ckks_client(client_id: str, options: dict[str, Any], provision: Provision) 
         decryption_budget=provision.decryption_budget,
         reveal_length=provision.reveal_length,
         open_budget=provision.open_budget,
+        signing_key=provision.signing_key,
+        signers=provision.signers,
+        min_contributors=options["min_contributors"],
+        min_weight_share=options["min_weight_share"],
+        releases_per_upload=provision.releases_per_upload,
     )
 
 
 def _check_flooding(options: dict[str, Any]) -> None:
     if not 0 <= options["flooding_bits"] <= 128:
         raise ConfigError(f"flooding_bits must lie in [0, 128], got {options['flooding_bits']}")
+    if options["min_contributors"] < 1:
+        raise ConfigError(f"min_contributors must be >= 1, got {options['min_contributors']}")
+    if not 0.0 <= options["min_weight_share"] <= 1.0:
+        raise ConfigError(f"min_weight_share must lie in [0, 1], got {options['min_weight_share']}")
 
 
 BACKENDS: dict[str, BackendSpec] = {
@@ -168,6 +212,21 @@ BACKENDS: dict[str, BackendSpec] = {
                 "statistical security of the noise flooding of revealed aggregates "
                 "(0 turns flooding off and is insecure)",
             ),
+            BackendOption(
+                "min_contributors",
+                "min-contributors",
+                int,
+                2,
+                "a client reveals or opens only sums of at least this many uploads",
+            ),
+            BackendOption(
+                "min_weight_share",
+                "min-weight-share",
+                float,
+                0.01,
+                "a client reveals or opens only sums where every upload's weight is at "
+                "least this fraction of the mean weight (refuses sums one upload dominates)",
+            ),
         ),
         _check_flooding,
     ),
@@ -184,8 +243,12 @@ def resolve_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
     return backend_spec(name).resolve(options)
 
 
-def make_server_backend(name: str, options: Mapping[str, Any]) -> ServerBackend:
-    return backend_spec(name).make_server(resolve_options(name, options))
+def make_server_backend(
+    name: str, options: Mapping[str, Any], signers: Mapping[str, bytes] | None = None
+) -> ServerBackend:
+    """The server half; ``signers`` (the clients' public signing keys, from provisioning)
+    lets it check consents before relaying them (the clients check them regardless)."""
+    return backend_spec(name).make_server(resolve_options(name, options), signers)
 
 
 def make_client_backend(
@@ -197,6 +260,7 @@ def make_client_backend(
 __all__ = [
     "Provision",
     "provision",
+    "public_signers",
     "BACKENDS",
     "BackendOption",
     "BackendSpec",
@@ -215,15 +279,18 @@ def make_backends(
     *,
     decryption_budget: int = 8,
     open_budget: int = 8,
+    reveal_length: int | None = None,
     **options: Any,
 ) -> tuple[ServerBackend, dict[str, ClientBackend]]:
     """Both halves at once (tests, benchmarks): the server's and one per client, the clients
     provisioned with fresh identities and one roster."""
     provisions = (
-        provision(client_ids, decryption_budget, open_budget=open_budget) if name != "plain" else {}
+        provision(client_ids, decryption_budget, reveal_length, open_budget)
+        if name != "plain"
+        else {}
     )
     return (
-        make_server_backend(name, options),
+        make_server_backend(name, options, public_signers(provisions)),
         {
             c: make_client_backend(name, c, options, provisions.get(c, Provision()))
             for c in client_ids

@@ -18,12 +18,12 @@ A backend has two halves that never live in the same process in a real deploymen
 - ``"threshold"`` (planned): no client alone can; opening takes decryption shares from
   every client (or t of them), fused by whoever is to learn the result.
 
-**Reveal authorisation.** :meth:`ServerBackend.reveal` names the aggregate it asks to have
-opened (``name``) and carries the ciphertext; the weights and contributors it claims are
-the round's (``RoundContext.releases``). Today a decryptor trusts the server's request
-within its decryption budget; verifying that the request is a sum of this round's
-authenticated uploads with bounded weights is the next step (the threat-model issue), and
-the contract leaves room for it: a reveal request is one envelope a client can check.
+**Reveal authorisation.** Whatever is opened — revealed to the server
+(:meth:`ServerBackend.reveal`) or sent to clients to open themselves
+(:meth:`ServerBackend.release`) — a key-holding client opens only what it can check: on
+``ckks`` a weighted sum of uploads whose every contributor signed the same descriptor
+(``secagg.ckks.release``), within its own policy and budgets. The weights the engine
+accounts are the round's (``RoundContext.releases``).
 
 **Weights** of every sum satisfy |w| ≤ ``MAX_WEIGHT`` on every backend
 (``secagg.server.round`` enforces it): encrypted sums need it for their headroom.
@@ -141,6 +141,12 @@ class ServerBackend(ABC):
     def setup(self, ctx: Any, decryption_budget: int) -> None:
         """Phases run once before round 0 (key setup); nothing for plain.
         ``decryption_budget``: how many aggregates the run will reveal at most."""
+
+    def release(self, ctx: Any, handle: Any, name: str) -> dict[str, Field]:
+        """The fields that let clients open ``handle`` themselves, the aggregate under
+        ``name`` (and whatever a client needs to check it: on ckks the descriptor, the
+        contributors' consents and the seeds)."""
+        return {name: self.to_field(handle)}
 
     def reveal(self, ctx: Any, handle: Any, name: str) -> tuple[np.ndarray, str]:
         """Have an aggregate opened for the server; returns (values, who opened it)."""

@@ -8,24 +8,47 @@ roster keys; a peer opens a wrapped key only with its leader's roster key; and a
 takes part in key setup once (a second ``key_generate`` or ``key_install`` is refused), so
 a server can neither add itself as a peer, nor swap a public key, nor plant a key it knows,
 nor change the flooding mid-run.
+
+What the client opens is checked (``secagg.ckks.release``): it signs a consent for each of
+its uploads at most once per kind (reveal, open), and reveals or opens only an aggregate whose
+every contributor signed the same descriptor, that is the weighted sum of those uploads, and
+that its own policy accepts (contributors, weight shares, length). Flooding is sized from the
+accepted sum's own error bound.
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from secagg import wire
 from secagg.backends.base import ClientBackend
 from secagg.ckks.flooding import error_bound, flooding_sigma
 from secagg.ckks.keywrap import KeyWrapper
 from secagg.ckks.presets import CKKSPreset
-from secagg.ckks.public import params_fingerprint
+from secagg.ckks.public import (
+    HEADER_BYTES,
+    SEED_INFO_BYTES,
+    ciphertext_raw_bytes,
+    inflate,
+    params_fingerprint,
+)
+from secagg.ckks.release import (
+    Descriptor,
+    ReleasePolicy,
+    SecondPolynomials,
+    check_entries,
+    consent_message,
+    seed_digest,
+)
 from secagg.ckks.secret import SecretKeyHolder
-from secagg.errors import KeySetupError, ProtocolStateError
+from secagg.errors import KeySetupError, ProtocolStateError, ReleaseRefused
 from secagg.wire import Envelope, Field
 
 
@@ -43,12 +66,22 @@ class CKKSClient(ClientBackend):
         decryption_budget: int = 1,
         reveal_length: int | None = None,
         open_budget: int = 0,
+        signing_key: bytes | None = None,
+        signers: Mapping[str, bytes] | None = None,
+        min_contributors: int = 2,
+        min_weight_share: float = 0.01,
+        releases_per_upload: Mapping[str, int] | None = None,
     ):
         """``identity``: this client's X25519 key; ``roster``: every client's public key
         (this one's included); ``flooding_bits`` and ``decryption_budget`` size the flooding
         of every reveal; ``reveal_length``, if given, is the only number of values a reveal
         may return (the model's size: a server asking for a whole chunk of a 40-value
-        aggregate gets nothing). Without a roster the client knows only itself."""
+        aggregate gets nothing). Without a roster the client knows only itself.
+        ``signing_key``: this client's Ed25519 key for consents; ``signers``: every
+        client's Ed25519 public key; ``min_contributors`` and ``min_weight_share``: what
+        sums it opens (:class:`~secagg.ckks.release.ReleasePolicy`);
+        ``releases_per_upload``: how many releases of each kind ("reveal", "open") one of
+        its uploads may enter (default one of each)."""
         self.id = client_id
         self.preset = preset
         self.fingerprint = params_fingerprint(preset)
@@ -67,7 +100,23 @@ class CKKSClient(ClientBackend):
         if not isinstance(open_budget, int) or open_budget < 0:
             raise KeySetupError(f"open_budget must be a count, got {open_budget!r}")
         self.open_budget, self.opens = open_budget, 0
+        self._signer = (
+            Ed25519PrivateKey.from_private_bytes(signing_key)
+            if signing_key is not None
+            else Ed25519PrivateKey.generate()
+        )
+        self.signers = dict(signers) if signers is not None else {client_id: self.signing_public}
+        if self.signers.get(client_id) != self.signing_public:
+            raise KeySetupError(f"{client_id}'s signing key is not its key in the roster")
+        try:
+            self.policy = ReleasePolicy(min_contributors, min_weight_share, reveal_length)
+        except ValueError as exc:
+            raise KeySetupError(f"{client_id}: {exc}") from None
+        self.releases_per_upload = dict(releases_per_upload or {"reveal": 1, "open": 1})
+        #: digest of each upload this client made -> releases it consented to, by kind
+        self.uploads: dict[str, dict[str, int]] = {}
         self._keys: SecretKeyHolder | None = None
+        self._second_polys: SecondPolynomials | None = None
         self.decryptions = 0
         self.last_flooding_sigma: float | None = None
 
@@ -77,7 +126,12 @@ class CKKSClient(ClientBackend):
             "key_generate": self.on_generate,
             "key_install": self.on_install,
             "reveal": self.on_reveal,
+            "consent": self.on_consent,
         }
+
+    @property
+    def signing_public(self) -> bytes:
+        return self._signer.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
 
     @property
     def keys(self) -> SecretKeyHolder:
@@ -95,6 +149,8 @@ class CKKSClient(ClientBackend):
         "decryptions",
         "opens",
         "last_flooding_sigma",
+        "signing_key",
+        "uploads",
     )
 
     def state_dict(self) -> dict[str, Any]:
@@ -109,6 +165,8 @@ class CKKSClient(ClientBackend):
             "decryptions": self.decryptions,
             "opens": self.opens,
             "last_flooding_sigma": self.last_flooding_sigma,
+            "signing_key": self._signer.private_bytes_raw(),
+            "uploads": {d: dict(kinds) for d, kinds in self.uploads.items()},
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -132,12 +190,27 @@ class CKKSClient(ClientBackend):
             raise KeySetupError(
                 f"{self.id}: the state's identity is not this client's in its roster"
             )
+        signer = Ed25519PrivateKey.from_private_bytes(_as_bytes(state["signing_key"]))
+        if signer.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw) != self.signers.get(
+            self.id
+        ):
+            raise KeySetupError(f"{self.id}: the state's signing key is not this client's")
+        uploads = state["uploads"]
+        if not isinstance(uploads, dict) or not all(
+            isinstance(d, str)
+            and isinstance(kinds, dict)
+            and all(isinstance(n, int) and n >= 0 for n in kinds.values())
+            for d, kinds in uploads.items()
+        ):
+            raise KeySetupError(f"{self.id}: the state's upload record is garbled")
         keys = (
             None
             if state["secret_key"] is None
             else SecretKeyHolder(self.preset, _as_bytes(state["secret_key"]))
         )
-        self._wrapper, self._keys = wrapper, keys
+        self._wrapper, self._keys, self._signer = wrapper, keys, signer
+        self._second_polys = None
+        self.uploads = {d: dict(kinds) for d, kinds in uploads.items()}
         self.decryptions, self.opens = decryptions, state["opens"]
         self.last_flooding_sigma = None if sigma is None else float(sigma)
 
@@ -209,60 +282,119 @@ class CKKSClient(ClientBackend):
     # ---- data path -------------------------------------------------------------------------
     def protect(self, values: np.ndarray) -> Field:
         bound = self.preset.headroom / len(self.roster)
-        return wire.ciphertext(self.keys.encrypt(values, bound=bound))
+        parts = self.keys.encrypt(values, bound=bound)
+        most = ciphertext_raw_bytes(
+            self.preset.poly_modulus_degree, self.keys.public.n_primes, True
+        )
+        seeds = b"".join(
+            inflate(memoryview(p)[HEADER_BYTES:], most, "own upload")[-SEED_INFO_BYTES:]
+            for p in parts
+        )
+        self.uploads[seed_digest(seeds)] = {}
+        return wire.ciphertext(parts)
 
-    def _coeff_sigma(self) -> float:
-        """Flooding for every decryption the shared key may make: each client of the roster
-        may spend its reveal and open budgets."""
+    # ---- releases: consent, then reveal or open ---------------------------------------------
+    def on_consent(self, env: Envelope) -> dict[str, Field]:
+        """Sign a release descriptor that holds this client's upload, once per kind per
+        upload, if this client's policy accepts the sum it describes."""
+        d = Descriptor.from_config(env.config("release"))
+        self.policy.check(d)
+        mine = [digest for client, _, digest in d.entries if client == self.id]
+        if not mine or mine[0] not in self.uploads:
+            raise ReleaseRefused(
+                f"{self.id}: release {d.name!r} lists no upload this client made as its own "
+                "(replayed or reattributed)"
+            )
+        used = self.uploads[mine[0]]
+        limit = self.releases_per_upload.get(d.kind, 0)
+        if used.get(d.kind, 0) >= limit:
+            raise ReleaseRefused(
+                f"{self.id}: its upload already entered {used.get(d.kind, 0)} release(s) of "
+                f"kind {d.kind!r}; its configuration allows {limit} (a second weighting of "
+                "the same uploads would single one out)"
+            )
+        used[d.kind] = used.get(d.kind, 0) + 1
+        signature = self._signer.sign(consent_message(self.id, d))
+        return {"consent": wire.config({"signature": _b64(signature)})}
+
+    def _checked(self, env: Envelope, field: str, kind: str, name: str | None = None):
+        """The release in ``field`` of ``env``, checked: (descriptor, ciphertexts)."""
+        info = env.config(f"{field}.release")
+        if not isinstance(info, dict) or set(info) != {"descriptor", "consents"}:
+            raise ReleaseRefused(f"{self.id}: {field} comes without a release descriptor")
+        d = Descriptor.from_config(info["descriptor"])
+        if d.kind != kind or (name is not None and d.name != name):
+            raise ReleaseRefused(
+                f"{self.id}: asked to {kind} {name or field!r}, got a release of kind "
+                f"{d.kind!r} for {d.name!r}"
+            )
+        self.policy.check(d)
+        consents = info["consents"]
+        if not isinstance(consents, dict):
+            raise ReleaseRefused(f"{self.id}: consents must map clients to signatures")
+        check_entries(
+            d,
+            {c: _unb64(sig) for c, sig in consents.items() if isinstance(sig, str)},
+            [bytes(p) for p in env.ciphertext_parts(f"{field}.seeds")],
+            self.signers,
+        )
+        cts = self.keys._load(env.ciphertext_parts(field), d.n_values, None)
+        if self._second_polys is None:
+            self._second_polys = SecondPolynomials(self.keys.public, self.keys.seeded_template())
+        self._second_polys.check(d, [bytes(p) for p in env.ciphertext_parts(f"{field}.seeds")], cts)
+        return d, cts
+
+    def _coeff_sigma(self, d: Descriptor) -> float:
+        """Flooding for this sum's own error (its weights, all its coefficients) and for
+        every decryption the shared key may make: each client of the roster may spend its
+        reveal and open budgets."""
         if self.flooding_bits == 0:
             return 0.0
         total = (self.decryption_budget + self.open_budget) * len(self.roster)
-        return flooding_sigma(
-            error_bound(len(self.roster), self.preset.weight_bits),
-            max(total, 1),
+        error = error_bound(
+            [k for _, k, _ in d.entries],
+            d.chunks * self.preset.poly_modulus_degree,
             self.flooding_bits,
         )
+        return flooding_sigma(error, max(total, 1), self.flooding_bits)
 
     def open(self, envelope: Envelope, name: str, length: int) -> np.ndarray:
         """An aggregate the server sent this client (LARC's Ĝ, RegAgg's centre, a
-        server-blind update), flooded like a reveal: what the client computes from it may be
-        released. At most ``open_budget`` times."""
+        server-blind update): checked like a reveal and flooded, since what the client
+        computes from it may be released. At most ``open_budget`` times."""
         if self.opens >= self.open_budget:
             raise ProtocolStateError(
                 f"{self.id} refuses to open aggregate {self.opens + 1}: its configuration "
                 f"allows {self.open_budget}"
             )
-        values, _ = self.keys.decrypt_flooded(
-            envelope.ciphertext_parts(name), length, None, self._coeff_sigma()
-        )
+        d, cts = self._checked(envelope, name, "open", name)
+        if d.n_values != length:
+            raise ReleaseRefused(f"{self.id}: {name} has {d.n_values} values, expected {length}")
+        values, _ = self.keys.open_flooded(cts, d.n_values, self._coeff_sigma(d))
         self.opens += 1
         return values
 
     def on_reveal(self, env: Envelope) -> dict[str, Field]:
-        """Decrypt an aggregate for the server, flooded for the run's decryption budget."""
+        """Decrypt a checked aggregate for the server, flooded."""
         budget = self.decryption_budget
         if self.decryptions >= budget:
             raise ProtocolStateError(
                 f"{self.id} refuses decryption {self.decryptions + 1}: the "
                 f"flooding was sized for {budget}"
             )
-        info = env.config("reveal")
-        if (
-            not isinstance(info, dict)
-            or not isinstance(info.get("name"), str)
-            or not isinstance(info.get("n_values"), int)
-        ):
-            raise ProtocolStateError(f"{self.id}: a reveal request names a field and a length")
-        if self.reveal_length is not None and info["n_values"] != self.reveal_length:
-            raise ProtocolStateError(
-                f"{self.id} reveals {self.reveal_length} values, the model's size; the server "
-                f"asks for {info['n_values']}"
-            )
-        values, self.last_flooding_sigma = self.keys.decrypt_flooded(
-            env.ciphertext_parts("aggregate"), int(info["n_values"]), None, self._coeff_sigma()
+        d, cts = self._checked(env, "aggregate", "reveal")
+        values, self.last_flooding_sigma = self.keys.open_flooded(
+            cts, d.n_values, self._coeff_sigma(d)
         )
         self.decryptions += 1
-        return {info["name"]: wire.vector(values)}
+        return {d.name: wire.vector(values)}
+
+
+def _unb64(text: str) -> bytes:
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        return b""
 
 
 def _as_bytes(value: Any) -> bytes:

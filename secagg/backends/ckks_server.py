@@ -3,12 +3,19 @@
 The server holds no key. It runs the clients' key setup (relaying wrapped keys it cannot
 open), sums uploads homomorphically, and has aggregates revealed by a decryptor client that
 floods the decryption before returning it (see ``secagg/ckks/flooding.py``).
+
+Every sum remembers what it is made of (each upload's client, integer weight and seeds), and
+every release — revealed to the server or sent to clients to open — goes out with that
+descriptor, the seeds, and each contributor's signed consent, which the server gathers in a
+``consent`` phase: the clients check all three before they decrypt (``secagg/ckks/release.py``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import base64
+import binascii
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -16,8 +23,15 @@ import numpy as np
 from secagg import wire
 from secagg.backends.base import RunningSum, ServerBackend
 from secagg.ckks.presets import CKKSPreset
-from secagg.ckks.public import CiphertextSum, PublicCKKS, params_fingerprint, to_bytes
-from secagg.errors import KeySetupError, MalformedCiphertext, RoundAborted
+from secagg.ckks.public import CiphertextSum, PublicCKKS, params_fingerprint, quantise, to_bytes
+from secagg.ckks.release import Descriptor, Entry, verify_consent
+from secagg.errors import (
+    ClientInputError,
+    ConsentRefused,
+    KeySetupError,
+    MalformedCiphertext,
+    RoundAborted,
+)
 from secagg.wire import Envelope, Field
 
 
@@ -26,6 +40,9 @@ class CKKSHandle:
     ciphertexts: list  # seal.Ciphertext, one per chunk
     n_values: int
     scale: float
+    #: what the handle is made of: one upload (weight 0 until it is summed), or a sum's
+    #: uploads with their integer weights
+    entries: tuple[Entry, ...] = field(default_factory=tuple)
 
 
 class CKKSServer(ServerBackend):
@@ -33,12 +50,17 @@ class CKKSServer(ServerBackend):
     upload_kind = wire.CIPHERTEXT
     can_read = False
     key_model = "shared"
-    declares = ("x25519_public", "installed")  # clients' public keys; key-install receipts
+    # clients' public keys, key-install receipts, signed consents to releases
+    declares = ("x25519_public", "installed", "consent")
 
-    def __init__(self, preset: CKKSPreset):
+    def __init__(self, preset: CKKSPreset, *, signers: Mapping[str, bytes] | None = None):
+        """``signers``: the clients' public signing keys, if provisioned to the server: it
+        then checks each consent and takes a client whose signature is bad out of the
+        round. The clients check every consent regardless."""
         self.preset = preset
         self.public = PublicCKKS(preset)
         self.fingerprint = params_fingerprint(preset)
+        self.signers = dict(signers) if signers is not None else None
         self._reveals = 0
 
     def setup_config(self) -> dict[str, Any]:
@@ -95,14 +117,19 @@ class CKKSServer(ServerBackend):
 
     # ---- aggregation -----------------------------------------------------------------------
     def load(self, envelope: Envelope, name: str, length: int) -> CKKSHandle:
-        parts = envelope.ciphertext_parts(name)
-        return CKKSHandle(self.public.load_ciphertexts(parts, length), length, self.public.scale)
+        cts, seeds = self.public.load_upload(envelope.ciphertext_parts(name), length)
+        return CKKSHandle(cts, length, self.public.scale, (Entry(envelope.sender, 0, seeds),))
 
     def weighted_sum(self, handles: Sequence[CKKSHandle], weights: Sequence[float]) -> CKKSHandle:
-        if any(h.scale != self.public.scale for h in handles):
+        if any(h.scale != self.public.scale or len(h.entries) != 1 for h in handles):
             raise MalformedCiphertext("only fresh uploads can be summed")
         cts = self.public.weighted_sum([h.ciphertexts for h in handles], weights)
-        return CKKSHandle(cts, handles[0].n_values, self.public.sum_scale)
+        return CKKSHandle(
+            cts,
+            handles[0].n_values,
+            self.public.sum_scale,
+            _weighted(self.preset, handles, weights),
+        )
 
     def running_sum(self, length: int) -> CKKSRunningSum:
         return CKKSRunningSum(self.public, length)
@@ -110,13 +137,71 @@ class CKKSServer(ServerBackend):
     def to_field(self, handle: CKKSHandle) -> Field:
         return wire.ciphertext([to_bytes(ct) for ct in handle.ciphertexts])
 
-    # ---- reveal through a decryptor client ---------------------------------------------------
+    # ---- releases: consent, then a decryptor reveals or the clients open ---------------------
+    def release(self, ctx, handle: CKKSHandle, name: str) -> dict[str, Field]:
+        """Fields that let clients open ``handle`` themselves (kind ``open``)."""
+        return self._release_fields(ctx, handle, name, "open", name)
+
+    def _release_fields(
+        self, ctx, handle: CKKSHandle, name: str, kind: str, field_name: str
+    ) -> dict[str, Field]:
+        """The aggregate, its descriptor with every contributor's consent, and the seeds."""
+        if not handle.entries or any(e.k == 0 for e in handle.entries):
+            raise MalformedCiphertext(f"{name}: only a weighted sum of uploads can be released")
+        d = Descriptor(
+            kind,
+            name,
+            ctx.round,
+            handle.n_values,
+            len(handle.ciphertexts),
+            tuple((e.client, e.k, e.digest) for e in handle.entries),
+        )
+        consents = self._consents(ctx, d)
+        return {
+            field_name: self.to_field(handle),
+            f"{field_name}.release": wire.config(
+                {"descriptor": d.to_config(), "consents": consents}
+            ),
+            f"{field_name}.seeds": wire.ciphertext([e.seeds for e in handle.entries]),
+        }
+
+    def _consents(self, ctx, d: Descriptor) -> dict[str, str]:
+        """Every contributor's signature over ``d``; ConsentRefused if any is missing."""
+        contributors = [client for client, _, _ in d.entries]
+        replies = ctx.ask(
+            "consent",
+            {c: {"release": wire.config(d.to_config())} for c in contributors},
+            expect={"consent": wire.CONFIG},
+            reach_excluded=True,
+        )
+        consents = {}
+        for c, env in replies.items():
+            signature = env.config("consent").get("signature")
+            if self.signers is not None and not (
+                isinstance(signature, str)
+                and verify_consent(self.signers.get(c, b""), c, d, _unb64(signature))
+            ):
+                ctx.exclude(c, "consent", ClientInputError(f"{c}'s consent does not verify"))
+                continue
+            consents[c] = signature
+        missing = [c for c in contributors if c not in consents]
+        if missing:
+            culprits = missing if len(missing) < len(contributors) else []
+            raise ConsentRefused(
+                f"{d.kind} of {d.name!r}: no consent from {missing}"
+                + ("" if culprits else " (every contributor refused the request)")
+                + "; "
+                + "; ".join(f"{c}: {ctx.excluded.get(c, 'no answer')}" for c in missing),
+                culprits=culprits,
+                round=ctx.round,
+                phase="consent",
+                exclusions=ctx.excluded,
+            )
+        return consents
+
     def reveal(self, ctx, handle: CKKSHandle, name: str) -> tuple[np.ndarray, str]:
         """Ask a decryptor (rotating over the active clients) for a flooded decryption."""
-        request = {
-            "aggregate": self.to_field(handle),
-            "reveal": wire.config({"name": name, "n_values": handle.n_values}),
-        }
+        request = self._release_fields(ctx, handle, name, "reveal", "aggregate")
         errors = {}
         candidates = list(ctx.active)
         for attempt in range(len(candidates)):
@@ -143,18 +228,45 @@ class CKKSServer(ServerBackend):
 
 class CKKSRunningSum(RunningSum):
     """Homomorphic running sum of fresh uploads; each upload is multiplied in place and
-    added, then only the sum is kept."""
+    added, then only the sum (and what it is made of) is kept."""
 
     def __init__(self, public: PublicCKKS, length: int):
         self.public = public
         self.length = length
         self._sum = CiphertextSum(public)
+        self._entries: list[Entry] = []
 
     def add(self, handle: CKKSHandle, weight: float) -> None:
-        if handle.scale != self.public.scale or handle.n_values != self.length:
+        if (
+            handle.scale != self.public.scale
+            or handle.n_values != self.length
+            or len(handle.entries) != 1
+        ):
             raise MalformedCiphertext("only fresh uploads of the model's length can be summed")
-        self._sum.add(handle.ciphertexts, weight, consume=True)
+        if self._sum.add(handle.ciphertexts, weight, consume=True):
+            self._entries += _weighted(self.public.preset, [handle], [weight])
 
     def _result(self, normaliser: float) -> CKKSHandle:
         cts = self._sum.result(normaliser)
-        return CKKSHandle(cts, self.length, cts[0].scale)
+        return CKKSHandle(cts, self.length, cts[0].scale, tuple(self._entries))
+
+
+def _weighted(
+    preset: CKKSPreset, handles: Sequence[CKKSHandle], weights: Sequence[float]
+) -> tuple[Entry, ...]:
+    """The uploads' entries with the integer weights the sum multiplied them by (an upload
+    whose weight rounds to 0 was not added)."""
+    out = []
+    for h, w in zip(handles, weights):
+        k = quantise(w, preset.weight_bits)
+        if k != 0:
+            (entry,) = h.entries
+            out.append(Entry(entry.client, k, entry.seeds))
+    return tuple(out)
+
+
+def _unb64(text: str) -> bytes:
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        return b""

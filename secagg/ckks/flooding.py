@@ -1,38 +1,67 @@
-"""Noise flooding of revealed CKKS aggregates (IND-CPA-D; Li & Micciancio, EUROCRYPT 2021).
+"""Noise flooding of opened CKKS aggregates (IND-CPA-D; Li & Micciancio, EUROCRYPT 2021).
 
-A CKKS decryption returns m + e, and e together with the ciphertext gives linear equations in
-the secret key. Before a decryptor releases an aggregate to the server, it adds Gaussian noise
+A CKKS decryption returns Δ·m + e, and e together with the ciphertext gives linear equations
+in the secret key. Before a client releases anything it decrypted, it adds Gaussian noise
 large enough that e is statistically hidden.
 
-Formula (the "prior art" flooding bound restated in Li, Micciancio, Schultz & Sorrell,
-CRYPTO 2022, §6.2):  log2 σ = log2 E + s/2 + log2(64·t)/2, where
+Formula (the flooding bound restated in Li, Micciancio, Schultz & Sorrell, CRYPTO 2022,
+§6.2):  σ = E · 2^{s/2} · sqrt(64·t), where
 
 - s is the statistical security in bits (default 30);
-- t is the number of decryptions released under the key over the whole run;
-- E bounds the decryption error, per polynomial coefficient. Our estimate: every upload is a
-  fresh symmetric encryption whose error SEAL draws from a Gaussian of σ = 3.2 clipped at 6σ,
-  so its coefficients are at most 19.2; the server multiplies upload i by an integer k_i with
-  |k_i| ≤ 2^weight_bits and adds, so E = n_clients · 2^weight_bits · 19.2. This is a worst
-  case the decryptor can compute without trusting the server's weights.
+- t is the number of decryptions the key may release over the whole run (every client's
+  reveal and open budgets: the key is shared);
+- E bounds the Euclidean norm of the *whole* error vector a release exposes: every
+  coefficient of every chunk (M = chunks · N of them), not one coefficient.
 
-The noise is added to the decoded slot values. The canonical embedding is √N times a unitary
-map, so i.i.d. Gaussian noise of σ per coefficient equals i.i.d. noise of σ·sqrt(N/2)/scale
-on each real component of each slot. It is drawn from the operating system's CSPRNG.
+E is computed by the decryptor from the sum it accepted (``release.py`` checks that it is
+Σ k_i·upload_i over signed uploads, so its error is Σ k_i e_i with e_i each upload's fresh
+encryption noise). SEAL 4.1 as built here draws e_i from a centred binomial distribution:
+each coefficient is a sum of 21 differences of two fair bits, so |e| ≤ 21 and the variance is
+21/2. A difference of two fair bits has E[exp(λX)] = cosh²(λ/2) ≤ exp(λ²/4): it is
+sub-Gaussian with variance proxy 1/2, so each coefficient of Σ k_i e_i is sub-Gaussian with
+v = 10.5·Σ k_i². The sum of squares of M such coefficients obeys Laurent–Massart's χ² bound,
+P(‖e‖² ≥ v·(M + 2·sqrt(M·x) + 2x)) ≤ exp(−x); with x = (s + 1)·ln 2 the bound fails with
+probability at most 2^-(s+1), which adds to the statistical distance. Always also
+‖e‖ ≤ 21·Σ|k_i|·sqrt(M) (every coefficient at its maximum). E is the smaller of the two.
+(SEAL's clipped normal, σ 3.2 cut at 19.2, satisfies both bounds too.)
+
+Before issue 12, E was 19.2·n·2^wb, a bound on one coefficient for the worst weights, set
+before any weight was known: for a realistic sum the realised security was about 31, 28 or
+18 bits at t = 5 against the 30 claimed (FedAvg, typical LARC weights, worst case).
+
+The noise is added to the ciphertext before decryption (an encoded plaintext of Gaussian
+slot values): the canonical embedding is √N times a unitary map, so i.i.d. noise of σ on
+each real slot component is noise of σ·scale/sqrt(N/2) on each coefficient. It is drawn
+from the operating system's CSPRNG.
 """
 
 from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 
 import numpy as np
 
-SEAL_NOISE_MAX = 6 * 3.2  # SEAL's clipped-normal encryption noise: σ 3.2, cut at 6σ
+#: SEAL's encryption noise here: a centred binomial, sum of 21 differences of fair bits
+NOISE_MAX = 21
+NOISE_VARIANCE_PROXY = 21 / 2
 
 
-def error_bound(n_clients: int, weight_bits: int) -> float:
-    """E: worst-case per-coefficient decryption error of a weighted sum of fresh uploads."""
-    return n_clients * 2.0**weight_bits * SEAL_NOISE_MAX
+def error_bound(weights: Sequence[int], coefficients: int, security_bits: int = 30) -> float:
+    """E: a bound on ‖Σ k_i e_i‖₂ over ``coefficients`` coefficients (chunks · N) that
+    holds except with probability 2^-(security_bits + 1) (module docstring)."""
+    ks = np.abs(np.asarray(weights, dtype=np.float64))
+    m = float(coefficients)
+    x = (security_bits + 1) * math.log(2.0)
+    tail = math.sqrt(NOISE_VARIANCE_PROXY * float(ks @ ks) * (m + 2 * math.sqrt(m * x) + 2 * x))
+    return min(tail, NOISE_MAX * float(ks.sum()) * math.sqrt(m))
+
+
+def realised_security_bits(assumed: float, actual: float, security_bits: int = 30) -> float:
+    """The statistical security a flooding sized for error ``assumed`` gives an error of
+    norm ``actual``: σ ∝ E·2^{s/2}, so s' = s + 2·log2(assumed / actual)."""
+    return security_bits + 2 * math.log2(assumed / actual)
 
 
 def flooding_sigma(error: float, decryptions: int, security_bits: int = 30) -> float:

@@ -17,6 +17,7 @@ import functools
 import hashlib
 import io
 import itertools
+import math
 import os
 import shutil
 import signal
@@ -145,6 +146,8 @@ _COMPR_NAMES = {0: "none", 1: "zlib", 2: "zstd"}
 _CT_META = struct.Struct("<32sBQQQdQ")
 _COUNT = struct.Struct("<Q")
 _PRNG_INFO_BYTES = _HEADER.size + 1 + 64
+#: what names a seeded ciphertext's second polynomial: its PRNG type byte and 64-byte seed
+SEED_INFO_BYTES = 1 + 64
 
 
 @dataclass(frozen=True)
@@ -237,11 +240,25 @@ def checked_blob(
     check_header(read_header(data, 0, what), len(data), COMPR_ZSTD, what)
     raw = inflate(memoryview(data)[_HEADER.size :], max_raw, what)
     check_layout(raw)
+    return uncompressed_blob(raw)
+
+
+def uncompressed_blob(raw: bytes) -> bytes:
+    """A SEAL header (uncompressed, exact length) in front of an object's raw bytes."""
     ours = written_header()
-    head = _HEADER.pack(
-        SEAL_MAGIC, _HEADER.size, *ours.version, COMPR_NONE, 0, _HEADER.size + len(raw)
+    return (
+        _HEADER.pack(
+            SEAL_MAGIC, _HEADER.size, *ours.version, COMPR_NONE, 0, _HEADER.size + len(raw)
+        )
+        + raw
     )
-    return head + raw
+
+
+def raw_ciphertext(ct: seal.Ciphertext) -> bytes:
+    """One of our own SEAL objects, serialised without compression (its data in order)."""
+    data = to_bytes(ct)
+    most = ciphertext_raw_bytes(ct.poly_modulus_degree(), ct.coeff_modulus_size(), seeded=False)
+    return inflate(memoryview(data)[_HEADER.size :], most, "ciphertext")
 
 
 def check_nested(raw: bytes, offset: int, nbytes: int, what: str) -> None:
@@ -328,11 +345,17 @@ class PublicCKKS:
         #: largest uncompressed ciphertext of this preset (a sum: two full polynomials)
         self.max_raw_bytes = ciphertext_raw_bytes(self._degree, self._primes, seeded=False)
 
+    @property
+    def n_primes(self) -> int:
+        """Primes of a fresh ciphertext (the data level)."""
+        return self._primes
+
     def load_ciphertext(
-        self, data: bytes | memoryview, what: str = "ciphertext"
+        self, data: bytes | memoryview, what: str = "ciphertext", seeds: list | None = None
     ) -> seal.Ciphertext:
         """One ciphertext from another party's bytes: checked (:func:`checked_blob`), then
-        loaded by SEAL, whose own errors become :class:`MalformedCiphertext`."""
+        loaded by SEAL, whose own errors become :class:`MalformedCiphertext`. With
+        ``seeds``, it must be seeded (an upload), and its seed info is appended there."""
         n, primes = self._degree, self._primes
         blob = checked_blob(
             data,
@@ -340,10 +363,29 @@ class PublicCKKS:
             lambda raw: check_ciphertext_layout(raw, n, primes, what),
             what,
         )
+        if seeds is not None:
+            if len(blob) != _HEADER.size + ciphertext_raw_bytes(n, primes, seeded=True):
+                raise MalformedCiphertext(
+                    f"{what} is not seeded: an upload's second polynomial travels as a seed, "
+                    "which is what lets a decryptor check the sums it is asked to open"
+                )
+            seeds.append(blob[-SEED_INFO_BYTES:])
+        return self.load_trusted(blob, what)
+
+    def load_trusted(self, blob: bytes, what: str = "ciphertext") -> seal.Ciphertext:
+        """SEAL loads bytes whose every size was checked (or that we made ourselves)."""
         try:
             return from_bytes(seal.Ciphertext(), self.context, blob)
         except SEAL_LOAD_ERRORS as exc:
             raise MalformedCiphertext(f"{what} does not load: {exc}") from None
+
+    def load_upload(
+        self, parts: Sequence[bytes | memoryview], n_values: int
+    ) -> tuple[list[seal.Ciphertext], bytes]:
+        """A client's upload: fresh seeded ciphertexts, and their seeds in chunk order."""
+        seeds: list[bytes] = []
+        cts = self.load_ciphertexts(parts, n_values, seeds=seeds)
+        return cts, b"".join(seeds)
 
     def load_ciphertexts(
         self,
@@ -351,6 +393,7 @@ class PublicCKKS:
         n_values: int,
         scale: float | None = None,
         aggregate: bool = False,
+        seeds: list | None = None,
     ) -> list[seal.Ciphertext]:
         """Load and check ciphertexts for an n-value vector at the fresh-upload level.
 
@@ -366,7 +409,7 @@ class PublicCKKS:
             )
         out: list[seal.Ciphertext] = []
         for i, data in enumerate(parts):
-            ct = self.load_ciphertext(data, f"ciphertext {i}")
+            ct = self.load_ciphertext(data, f"ciphertext {i}", seeds)
             if ct.parms_id() != self.context.first_parms_id():
                 raise WrongContext(f"ciphertext {i} is not at this preset's fresh level")
             if ct.size() != 2 or not ct.is_ntt_form():
@@ -404,6 +447,13 @@ class PublicCKKS:
         return self.scale * 2.0**self.preset.weight_bits
 
 
+def quantise(weight: float, weight_bits: int) -> int:
+    """The integer k a weight becomes in a CKKS sum: SEAL encodes the constant w at scale
+    2^wb as round(w·2^wb), half away from zero (C's ``round``)."""
+    k = int(math.floor(abs(float(weight)) * 2.0**weight_bits + 0.5))
+    return -k if weight < 0 else k
+
+
 class CiphertextSum:
     """A running Σ_i round(w_i · 2^weight_bits) · ct_i, chunk by chunk.
 
@@ -425,7 +475,7 @@ class CiphertextSum:
         w = float(weight)
         if not abs(w) <= 1.0:
             raise ConfigError(f"CKKS weighted sums need |w| <= 1 (headroom); got {w}")
-        if round(abs(w) * self._wscale) == 0:
+        if quantise(w, self.public.preset.weight_bits) == 0:
             return False
         if self.chunks is not None and len(vector) != len(self.chunks):
             raise MalformedCiphertext(

@@ -23,6 +23,8 @@ from secagg.ckks.public import (
     PublicCKKS,
     check_nested,
     checked_blob,
+    ciphertext_raw_bytes,
+    inflate,
     from_bytes,
     to_bytes,
 )
@@ -137,11 +139,40 @@ class SecretKeyHolder:
         scale: float | None,
         coeff_sigma: float,
     ) -> tuple[np.ndarray, float]:
-        """Decrypt and add flooding noise; returns the values and the per-value noise σ."""
+        """Decrypt with flooding noise; returns the values and the per-value noise σ."""
         cts = self._load(parts, n_values, scale)
-        values = self._decode(cts, n_values)
+        return self.open_flooded(cts, n_values, coeff_sigma)
+
+    def open_flooded(
+        self, cts: list[seal.Ciphertext], n_values: int, coeff_sigma: float
+    ) -> tuple[np.ndarray, float]:
+        """Add Gaussian noise of ``coeff_sigma`` per coefficient to each ciphertext, then
+        decrypt: the noise is in before the decryption is reduced mod q, so whatever the
+        ciphertext's first polynomial (the server chose it), every value released is a
+        function of flooded coefficients. The noise is encoded as slot values (σ per real
+        component, ``slot_sigma``) and rounded to integer coefficients by the encoder."""
         sigma = slot_sigma(coeff_sigma, self.preset.poly_modulus_degree, cts[0].scale)
-        return values + sigma * csprng_normal(values.size), sigma
+        if sigma > 0:
+            half = self.preset.values_per_ciphertext // 2
+            for ct in cts:
+                z = sigma * csprng_normal(2 * half)
+                noise = seal.Plaintext()
+                self._encoder.encode(
+                    (z[:half] + 1j * z[half:]).tolist(), ct.parms_id(), ct.scale, noise
+                )
+                self.public.evaluator.add_plain_inplace(ct, noise)
+        return self._decode(cts, n_values), sigma
+
+    def seeded_template(self) -> bytes:
+        """An uncompressed seeded encryption of zero: the layout a release check fills with
+        each upload's seed (``release.SecondPolynomials``)."""
+        pt = seal.Plaintext()
+        self._encoder.encode(0.0, self.public.scale, pt)
+        data = to_bytes(self._encryptor.encrypt_symmetric(pt))
+        most = ciphertext_raw_bytes(
+            self.preset.poly_modulus_degree, self.public.n_primes, seeded=True
+        )
+        return inflate(memoryview(data)[HEADER_BYTES:], most, "seeded template")
 
     def _load(
         self, parts: Sequence[bytes | memoryview], n_values: int, scale: float | None

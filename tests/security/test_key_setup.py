@@ -17,6 +17,7 @@ from secagg.ckks.public import params_fingerprint
 from secagg.ckks.secret import SecretKeyHolder
 from secagg.errors import KeySetupError, ProtocolStateError
 from secagg.wire import Envelope
+from tests.harness import BackendRound
 
 IDS = ["client_0", "client_1", "client_2"]
 PRESET = get_preset("compact")
@@ -156,18 +157,37 @@ def test_setup_happens_once_and_settings_come_from_the_clients_own_configuration
         }
     )
     ask(clients["client_1"], "key_hello", {"setup": hostile})
-    parts = clients["client_0"].keys.encrypt(np.full(8, 0.5), bound=10.0)
-    reveal = {
-        "aggregate": wire.ciphertext(parts),
-        "reveal": wire.config({"name": "global_update", "n_values": 8}),
-    }
-    out = ask(clients["client_1"], "reveal", reveal)
-    assert clients["client_1"].last_flooding_sigma > 0
-    values = Envelope("c", "s", 0, "r", out).vector("global_update")
-    assert not np.array_equal(values, np.full(8, 0.5))  # flooded, not exact
-    ask(clients["client_1"], "reveal", reveal)  # the budget of 2 is the client's own
-    with pytest.raises(ProtocolStateError, match="refuses decryption 3"):
-        ask(clients["client_1"], "reveal", reveal)
+    assert clients["client_1"].flooding_bits == 30 and clients["client_1"].decryption_budget == 2
+
+
+def test_a_hostile_key_hello_changes_neither_flooding_nor_budget():
+    """The same hostile hello mid-run, then real releases: still flooded, and the budget of
+    2 is the client's own."""
+    run = BackendRound(IDS, 8, decryption_budget=2)
+    hostile = wire.config(
+        {
+            "preset": PRESET.name,
+            "params": params_fingerprint(PRESET),
+            "flooding_bits": 0,
+            "decryption_budget": 10**6,
+            "n_clients": 1,
+        }
+    )
+    run.ask("client_1", "key_hello", {"setup": hostile})
+    for attempt in range(3):
+        ctx = run.ctx()
+        handles = run.uploads({c: np.full(8, 0.5) for c in IDS})
+        total = ctx.weighted_sum(handles, {c: 1 / 3 for c in IDS})
+        request = run.server._release_fields(ctx, total, "global_update", "reveal", "aggregate")
+        if attempt == 2:
+            with pytest.raises(ProtocolStateError, match="refuses decryption 3"):
+                run.ask("client_1", "reveal", request)
+            break
+        out = run.ask("client_1", "reveal", request)
+        assert run.clients["client_1"].last_flooding_sigma > 0
+        values = Envelope("c", "s", 0, "r", out).vector("global_update")
+        assert not np.array_equal(values, np.full(8, 0.5))  # flooded, not exact
+        np.testing.assert_allclose(values, 0.5, atol=1e-4)
 
 
 def test_wrapped_key_associated_data_is_unambiguous():

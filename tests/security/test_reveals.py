@@ -1,100 +1,215 @@
-"""What a decryptor accepts to reveal comes from its own configuration: how many values
-(the model's size) and how much flooding (sized for every decryption the shared key may
-make, across all clients)."""
+"""A server that deviates gets nothing opened that the clients cannot check.
 
-import math
+Each test forms releases through the real server half (consent phase included) and real
+client halves (``tests/harness.py``), then plays the deviating server: it edits what the
+server half produced, or asks for what an honest server never would. Every attack is
+refused, spends nothing, and the honest release still opens to the right values.
+"""
+
+import base64
+import json
 
 import numpy as np
 import pytest
 
 from secagg import wire
-from secagg.backends import make_backends
 from secagg.ckks.flooding import error_bound, flooding_sigma, slot_sigma
 from secagg.ckks.presets import get_preset
-from secagg.errors import ProtocolStateError
+from secagg.ckks.public import PublicCKKS, to_bytes
+from secagg.errors import ConsentRefused, ProtocolStateError, ReleaseRefused, RoundAborted
 from secagg.wire import Envelope
+from tests.harness import BackendRound
 
 PRESET = get_preset("compact")
+IDS = ["client_0", "client_1", "client_2"]
+VALUES = {"client_0": 0.1, "client_1": 0.2, "client_2": 0.6}
 
 
-def reveal(client, parts, n_values):
-    request = Envelope(
-        "server",
-        client.id,
-        0,
-        "reveal",
-        {
-            "aggregate": wire.ciphertext(parts),
-            "reveal": wire.config({"name": "global_update", "n_values": n_values}),
-        },
+def fresh(run, n=8):
+    return run.uploads({c: np.full(n, VALUES[c]) for c in run.clients})
+
+
+def release(run, ctx, total, name="global_update", kind="reveal", field="aggregate"):
+    """What the honest server half sends a decryptor (or an opener) for ``total``."""
+    return run.server._release_fields(ctx, total, name, kind, field)
+
+
+def edited(fields, field="aggregate", **changes):
+    """The request with the descriptor's entries changed, as a deviating server would."""
+    info = json.loads(bytes(fields[f"{field}.release"].data))
+    info["descriptor"].update(changes)
+    return {**fields, f"{field}.release": wire.config(info)}
+
+
+def revealed(run, to, fields, name="global_update"):
+    return Envelope("c", "s", 0, "r", run.ask(to, "reveal", fields)).vector(name)
+
+
+@pytest.fixture
+def run():
+    return BackendRound(IDS, 8, decryption_budget=4, reveal_length=8)
+
+
+def test_an_honest_release_opens_to_the_weighted_sum(run):
+    ctx = run.ctx()
+    total = ctx.weighted_sum(fresh(run), {"client_0": 0.5, "client_1": 0.25, "client_2": 0.25})
+    np.testing.assert_allclose(ctx.reveal(total, "global_update"), 0.25, atol=1e-6)
+
+
+def test_a_crafted_ciphertext_is_refused(run):
+    """The review's key-recovery request: a ciphertext whose second polynomial the server
+    chose (here: one client's raw upload, rescaled, passed as 'the aggregate' of three)."""
+    ctx = run.ctx()
+    handles = fresh(run)
+    fields = release(run, ctx, ctx.weighted_sum(handles, dict.fromkeys(IDS, 1 / 3)))
+    single = PublicCKKS(PRESET).weighted_sum([handles["client_1"].ciphertexts], [1.0])
+    forged = {**fields, "aggregate": wire.ciphertext([to_bytes(ct) for ct in single])}
+    with pytest.raises(ReleaseRefused, match="not the weighted sum of the listed uploads"):
+        run.ask("client_0", "reveal", forged)
+    assert run.clients["client_0"].decryptions == 0
+    np.testing.assert_allclose(revealed(run, "client_0", fields), 0.3, atol=1e-6)
+
+
+def test_a_one_upload_or_one_hot_sum_is_refused_at_consent(run):
+    ctx = run.ctx()
+    handles = fresh(run)
+    one = ctx.weighted_sum({"client_1": handles["client_1"]}, {"client_1": 1.0})
+    with pytest.raises(RoundAborted, match="opens sums of at least 2"):
+        release(run, ctx, one)
+    ctx = run.ctx()
+    near_one_hot = ctx.weighted_sum(handles, {"client_0": 1e-5, "client_1": 1.0, "client_2": 1e-5})
+    with pytest.raises(RoundAborted, match="a sum one upload dominates"):
+        release(run, ctx, near_one_hot)
+
+
+def test_a_decryptor_checks_the_policy_itself(run):
+    """Consents gathered for a good sum, then the descriptor edited to a one-hot weighting:
+    the decryptor refuses (policy, then signatures), whatever the server relays."""
+    ctx = run.ctx()
+    fields = release(run, ctx, ctx.weighted_sum(fresh(run), dict.fromkeys(IDS, 1 / 3)))
+    info = json.loads(bytes(fields["aggregate.release"].data))
+    entries = info["descriptor"]["entries"]
+    one_hot = [[c, (2**20 if c == "client_1" else 1), d] for c, _, d in entries]
+    with pytest.raises(ReleaseRefused, match="dominates"):
+        run.ask("client_0", "reveal", edited(fields, entries=one_hot))
+    renamed = [[c, k, d] for c, k, d in entries]
+    renamed[0][1] += 1  # a weight the contributors did not sign
+    with pytest.raises(ReleaseRefused, match="no valid consent"):
+        run.ask("client_0", "reveal", edited(fields, entries=renamed))
+    with pytest.raises(ReleaseRefused, match="opens 8 values"):
+        run.ask("client_0", "reveal", edited(fields, n_values=PRESET.values_per_ciphertext))
+    assert run.clients["client_0"].decryptions == 0
+
+
+def test_two_weightings_of_the_same_uploads_are_refused(run):
+    """Differencing: (1/3, 1, 1) and (1, 1, 1) of the same uploads give client_0's upload.
+    Each contributor consents to one reveal per upload, so the second sum gets no consent."""
+    ctx = run.ctx()
+    handles = fresh(run)
+    first = ctx.weighted_sum(handles, {"client_0": 1 / 3, "client_1": 1.0, "client_2": 1.0})
+    ctx.reveal(first, "global_update")
+    second = ctx.weighted_sum(handles, dict.fromkeys(IDS, 1.0))
+    with pytest.raises(RoundAborted, match="already entered 1 release"):
+        ctx.reveal(second, "global_update")
+    # an open of the same uploads is another kind: one is allowed (LARC's Ĝ)
+    ctx = run.ctx()
+    assert "g_hat.release" in ctx.as_fields(
+        ctx.weighted_sum(handles, dict.fromkeys(IDS, 1.0)), "g_hat"
     )
-    return client.handlers()["reveal"](request)
 
 
-def test_a_decryptor_returns_its_model_size_and_nothing_more():
-    """A 40-value model: the server asks for a whole chunk (4096 values, the key-recovery
-    attack's request) and is refused; 40 values are revealed."""
-    from secagg.backends import Provision, make_client_backend
-    from secagg.ckks.secret import SecretKeyHolder
-
-    (only,) = make_backends("ckks", ["client_0"])[1].values()
-    leader = make_client_backend(
-        "ckks", "client_0", {}, Provision(only._wrapper.private_bytes(), only.roster, 3, 40)
+def test_a_replayed_or_reattributed_upload_gets_no_consent(run):
+    ctx = run.ctx()
+    old = fresh(run)
+    ctx.reveal(ctx.weighted_sum(old, dict.fromkeys(IDS, 1 / 3)), "global_update")
+    run.round = 1
+    ctx = run.ctx()
+    new = fresh(run)
+    replayed = {**new, "client_0": old["client_0"]}  # last round's upload, already released
+    with pytest.raises(RoundAborted, match="already entered"):
+        ctx.reveal(ctx.weighted_sum(replayed, dict.fromkeys(IDS, 1 / 3)), "global_update")
+    ctx = run.ctx()
+    new = fresh(run)  # client_1 and client_2 spent their consent on the replayed sum
+    entry = new["client_2"].entries[0]
+    swapped = type(new["client_2"])(  # client_2's upload presented as client_1's
+        new["client_2"].ciphertexts,
+        8,
+        new["client_2"].scale,
+        (type(entry)("client_1", 0, entry.seeds),),
     )
-    keys = SecretKeyHolder(PRESET)
-    leader._keys = keys  # as after key setup
-    parts = keys.encrypt(np.full(40, 0.25), bound=10.0)
-    with pytest.raises(ProtocolStateError, match="reveals 40 values, the model's size"):
-        reveal(leader, parts, PRESET.values_per_ciphertext)
-    assert leader.decryptions == 0  # a refused request spends nothing
-    out = Envelope("c", "s", 0, "r", reveal(leader, parts, 40)).vector("global_update")
-    # a fresh upload's scale is 2^20 below an aggregate's, so the flooding shows more
-    assert out.size == 40 and np.allclose(out, 0.25, atol=5e-3)
+    with pytest.raises(ConsentRefused, match="client_1") as refused:
+        ctx.reveal(
+            ctx.weighted_sum({**new, "client_1": swapped}, dict.fromkeys(IDS, 1 / 3)),
+            "global_update",
+        )
+    assert refused.value.culprits == ["client_1"]  # the engine would take it out: a lie it
+    # cannot tell from a refusal; an honest server never sends this
+
+
+def test_forged_seeds_or_consents_are_refused(run):
+    ctx = run.ctx()
+    fields = release(run, ctx, ctx.weighted_sum(fresh(run), dict.fromkeys(IDS, 1 / 3)))
+    parts = [
+        bytes(p) for p in Envelope("s", "c", 0, "r", fields).ciphertext_parts("aggregate.seeds")
+    ]
+    parts[1] = parts[1][:-1] + bytes([parts[1][-1] ^ 1])
+    with pytest.raises(ReleaseRefused, match="seeds sent for client_1"):
+        run.ask("client_0", "reveal", {**fields, "aggregate.seeds": wire.ciphertext(parts)})
+    info = json.loads(bytes(fields["aggregate.release"].data))
+    info["consents"]["client_2"] = base64.b64encode(b"\0" * 64).decode()
+    with pytest.raises(ReleaseRefused, match="no valid consent from client_2"):
+        run.ask("client_0", "reveal", {**fields, "aggregate.release": wire.config(info)})
+    assert run.clients["client_0"].decryptions == 0
+
+
+def test_an_open_is_checked_budgeted_and_flooded(run):
+    """LARC's probe opened any ciphertext, any number of times, exactly. Now an open is
+    checked like a reveal, spends the client's own open budget and is flooded."""
+    ctx = run.ctx()
+    handles = fresh(run)
+    fields = ctx.as_fields(ctx.weighted_sum(handles, dict.fromkeys(IDS, 1 / 3)), "g_hat")
+    client = run.clients["client_0"]
+    client.open_budget = 2
+    probe = run.request("client_0", "larc_probe", fields)
+    first, second = (client.open(probe, "g_hat", 8) for _ in range(2))
+    assert not np.array_equal(first, second)
+    np.testing.assert_allclose([first, second], 0.3, atol=1e-6)
+    with pytest.raises(ProtocolStateError, match="refuses to open aggregate 3"):
+        client.open(probe, "g_hat", 8)
+    client.open_budget = 3
+    other = PublicCKKS(PRESET).weighted_sum([handles["client_1"].ciphertexts], [1.0])
+    forged = {**fields, "g_hat": wire.ciphertext([to_bytes(ct) for ct in other])}
+    with pytest.raises(ReleaseRefused, match="not the weighted sum"):
+        client.open(run.request("client_0", "larc_probe", forged), "g_hat", 8)
+    with pytest.raises(ReleaseRefused, match="of kind 'open'"):
+        client.on_reveal(
+            run.request(
+                "client_0",
+                "reveal",
+                {
+                    "aggregate": fields["g_hat"],
+                    "aggregate.release": fields["g_hat.release"],
+                    "aggregate.seeds": fields["g_hat.seeds"],
+                },
+            )
+        )
 
 
 @pytest.mark.parametrize("n_clients", [2, 6])
-def test_flooding_is_sized_for_every_decryption_the_shared_key_may_make(n_clients):
-    """Each of n clients may spend its budget b on the one key: the key releases up to n·b
-    decryptions, and the flooding is sized for n·b (before: b)."""
+def test_flooding_is_sized_from_the_sum_and_every_decryption_of_the_key(n_clients):
+    """σ = E(k, M)·2^{s/2}·sqrt(64·t): E from this sum's own weights over all its
+    coefficients, t = every client's reveal and open budgets on the one key."""
     ids = [f"client_{k}" for k in range(n_clients)]
-    _, clients = make_backends("ckks", ids, decryption_budget=5, open_budget=0)
-    from secagg.ckks.secret import SecretKeyHolder
-
-    client = clients["client_0"]
-    client._keys = SecretKeyHolder(PRESET)
-    reveal(client, client.keys.encrypt(np.zeros(8), bound=1.0), 8)
-    # a fresh upload carries scale Δ; the flooding's per-value σ follows from it
-    coeff = flooding_sigma(error_bound(n_clients, PRESET.weight_bits), 5 * n_clients, 30)
-    expected = slot_sigma(coeff, PRESET.poly_modulus_degree, 2.0**PRESET.scale_bits)
-    assert client.last_flooding_sigma == pytest.approx(expected, rel=1e-12)
-    per_client = slot_sigma(
-        flooding_sigma(error_bound(n_clients, PRESET.weight_bits), 5, 30),
-        PRESET.poly_modulus_degree,
-        2.0**PRESET.scale_bits,
+    run = BackendRound(ids, 8, decryption_budget=5, open_budget=0)
+    ctx = run.ctx()
+    handles = run.uploads({c: np.zeros(8) for c in ids})
+    ctx.reveal(ctx.weighted_sum(handles, dict.fromkeys(ids, 1 / n_clients)), "global_update")
+    k = round(2**PRESET.weight_bits / n_clients)
+    coeff = flooding_sigma(
+        error_bound([k] * n_clients, PRESET.poly_modulus_degree, 30), 5 * n_clients, 30
     )
-    assert client.last_flooding_sigma == pytest.approx(per_client * math.sqrt(n_clients))
-
-
-def test_what_a_client_opens_itself_is_budgeted_and_flooded():
-    """LARC's probe opened any ciphertext the server sent, any number of times, exactly
-    (a decryption oracle through ΔL). Now each open spends the client's own open budget and
-    is flooded like a reveal: the same ciphertext opened twice gives two different values."""
-    from secagg.ckks.secret import SecretKeyHolder
-
-    _, clients = make_backends("ckks", ["client_0", "client_1"], open_budget=2)
-    client = clients["client_0"]
-    client._keys = SecretKeyHolder(PRESET)  # as after key setup
-    probe = Envelope.from_bytes(
-        Envelope(
-            "server",
-            "client_0",
-            0,
-            "larc_probe",
-            {"g_hat": wire.ciphertext(client.keys.encrypt(np.full(8, 0.5), bound=1.0))},
-        ).to_bytes()
+    expected = slot_sigma(
+        coeff, PRESET.poly_modulus_degree, 2.0 ** (PRESET.scale_bits + PRESET.weight_bits)
     )
-    first, second = (client.open(probe, "g_hat", 8) for _ in range(2))
-    assert not np.array_equal(first, second)
-    assert np.allclose(first, 0.5, atol=5e-3) and np.allclose(second, 0.5, atol=5e-3)
-    with pytest.raises(ProtocolStateError, match="refuses to open aggregate 3"):
-        client.open(probe, "g_hat", 8)
+    sigmas = [c.last_flooding_sigma for c in run.clients.values() if c.last_flooding_sigma]
+    assert sigmas == [pytest.approx(expected, rel=1e-9)]

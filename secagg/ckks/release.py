@@ -1,0 +1,274 @@
+"""Verified releases: a client opens only a weighted sum of signed uploads it can check.
+
+A *release* is an aggregate the server wants opened, either revealed to the server by a
+decryptor client (kind ``reveal``) or sent to clients who open it themselves (kind ``open``:
+LARC's Ĝ, RegAgg's centre, a server-blind update). It travels with
+
+- its *descriptor*: kind, name, round, number of values and of chunks, and one entry per
+  contributing upload: (client, integer weight k_i, digest of the upload's seeds);
+- the seeds of every contributing upload (public randomness: one 64-byte seed per chunk);
+- every contributor's Ed25519 signature over the descriptor (its *consent*).
+
+Why a client can check it. A seeded upload is (c0_i, a_i), with a_i expanded from the seed
+and c0_i = −a_i·s + Δ·m_i + e_i. The server's sum is (Σ k_i c0_i, Σ k_i a_i). The opener
+expands the seeds itself (SEAL does, as when it loads an upload), forms Σ k_i a_i and refuses
+a ciphertext whose second polynomial differs. The first polynomial it cannot check and need
+not: for any c0' the server sends, c0' + (Σ k_i a_i)·s = (c0' − Σ k_i c0_i) + Σ k_i(Δ·m_i +
+e_i), and the server knows the offset c0' − Σ k_i c0_i (it holds every c0_i): it learns what
+the honest sum would give, shifted by a value it chose. The flooding noise goes into the
+ciphertext before decryption, so even a wrap-around mod q that such an offset provokes is
+decided on flooded values (``secret.SecretKeyHolder.decrypt_flooded``).
+
+What an opener enforces, all from its own configuration (:class:`ReleasePolicy`):
+
+- every entry is signed by its client under the client's roster key, and a client signs only
+  descriptors that hold its own upload's digest, at most once per kind per upload: no
+  replayed or reattributed upload, and no second weighting of the same uploads (no
+  differencing of two sums to single one client out);
+- at least ``min_contributors`` non-zero weights, each |k_i| ≥ ``min_share``·Σ|k|/m for m
+  contributors (no one-hot sums);
+- exactly its model's number of values;
+- flooding sized from this sum's own error bound (``flooding.error_bound``).
+
+Nothing here holds a secret: signing happens in the client backend, which holds the key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import tenseal.sealapi as seal
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from secagg.ckks.public import (
+    SEED_INFO_BYTES,
+    PublicCKKS,
+    ciphertext_raw_bytes,
+    quantise,
+    raw_ciphertext,
+    uncompressed_blob,
+)
+from secagg.errors import ReleaseRefused
+
+KINDS = ("reveal", "open")
+SIGNATURE_BYTES = 64
+_CONSENT_CONTEXT = b"secagg release consent v1"
+
+
+def seed_digest(seeds: bytes) -> str:
+    """What names an upload: SHA-256 of its chunks' seeds (fresh per encryption)."""
+    return hashlib.sha256(seeds).hexdigest()
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One contributing upload: whose, with which integer weight, and its seeds."""
+
+    client: str
+    k: int
+    seeds: bytes  # chunks × (PRNG type byte + 64-byte seed)
+
+    @property
+    def digest(self) -> str:
+        return seed_digest(self.seeds)
+
+
+@dataclass(frozen=True)
+class Descriptor:
+    kind: str
+    name: str
+    round: int
+    n_values: int
+    chunks: int
+    entries: tuple[tuple[str, int, str], ...]  # (client, k, digest)
+
+    def to_config(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "round": self.round,
+            "n_values": self.n_values,
+            "chunks": self.chunks,
+            "entries": [list(e) for e in self.entries],
+        }
+
+    def hash(self) -> bytes:
+        """SHA-256 of the canonical JSON: what every contributor signs."""
+        text = json.dumps(self.to_config(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).digest()
+
+    @property
+    def weights(self) -> dict[str, int]:
+        return {client: k for client, k, _ in self.entries}
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> Descriptor:
+        """A descriptor from a server's message; ReleaseRefused for anything malformed."""
+        if not isinstance(cfg, dict) or set(cfg) != {
+            "kind",
+            "name",
+            "round",
+            "n_values",
+            "chunks",
+            "entries",
+        }:
+            raise ReleaseRefused(f"a release descriptor has fields {sorted(_keys(cfg))}")
+        kind, name, entries = cfg["kind"], cfg["name"], cfg["entries"]
+        counts = (cfg["round"], cfg["n_values"], cfg["chunks"])
+        if kind not in KINDS or not isinstance(name, str):
+            raise ReleaseRefused(f"a release is of kind {KINDS} with a name, got {kind!r}")
+        if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts):
+            raise ReleaseRefused(f"round, n_values and chunks must be counts, got {counts}")
+        if not isinstance(entries, list) or not all(
+            isinstance(e, list)
+            and len(e) == 3
+            and isinstance(e[0], str)
+            and isinstance(e[1], int)
+            and not isinstance(e[1], bool)
+            and isinstance(e[2], str)
+            for e in entries
+        ):
+            raise ReleaseRefused("release entries must be [client, integer weight, digest]")
+        clients = [e[0] for e in entries]
+        if len(set(clients)) != len(clients):
+            raise ReleaseRefused(f"a release names a client twice: {clients}")
+        return cls(kind, name, *counts, tuple((c, k, d) for c, k, d in entries))
+
+
+def _keys(cfg: Any) -> list[str]:
+    return [str(k) for k in cfg] if isinstance(cfg, dict) else [type(cfg).__name__]
+
+
+def consent_message(client: str, descriptor: Descriptor) -> bytes:
+    """What ``client`` signs: a fixed context, its id (length-prefixed), the descriptor hash."""
+    who = client.encode()
+    return _CONSENT_CONTEXT + len(who).to_bytes(4, "big") + who + descriptor.hash()
+
+
+def verify_consent(
+    public_key: bytes, client: str, descriptor: Descriptor, signature: bytes
+) -> bool:
+    try:
+        Ed25519PublicKey.from_public_bytes(public_key).verify(
+            signature, consent_message(client, descriptor)
+        )
+    except (InvalidSignature, ValueError):
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class ReleasePolicy:
+    """What an opener accepts, from its own configuration.
+
+    Parameters:
+        min_contributors: the fewest uploads with a non-zero weight a sum may have.
+        min_share: each contributor's |k_i| must be at least ``min_share`` times the mean
+            |k| (1/m of the total): 0.01 refuses a sum where one upload has more than 99.8% of the weight
+            among six.
+        n_values: the only number of values a release may have (the model's size), or None.
+    """
+
+    min_contributors: int = 2
+    min_share: float = 0.01
+    n_values: int | None = None
+
+    def __post_init__(self):
+        if self.min_contributors < 1 or not 0.0 <= self.min_share <= 1.0:
+            raise ValueError("min_contributors must be >= 1 and min_share in [0, 1]")
+
+    def check(self, d: Descriptor) -> None:
+        ks = [abs(k) for _, k, _ in d.entries]
+        if any(k == 0 for k in ks):
+            raise ReleaseRefused(f"{d.name}: a release lists a contributor of weight 0")
+        if len(ks) < self.min_contributors:
+            raise ReleaseRefused(
+                f"{d.name}: {len(ks)} contributor(s); this client opens sums of at least "
+                f"{self.min_contributors}"
+            )
+        floor = self.min_share * sum(ks) / len(ks)
+        small = {c: k for c, k, _ in d.entries if abs(k) < floor}
+        if small:
+            raise ReleaseRefused(
+                f"{d.name}: weights {small} are below {self.min_share:g} of the mean "
+                f"{sum(ks) / len(ks):.0f} (a sum one upload dominates); this client's "
+                "min_weight_share refuses it"
+            )
+        if self.n_values is not None and d.n_values != self.n_values:
+            raise ReleaseRefused(
+                f"{d.name}: this client opens {self.n_values} values (its model's size); the "
+                f"release has {d.n_values}"
+            )
+
+
+def check_entries(
+    d: Descriptor,
+    signatures: Mapping[str, bytes],
+    seeds: Sequence[bytes],
+    signers: Mapping[str, bytes],
+) -> None:
+    """Every entry signed by its client's roster key, with seeds matching its digest."""
+    if len(seeds) != len(d.entries):
+        raise ReleaseRefused(f"{d.name}: {len(seeds)} seed sets for {len(d.entries)} entries")
+    for (client, _, digest), seed_bytes in zip(d.entries, seeds):
+        if client not in signers:
+            raise ReleaseRefused(f"{d.name}: {client!r} is not in this client's roster")
+        signature = signatures.get(client, b"")
+        if len(signature) != SIGNATURE_BYTES or not verify_consent(
+            signers[client], client, d, signature
+        ):
+            raise ReleaseRefused(f"{d.name}: no valid consent from {client}")
+        if len(seed_bytes) != d.chunks * SEED_INFO_BYTES or seed_digest(seed_bytes) != digest:
+            raise ReleaseRefused(f"{d.name}: the seeds sent for {client} are not its upload's")
+
+
+class SecondPolynomials:
+    """Recomputes Σ k_i·a_i from the entries' seeds and compares it with a ciphertext's.
+
+    ``template``: an uncompressed seeded ciphertext of the preset (any: the opener encrypts
+    one itself); its seed is replaced by each entry's and SEAL expands it on load."""
+
+    def __init__(self, public: PublicCKKS, template: bytes):
+        n, primes = public.preset.poly_modulus_degree, public.n_primes
+        if len(template) != ciphertext_raw_bytes(n, primes, seeded=True):
+            raise ValueError("the template must be an uncompressed seeded ciphertext")
+        self.public = public
+        self._template = bytearray(template)
+        self._poly_bytes = 8 * n * primes
+
+    def check(self, d: Descriptor, seeds: Sequence[bytes], cts: Sequence[seal.Ciphertext]) -> None:
+        """ReleaseRefused unless every chunk's second polynomial is Σ k_i·a_i(seed_i)."""
+        if len(cts) != d.chunks:
+            raise ReleaseRefused(f"{d.name}: {len(cts)} ciphertexts for {d.chunks} chunks")
+        wscale = 2.0**self.public.preset.weight_bits
+        factors = {}
+        for _, k, _ in d.entries:
+            if k not in factors:  # k / 2^wb · 2^wb = k exactly: what the server multiplied by
+                factors[k] = seal.Plaintext()
+                self.public.encoder.encode(k / wscale, cts[0].parms_id(), wscale, factors[k])
+        for j, ct in enumerate(cts):
+            expected = None
+            for (_, k, _), seed_bytes in zip(d.entries, seeds):
+                blob = self._template.copy()
+                blob[-SEED_INFO_BYTES:] = seed_bytes[
+                    j * SEED_INFO_BYTES : (j + 1) * SEED_INFO_BYTES
+                ]
+                a = self.public.load_trusted(uncompressed_blob(bytes(blob)))
+                self.public.evaluator.multiply_plain_inplace(a, factors[k])
+                if expected is None:
+                    expected = a
+                else:
+                    self.public.evaluator.add_inplace(expected, a)
+            if self._second(expected) != self._second(ct):
+                raise ReleaseRefused(
+                    f"{d.name}: chunk {j} is not the weighted sum of the listed uploads"
+                )
+
+    def _second(self, ct: seal.Ciphertext | None) -> bytes:
+        """A full ciphertext's second polynomial: the last one in its serialised data."""
+        return raw_ciphertext(ct)[-self._poly_bytes :]

@@ -1,0 +1,62 @@
+"""The real CKKS server half and real client halves joined by an in-process transport.
+
+The server's own phases (key setup, consent, reveal) reach the clients' handlers as
+serialised envelopes, so a test forms releases exactly as a run does, and a deviating server
+is a test that calls the same pieces with other arguments (or edits what they produce).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from secagg.backends import make_backends
+from secagg.server.audit import AuditLog
+from secagg.server.exchange import Exchange
+from secagg.server.round import RoundContext
+from secagg.server.transport import InProcessTransport
+from secagg.wire import Envelope, Field
+
+
+class BackendRound:
+    def __init__(self, ids: list[str], n_values: int, **options: Any):
+        self.server, self.clients = make_backends("ckks", ids, **options)
+        self.n_values = n_values
+        self.round = 0
+        self.audit = AuditLog()
+        self.transport = InProcessTransport({c: self._handler(c) for c in ids})
+        self.server.setup(self.ctx(), 0)
+
+    def _handler(self, client: str):
+        def handle(data: bytes) -> bytes:
+            env = Envelope.from_bytes(data)
+            reply = self.clients[client].handlers()[env.phase](env)
+            return Envelope(client, "server", env.round, env.phase, reply).to_bytes()
+
+        return handle
+
+    def ctx(self) -> RoundContext:
+        exchange = Exchange(self.round, list(self.clients), self.transport, self.audit)
+        return RoundContext(exchange, self.n_values, self.server, None)
+
+    def upload(self, client: str, values: np.ndarray) -> Any:
+        """``client`` protects ``values``; the server loads the upload (a handle)."""
+        env = Envelope(
+            client, "server", self.round, "train", {"pseudo_gradient": self.protect(client, values)}
+        )
+        return self.server.load(Envelope.from_bytes(env.to_bytes()), "pseudo_gradient", values.size)
+
+    def protect(self, client: str, values: np.ndarray) -> Field:
+        return self.clients[client].protect(np.asarray(values, dtype=np.float64))
+
+    def uploads(self, values: dict[str, np.ndarray]) -> dict[str, Any]:
+        return {c: self.upload(c, v) for c, v in values.items()}
+
+    def request(self, to: str, phase: str, fields: dict[str, Field]) -> Envelope:
+        """A request from the server to ``to``, as the client receives it."""
+        return Envelope.from_bytes(Envelope("server", to, self.round, phase, fields).to_bytes())
+
+    def ask(self, to: str, phase: str, fields: dict[str, Field]) -> dict[str, Field]:
+        """The client's answer to a request (its handler's exceptions propagate)."""
+        return self.clients[to].handlers()[phase](self.request(to, phase, fields))
