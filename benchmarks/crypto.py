@@ -29,7 +29,7 @@ import tenseal as ts
 from benchmarks.stats import markdown_table
 from secagg.ckks.flooding import error_bound, flooding_sigma
 from secagg.ckks.presets import PRESETS, CKKSPreset
-from secagg.ckks.public import PublicCKKS, to_bytes
+from secagg.ckks.public import PublicCKKS, quantise, to_bytes
 from secagg.ckks.secret import SecretKeyHolder
 
 HERE = Path(__file__).parent
@@ -67,7 +67,10 @@ def bench_preset(
     dec, t_dec = timed(lambda: keys.decrypt(agg, n, server.sum_scale), repeats)
     # as a decryptor sizes it: every decryption the shared key may make, each client's
     # budget of one reveal per round times the number of clients (FedAvg opens nothing)
-    sigma = flooding_sigma(error_bound(len(xs), preset.weight_bits), rounds * len(xs), 30)
+    # and E from this sum's own integer weights over all its coefficients
+    ks = [quantise(w, preset.weight_bits) for w in weights]
+    error = error_bound(ks, len(agg) * preset.poly_modulus_degree, 30)
+    sigma = flooding_sigma(error, rounds * len(xs), 30)
     flooded, _ = keys.decrypt_flooded(agg, n, server.sum_scale, sigma)
     return {
         "upload_B_per_param": sum(map(len, uploads)) / n,

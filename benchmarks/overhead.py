@@ -64,9 +64,10 @@ import pandas as pd  # noqa: E402
 from benchmarks.stats import markdown_table  # noqa: E402
 from secagg.backends import (  # noqa: E402
     Provision,
-    make_backends,
     make_client_backend,
+    make_server_backend,
     provision,
+    public_signers,
 )
 from secagg.dp import ClientDP  # noqa: E402
 from secagg.protocols import make_protocol  # noqa: E402
@@ -287,12 +288,14 @@ def measure_rounds(
 ) -> list[dict[str, Any]]:
     """Run ``rounds`` rounds of one configuration; one measurement row per round."""
     ids = [f"client_{k}" for k in range(workload.n_clients)]
-    server_backend, _ = make_backends(
-        workload.backend, [], **preset_option(workload.backend, workload.preset)
-    )
     dp = ClientDP(1.0, 1.0, len(ids)) if client_dp else None
     if workload.backend != "plain":
         workload = replace(workload, provisions=provision(ids, rounds, initial.size))
+    server_backend = make_server_backend(
+        workload.backend,
+        preset_option(workload.backend, workload.preset),
+        public_signers(workload.provisions or {}),
+    )
     rows = []
     with WorkerPoolTransport(workload, ids, workers) as transport:
         audit = AuditLog()

@@ -280,10 +280,7 @@ class RegAgg(Protocol):
         )
         replies = ctx.ask(
             "regagg_terms",
-            {
-                c: {**mean, "nu": wire.scalar(nu[c]), "tau": wire.scalar(self.tau)}
-                for c in clients
-            },
+            {c: {**mean, "nu": wire.scalar(nu[c]), "tau": wire.scalar(self.tau)} for c in clients},
             expect={"numerator": ctx.upload_kind, "denominator": ctx.upload_kind},
         )
         ones = {c: 1.0 for c in replies}

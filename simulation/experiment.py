@@ -33,8 +33,8 @@ from secagg.backends import (
     Provision,
     make_client_backend,
     make_server_backend,
-    public_signers,
     provision,
+    public_signers,
     resolve_options,
 )
 from secagg.clients.privacy import PrivateTrainer, make_private

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 import tenseal.sealapi as seal
 
-from secagg.backends.ckks_client import CKKSClient
 from secagg.backends.ckks_server import CKKSServer
 from secagg.ckks.flooding import csprng_normal, slot_sigma
 from secagg.ckks.keywrap import KeyWrapper

@@ -24,8 +24,8 @@ from secagg.ckks.public import (
     check_nested,
     checked_blob,
     ciphertext_raw_bytes,
-    inflate,
     from_bytes,
+    inflate,
     to_bytes,
 )
 from secagg.errors import ClientInputError, KeySetupError, MalformedCiphertext, ValueRangeError
