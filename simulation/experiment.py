@@ -665,6 +665,8 @@ def _rounds(
             **evaluate(task, data, model),
             "clients": len(report.clients),
             "excluded": len(report.excluded),
+            # 1: contributors refused a release, the round made no update (engine._skipped)
+            "skipped": int(report.skipped is not None),
             "bytes_up": sum(r["bytes"] for r in traffic if r["direction"] == "received"),
             "bytes_down": sum(r["bytes"] for r in traffic if r["direction"] == "sent"),
             "seconds_round": wall,
@@ -680,6 +682,7 @@ def _rounds(
                 f"{metric:.4f}  up {row['bytes_up'] / 1e3:.1f} kB  down "
                 f"{row['bytes_down'] / 1e3:.1f} kB  {wall:.2f} s"
                 + (f"  excluded {report.excluded}" if report.excluded else "")
+                + (f"  no update: {report.skipped}" if report.skipped else "")
             )
     return SeedRun(rows, np.array(model, copy=True), None, list(server.privacy_events))
 

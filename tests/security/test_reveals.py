@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from secagg import wire
+from secagg.backends import make_backends
 from secagg.ckks.flooding import error_bound, flooding_sigma, slot_sigma
 from secagg.ckks.presets import get_preset
 from secagg.ckks.public import PublicCKKS, to_bytes
@@ -213,3 +214,43 @@ def test_flooding_is_sized_from_the_sum_and_every_decryption_of_the_key(n_client
     )
     sigmas = [c.last_flooding_sigma for c in run.clients.values() if c.last_flooding_sigma]
     assert sigmas == [pytest.approx(expected, rel=1e-9)]
+
+
+def test_a_client_that_refuses_consent_cannot_end_the_run():
+    """A malicious client uploads, then refuses to consent: its upload is in the sum, so
+    nothing can be opened that round (no update), it leaves the run, and the next round
+    goes on with the others, who reach the honest model."""
+    from secagg.protocols import make_protocol
+    from secagg.protocols.optimizers import SGD
+    from secagg.server.engine import Server
+    from secagg.server.plan import TrainingPlan
+    from secagg.server.transport import InProcessTransport
+    from tests.conftest import backend_client
+
+    ids = ["client_0", "client_1", "client_2", "client_bad"]
+    server_backend, backends = make_backends("ckks", ids)
+    handlers = {c: backend_client(c, backends[c], np.full(4, 0.1), 10) for c in ids[:3]}
+    honest_bad = backend_client("client_bad", backends["client_bad"], np.full(4, 0.1), 10)
+
+    def refuses(data):
+        if Envelope.from_bytes(data).phase == "consent":
+            raise RuntimeError("will not consent")
+        return honest_bad(data)
+
+    handlers["client_bad"] = refuses
+    server = Server(
+        make_protocol("fedavg"),
+        server_backend,
+        SGD(4, lr=1.0),
+        InProcessTransport(handlers),
+        np.zeros(4),
+        plan=TrainingPlan(local_steps=1),
+    )
+    server.setup(rounds=2)
+    first = server.run_round(0)
+    assert first.skipped and "client_bad" in first.skipped
+    np.testing.assert_array_equal(server.params, 0.0)  # no update
+    assert "client_bad" in server.left
+    second = server.run_round(1)
+    assert second.skipped is None and "client_bad" not in second.clients
+    np.testing.assert_allclose(server.params, 0.1, atol=1e-6)
