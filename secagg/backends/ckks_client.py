@@ -332,16 +332,13 @@ class CKKSClient(ClientBackend):
         consents = info["consents"]
         if not isinstance(consents, dict):
             raise ReleaseRefused(f"{self.id}: consents must map clients to signatures")
-        check_entries(
-            d,
-            {c: _unb64(sig) for c, sig in consents.items() if isinstance(sig, str)},
-            [bytes(p) for p in env.ciphertext_parts(f"{field}.seeds")],
-            self.signers,
-        )
-        cts = self.keys._load(env.ciphertext_parts(field), d.n_values, None)
+        seeds = [bytes(p) for p in env.ciphertext_parts(f"{field}.seeds")]
+        signatures = {c: _unb64(sig) for c, sig in consents.items() if isinstance(sig, str)}
+        check_entries(d, signatures, seeds, self.signers)
+        cts = self.keys.load_aggregate(env.ciphertext_parts(field), d.n_values)
         if self._second_polys is None:
             self._second_polys = SecondPolynomials(self.keys.public, self.keys.seeded_template())
-        self._second_polys.check(d, [bytes(p) for p in env.ciphertext_parts(f"{field}.seeds")], cts)
+        self._second_polys.check(d, seeds, cts)
         return d, cts
 
     def _coeff_sigma(self, d: Descriptor) -> float:

@@ -531,17 +531,23 @@ def test_fuzzed_envelopes_plain_uploads_and_decryptor_replies_are_accepted_or_ty
     check(result, list(COUNTS)[:3])
 
 
-def test_fuzzed_ckks_uploads_and_aggregates_are_accepted_or_typed_without_a_crash():
+def run_fuzzer(module: str, arg: str, timeout: int = 300) -> dict[str, Any]:
+    """``python -m module arg`` from the repository root: a crash inside SEAL fails the
+    test instead of pytest. Returns the tally it printed last."""
     root = Path(__file__).resolve().parents[2]
     done = subprocess.run(
-        [sys.executable, "-m", "tests.security.test_fuzz", "ckks"],
+        [sys.executable, "-m", module, arg],
         cwd=root,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout,
     )
-    assert done.returncode == 0, f"the SEAL fuzzer crashed ({done.returncode}): {done.stderr}"
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert done.returncode == 0, f"the fuzzer crashed ({done.returncode}): {done.stderr}"
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_fuzzed_ckks_uploads_and_aggregates_are_accepted_or_typed_without_a_crash():
+    result = run_fuzzer("tests.security.test_fuzz", "ckks")
     report("ckks (subprocess)", result)
     check(result, list(COUNTS)[3:])
 

@@ -22,6 +22,16 @@ from tests.harness import BackendRound
 IDS = ["client_0", "client_1", "client_2"]
 PRESET = get_preset("compact")
 SETUP = wire.config({"preset": PRESET.name, "params": params_fingerprint(PRESET)})
+#: a hello that proposes no flooding, a huge budget and one client
+HOSTILE = wire.config(
+    {
+        "preset": PRESET.name,
+        "params": params_fingerprint(PRESET),
+        "flooding_bits": 0,
+        "decryption_budget": 10**6,
+        "n_clients": 1,
+    }
+)
 
 
 def ask(client, phase, fields, sender="server"):
@@ -147,16 +157,7 @@ def test_setup_happens_once_and_settings_come_from_the_clients_own_configuration
             ask(clients["client_1"], phase, fields)
     assert clients["client_1"].keys.export_for_wrapping() == before
 
-    hostile = wire.config(
-        {
-            "preset": PRESET.name,
-            "params": params_fingerprint(PRESET),
-            "flooding_bits": 0,
-            "decryption_budget": 10**6,
-            "n_clients": 1,
-        }
-    )
-    ask(clients["client_1"], "key_hello", {"setup": hostile})
+    ask(clients["client_1"], "key_hello", {"setup": HOSTILE})
     assert clients["client_1"].flooding_bits == 30 and clients["client_1"].decryption_budget == 2
 
 
@@ -164,16 +165,7 @@ def test_a_hostile_key_hello_changes_neither_flooding_nor_budget():
     """The same hostile hello mid-run, then real releases: still flooded, and the budget of
     2 is the client's own."""
     run = BackendRound(IDS, 8, decryption_budget=2)
-    hostile = wire.config(
-        {
-            "preset": PRESET.name,
-            "params": params_fingerprint(PRESET),
-            "flooding_bits": 0,
-            "decryption_budget": 10**6,
-            "n_clients": 1,
-        }
-    )
-    run.ask("client_1", "key_hello", {"setup": hostile})
+    run.ask("client_1", "key_hello", {"setup": HOSTILE})
     for attempt in range(3):
         ctx = run.ctx()
         handles = run.uploads({c: np.full(8, 0.5) for c in IDS})
