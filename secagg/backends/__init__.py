@@ -174,8 +174,12 @@ def _ckks_client(client_id: str, options: dict[str, Any], provision: Provision) 
 
 
 def _check_flooding(options: dict[str, Any]) -> None:
-    if not 0 <= options["flooding_bits"] <= 128:
-        raise ConfigError(f"flooding_bits must lie in [0, 128], got {options['flooding_bits']}")
+    bits = options["flooding_bits"]
+    if not (bits == 0 or 30 <= bits <= 128):
+        raise ConfigError(
+            f"flooding_bits must be 0 (flooding off: insecure, for measurements) or lie in "
+            f"[30, 128] (30 is the design's floor), got {bits}"
+        )
     if options["min_contributors"] < 1:
         raise ConfigError(f"min_contributors must be >= 1, got {options['min_contributors']}")
     if not 0.0 <= options["min_weight_share"] <= 1.0:
@@ -209,8 +213,8 @@ BACKENDS: dict[str, BackendSpec] = {
                 "flooding-bits",
                 int,
                 30,
-                "statistical security of the noise flooding of revealed aggregates "
-                "(0 turns flooding off and is insecure)",
+                "statistical security of the noise flooding of revealed aggregates, "
+                "at least 30 (0 turns flooding off and is insecure)",
             ),
             BackendOption(
                 "min_contributors",

@@ -91,8 +91,13 @@ class CKKSClient(ClientBackend):
         )
         if self.roster.get(client_id) != self._wrapper.public_bytes:
             raise KeySetupError(f"{client_id}'s identity key is not its key in the roster")
-        if not isinstance(flooding_bits, int) or not 0 <= flooding_bits <= 128:
-            raise KeySetupError(f"flooding_bits must lie in [0, 128], got {flooding_bits!r}")
+        if not isinstance(flooding_bits, int) or not (
+            flooding_bits == 0 or 30 <= flooding_bits <= 128
+        ):
+            raise KeySetupError(
+                f"flooding_bits must be 0 (off, insecure) or lie in [30, 128], got "
+                f"{flooding_bits!r}"
+            )
         if not isinstance(decryption_budget, int) or decryption_budget < 0:
             raise KeySetupError(f"decryption_budget must be a count, got {decryption_budget!r}")
         self.flooding_bits, self.decryption_budget = flooding_bits, decryption_budget
