@@ -19,7 +19,6 @@ accepted sum's own error bound.
 from __future__ import annotations
 
 import base64
-import binascii
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -46,6 +45,7 @@ from secagg.ckks.release import (
     check_entries,
     consent_message,
     seed_digest,
+    signature_bytes,
 )
 from secagg.ckks.secret import SecretKeyHolder
 from secagg.errors import KeySetupError, ProtocolStateError, ReleaseRefused
@@ -338,7 +338,9 @@ class CKKSClient(ClientBackend):
         if not isinstance(consents, dict):
             raise ReleaseRefused(f"{self.id}: consents must map clients to signatures")
         seeds = [bytes(p) for p in env.ciphertext_parts(f"{field}.seeds")]
-        signatures = {c: _unb64(sig) for c, sig in consents.items() if isinstance(sig, str)}
+        signatures = {
+            c: signature_bytes(sig) for c, sig in consents.items() if isinstance(sig, str)
+        }
         check_entries(d, signatures, seeds, self.signers)
         cts = self.keys.load_aggregate(env.ciphertext_parts(field), d.n_values)
         if self._second_polys is None:
@@ -390,13 +392,6 @@ class CKKSClient(ClientBackend):
         )
         self.decryptions += 1
         return {d.name: wire.vector(values)}
-
-
-def _unb64(text: str) -> bytes:
-    try:
-        return base64.b64decode(text, validate=True)
-    except (binascii.Error, ValueError):
-        return b""
 
 
 def _as_bytes(value: Any) -> bytes:

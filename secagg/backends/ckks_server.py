@@ -12,8 +12,6 @@ descriptor, the seeds, and each contributor's signed consent, which the server g
 
 from __future__ import annotations
 
-import base64
-import binascii
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,7 +22,7 @@ from secagg import wire
 from secagg.backends.base import RunningSum, ServerBackend
 from secagg.ckks.presets import CKKSPreset
 from secagg.ckks.public import CiphertextSum, PublicCKKS, params_fingerprint, quantise, to_bytes
-from secagg.ckks.release import Descriptor, Entry, verify_consent
+from secagg.ckks.release import Descriptor, Entry, signature_bytes, verify_consent
 from secagg.errors import (
     ClientInputError,
     ConsentRefused,
@@ -179,7 +177,7 @@ class CKKSServer(ServerBackend):
             signature = env.config("consent").get("signature")
             if self.signers is not None and not (
                 isinstance(signature, str)
-                and verify_consent(self.signers.get(c, b""), c, d, _unb64(signature))
+                and verify_consent(self.signers.get(c, b""), c, d, signature_bytes(signature))
             ):
                 ctx.exclude(c, "consent", ClientInputError(f"{c}'s consent does not verify"))
                 continue
@@ -263,10 +261,3 @@ def _weighted(
             (entry,) = h.entries
             out.append(Entry(entry.client, k, entry.seeds))
     return tuple(out)
-
-
-def _unb64(text: str) -> bytes:
-    try:
-        return base64.b64decode(text, validate=True)
-    except (binascii.Error, ValueError):
-        return b""

@@ -35,6 +35,8 @@ Nothing here holds a secret: signing happens in the client backend, which holds 
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
@@ -147,6 +149,15 @@ def consent_message(client: str, descriptor: Descriptor) -> bytes:
     """What ``client`` signs: a fixed context, its id (length-prefixed), the descriptor hash."""
     who = client.encode()
     return _CONSENT_CONTEXT + len(who).to_bytes(4, "big") + who + descriptor.hash()
+
+
+def signature_bytes(text: str) -> bytes:
+    """A signature as it travels (base64 in a config field); b"" if it is not base64, which
+    no check accepts."""
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        return b""
 
 
 def verify_consent(
