@@ -1,31 +1,10 @@
-"""Small statistics helpers for benchmark tables: mean ± std, paired differences."""
+"""Helpers for benchmark tables; the statistics themselves live in ``secagg.simulation.stats``."""
 
 from __future__ import annotations
 
-import numpy as np
-from scipy import stats
+from secagg.simulation.stats import format_difference, mean_std, paired_difference
 
-
-def mean_std(values) -> str:
-    v = np.asarray(values, dtype=float)
-    return f"{v.mean():.4f} ± {v.std(ddof=1):.4f}" if v.size > 1 else f"{v.mean():.4f}"
-
-
-def paired_difference(treatment, control, confidence: float = 0.95) -> dict[str, float]:
-    """Mean of treatment − control over paired runs, its t-interval and test p-values."""
-    d = np.asarray(treatment, dtype=float) - np.asarray(control, dtype=float)
-    n = d.size
-    half = stats.t.ppf(0.5 + confidence / 2, n - 1) * d.std(ddof=1) / np.sqrt(n)
-    return {
-        "n_pairs": n,
-        "mean_diff": float(d.mean()),
-        "ci_low": float(d.mean() - half),
-        "ci_high": float(d.mean() + half),
-        "p_ttest": float(stats.ttest_1samp(d, 0.0).pvalue),
-        "p_wilcoxon": float(stats.wilcoxon(d).pvalue) if np.any(d != 0) else 1.0,
-        "wins": int((d > 0).sum()),
-        "losses": int((d < 0).sum()),
-    }
+__all__ = ["format_difference", "markdown_table", "mean_std", "paired_difference", "run_complete"]
 
 
 def markdown_table(frame, floatfmt: str = ".6g") -> str:
@@ -37,11 +16,6 @@ def markdown_table(frame, floatfmt: str = ".6g") -> str:
     lines = ["| " + " | ".join(map(str, frame.columns)) + " |", "|" + "---|" * len(frame.columns)]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in frame.itertuples(False)]
     return "\n".join(lines)
-
-
-def format_difference(d: dict[str, float]) -> str:
-    """``+0.0123 [+0.0045, +0.0201]``: a paired_difference() result for a table cell."""
-    return f"{d['mean_diff']:+.4f} [{d['ci_low']:+.4f}, {d['ci_high']:+.4f}]"
 
 
 def run_complete(config, **kwargs):
