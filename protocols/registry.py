@@ -8,6 +8,7 @@ registers its own names at its end, so adding a protocol is one module (and its 
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,9 +71,37 @@ def protocol_spec(name: str) -> ProtocolSpec:
     return PROTOCOLS[name]
 
 
+def protocol_settings(name: str) -> dict[str, Any] | None:
+    """The settings ``name``'s constructor takes, with their defaults (None: it takes
+    arbitrary keywords)."""
+    init = protocol_spec(name).protocol.__init__
+    if init is object.__init__:
+        return {}
+    params = inspect.signature(init).parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    return {
+        p.name: p.default
+        for p in params
+        if p.name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    }
+
+
+def _check_settings(name: str, options: dict[str, Any]) -> None:
+    known = protocol_settings(name)
+    unknown = sorted(set(options) - set(known)) if known is not None else []
+    if known is not None and unknown:
+        listed = ", ".join(f"{k} (default {v!r})" for k, v in known.items()) or "none"
+        raise ConfigError(
+            f"protocol {name!r} has no setting {', '.join(map(repr, unknown))}; "
+            f"its settings: {listed}"
+        )
+
+
 def make_protocol(name: str, **options: Any) -> Protocol:
     """The server half of ``name`` with these options."""
     cls = protocol_spec(name).protocol
+    _check_settings(name, options)
     try:
         return cls(**options)
     except TypeError as exc:
@@ -82,6 +111,7 @@ def make_protocol(name: str, **options: Any) -> Protocol:
 def make_client_half(name: str, **options: Any) -> ClientHalf:
     """The client half of ``name`` for a run with these protocol options."""
     cls = protocol_spec(name).protocol
+    _check_settings(name, options)
     try:
         return cls.make_client(**options)
     except TypeError as exc:

@@ -23,7 +23,8 @@ from typing import Any
 __version__ = "0.1.0"
 
 _LAZY = {
-    "ExperimentConfig": "secagg.simulation.experiment",
+    "ExperimentConfig": "secagg.simulation.config",
+    "load_model": "secagg.simulation.outputs",
     "run": "secagg.simulation.api",
     "RunResult": "secagg.simulation.api",
     "register_task": "secagg.clients.tasks",

@@ -31,6 +31,8 @@ from secagg.simulation.experiment import (
     stderr_progress,
     summarize,
 )
+from secagg.simulation.outputs import Finished, RunFolder
+from secagg.simulation.provenance import provenance
 
 
 @dataclass
@@ -53,10 +55,21 @@ class RunResult:
         return self.audit.summary()
 
 
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped a run that writes to a folder: what finished is saved there, and
+    ``secagg run --resume FOLDER`` (or ``run(out=FOLDER, resume=True)``) continues it."""
+
+    def __init__(self, folder: Path, finished: int, total: int):
+        super().__init__(f"interrupted: {finished} of {total} seeds saved in {folder}")
+        self.folder, self.finished, self.total = folder, finished, total
+
+
 def run(
     config: ExperimentConfig | None = None,
     *,
     out: str | Path | None = None,
+    overwrite: bool = False,
+    resume: bool = False,
     transport: TransportFactory | None = None,
     progress: bool | Callable[[str], None] = False,
     **settings: Any,
@@ -66,34 +79,81 @@ def run(
 
     Parameters:
         config: the experiment; see ``ExperimentConfig`` for every field.
-        out: a folder to write metrics.csv, summary.csv, traffic.csv, audit.jsonl,
-            audit_summary.json, privacy.json, config.json and convergence.png to.
+        out: a folder for the results (see ``secagg.simulation.outputs``): new or empty,
+            checked before anything trains, and written as the run goes, so that an
+            interrupted run keeps its finished seeds.
+        overwrite: replace the results of an earlier run in ``out``.
+        resume: continue the interrupted run in ``out``: finished seeds are kept, the others
+            run; without ``config`` and ``settings`` the folder's own settings are used.
         transport: ``(clients factory, client ids) -> transport``, replacing the in-process
             (or worker-process) transport, e.g. with a network one.
         progress: True prints progress to stderr; a callable receives each line.
+
+    Raises ``RunInterrupted`` (a ``KeyboardInterrupt``) on Ctrl-C once the folder is
+    up to date.
     """
-    if config is None:
+    if resume and out is None:
+        raise ConfigError("resume needs the folder of the run to continue (out=...)")
+    if config is None and not settings and resume:
+        config = RunFolder.saved_config(Path(out))  # type: ignore[arg-type]
+    elif config is None:
         config = ExperimentConfig(**settings)
     elif settings:
         unknown = set(settings) - set(ExperimentConfig.__dataclass_fields__)
         if unknown:
             raise ConfigError(f"unknown settings {sorted(unknown)}")
         config = replace(config, **settings)
+    config.validate()
     report = stderr_progress if progress is True else (progress or None)
-    result = run_experiment(config, progress=report, transport_factory=transport)
-    from secagg.simulation.report import traffic_table, write_outputs  # matplotlib, lazily
-
-    summary = summarize(result.metrics)
-    files: dict[str, Path] = {}
+    audit = AuditLog()
+    folder, finished = None, Finished()
     if out is not None:
-        files = write_outputs(Path(out), config, result.metrics, summary, result.audit)
+        folder, finished = RunFolder.prepare(Path(out), config, overwrite=overwrite, resume=resume)
+        folder.start(provenance())
+        if report:
+            report(f"results go to {folder.path}/")
+        audit.records = list(finished.audit_records)
+        for name, items in finished.audit_sets.items():
+            getattr(audit, name).update(items)
+        if finished.seeds and report:
+            report(f"resuming {folder.path}: seeds {finished.seeds} are done")
+    try:
+        result = run_experiment(
+            config,
+            audit,
+            progress=report,
+            transport_factory=transport,
+            recorder=folder,
+            skip=finished.seeds,
+        )
+    except KeyboardInterrupt:
+        if folder is None:
+            raise
+        folder.finish("interrupted")
+        raise RunInterrupted(folder.path, len(folder.finished), len(config.seeds)) from None
+    except BaseException:
+        if folder is not None:
+            folder.finish("failed")
+        raise
+    from secagg.simulation.report import traffic_table  # matplotlib, lazily
+
+    metrics = pd.concat([finished.metrics, result.metrics], ignore_index=True)
+    if not metrics.empty:  # seeds in the configuration's order, rounds in order
+        order = {s: i for i, s in enumerate(config.seeds)}
+        metrics = metrics.sort_values(
+            ["seed", "round"], key=lambda c: c.map(order) if c.name == "seed" else c, kind="stable"
+        ).reset_index(drop=True)
+    files: dict[str, Path] = {}
+    if folder is not None:
+        folder.finish("complete")
+        files = {p.name: p for p in sorted(folder.path.iterdir()) if not p.name.startswith(".")}
     return RunResult(
         config,
-        result.metrics,
-        summary,
-        traffic_table(result.audit),
-        result.audit,
-        result.final_params,
-        result.aborted,
+        metrics,
+        summarize(metrics),
+        traffic_table(audit),
+        audit,
+        {**finished.final_params, **result.final_params},
+        {**finished.aborted, **result.aborted},
         files,
     )

@@ -14,28 +14,25 @@ whose model the server hands to the clients in a declared message.
 
 from __future__ import annotations
 
-import math
 import secrets
 import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pandas as pd
 import torch
 
 from secagg.backends import (
-    BACKENDS,
     Provision,
     make_client_backend,
     make_server_backend,
     provision,
     public_signers,
-    resolve_options,
 )
 from secagg.clients.privacy import PrivateTrainer, make_private
 from secagg.clients.runtime import Client
@@ -50,12 +47,10 @@ from secagg.clients.tasks import (
 from secagg.clients.tasks.tcga_brca import random_client_splits
 from secagg.clients.tasks.vae import BetaVAE, autoencoding, reconstruction_score, vae_loss
 from secagg.clients.training import LocalTrainer, flat_params, set_flat_params
-from secagg.dp import ClientDP, ScalarDP
 from secagg.errors import ConfigError, RoundAborted
 from secagg.protocols import (
     PROTOCOLS,
     custom_protocols,
-    default_server_optimizer,
     make_client_half,
     make_protocol,
     register_protocol,
@@ -64,210 +59,10 @@ from secagg.protocols.optimizers import StepSchedule, make_optimizer
 from secagg.sealing import Observer
 from secagg.server.audit import AuditLog
 from secagg.server.engine import Server
-from secagg.server.plan import RunPolicy, TrainingPlan, check_run
 from secagg.server.transport import InProcessTransport, Transport
+from secagg.simulation.config import ExperimentConfig
 from secagg.simulation.privacy import client_level_epsilon, scalar_epsilons, scalar_release_counts
 from secagg.simulation.workers import WorkerPoolTransport
-
-
-@dataclass
-class ExperimentConfig:
-    task: str = "tcga-brca"
-    protocol: str = "fedavg"
-    backend: str = "plain"
-    #: the backend's own options (``secagg.backends.BACKENDS[backend].options``), e.g.
-    #: ``{"preset": "wide", "flooding_bits": 30}`` for ckks; defaults fill the rest
-    backend_options: dict[str, Any] = field(default_factory=dict)
-    rounds: int = 5
-    seeds: list[int] = field(default_factory=lambda: [42])
-    local_steps: int = 100
-    #: local epochs instead of steps (each client: epochs × ceil(n_k / batch) steps)
-    local_epochs: int | None = None
-    batch_size: int = 8
-    client_lr: str = "0.1"  # a StepSchedule: "0.1" or "5e-5@0,5e-6@7"
-    server_opt: dict[str, Any] = field(default_factory=dict)  # overrides the protocol default
-    protocol_options: dict[str, Any] = field(default_factory=dict)
-    #: LARC paper's second protocol: per-client random train/test split with this test share
-    client_split: float | None = None
-    #: number of distinct splits; run seed s uses split s % client_split_count (None: one each)
-    client_split_count: int | None = None
-    #: the server never learns the global update; clients apply the optimizer (ckks only)
-    server_blind: bool = False
-    #: let aggregators that are not sums (median, trimmed mean) see plaintext updates on ckks
-    allow_plaintext_updates: bool = False
-    #: server learning rate schedule ("0.003@0,0.002@3"); None keeps the optimizer's lr
-    server_lr_schedule: str | None = None
-    #: FedDisco: rounds of federated β-VAE training before the classifier, and its client lr
-    vae_rounds: int = 10
-    vae_lr: float = 0.1
-    vae_beta: float = 0.1
-    #: share of each client's training samples held out as its validation set (Auto-FedRL's
-    #: reward); the same fixed split for every seed and protocol
-    validation_split: float | None = None
-    #: FedProx's proximal weight μ (0: plain local SGD)
-    fedprox_mu: float = 0.0
-    #: sample-level DP-SGD on every client (Opacus): {"clip": C, "noise": z} or
-    #: {"clip": C, "epsilon": ε} (ε for the whole run at dp_delta)
-    dp_sgd: dict[str, float] | None = None
-    #: client-level DP: {"clip": C, "noise": z*} — clients clip their update to C and add
-    #: their share of noise so that K equal weights give multiplier z* on the revealed sum
-    client_dp: dict[str, float] | None = None
-    #: revealed scalars clipped to [low, high] and noised: {"low", "high", "noise"}
-    scalar_dp: dict[str, float] | None = None
-    dp_delta: float = 1e-5
-    #: where clients' DP noise comes from: "seeded" (from the run's seed: a reproducible
-    #: simulation, not for deployment) or "os" (generators seeded from the OS CSPRNG)
-    dp_noise: str = "seeded"
-    #: fold uploads into a running sum as they arrive, where the protocol's weights allow it
-    streaming: bool = True
-    #: run the clients in this many worker processes (in parallel); 0: in this process
-    workers: int = 0
-
-    def validate(self) -> ExperimentConfig:
-        get_task(self.task)
-        if self.protocol not in PROTOCOLS:
-            raise ConfigError(
-                f"unknown protocol {self.protocol!r}; choose from {', '.join(PROTOCOLS)}"
-            )
-        if self.backend not in BACKENDS:
-            raise ConfigError(f"unknown backend {self.backend!r}; available: {', '.join(BACKENDS)}")
-        if self.local_epochs is not None and (
-            not isinstance(self.local_epochs, int) or self.local_epochs < 1
-        ):
-            raise ConfigError(f"local_epochs must be a positive integer, got {self.local_epochs!r}")
-        for key in ("rounds", "local_steps", "batch_size"):
-            value = getattr(self, key)
-            if not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{key} must be a positive integer, got {value!r}")
-        if not self.seeds or not all(isinstance(s, int) for s in self.seeds):
-            raise ConfigError(f"seeds must be a non-empty list of integers, got {self.seeds!r}")
-        if len(set(self.seeds)) != len(self.seeds):
-            raise ConfigError(f"seeds repeat: {self.seeds}")
-        if self.client_split is not None and not 0 < self.client_split < 1:
-            raise ConfigError(f"client_split must lie in (0, 1), got {self.client_split}")
-        if self.validation_split is not None and not 0 < self.validation_split < 1:
-            raise ConfigError(f"validation_split must lie in (0, 1), got {self.validation_split}")
-        if not isinstance(self.fedprox_mu, (int, float)) or not self.fedprox_mu >= 0:
-            raise ConfigError(f"fedprox_mu must be a number >= 0, got {self.fedprox_mu!r}")
-        self._check_dp()
-        if self.dp_noise not in ("seeded", "os"):
-            raise ConfigError(f"dp_noise must be 'seeded' or 'os', got {self.dp_noise!r}")
-        if not isinstance(self.workers, int) or self.workers < 0:
-            raise ConfigError(f"workers must be an integer >= 0, got {self.workers!r}")
-        if self.client_split_count is not None and (
-            self.client_split is None or self.client_split_count < 1
-        ):
-            raise ConfigError("client_split_count needs client_split and must be positive")
-        resolve_options(self.backend, self.backend_options)
-        StepSchedule.parse(self.client_lr, "client-lr")
-        if self.server_lr_schedule is not None:
-            StepSchedule.parse(self.server_lr_schedule, "server-lr")
-        make_optimizer({**self.optimizer_config(), "dim": 1})
-        protocol = make_protocol(self.protocol, **self.protocol_options)
-        make_client_half(self.protocol, **self.protocol_options)
-        check_run(
-            self.protocol,
-            protocol.capabilities,
-            backend=self.backend,
-            backend_can_read=self.backend == "plain",
-            policy=self.policy(),
-            client_dp=self.client_dp is not None,
-            validation=self.validation_split is not None,
-        )
-        return self
-
-    def _check_dp(self) -> None:
-        def need(name, value, keys, optional=()):
-            if value is None:
-                return
-            if (
-                not isinstance(value, dict)
-                or not set(keys) <= set(value)
-                or not set(value) <= set(keys) | set(optional)
-            ):
-                raise ConfigError(
-                    f"{name} takes {', '.join(keys)}"
-                    + (f" (and optionally {', '.join(optional)})" if optional else "")
-                    + f", got {value!r}"
-                )
-
-        if self.dp_sgd is not None:
-            need("dp_sgd", self.dp_sgd, ("clip",), ("noise", "epsilon"))
-            if ("noise" in self.dp_sgd) == ("epsilon" in self.dp_sgd):
-                raise ConfigError("dp_sgd needs exactly one of noise=z and epsilon=ε")
-            if self.fedprox_mu:
-                raise ConfigError("FedProx with DP-SGD is not supported")
-        need("client_dp", self.client_dp, ("clip", "noise"))
-        need("scalar_dp", self.scalar_dp, ("low", "high", "noise"))
-        if not 0 < self.dp_delta < 1:
-            raise ConfigError(f"dp_delta must lie in (0, 1), got {self.dp_delta}")
-        for name, spec in (
-            ("dp_sgd", self.dp_sgd),
-            ("client_dp", self.client_dp),
-            ("scalar_dp", self.scalar_dp),
-        ):
-            for key, v in (spec or {}).items():
-                if not isinstance(v, (int, float)) or not math.isfinite(v):
-                    raise ConfigError(f"{name}: {key} must be a number, got {v!r}")
-        if self.client_dp is not None:
-            ClientDP(self.client_dp["clip"], self.client_dp["noise"], 1)
-        if self.scalar_dp is not None:
-            ScalarDP(self.scalar_dp["low"], self.scalar_dp["high"], self.scalar_dp["noise"])
-        if self.dp_sgd is not None:
-            if not self.dp_sgd["clip"] > 0:
-                raise ConfigError(f"dp_sgd: clip must be > 0, got {self.dp_sgd['clip']}")
-            # it holds exactly one of the two (checked above)
-            level = self.dp_sgd["noise"] if "noise" in self.dp_sgd else self.dp_sgd["epsilon"]
-            if not level > 0:
-                raise ConfigError("dp_sgd: noise or epsilon must be > 0")
-
-    def optimizer_config(self) -> dict[str, Any]:
-        cfg = default_server_optimizer(self.protocol)
-        if "name" in self.server_opt and self.server_opt["name"] != cfg["name"]:
-            cfg = {"name": self.server_opt["name"]}  # a different optimizer: its own defaults
-        cfg.update(self.server_opt)
-        return cfg
-
-    def policy(self) -> RunPolicy:
-        return RunPolicy(
-            server_blind=self.server_blind,
-            allow_plaintext_updates=self.allow_plaintext_updates,
-            streaming=self.streaming,
-        )
-
-    def plan(self, n_clients: int) -> TrainingPlan:
-        return TrainingPlan(
-            client_lr=StepSchedule.parse(self.client_lr, "client-lr"),
-            local_steps=self.local_steps,
-            local_epochs=self.local_epochs,
-            prox_mu=float(self.fedprox_mu),
-            client_dp=(
-                ClientDP(self.client_dp["clip"], self.client_dp["noise"], n_clients)
-                if self.client_dp
-                else None
-            ),
-            scalar_dp=(
-                ScalarDP(self.scalar_dp["low"], self.scalar_dp["high"], self.scalar_dp["noise"])
-                if self.scalar_dp
-                else None
-            ),
-            reports=(
-                {
-                    "dp_sgd_epsilon": {"delta": self.dp_delta},
-                    "dp_sgd_noise_multiplier": {},
-                    "dp_sgd_sample_rate": {},
-                }
-                if self.dp_sgd
-                else {}
-            ),
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            **asdict(self),
-            "resolved_server_opt": self.optimizer_config(),
-            "resolved_backend_options": resolve_options(self.backend, self.backend_options),
-        }
 
 
 def evaluate(task: Task, data: FederatedData, params: np.ndarray) -> dict[str, float]:
@@ -473,6 +268,20 @@ class Stage:
     protocol: str
     configure: Callable[[ExperimentConfig], ExperimentConfig]
     layout: Callable[[FederatedData], dict[str, Any]]
+    #: raises ConfigError before training if the task's data cannot carry the stage
+    check: Callable[[ExperimentConfig, FederatedData], None]
+
+
+def check_unit_features(config: ExperimentConfig, data: FederatedData) -> None:
+    """The β-VAE's decoder ends in a sigmoid: it reconstructs features in [0, 1] only."""
+    x = torch.cat([part.x for part in data.train])
+    low, high = float(x.min()), float(x.max())
+    if low < 0 or high > 1:
+        raise ConfigError(
+            f"{config.protocol} pre-trains a beta-VAE whose decoder reconstructs features in "
+            f"[0, 1] (a sigmoid output), but task {config.task}'s features span "
+            f"[{low:.3g}, {high:.3g}]; use a task with features in [0, 1] (e.g. digits-niid2)"
+        )
 
 
 STAGES: dict[str, Stage] = {
@@ -493,11 +302,21 @@ STAGES: dict[str, Stage] = {
             scalar_dp=None,
         ),
         lambda data: {"n_in": int(data.train[0].x.shape[1]), "hidden": 32, "latent": 4},
+        check_unit_features,
     ),
 }
 
 
 # ---- one seed ---------------------------------------------------------------------------------
+class Recorder(Protocol):
+    """Receives results as they are made (``secagg.simulation.outputs.RunFolder`` writes
+    them to disk, so that an interrupted run keeps them)."""
+
+    def on_round(self, seed: int, row: dict[str, Any]) -> None: ...
+
+    def on_seed(self, seed: int, run: SeedRun, audit: AuditLog) -> None: ...
+
+
 def run_seed(
     config: ExperimentConfig,
     seed: int,
@@ -506,6 +325,7 @@ def run_seed(
     progress: Callable[[str], None] | None = None,
     *,
     transport_factory: TransportFactory | None = None,
+    on_round: Callable[[int, dict[str, Any]], None] | None = None,
 ) -> SeedRun:
     """One federated run, evaluated after every round."""
     task = get_task(config.task)
@@ -547,6 +367,7 @@ def run_seed(
         progress,
         label=str(seed),
         observer=observer,
+        on_round=on_round,
     )
 
 
@@ -562,6 +383,7 @@ def _run(
     progress,
     label: str,
     observer: Observer | None = None,
+    on_round: Callable[[int, dict[str, Any]], None] | None = None,
 ) -> SeedRun:
     task_data = task.load() if factory.stage is not None else data
     torch.manual_seed(seed)  # FLamby: the seed fixes the initial model (and the clients'
@@ -602,7 +424,9 @@ def _run(
             ),
             audit=audit,
         )
-        return _rounds(config, seed, audit, task, task_data, server, protocol, progress, observer)
+        return _rounds(
+            config, seed, audit, task, task_data, server, protocol, progress, observer, on_round
+        )
     finally:
         close = getattr(transport, "close", None)
         if close is not None:
@@ -619,6 +443,7 @@ def _rounds(
     protocol,
     progress,
     observer: Observer | None,
+    on_round: Callable[[int, dict[str, Any]], None] | None = None,
 ) -> SeedRun:
     base = {
         "seed": seed,
@@ -638,6 +463,8 @@ def _rounds(
         ).copy()
 
     rows = [{**base, "round": 0, **evaluate(task, data, server.params)}]
+    if on_round:
+        on_round(seed, rows[0])
     try:
         excluded = server.setup(config.rounds)
     except RoundAborted as exc:
@@ -675,6 +502,8 @@ def _rounds(
             **privacy_columns(config, server, report.reports, number, scalar_releases),
         }
         rows.append(row)
+        if on_round:
+            on_round(seed, row)
         if progress:
             metric = row.get("test_pooled", row["train_pooled"])
             progress(
@@ -772,6 +601,8 @@ def hold_out_validation(
 def summarize(metrics: pd.DataFrame) -> pd.DataFrame:
     """Mean and standard deviation over seeds, per protocol/backend/round."""
     keys = ["task", "protocol", "backend", "round"]
+    if metrics.empty:  # every seed stopped before its first evaluation
+        return pd.DataFrame(columns=["n_seeds", *keys])
     value_cols = [
         c
         for c in metrics.columns
@@ -790,30 +621,61 @@ def run_experiment(
     progress: Callable[[str], None] | None = None,
     *,
     transport_factory: TransportFactory | None = None,
+    recorder: Recorder | None = None,
+    skip: Sequence[int] = (),
 ) -> ExperimentResult:
-    """Every seed of ``config``; ``transport_factory`` replaces the in-process (or worker)
-    transport, e.g. with a network one."""
+    """Every seed of ``config`` but those in ``skip`` (finished before: a resumed run);
+    ``transport_factory`` replaces the in-process (or worker) transport, e.g. with a network
+    one; ``recorder`` receives each round's row and each finished seed."""
     config.validate()
     audit = audit if audit is not None else AuditLog()
     data = get_task(config.task).load()
+    check_data(config, data, progress)
     rows: list[dict[str, Any]] = []
     final: dict[int, np.ndarray] = {}
     aborted: dict[int, str] = {}
     events: dict[int, list[dict[str, Any]]] = {}
     for i, seed in enumerate(config.seeds):
+        if seed in skip:
+            continue
         if progress:
             progress(
                 f"[{i + 1}/{len(config.seeds)}] {config.protocol} on {config.backend}, "
                 f"task {config.task}, seed {seed}"
             )
-        run = run_seed(config, seed, audit, data, progress, transport_factory=transport_factory)
+        run = run_seed(
+            config,
+            seed,
+            audit,
+            data,
+            progress,
+            transport_factory=transport_factory,
+            on_round=recorder.on_round if recorder else None,
+        )
         rows += run.rows
         final[seed] = run.final_params
         events[seed] = run.privacy_events
         if run.aborted:
             aborted[seed] = run.aborted
+        if recorder:
+            recorder.on_seed(seed, run, audit)
     metrics = pd.DataFrame(rows)
     return ExperimentResult(metrics, audit, final, aborted, events)
+
+
+def check_data(
+    config: ExperimentConfig, data: FederatedData, progress: Callable[[str], None] | None
+) -> None:
+    """What only the data can tell, before anything trains: a pre-stage's needs, and more
+    worker processes than clients (the extra ones would idle)."""
+    stage = PROTOCOLS[config.protocol].protocol.capabilities.pretrain
+    if stage is not None:
+        STAGES[stage].check(config, data)
+    if config.workers > data.n_clients and progress:
+        progress(
+            f"note: workers {config.workers} > {data.n_clients} clients on {config.task}; "
+            f"using {data.n_clients} worker processes"
+        )
 
 
 def stderr_progress(line: str) -> None:

@@ -1,25 +1,17 @@
-"""Writing a run's results: CSV tables, the audit, the resolved config and a convergence plot."""
+"""A run's tables beyond metrics.csv: traffic, the audit summary, the privacy report, and
+the figures (``secagg.simulation.figures``)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-import matplotlib
+import pandas as pd
 
-matplotlib.use("Agg")  # files only, no display
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from secagg.clients.tasks import get_task  # noqa: E402
-from secagg.server.audit import AuditLog  # noqa: E402
-from secagg.simulation.experiment import ExperimentConfig  # noqa: E402
-
-CURVES = (
-    ("test_pooled", "pooled test"),
-    ("test_client_avg", "client-average test"),
-    ("train_pooled", "pooled train"),
-)
+from secagg.clients.tasks import get_task
+from secagg.server.audit import AuditLog
+from secagg.simulation.config import ExperimentConfig
+from secagg.simulation.figures import write_figures
 
 
 def traffic_table(audit: AuditLog) -> pd.DataFrame:
@@ -30,26 +22,6 @@ def traffic_table(audit: AuditLog) -> pd.DataFrame:
     keys = ["run", "round", "phase", "direction", "peer", "field", "kind"]
     table = rows.groupby(keys, sort=False)["bytes"].agg(["sum", "count"]).reset_index()
     return table.rename(columns={"sum": "bytes", "count": "messages"})
-
-
-def plot_convergence(
-    summary: pd.DataFrame, path: Path, title: str, metric_name: str = "c-index"
-) -> None:
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for col, label in CURVES:
-        if f"{col}_mean" not in summary:
-            continue
-        mean, std = summary[f"{col}_mean"], summary[f"{col}_std"].fillna(0)
-        ax.plot(summary["round"], mean, marker="o", label=label)
-        ax.fill_between(summary["round"], mean - std, mean + std, alpha=0.2)
-    ax.set_xlabel("round")
-    ax.set_ylabel(f"{metric_name} (mean ± std over seeds)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 ASSUMPTIONS = [
@@ -67,7 +39,11 @@ ASSUMPTIONS = [
 
 def privacy_report(config: ExperimentConfig, metrics: pd.DataFrame, audit: AuditLog) -> dict:
     """ε per mechanism (final round, per seed), the settings, and what DP does not cover."""
-    final = metrics[metrics["round"] == config.rounds].set_index("seed")
+    final = (
+        metrics[metrics["round"] == config.rounds].set_index("seed")
+        if "round" in metrics
+        else pd.DataFrame()
+    )
     summary = audit.summary()
 
     def per_seed(col):
@@ -124,40 +100,28 @@ def privacy_report(config: ExperimentConfig, metrics: pd.DataFrame, audit: Audit
     return report
 
 
-def write_outputs(
-    out: Path,
-    config: ExperimentConfig,
-    metrics: pd.DataFrame,
-    summary: pd.DataFrame,
-    audit: AuditLog,
-) -> dict[str, Path]:
-    """Write every result file to ``out``; returns them by name."""
-    out.mkdir(parents=True, exist_ok=True)
-    files = {
-        name: out / name
-        for name in (
-            "metrics.csv",
-            "summary.csv",
-            "traffic.csv",
-            "audit.jsonl",
-            "audit_summary.json",
-            "config.json",
-            "privacy.json",
-            "convergence.png",
-        )
-    }
-    metrics.to_csv(files["metrics.csv"], index=False)
-    summary.to_csv(files["summary.csv"], index=False)
-    traffic_table(audit).to_csv(files["traffic.csv"], index=False)
-    audit.write(out)
-    files["config.json"].write_text(json.dumps(config.to_dict(), indent=2) + "\n")
-    files["privacy.json"].write_text(
-        json.dumps(privacy_report(config, metrics, audit), indent=2) + "\n"
+def write_tables(
+    out: Path, config: ExperimentConfig, metrics: pd.DataFrame, audit: AuditLog
+) -> None:
+    """Every table, the audit summary, the privacy report and the figures of the seeds so
+    far (``metrics`` and ``audit.jsonl`` themselves are written as the run goes)."""
+    from secagg.simulation.experiment import summarize
+    from secagg.simulation.outputs import atomic_text, atomic_write
+
+    summary = summarize(metrics)
+    traffic = traffic_table(audit)
+    atomic_write(out / "summary.csv", lambda tmp: summary.to_csv(tmp, index=False))
+    atomic_write(out / "traffic.csv", lambda tmp: traffic.to_csv(tmp, index=False))
+    atomic_text(out / "audit_summary.json", json.dumps(audit.summary(), indent=2) + "\n")
+    atomic_text(
+        out / "privacy.json",
+        json.dumps(privacy_report(config, metrics, audit), indent=2) + "\n",
     )
-    plot_convergence(
-        summary,
-        files["convergence.png"],
-        f"{config.protocol} on {config.backend}, {config.task}, {len(config.seeds)} seed(s)",
-        get_task(config.task).metric_name,
+    write_figures(
+        out,
+        metrics=metrics,
+        summary=summary,
+        traffic=traffic,
+        title=f"{config.protocol} on {config.backend}, {config.task}",
+        metric_name=get_task(config.task).metric_name,
     )
-    return files

@@ -20,6 +20,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import queue
+import signal
 import sys
 import threading
 import traceback
@@ -83,6 +84,9 @@ def _serve(
     build: Build, ids: list[str], inbox: Connection, outbox: Connection, threads: int
 ) -> None:
     """A worker's main loop: build its clients, then answer requests in order."""
+    # Ctrl-C reaches the whole process group: the parent handles it (saves what finished
+    # and closes the pool); a worker that also raised would print a traceback per process
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         clients = build(ids)
         if "torch" in sys.modules:  # each worker trains on its own core(s)

@@ -34,6 +34,7 @@ def small(protocol: str, **changes) -> ExperimentConfig:
             cfg,
             task="digits-niid2",
             local_epochs=1,
+            local_steps=ExperimentConfig.local_steps,  # epochs count here
             batch_size=64,
             client_lr="0.5",
             vae_rounds=2,

@@ -23,9 +23,10 @@ from secagg.dp import (
     realised_noise_multiplier,
 )
 from secagg.errors import ConfigError
-from secagg.simulation.cli import build_parser, parse_settings
+from secagg.simulation.cli import build_parser
 from secagg.simulation.experiment import ExperimentConfig, run_experiment
 from secagg.simulation.privacy import gaussian_epsilon
+from secagg.simulation.settings import parse_numbers
 
 
 def test_clipping_bounds_every_update_and_leaves_short_ones_alone():
@@ -232,7 +233,7 @@ def test_cli_reads_dp_settings():
     assert args.client_dp == {"clip": 0.5, "noise": 1.2}
     assert args.dp_sgd == {"clip": 1.0, "epsilon": 8.0}
     with pytest.raises(Exception):
-        parse_settings("clip:0.5")
+        parse_numbers("clip:0.5")
     with pytest.raises(ConfigError):
         ScalarDP(0.0, 1.0, 0.0)
 

@@ -99,9 +99,9 @@ def test_preset_and_command_line_override(tmp_path):
         )
         == 0
     )
-    config = json.loads((tmp_path / "config.json").read_text())
-    assert config["protocol"] == "larc" and config["seeds"] == [3] and config["rounds"] == 1
-    assert config["resolved_server_opt"]["tau"] == 1e-3
+    settings = json.loads((tmp_path / "config.json").read_text())["settings"]
+    assert settings["protocol"] == "larc" and settings["seeds"] == [3] and settings["rounds"] == 1
+    assert settings["tau"] == 1e-3 and settings["larc_q"] == 19.0  # from the preset
     metrics = pd.read_csv(tmp_path / "metrics.csv")
     assert "test_pooled" not in metrics  # the iDASH variant evaluates on training data
 
@@ -109,7 +109,7 @@ def test_preset_and_command_line_override(tmp_path):
 @pytest.mark.parametrize(
     "argv,message",
     [
-        (["run", "--preset", "nope"], "does not exist"),
+        (["run", "--preset", "nope"], "unknown preset 'nope'; the presets are"),
         (["run", "--rounds", "0"], "rounds must be a positive integer"),
         (["run", "--client-lr", "fast"], "client-lr schedule"),
         (["run", "--server-opt", "sgd", "--tau", "1e-3"], "bad settings"),
@@ -127,7 +127,7 @@ def test_config_file_with_unknown_key(tmp_path, capsys):
     cfg = tmp_path / "c.toml"
     cfg.write_text('protocol = "fedavg"\nrouns = 3\n')
     assert main(["run", "--config", str(cfg)]) == 2
-    assert "unknown keys ['rouns']" in capsys.readouterr().err
+    assert "unknown setting 'rouns' (did you mean rounds" in capsys.readouterr().err
 
 
 def test_seed_lists():

@@ -17,8 +17,8 @@ from secagg.protocols.optimizers import SGD, make_optimizer, optimizer_fields
 from secagg.server.engine import Server
 from secagg.server.plan import RunPolicy, TrainingPlan
 from secagg.server.transport import InProcessTransport
-from secagg.simulation.cli import load_config_file
 from secagg.simulation.experiment import ExperimentConfig
+from secagg.simulation.settings import read_file
 from secagg.wire import Envelope
 
 
@@ -36,7 +36,10 @@ from secagg.wire import Envelope
         ({"task": "mnist"}, "unknown task"),
         ({"protocol": "fedsgd"}, "unknown protocol"),
         ({"backend": "paillier"}, "unknown backend"),
-        ({"protocol": "larc", "protocol_options": {"q": 19, "temperature": 2}}, "bad options"),
+        (
+            {"protocol": "larc", "protocol_options": {"q": 19, "temperature": 2}},
+            "has no setting .temperature.",
+        ),
         ({"backend_options": {"preset": "wide"}}, "backend 'plain' has no option"),
         ({"backend": "ckks", "backend_options": {"flooding_bits": "30"}}, "must be of type int"),
         ({"dp_noise": "urandom"}, "dp_noise must be 'seeded' or 'os'"),
@@ -56,7 +59,7 @@ def test_invalid_toml_is_reported(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text("rounds = = 3")
     with pytest.raises(SecaggError, match="not valid TOML"):
-        load_config_file(bad)
+        read_file(bad)
 
 
 def test_unknown_preset_name():

@@ -3,20 +3,38 @@
 ``TASKS`` is the registry (CLI choices included); :func:`register_task` adds a task defined
 anywhere. A task's callables must be importable by reference (module-level functions or
 classes) so that worker processes can rebuild it.
+
+The built-in tasks name their callables by :class:`Ref` (module and attribute), so that
+listing them (``secagg --help``, ``secagg presets``) does not import torch.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import torch
-
-from secagg.clients.tasks import digits, tcga_brca
-from secagg.clients.tasks.tcga_brca import ClientData, FederatedData
 from secagg.errors import ConfigError
+
+if TYPE_CHECKING:  # torch is imported only when a task is used
+    import numpy as np
+    import torch
+
+    from secagg.clients.tasks.tcga_brca import ClientData, FederatedData
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A module-level callable named by reference, imported on first call (picklable)."""
+
+    module: str
+    name: str
+    args: tuple[Any, ...] = ()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        target = getattr(importlib.import_module(self.module), self.name)
+        return target(*self.args, *args, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -30,36 +48,41 @@ class Task:
     metric_name: str
 
 
+_TCGA = "secagg.clients.tasks.tcga_brca"
+_DIGITS = "secagg.clients.tasks.digits"
+#: the digits splits (``secagg.clients.tasks.digits.SPLITS``; a test keeps them equal)
+DIGITS_SPLITS = ("niid1", "niid2", "dir8")
+
 TASKS = {
     "tcga-brca": Task(
         "tcga-brca",
         "Fed-TCGA-BRCA (FLamby split: 6 regions, 866 train / 222 test)",
-        lambda: tcga_brca.load("flamby"),
-        tcga_brca.make_model,
-        tcga_brca.cox_loss,
-        tcga_brca.c_index,
+        Ref(_TCGA, "load", ("flamby",)),
+        Ref(_TCGA, "make_model"),
+        Ref(_TCGA, "cox_loss"),
+        Ref(_TCGA, "c_index"),
         "c_index",
     ),
     "tcga-brca-idash": Task(
         "tcga-brca-idash",
         "iDASH 2024 Track 2 variant (900 patients, training-set evaluation)",
-        lambda: tcga_brca.load("idash2024"),
-        tcga_brca.make_model,
-        tcga_brca.cox_loss,
-        tcga_brca.c_index,
+        Ref(_TCGA, "load", ("idash2024",)),
+        Ref(_TCGA, "make_model"),
+        Ref(_TCGA, "cox_loss"),
+        Ref(_TCGA, "c_index"),
         "c_index",
     ),
     **{
         f"digits-{split}": Task(
             f"digits-{split}",
             f"scikit-learn digits, split {split} (see clients/tasks/digits.py)",
-            partial(digits.load, split),
-            digits.make_model,
-            digits.cross_entropy,
-            digits.accuracy,
+            Ref(_DIGITS, "load", (split,)),
+            Ref(_DIGITS, "make_model"),
+            Ref(_DIGITS, "cross_entropy"),
+            Ref(_DIGITS, "accuracy"),
             "accuracy",
         )
-        for split in digits.SPLITS
+        for split in DIGITS_SPLITS
     },
 }
 
@@ -90,9 +113,19 @@ def get_task(name: str) -> Task:
     return TASKS[name]
 
 
+def __getattr__(name: str) -> Any:
+    # the data containers live with the TCGA loader, which imports torch: load on first use
+    if name in ("ClientData", "FederatedData"):
+        from secagg.clients.tasks import tcga_brca
+
+        return getattr(tcga_brca, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "ClientData",
     "FederatedData",
+    "Ref",
     "TASKS",
     "Task",
     "custom_tasks",

@@ -1,0 +1,269 @@
+"""An experiment's configuration: every setting of a run, checked before anything trains.
+
+Light on purpose (no torch): the command line builds, validates and prints configurations
+without loading a model. :func:`inapplicable` names the settings that do not apply to the
+chosen task, protocol or backend, so that a contradiction fails before training instead of
+being ignored.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from secagg.backends import BACKENDS, resolve_options
+from secagg.clients.tasks import get_task
+from secagg.dp import ClientDP, ScalarDP
+from secagg.errors import ConfigError
+from secagg.protocols import (
+    PROTOCOLS,
+    default_server_optimizer,
+    make_client_half,
+    make_protocol,
+)
+from secagg.protocols.optimizers import StepSchedule, make_optimizer
+from secagg.server.plan import RunPolicy, TrainingPlan, check_run
+
+
+@dataclass
+class ExperimentConfig:
+    task: str = "tcga-brca"
+    protocol: str = "fedavg"
+    backend: str = "plain"
+    #: the backend's own options (``secagg.backends.BACKENDS[backend].options``), e.g.
+    #: ``{"preset": "wide", "flooding_bits": 30}`` for ckks; defaults fill the rest
+    backend_options: dict[str, Any] = field(default_factory=dict)
+    rounds: int = 5
+    seeds: list[int] = field(default_factory=lambda: [42])
+    local_steps: int = 100
+    #: local epochs instead of steps (each client: epochs × ceil(n_k / batch) steps)
+    local_epochs: int | None = None
+    batch_size: int = 8
+    client_lr: str = "0.1"  # a StepSchedule: "0.1" or "5e-5@0,5e-6@7"
+    server_opt: dict[str, Any] = field(default_factory=dict)  # overrides the protocol default
+    protocol_options: dict[str, Any] = field(default_factory=dict)
+    #: LARC paper's second protocol: per-client random train/test split with this test share
+    client_split: float | None = None
+    #: number of distinct splits; run seed s uses split s % client_split_count (None: one each)
+    client_split_count: int | None = None
+    #: the server never learns the global update; clients apply the optimizer (ckks only)
+    server_blind: bool = False
+    #: let aggregators that are not sums (median, trimmed mean) see plaintext updates on ckks
+    allow_plaintext_updates: bool = False
+    #: server learning rate schedule ("0.003@0,0.002@3"); None keeps the optimizer's lr
+    server_lr_schedule: str | None = None
+    #: FedDisco: rounds of federated β-VAE training before the classifier, and its client lr
+    vae_rounds: int = 10
+    vae_lr: float = 0.1
+    vae_beta: float = 0.1
+    #: share of each client's training samples held out as its validation set (Auto-FedRL's
+    #: reward); the same fixed split for every seed and protocol
+    validation_split: float | None = None
+    #: FedProx's proximal weight μ (0: plain local SGD)
+    fedprox_mu: float = 0.0
+    #: sample-level DP-SGD on every client (Opacus): {"clip": C, "noise": z} or
+    #: {"clip": C, "epsilon": ε} (ε for the whole run at dp_delta)
+    dp_sgd: dict[str, float] | None = None
+    #: client-level DP: {"clip": C, "noise": z*} — clients clip their update to C and add
+    #: their share of noise so that K equal weights give multiplier z* on the revealed sum
+    client_dp: dict[str, float] | None = None
+    #: revealed scalars clipped to [low, high] and noised: {"low", "high", "noise"}
+    scalar_dp: dict[str, float] | None = None
+    dp_delta: float = 1e-5
+    #: where clients' DP noise comes from: "seeded" (from the run's seed: a reproducible
+    #: simulation, not for deployment) or "os" (generators seeded from the OS CSPRNG)
+    dp_noise: str = "seeded"
+    #: fold uploads into a running sum as they arrive, where the protocol's weights allow it
+    streaming: bool = True
+    #: run the clients in this many worker processes (in parallel); 0: in this process
+    workers: int = 0
+
+    def validate(self) -> ExperimentConfig:
+        get_task(self.task)
+        if self.protocol not in PROTOCOLS:
+            raise ConfigError(
+                f"unknown protocol {self.protocol!r}; choose from {', '.join(PROTOCOLS)}"
+            )
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"unknown backend {self.backend!r}; available: {', '.join(BACKENDS)}")
+        if self.local_epochs is not None and (
+            not isinstance(self.local_epochs, int) or self.local_epochs < 1
+        ):
+            raise ConfigError(f"local_epochs must be a positive integer, got {self.local_epochs!r}")
+        for key in ("rounds", "local_steps", "batch_size"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{key} must be a positive integer, got {value!r}")
+        if not self.seeds or not all(isinstance(s, int) for s in self.seeds):
+            raise ConfigError(f"seeds must be a non-empty list of integers, got {self.seeds!r}")
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ConfigError(f"seeds repeat: {self.seeds}")
+        if self.client_split is not None and not 0 < self.client_split < 1:
+            raise ConfigError(f"client_split must lie in (0, 1), got {self.client_split}")
+        if self.validation_split is not None and not 0 < self.validation_split < 1:
+            raise ConfigError(f"validation_split must lie in (0, 1), got {self.validation_split}")
+        if not isinstance(self.fedprox_mu, (int, float)) or not self.fedprox_mu >= 0:
+            raise ConfigError(f"fedprox_mu must be a number >= 0, got {self.fedprox_mu!r}")
+        self._check_dp()
+        if self.dp_noise not in ("seeded", "os"):
+            raise ConfigError(f"dp_noise must be 'seeded' or 'os', got {self.dp_noise!r}")
+        if not isinstance(self.workers, int) or self.workers < 0:
+            raise ConfigError(f"workers must be an integer >= 0, got {self.workers!r}")
+        if self.client_split_count is not None and (
+            self.client_split is None or self.client_split_count < 1
+        ):
+            raise ConfigError("client_split_count needs client_split and must be positive")
+        resolve_options(self.backend, self.backend_options)
+        problems = inapplicable(self)
+        if problems:
+            raise ConfigError("; ".join(problems))
+        StepSchedule.parse(self.client_lr, "client-lr")
+        if self.server_lr_schedule is not None:
+            StepSchedule.parse(self.server_lr_schedule, "server-lr")
+        make_optimizer({**self.optimizer_config(), "dim": 1})
+        protocol = make_protocol(self.protocol, **self.protocol_options)
+        make_client_half(self.protocol, **self.protocol_options)
+        check_run(
+            self.protocol,
+            protocol.capabilities,
+            backend=self.backend,
+            backend_can_read=self.backend == "plain",
+            policy=self.policy(),
+            client_dp=self.client_dp is not None,
+            validation=self.validation_split is not None,
+        )
+        return self
+
+    def _check_dp(self) -> None:
+        def need(name, value, keys, optional=()):
+            if value is None:
+                return
+            if (
+                not isinstance(value, dict)
+                or not set(keys) <= set(value)
+                or not set(value) <= set(keys) | set(optional)
+            ):
+                raise ConfigError(
+                    f"{name} takes {', '.join(keys)}"
+                    + (f" (and optionally {', '.join(optional)})" if optional else "")
+                    + f", got {value!r}"
+                )
+
+        if self.dp_sgd is not None:
+            need("dp_sgd", self.dp_sgd, ("clip",), ("noise", "epsilon"))
+            if ("noise" in self.dp_sgd) == ("epsilon" in self.dp_sgd):
+                raise ConfigError("dp_sgd needs exactly one of noise=z and epsilon=ε")
+            if self.fedprox_mu:
+                raise ConfigError("FedProx with DP-SGD is not supported")
+        need("client_dp", self.client_dp, ("clip", "noise"))
+        need("scalar_dp", self.scalar_dp, ("low", "high", "noise"))
+        if not 0 < self.dp_delta < 1:
+            raise ConfigError(f"dp_delta must lie in (0, 1), got {self.dp_delta}")
+        for name, spec in (
+            ("dp_sgd", self.dp_sgd),
+            ("client_dp", self.client_dp),
+            ("scalar_dp", self.scalar_dp),
+        ):
+            for key, v in (spec or {}).items():
+                if not isinstance(v, (int, float)) or not math.isfinite(v):
+                    raise ConfigError(f"{name}: {key} must be a number, got {v!r}")
+        if self.client_dp is not None:
+            ClientDP(self.client_dp["clip"], self.client_dp["noise"], 1)
+        if self.scalar_dp is not None:
+            ScalarDP(self.scalar_dp["low"], self.scalar_dp["high"], self.scalar_dp["noise"])
+        if self.dp_sgd is not None:
+            if not self.dp_sgd["clip"] > 0:
+                raise ConfigError(f"dp_sgd: clip must be > 0, got {self.dp_sgd['clip']}")
+            # it holds exactly one of the two (checked above)
+            level = self.dp_sgd["noise"] if "noise" in self.dp_sgd else self.dp_sgd["epsilon"]
+            if not level > 0:
+                raise ConfigError("dp_sgd: noise or epsilon must be > 0")
+
+    def optimizer_config(self) -> dict[str, Any]:
+        cfg = default_server_optimizer(self.protocol)
+        if "name" in self.server_opt and self.server_opt["name"] != cfg["name"]:
+            cfg = {"name": self.server_opt["name"]}  # a different optimizer: its own defaults
+        cfg.update(self.server_opt)
+        return cfg
+
+    def policy(self) -> RunPolicy:
+        return RunPolicy(
+            server_blind=self.server_blind,
+            allow_plaintext_updates=self.allow_plaintext_updates,
+            streaming=self.streaming,
+        )
+
+    def plan(self, n_clients: int) -> TrainingPlan:
+        return TrainingPlan(
+            client_lr=StepSchedule.parse(self.client_lr, "client-lr"),
+            local_steps=self.local_steps,
+            local_epochs=self.local_epochs,
+            prox_mu=float(self.fedprox_mu),
+            client_dp=(
+                ClientDP(self.client_dp["clip"], self.client_dp["noise"], n_clients)
+                if self.client_dp
+                else None
+            ),
+            scalar_dp=(
+                ScalarDP(self.scalar_dp["low"], self.scalar_dp["high"], self.scalar_dp["noise"])
+                if self.scalar_dp
+                else None
+            ),
+            reports=(
+                {
+                    "dp_sgd_epsilon": {"delta": self.dp_delta},
+                    "dp_sgd_noise_multiplier": {},
+                    "dp_sgd_sample_rate": {},
+                }
+                if self.dp_sgd
+                else {}
+            ),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **asdict(self),
+            "resolved_server_opt": self.optimizer_config(),
+            "resolved_backend_options": resolve_options(self.backend, self.backend_options),
+        }
+
+
+def inapplicable(config: ExperimentConfig) -> list[str]:
+    """Settings changed from their defaults that the run would ignore, each named with what
+    to do. (A protocol's or backend's own option given for another one is caught where the
+    settings are read, :func:`secagg.simulation.settings.to_config`.)"""
+    default = ExperimentConfig()
+    changed = {
+        f.name
+        for f in fields(ExperimentConfig)
+        if f.name not in ("seeds", "server_opt", "protocol_options", "backend_options")
+        and getattr(config, f.name) != getattr(default, f.name)
+    }
+    capabilities = PROTOCOLS[config.protocol].protocol.capabilities
+    out = []
+    if config.local_epochs is not None and "local_steps" in changed:
+        out.append(
+            f"local_steps {config.local_steps} and local_epochs {config.local_epochs} both "
+            "set the clients' work per round: give one of them"
+        )
+    if capabilities.pretrain is None:
+        stray = sorted(changed & {"vae_rounds", "vae_lr", "vae_beta"})
+        if stray:
+            out.append(
+                f"{', '.join(stray)} configure the beta-VAE pre-stage of feddisco; "
+                f"{config.protocol} has no pre-stage"
+            )
+    if config.dp_sgd is None and config.client_dp is None and config.scalar_dp is None:
+        stray = sorted(changed & {"dp_delta", "dp_noise"})
+        if stray:
+            out.append(
+                f"{', '.join(stray)} apply only with differential privacy "
+                "(dp_sgd, client_dp or scalar_dp), and none is on"
+            )
+    if not config.streaming and not capabilities.streams:
+        out.append(
+            f"streaming off changes nothing for {config.protocol}, which always buffers "
+            "its uploads (it weighs them after they arrive)"
+        )
+    return out
