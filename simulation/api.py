@@ -72,6 +72,7 @@ def run(
     resume: bool = False,
     transport: TransportFactory | None = None,
     progress: bool | Callable[[str], None] = False,
+    command: list[str] | None = None,
     **settings: Any,
 ) -> RunResult:
     """Run an experiment: every seed of ``config`` (or of an ``ExperimentConfig(**settings)``;
@@ -88,6 +89,7 @@ def run(
         transport: ``(clients factory, client ids) -> transport``, replacing the in-process
             (or worker-process) transport, e.g. with a network one.
         progress: True prints progress to stderr; a callable receives each line.
+        command: the command line config.json records (default: ``sys.argv``).
 
     Raises ``RunInterrupted`` (a ``KeyboardInterrupt``) on Ctrl-C once the folder is
     up to date.
@@ -109,7 +111,7 @@ def run(
     folder, finished = None, Finished()
     if out is not None:
         folder, finished = RunFolder.prepare(Path(out), config, overwrite=overwrite, resume=resume)
-        folder.start(provenance())
+        folder.start(provenance(command))
         if report:
             report(f"results go to {folder.path}/")
         audit.records = list(finished.audit_records)
@@ -146,7 +148,11 @@ def run(
     files: dict[str, Path] = {}
     if folder is not None:
         folder.finish("complete")
-        files = {p.name: p for p in sorted(folder.path.iterdir()) if not p.name.startswith(".")}
+        files = {
+            str(p.relative_to(folder.path)): p
+            for p in sorted(folder.path.rglob("*"))
+            if p.is_file() and not p.name.startswith(".")
+        }
     return RunResult(
         config,
         metrics,

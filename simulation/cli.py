@@ -111,6 +111,10 @@ def resolve_settings(args: argparse.Namespace) -> dict[str, Any]:
     """The run's settings: the resumed folder's, a preset's, a file's and the flags'."""
     layers = []
     if args.resume is not None:
+        if args.overwrite:
+            raise SecaggError("--overwrite and --resume contradict each other: choose one")
+        if not (args.resume / "config.json").is_file():
+            raise SecaggError(f"{args.resume} holds no run to resume (no config.json)")
         layers.append(S.read_file(args.resume / "config.json"))
     if args.preset:
         layers.append(S.read_file(S.preset_path(args.preset)))
@@ -141,6 +145,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             overwrite=args.overwrite,
             resume=args.resume is not None,
             progress=not args.quiet,
+            command=args.argv,
         )
     except RunInterrupted as stop:
         print(
@@ -244,6 +249,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = ["secagg", *(sys.argv[1:] if argv is None else argv)]
     if args.version:
         from secagg.simulation.provenance import version_line
 
