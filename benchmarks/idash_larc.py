@@ -163,6 +163,14 @@ def train(seeds: list[int], extra: dict, metric: str) -> dict[str, tuple[pd.Seri
     return out
 
 
+def interval_marker(ax, x: float, mean: float, bounds, marker: str, color: str, label: str):
+    """A mean with its interval drawn as an error bar at ``x``."""
+    low, high = bounds
+    ax.errorbar(
+        [x], [mean], [[mean - low], [high - mean]], fmt=marker, color=color, capsize=4, label=label
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -244,38 +252,24 @@ def main() -> None:
         diff = (larc - base).to_numpy()
         jitter = np.random.default_rng(0).uniform(-0.12, 0.12, diff.size)
         ax.scatter(jitter, diff, s=10, color="0.6", label="per seed")
-        ax.errorbar(
-            [0.3],
-            [d["mean_diff"]],
-            [[d["mean_diff"] - d["ci_low"]], [d["ci_high"] - d["mean_diff"]]],
-            fmt="o",
-            color="C0",
-            capsize=4,
-            label="per-seed 95% CI",
+        interval_marker(
+            ax, 0.3, d["mean_diff"], (d["ci_low"], d["ci_high"]), "o", "C0", "per-seed 95% CI"
         )
         if study == SPLITS:
             ax.scatter(
                 np.full(len(split_means), -0.3), split_means, s=25, color="C1", label="split means"
             )
-            ax.errorbar(
-                [0.45],
-                [dc["mean_diff"]],
-                [[dc["mean_diff"] - dc["ci_low"]], [dc["ci_high"] - dc["mean_diff"]]],
-                fmt="s",
-                color="C1",
-                capsize=4,
-                label="split-clustered 95% CI",
+            interval_marker(
+                ax,
+                0.45,
+                dc["mean_diff"],
+                (dc["ci_low"], dc["ci_high"]),
+                "s",
+                "C1",
+                "split-clustered 95% CI",
             )
         if study == UNUSED:
-            ax.errorbar(
-                [0.45],
-                [d["mean_diff"]],
-                [[d["mean_diff"] - boot[0]], [boot[1] - d["mean_diff"]]],
-                fmt="s",
-                color="C2",
-                capsize=4,
-                label="seeds + patients resampled",
-            )
+            interval_marker(ax, 0.45, d["mean_diff"], boot, "s", "C2", "seeds + patients resampled")
         ax.axhline(0, color="k", lw=0.8)
         ax.set_xticks([])
         ax.set_xlim(-0.6, 0.7)
