@@ -1,6 +1,6 @@
 """CKKS cost per parameter: our presets next to NVFlare's default, in one run.
 
-    python -m benchmarks.crypto [--sizes 100000,1000000] [--clients 4] [--repeats 3]
+    python -m benchmarks.crypto [--sizes 100000,1000000] [--clients 4] [--repeats 3] [--out DIR]
     secagg bench crypto ...            (the same)
 
 For each configuration and model size: upload and aggregate-download bytes per parameter,
@@ -12,7 +12,10 @@ scale 2^40, public-key encryption, one ``ckks_vector`` per layer (here: the whol
 one layer), weighted sum as ``Σ w_i · vec_i`` (TenSEAL rescales after the plaintext product).
 NVFlare does not flood decryptions; its "with flooding" column is left empty.
 
-Writes benchmarks/results/crypto.csv and crypto.md.
+Writes crypto.csv and crypto.md into --out: by default a new folder
+results/bench/crypto-<YYYYmmdd-HHMMSS> under the current directory, so a run never replaces
+earlier results. The committed tables that the README quotes are regenerated with
+``--out benchmarks/results --overwrite``.
 """
 
 from __future__ import annotations
@@ -26,13 +29,14 @@ import numpy as np
 import pandas as pd
 import tenseal as ts
 
+from benchmarks.options import output_folder, positive
 from benchmarks.stats import markdown_table
 from secagg.ckks.flooding import error_bound, flooding_sigma
 from secagg.ckks.presets import PRESETS, CKKSPreset
 from secagg.ckks.public import PublicCKKS, quantise, to_bytes
 from secagg.ckks.secret import SecretKeyHolder
 
-HERE = Path(__file__).parent
+OUTPUTS = ("crypto.csv", "crypto.md")
 
 
 def timed(fn, repeats: int):
@@ -118,22 +122,79 @@ def bench_nvflare(xs: list[np.ndarray], weights: list[float], repeats: int) -> d
     }
 
 
-def main(argv: list[str] | None = None) -> pd.DataFrame:
+def sizes(text: str) -> list[int]:
+    """An argparse type: comma-separated parameter counts, each at least 1."""
+    try:
+        numbers = [float(v) for v in text.split(",") if v.strip()]  # 1e6 is fine too
+    except ValueError:
+        numbers = [0.5]
+    if not numbers or not all(v.is_integer() and v >= 1 for v in numbers):
+        raise argparse.ArgumentTypeError(f"not a list of whole parameter counts: {text!r}")
+    return [int(v) for v in numbers]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The options, checked, with the output folder chosen and created: every argument error
+    ends the run here (exit status 2), before anything is measured."""
     parser = argparse.ArgumentParser(
-        prog="secagg bench crypto", description=__doc__.splitlines()[0]
+        prog="secagg bench crypto",
+        description=__doc__.splitlines()[0]
+        + " For each configuration and model size: bytes per parameter up and down, "
+        "encrypt / aggregate / decrypt seconds per million parameters, and the aggregate's "
+        "relative error without and with noise flooding.",
+        epilog="Writes " + " and ".join(OUTPUTS) + " into --out. The committed tables that "
+        "the README quotes are regenerated with --out benchmarks/results --overwrite.",
     )
     parser.add_argument(
-        "--sizes", default="100000,1000000", help="model sizes in parameters, comma separated"
+        "--sizes",
+        type=sizes,
+        default="100000,1000000",
+        help="model sizes in parameters, comma separated (default: %(default)s)",
     )
-    parser.add_argument("--clients", type=int, default=4)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--rounds", type=int, default=5, help="decryption budget for flooding")
-    parser.add_argument("--out", type=Path, default=HERE / "results")
+    parser.add_argument(
+        "--clients",
+        type=positive,
+        default=4,
+        help="clients in the weighted sum (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=positive,
+        default=3,
+        help="timings are the median of this many repeats (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=positive,
+        default=5,
+        help="rounds in each client's decryption budget, which sizes the flooding noise "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        metavar="DIR",
+        help="folder for crypto.csv and crypto.md (default: a new folder "
+        "results/bench/crypto-YYYYmmdd-HHMMSS under the current directory); "
+        "--out benchmarks/results regenerates the committed tables (with --overwrite)",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="let --out be a folder that already holds crypto.csv or crypto.md, and replace "
+        "them (default: refuse)",
+    )
     args = parser.parse_args(argv)
+    args.out = output_folder(parser, args.out, "crypto", OUTPUTS, args.overwrite)
+    return args
 
+
+def main(argv: list[str] | None = None) -> pd.DataFrame:
+    args = parse_args(argv)
+    print(f"writing to {args.out}", flush=True)
     rows = []
     rng = np.random.default_rng(0)
-    for n in [int(s) for s in args.sizes.split(",")]:
+    for n in args.sizes:
         # pseudo-gradient-like values: mostly small, a few larger entries
         xs = [
             rng.normal(0, 0.01, n) * rng.choice([1, 10], n, p=[0.99, 0.01])
@@ -155,7 +216,6 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         ref = g[g["config"] == "NVFlare default"].iloc[0]
         for col in ("upload_B_per_param", "encrypt_s_per_M"):
             table.loc[g.index, f"{col}_vs_nvflare"] = ref[col] / g[col]
-    args.out.mkdir(parents=True, exist_ok=True)
     table.to_csv(args.out / "crypto.csv", index=False)
     md = markdown_table(table, ".3g")
     (args.out / "crypto.md").write_text(

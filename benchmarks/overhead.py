@@ -1,6 +1,6 @@
 """What privacy costs, end to end: round time by phase, bytes by message, peak memory.
 
-    python -m benchmarks.overhead [--quick] [--sweep sizes,clients,dp,buffered] [--rounds 2]
+    python -m benchmarks.overhead [--quick] [--sweep sizes,clients,dp,buffered] [--out DIR]
     secagg bench overhead ...          (the same)
 
 Every configuration runs the real engine (FedAdam, streaming aggregation), real clients
@@ -32,11 +32,19 @@ round is pure protocol and crypto overhead. Sweeps (``--sweep``):
 - ``steps``: mlp 1e6 × 10 at 1, 2 and 4 times ``--local-steps``: how much local training
   it takes to hide the crypto.
 
-``--reuse`` keeps the configurations already in overhead_rounds.csv and runs only the others
-(the report then covers both).
+``--quick`` is a smoke check that every code path runs, not a measurement: 14 configurations
+at toy sizes (the synthetic workload at 1e3 and 1e4 parameters and 2 and 10 clients, the mlp
+at 1e4 × 10; DP, the wide preset, buffering and twice the local steps once each; the headline
+configurations once, as the one interleaved repeat), 2 rounds and 10 local steps each.
 
-Writes benchmarks/results/overhead_rounds.csv (one row per round), overhead.csv (medians
-per configuration), overhead.md (the report, with the machine) and overhead_*.png.
+``--reuse`` keeps the configurations already in --out's overhead_rounds.csv and runs only the
+others (the report then covers both).
+
+Writes overhead_rounds.csv (one row per round), overhead.csv (medians per configuration),
+overhead.md (the report, with the machine), overhead_machine.json and overhead_*.png into
+--out: by default a new folder results/bench/overhead-<YYYYmmdd-HHMMSS> under the current
+directory, so a run never replaces earlier results. The committed results that the README
+quotes are regenerated with ``--out benchmarks/results --overwrite``.
 """
 
 from __future__ import annotations
@@ -61,6 +69,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from benchmarks.options import output_folder, positive  # noqa: E402
 from benchmarks.stats import markdown_table  # noqa: E402
 from secagg.backends import (  # noqa: E402
     Provision,
@@ -82,9 +91,15 @@ from secagg.simulation.workers import (  # noqa: E402
     reset_peak_rss,
 )
 
-HERE = Path(__file__).parent
 SIZES = (1_000, 10_000, 100_000, 1_000_000, 10_000_000)
 CLIENTS = (2, 5, 10, 20, 50, 100)
+#: ``--quick`` is a smoke check, not a measurement: each code path (both workloads and
+#: backends, DP, both presets, buffering, the paired ratio, more local steps, every report
+#: section and plot) runs once at toy sizes, in about two minutes (see :func:`plan`)
+QUICK_SIZES = (1_000, 10_000)
+QUICK_CLIENTS = (2, 10)
+QUICK_DEFAULTS = {"rounds": 2, "local_steps": 10, "repeats": 1}
+FULL_DEFAULTS = {"rounds": 3, "local_steps": 100, "repeats": 3}
 SWEEPS = ("ratio", "sizes", "clients", "dp", "presets", "buffered", "steps")
 #: what identifies a configuration (a row of the summary)
 CONFIG_KEYS = [
@@ -361,34 +376,51 @@ def measure_rounds(
 
 
 # ---- sweeps ------------------------------------------------------------------------------
+def headline_size(quick: bool) -> int:
+    """Parameters of the configurations the sweeps share (10 clients, DP, presets...)."""
+    return QUICK_SIZES[-1] if quick else 1_000_000
+
+
 def plan(
     sweeps: list[str], quick: bool, steps: int = 100, repeats: int = 3
 ) -> list[tuple[str, Workload, dict]]:
-    sizes = SIZES[:4] if quick else SIZES
-    clients = (2, 10, 20) if quick else CLIENTS
-    n = 100_000 if quick else 1_000_000
+    """The configurations to run, as (sweep, workload, options).
+
+    ``quick`` is the smoke check: every sweep's code path once, at :data:`QUICK_SIZES` and
+    :data:`QUICK_CLIENTS`; only the synthetic workload is swept over sizes, client counts and
+    presets (the mlp runs at the headline point), and the headline configurations run once,
+    labelled as the (single) interleaved repeat."""
+    sizes = QUICK_SIZES if quick else SIZES
+    clients = QUICK_CLIENTS if quick else CLIENTS
+    n = headline_size(quick)
     out = []
     for kind in ("synthetic", "mlp"):
+        swept = kind == "synthetic" or not quick
         for backend in ("plain", "ckks"):
             if "sizes" in sweeps:
                 out += [
-                    ("sizes", Workload(kind, m, 10, backend, local_steps=steps), {}) for m in sizes
+                    ("sizes", Workload(kind, m, 10, backend, local_steps=steps), {})
+                    for m in (sizes if swept else (n,))
                 ]
             if "clients" in sweeps:
                 out += [
                     ("clients", Workload(kind, n, k, backend, local_steps=steps), {})
-                    for k in clients
+                    for k in (clients if swept else (10,))
                 ]
     if "dp" in sweeps:
+        # quick: DP off is the same configuration as the other sweeps' (so it runs once)
+        dp_opts = (
+            [{}, {"client_dp": True}] if quick else [{"client_dp": dp} for dp in (False, True)]
+        )
         out += [
-            ("dp", Workload("mlp", n, 10, backend, local_steps=steps), {"client_dp": dp})
+            ("dp", Workload("mlp", n, 10, backend, local_steps=steps), opts)
             for backend in ("plain", "ckks")
-            for dp in (False, True)
+            for opts in dp_opts
         ]
     if "presets" in sweeps:
         out += [
             ("presets", Workload(kind, n, 10, "ckks", preset, local_steps=steps), {})
-            for kind in ("synthetic", "mlp")
+            for kind in (("synthetic",) if quick else ("synthetic", "mlp"))
             for preset in ("compact", "wide")
         ]
     if "buffered" in sweeps:
@@ -398,7 +430,7 @@ def plan(
                 Workload("synthetic", n, k, "ckks", local_steps=steps),
                 {"streaming": False},
             )
-            for k in ((2, 10, 20) if quick else (10, 20, 50, 100))
+            for k in ((10,) if quick else (10, 20, 50, 100))
         ]
     if "ratio" in sweeps:  # the headline ratio from interleaved runs, against drift
         out += [
@@ -410,17 +442,22 @@ def plan(
     if "steps" in sweeps:  # how much local training hides the crypto
         out += [
             ("steps", Workload("mlp", n, 10, backend, local_steps=steps * f), {})
-            for f in (1, 2, 4)
+            for f in ((1, 2) if quick else (1, 2, 4))
             for backend in ("plain", "ckks")
         ]
     # the same configuration can appear in two sweeps: run it once (the ratio repeats are
-    # meant as repeats)
-    seen, unique = set(), []
+    # meant as repeats, but in a quick run the first is the other sweeps' run, relabelled)
+    seen: dict[tuple, int] = {}
+    unique: list[tuple[str, Workload, dict]] = []
     for sweep, workload, opts in out:
-        key = (workload, tuple(sorted(opts.items())), sweep if sweep.startswith("ratio") else "")
+        repeat = sweep.startswith("ratio")
+        label = sweep if repeat and not (quick and sweep == "ratio#0") else ""
+        key = (workload, tuple(sorted(opts.items())), label)
         if key not in seen:
-            seen.add(key)
+            seen[key] = len(unique)
             unique.append((sweep, workload, opts))
+        elif repeat:
+            unique[seen[key]] = (sweep, workload, opts)
     return unique
 
 
@@ -599,7 +636,7 @@ def targets(
 ) -> list[str]:
     """The issue's targets, checked against this run's figures."""
     main = main_rows(summary, steps)
-    n = 100_000 if quick else 1_000_000
+    n = headline_size(quick)
     out = []
 
     def pick(kind, backend, clients):
@@ -658,7 +695,7 @@ def write_report(
     paired: dict[str, list[float]] | None = None,
 ) -> str:
     m = machine()
-    n = 100_000 if args.quick else 1_000_000
+    n = headline_size(args.quick)
     main = main_rows(summary, args.local_steps)
     summary = summary[
         summary["local_steps"].isin(
@@ -683,6 +720,16 @@ def write_report(
         "of batch 32 per round; `synthetic`: no training, so the round is pure protocol "
         "and crypto overhead. The machine is shared and noisy: compare within one run.",
         "",
+        *(
+            [
+                f"**`--quick`: a smoke check that every sweep runs, at toy sizes ({n:.0e} "
+                "parameters and fewer), not a measurement: do not quote these figures; the "
+                "targets are meant for 1e6 parameters.**",
+                "",
+            ]
+            if args.quick
+            else []
+        ),
         "## Targets",
         "",
         *targets(summary, args.quick, args.local_steps, paired),
@@ -839,9 +886,10 @@ def write_report(
     return text
 
 
-def plot(summary: pd.DataFrame, out: Path, steps: int = 100) -> None:
+def plot(summary: pd.DataFrame, out: Path, steps: int = 100) -> list[str]:
     """Round time and server peak memory against model size and against client count
-    (with the buffered server beside the streaming one)."""
+    (with the buffered server beside the streaming one); the names of the files written."""
+    written = []
     base = main_rows(summary, steps)
     buffered = summary[~summary["streaming"] & (summary["local_steps"] == steps)]
     for by, title, name in (
@@ -877,46 +925,99 @@ def plot(summary: pd.DataFrame, out: Path, steps: int = 100) -> None:
         fig.tight_layout()
         fig.savefig(out / f"overhead_{name}.png", dpi=120)
         plt.close(fig)
+        written.append(f"overhead_{name}.png")
+    return written
 
 
-def main(argv: list[str] | None = None) -> pd.DataFrame:
+# ---- where the outputs go (benchmarks.crypto uses these too) -----------------------------
+#: what a run writes into its --out folder
+OUTPUTS = (
+    "overhead_rounds.csv",
+    "overhead.csv",
+    "overhead.md",
+    "overhead_machine.json",
+    "overhead_sizes.png",
+    "overhead_clients.png",
+)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The options, checked, with the output folder chosen and created: every argument error
+    ends the run here (exit status 2), before anything is measured."""
+    cpus = os.cpu_count() or 1
     parser = argparse.ArgumentParser(
         prog="secagg bench overhead",
-        description=__doc__.splitlines()[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description=__doc__.splitlines()[0]
+        + " Every configuration runs the real engine, clients (in worker processes) and "
+        "backends, in a fresh server process; the module's docstring "
+        "(benchmarks/overhead.py) says what each sweep measures.",
+        epilog="Writes " + ", ".join(OUTPUTS) + " into --out. The committed tables that the "
+        "README quotes are regenerated with --out benchmarks/results --overwrite (the full "
+        "run, about 35 minutes on 2 cores).",
     )
     parser.add_argument(
-        "--sweep", default=",".join(SWEEPS), help="which sweeps to run, comma separated"
+        "--sweep",
+        default=",".join(SWEEPS),
+        help="which sweeps to run, comma separated, from: %(default)s (default: all of them)",
     )
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="small sizes and client counts (a minute or two; for checking)",
+        help="a smoke check that every code path runs, not a measurement (do not quote its "
+        "figures): each sweep once at toy sizes (the synthetic workload at "
+        f"{' and '.join(f'{m:,}' for m in QUICK_SIZES)} parameters and "
+        f"{' and '.join(map(str, QUICK_CLIENTS))} clients, the mlp at {QUICK_SIZES[-1]:,} × 10; "
+        "DP, the wide preset, buffering and twice the local steps once each; the headline "
+        "configurations run once, as the one interleaved repeat), "
+        f"{QUICK_DEFAULTS['rounds']} rounds and {QUICK_DEFAULTS['local_steps']} local steps "
+        "unless given; about 2 minutes on 2 cores",
     )
     parser.add_argument(
         "--rounds",
-        type=int,
-        default=3,
+        type=positive,
         help="rounds per configuration; the first is a warm-up, reported in "
-        "overhead_rounds.csv but not in the medians",
+        "overhead_rounds.csv but not in the medians "
+        f"(default: {FULL_DEFAULTS['rounds']}; {QUICK_DEFAULTS['rounds']} with --quick)",
     )
     parser.add_argument(
-        "--local-steps", type=int, default=100, help="local SGD steps per round of the mlp workload"
+        "--local-steps",
+        type=positive,
+        help="local SGD steps of batch 32 per round of the mlp workload "
+        f"(default: {FULL_DEFAULTS['local_steps']}; {QUICK_DEFAULTS['local_steps']} with "
+        "--quick)",
     )
     parser.add_argument(
-        "--workers", type=int, default=os.cpu_count() or 1, help="worker processes for the clients"
+        "--workers",
+        type=positive,
+        default=cpus,
+        help=f"worker processes the clients run in (default: the CPU count, here {cpus})",
     )
-    parser.add_argument("--out", type=Path, default=HERE / "results")
     parser.add_argument(
         "--repeats",
-        type=int,
-        default=3,
-        help="interleaved plain/ckks repeats of the headline configurations (the ratio sweep)",
+        type=positive,
+        help="interleaved plain/ckks repeats of the headline configurations (the ratio "
+        f"sweep) (default: {FULL_DEFAULTS['repeats']}; {QUICK_DEFAULTS['repeats']} with "
+        "--quick)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        metavar="DIR",
+        help="folder for the outputs (default: a new folder "
+        "results/bench/overhead-YYYYmmdd-HHMMSS under the current directory); "
+        "--out benchmarks/results regenerates the committed tables (with --overwrite)",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="let --out be a folder that already holds this benchmark's outputs, and "
+        "replace them (default: refuse)",
     )
     parser.add_argument(
         "--reuse",
         action="store_true",
-        help="keep the configurations already in overhead_rounds.csv",
+        help="keep the configurations already in --out's overhead_rounds.csv and run only "
+        "the others; needs --out, and replaces that folder's report",
     )
     args = parser.parse_args(argv)
     args.argv = list(argv if argv is not None else sys.argv[1:])
@@ -924,8 +1025,19 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     unknown = set(args.sweep) - set(SWEEPS)
     if unknown:
         parser.error(f"unknown sweeps {sorted(unknown)}; choose from {', '.join(SWEEPS)}")
+    for key, value in (QUICK_DEFAULTS if args.quick else FULL_DEFAULTS).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if args.reuse and args.out is None:
+        parser.error("--reuse reads an earlier run's overhead_rounds.csv: give its folder as --out")
+    args.out = output_folder(parser, args.out, "overhead", OUTPUTS, args.overwrite or args.reuse)
+    return args
+
+
+def main(argv: list[str] | None = None) -> pd.DataFrame:
+    args = parse_args(argv)
+    print(f"writing to {args.out}", flush=True)
     configs = plan(args.sweep, args.quick, args.local_steps, args.repeats)
-    args.out.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
     done: set[tuple] = set()
     if args.reuse and (args.out / "overhead_rounds.csv").exists():
@@ -968,7 +1080,9 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     rounds = pd.DataFrame(rows)
     summary = summarise(rounds)
     summary.to_csv(args.out / "overhead.csv", index=False)
-    plot(summary, args.out, args.local_steps)
+    written = plot(summary, args.out, args.local_steps)
+    for stale in {f for f in OUTPUTS if f.endswith(".png")} - set(written):
+        (args.out / stale).unlink(missing_ok=True)  # an overwritten run's plot this one lacks
     elapsed = time.perf_counter() - start
     if measured == 0 and (args.out / "overhead_machine.json").exists():  # a pure --reuse
         elapsed = 60 * json.loads((args.out / "overhead_machine.json").read_text()).get(

@@ -5,10 +5,14 @@ import pandas as pd
 import pytest
 
 from benchmarks.overhead import (
+    CLIENTS,
+    SIZES,
+    SWEEPS,
     Workload,
     linear_fit,
     main,
     mlp_width,
+    plan,
     run_config,
     slope,
     summarise,
@@ -84,3 +88,34 @@ def test_an_unknown_sweep_is_refused_before_anything_runs(capsys):
     with pytest.raises(SystemExit):
         main(["--sweep", "sizes,everything"])
     assert "unknown sweeps ['everything']" in capsys.readouterr().err
+
+
+def test_the_full_plan_covers_every_sweep_at_full_scale():
+    configs = plan(list(SWEEPS), quick=False)
+    assert len(configs) == 66
+    workloads = [w for _, w, _ in configs]
+    assert {w.n_params for w in workloads} == set(SIZES)
+    assert {w.n_clients for w in workloads} == set(CLIENTS)
+    assert {w.local_steps for w in workloads} == {100, 200, 400}
+    assert sum(s.startswith("ratio#") for s, _, _ in configs) == 3 * 4
+
+
+def test_quick_runs_every_code_path_once_at_toy_sizes():
+    configs = plan(list(SWEEPS), quick=True, steps=10, repeats=1)
+    assert {s.split("#")[0] for s, _, _ in configs} == set(SWEEPS)
+    assert len(configs) <= 15  # each costs seconds of process start-up alone
+    workloads = [w for _, w, _ in configs]
+    assert {(w.kind, w.backend) for w in workloads} == {
+        (kind, backend) for kind in ("mlp", "synthetic") for backend in ("plain", "ckks")
+    }
+    assert max(w.n_params for w in workloads) <= 10_000
+    assert {w.preset for w in workloads} == {"compact", "wide"}
+    assert {w.local_steps for w in workloads} == {10, 20}
+    assert {w.backend for _, w, o in configs if o.get("client_dp")} == {"plain", "ckks"}
+    assert any(o.get("streaming") is False for _, _, o in configs)
+    keys = [(w, tuple(sorted(o.items()))) for _, w, o in configs]
+    assert len(keys) == len(set(keys))  # nothing runs twice
+    ratio = [w for s, w, _ in configs if s == "ratio#0"]
+    assert len(ratio) == 4 and {w.n_clients for w in ratio} == {10}
+    # more repeats are more runs
+    assert len(plan(list(SWEEPS), quick=True, steps=10, repeats=2)) == len(configs) + 4
