@@ -8,6 +8,7 @@ being ignored.
 
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
@@ -22,7 +23,7 @@ from secagg.protocols import (
     make_client_half,
     make_protocol,
 )
-from secagg.protocols.optimizers import StepSchedule, make_optimizer
+from secagg.protocols.optimizers import OPTIMIZERS, StepSchedule, make_optimizer
 from secagg.server.plan import RunPolicy, TrainingPlan, check_run
 
 
@@ -229,6 +230,14 @@ class ExperimentConfig:
         }
 
 
+def optimizer_settings(name: str) -> set[str] | None:
+    """The hyperparameters server optimizer ``name`` takes (None: not registered)."""
+    if name not in OPTIMIZERS:
+        return None
+    params = inspect.signature(OPTIMIZERS[name].__init__).parameters
+    return set(params) - {"self", "dim"}
+
+
 def inapplicable(config: ExperimentConfig) -> list[str]:
     """Settings changed from their defaults that the run would ignore, each named with what
     to do. (A protocol's or backend's own option given for another one is caught where the
@@ -261,6 +270,22 @@ def inapplicable(config: ExperimentConfig) -> list[str]:
                 f"{', '.join(stray)} apply only with differential privacy "
                 "(dp_sgd, client_dp or scalar_dp), and none is on"
             )
+    optimizer = config.optimizer_config()
+    takes = optimizer_settings(optimizer["name"])
+    stray = sorted(set(optimizer) - {"name"} - takes) if takes is not None else []
+    if stray:
+        flag = {"lr": "server_lr", "beta": "momentum"}
+        out.append(
+            f"{', '.join(flag.get(k, k) for k in stray)} "
+            f"{'does' if len(stray) == 1 else 'do'} not apply to server optimizer "
+            f"{optimizer['name']} (it takes {', '.join(flag.get(k, k) for k in sorted(takes))}); "
+            "choose another with server_opt"
+        )
+    if config.validation_split is not None and not capabilities.observes_validation:
+        out.append(
+            f"validation_split holds out samples for a protocol that rewards validation loss "
+            f"(autofedrl); {config.protocol} would only train on fewer samples"
+        )
     if not config.streaming and not capabilities.streams:
         out.append(
             f"streaming off changes nothing for {config.protocol}, which always buffers "

@@ -155,6 +155,8 @@ BAD = [
     (["--protocol", "larc", "--no-streaming"], "changes nothing for larc"),
     (["--protocol", "fedavg", "--larc-q", "3"], "setting of protocol larc"),
     (["--protocol", "feddisco"], "features in [0, 1]"),
+    (["--protocol", "fedavg", "--tau", "0.1"], "tau does not apply to server optimizer sgd"),
+    (["--protocol", "larc", "--validation-split", "0.2"], "larc would only train on fewer"),
 ]
 
 
