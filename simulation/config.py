@@ -125,6 +125,14 @@ class ExperimentConfig:
         make_optimizer({**self.optimizer_config(), "dim": 1})
         protocol = make_protocol(self.protocol, **self.protocol_options)
         make_client_half(self.protocol, **self.protocol_options)
+        if not BACKENDS[self.backend].client_opens and (
+            protocol.capabilities.opens_per_round or self.server_blind
+        ):
+            raise ConfigError(
+                f"{self.protocol}{' server-blind' if self.server_blind else ''} needs clients "
+                f"to open aggregates themselves, which backend {self.backend} does not do yet; "
+                "run it on ckks, or a protocol that only reveals (fedavg, fedadam, costwagg, ...)"
+            )
         check_run(
             self.protocol,
             protocol.capabilities,
@@ -271,8 +279,8 @@ def inapplicable(config: ExperimentConfig) -> list[str]:
                 "(dp_sgd, client_dp or scalar_dp), and none is on"
             )
     optimizer = config.optimizer_config()
-    takes = optimizer_settings(optimizer["name"])
-    stray = sorted(set(optimizer) - {"name"} - takes) if takes is not None else []
+    takes = optimizer_settings(optimizer["name"]) or set()
+    stray = sorted(set(optimizer) - {"name"} - takes) if takes else []
     if stray:
         flag = {"lr": "server_lr", "beta": "momentum"}
         out.append(

@@ -21,7 +21,7 @@ import difflib
 import json
 import math
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -123,8 +123,9 @@ class Setting:
     place: str = "field"
     #: the field, optimizer key or option key it sets (default: ``key``)
     target: str = ""
-    #: the protocol or backend whose option it is
-    owner: str | None = None
+    #: the protocols or backends whose option it is (backends may share one, e.g. the
+    #: release policy's min_contributors)
+    owners: tuple[str, ...] = ()
     choices: tuple[Any, ...] | None = None
     group: str = "experiment"
     metavar: str | None = None
@@ -374,7 +375,17 @@ def settings_table() -> dict[str, Setting]:
         for owner, spec in registry.items():
             for opt in spec.options:
                 key = opt.flag.replace("-", "_")
-                if key in table:
+                same = table.get(key)
+                if same is not None and (same.place, same.target, same.default) == (
+                    kind,
+                    opt.key,
+                    str(opt.default),
+                ):  # the same setting in another backend: one flag for both
+                    table[key] = replace(
+                        same, owners=(*same.owners, owner), group=f"{same.group}, {owner}"
+                    )
+                    continue
+                if same is not None:
                     raise ConfigError(f"{kind} {owner}'s option {opt.flag} clashes with {key}")
                 parse = parse_bool if opt.type is bool else opt.type
                 table[key] = Setting(
@@ -385,7 +396,7 @@ def settings_table() -> dict[str, Setting]:
                     str(opt.default).lower() if opt.type is bool else str(opt.default),
                     place=kind,
                     target=opt.key,
-                    owner=owner,
+                    owners=(owner,),
                     choices=opt.choices,
                     group=f"{kind} {owner}",
                 )
@@ -524,12 +535,12 @@ def to_config(values: Mapping[str, Any]) -> tuple[ExperimentConfig, str | None]:
         elif s.place == "server_opt":
             server_opt[s.target] = value
         elif s.place == "protocol":
-            if s.owner != protocol:
-                wrong.append(f"{s.flag} ({key}) is a setting of protocol {s.owner}")
+            if protocol not in s.owners:
+                wrong.append(f"{s.flag} ({key}) is a setting of protocol {'/'.join(s.owners)}")
             protocol_options[s.target] = value
         elif s.place == "backend":
-            if s.owner != backend:
-                wrong.append(f"{s.flag} ({key}) is a setting of backend {s.owner}")
+            if backend not in s.owners:
+                wrong.append(f"{s.flag} ({key}) is a setting of backend {'/'.join(s.owners)}")
             backend_options[s.target] = value
     if wrong:
         raise ConfigError(
@@ -551,9 +562,10 @@ def from_config(config: ExperimentConfig) -> dict[str, Any]:
     backend's option defaults spelled out): what reruns it exactly, as flat keys."""
     table = settings_table()
     by_target = {
-        (s.place, s.owner, s.target or s.key): s.key
+        (s.place, owner, s.target or s.key): s.key
         for s in table.values()
         if s.place in ("field", "server_opt", "protocol", "backend")
+        for owner in (s.owners or (None,))
     }
     values: dict[str, Any] = {}
     for f in fields(ExperimentConfig):

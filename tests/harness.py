@@ -1,4 +1,4 @@
-"""The real CKKS server half and real client halves joined by an in-process transport.
+"""A real encrypted backend's server half and client halves joined by an in-process transport.
 
 The server's own phases (key setup, consent, reveal) reach the clients' handlers as
 serialised envelopes, so a test forms releases exactly as a run does, and a deviating server
@@ -20,8 +20,8 @@ from secagg.wire import Envelope, Field
 
 
 class BackendRound:
-    def __init__(self, ids: list[str], n_values: int, **options: Any):
-        self.server, self.clients = make_backends("ckks", ids, **options)
+    def __init__(self, ids: list[str], n_values: int, backend: str = "ckks", **options: Any):
+        self.server, self.clients = make_backends(backend, ids, **options)
         self.n_values = n_values
         self.round = 0
         self.audit = AuditLog()

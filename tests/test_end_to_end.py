@@ -112,7 +112,10 @@ def test_preset_and_command_line_override(tmp_path):
         (["run", "--preset", "nope"], "unknown preset 'nope'; the presets are"),
         (["run", "--rounds", "0"], "rounds must be a positive integer"),
         (["run", "--client-lr", "fast"], "client-lr schedule"),
-        (["run", "--server-opt", "sgd", "--tau", "1e-3"], "bad settings"),
+        (
+            ["run", "--server-opt", "sgd", "--tau", "1e-3"],
+            "tau does not apply to server optimizer sgd",
+        ),
         (["run", "--larc-b", "-1", "--protocol", "larc"], "b >= 0"),
         (["run", "--client-split", "1.5"], "client_split"),
     ],

@@ -73,6 +73,8 @@ SECRET_MODULES = {
     "secagg.backends.ckks_client",
     "secagg.ckks.keywrap",
     "secagg.sealing",
+    "secagg.threshold.shares",
+    "secagg.backends.threshold_client",
 }
 PUBLIC_SIDE = [
     *(ROOT / "server").rglob("*.py"),
@@ -81,6 +83,9 @@ PUBLIC_SIDE = [
     ROOT / "secagg/ckks/public.py",
     ROOT / "secagg/ckks/presets.py",
     ROOT / "secagg/ckks/flooding.py",
+    ROOT / "secagg/backends/threshold_server.py",
+    ROOT / "secagg/backends/consent.py",
+    ROOT / "secagg/threshold/params.py",
 ]
 
 
@@ -101,7 +106,8 @@ def test_server_side_code_never_imports_secret_key_code(path):
 
 def test_the_server_process_loads_no_secret_key_code():
     code = (
-        "import sys, secagg.server.engine, secagg.backends.ckks_server; "
+        "import sys, secagg.server.engine, secagg.backends.ckks_server, "
+        "secagg.backends.threshold_server; "
         f"print(sorted(m for m in sys.modules if m in {sorted(SECRET_MODULES)!r}))"
     )
     out = subprocess.run(

@@ -101,6 +101,9 @@ class BackendSpec:
     options: tuple[BackendOption, ...] = field(default_factory=tuple)
     #: checks across the resolved options (raises ConfigError)
     check: Callable[[dict[str, Any]], None] | None = None
+    #: whether clients can open an aggregate themselves (LARC's Ĝ, RegAgg's centre,
+    #: server-blind updates), besides revealing one to the server
+    client_opens: bool = True
 
     def resolve(self, options: Mapping[str, Any]) -> dict[str, Any]:
         """The options with defaults filled in, each checked (ConfigError otherwise)."""
@@ -180,6 +183,61 @@ def _check_flooding(options: dict[str, Any]) -> None:
             f"flooding_bits must be 0 (flooding off: insecure, for measurements) or lie in "
             f"[30, 128] (30 is the design's floor), got {bits}"
         )
+    _check_policy(options)
+
+
+def _threshold_server(
+    options: dict[str, Any], signers: Mapping[str, bytes] | None
+) -> ServerBackend:
+    from secagg.backends.threshold_server import ThresholdServer
+    from secagg.threshold.params import get_preset
+
+    return ThresholdServer(get_preset(options["preset"]), signers=signers)
+
+
+def _threshold_client(
+    client_id: str, options: dict[str, Any], provision: Provision
+) -> ClientBackend:
+    from secagg.backends.threshold_client import ThresholdClient  # holds a key share
+    from secagg.threshold.params import get_preset
+
+    if provision.signing_key is None or client_id not in provision.signers:
+        raise ConfigError(f"{client_id} needs a provisioned signing key and roster for threshold")
+    return ThresholdClient(
+        client_id,
+        get_preset(options["preset"]),
+        signing_key=provision.signing_key,
+        signers=provision.signers,
+        decryption_budget=provision.decryption_budget,
+        reveal_length=provision.reveal_length,
+        min_contributors=options["min_contributors"],
+        min_weight_share=options["min_weight_share"],
+        releases_per_upload=provision.releases_per_upload,
+    )
+
+
+def _release_policy_options() -> tuple[BackendOption, ...]:
+    """The release policy both encrypted backends enforce (one flag each for both)."""
+    return (
+        BackendOption(
+            "min_contributors",
+            "min-contributors",
+            int,
+            2,
+            "a client reveals or opens only sums of at least this many uploads",
+        ),
+        BackendOption(
+            "min_weight_share",
+            "min-weight-share",
+            float,
+            0.01,
+            "a client reveals or opens only sums where every upload's weight is at "
+            "least this fraction of the mean weight (refuses sums one upload dominates)",
+        ),
+    )
+
+
+def _check_policy(options: dict[str, Any]) -> None:
     if options["min_contributors"] < 1:
         raise ConfigError(f"min_contributors must be >= 1, got {options['min_contributors']}")
     if not 0.0 <= options["min_weight_share"] <= 1.0:
@@ -216,23 +274,30 @@ BACKENDS: dict[str, BackendSpec] = {
                 "statistical security of the noise flooding of revealed aggregates, "
                 "at least 30 (0 turns flooding off and is insecure)",
             ),
-            BackendOption(
-                "min_contributors",
-                "min-contributors",
-                int,
-                2,
-                "a client reveals or opens only sums of at least this many uploads",
-            ),
-            BackendOption(
-                "min_weight_share",
-                "min-weight-share",
-                float,
-                0.01,
-                "a client reveals or opens only sums where every upload's weight is at "
-                "least this fraction of the mean weight (refuses sums one upload dominates)",
-            ),
+            *_release_policy_options(),
         ),
         _check_flooding,
+    ),
+    "threshold": BackendSpec(
+        "threshold",
+        "CKKS under a joint key no single client holds (OpenFHE, n-of-n); reveal-only "
+        "protocols for now",
+        _threshold_server,
+        _threshold_client,
+        (
+            BackendOption(
+                "preset",
+                "threshold-preset",
+                str,
+                "n8192",
+                "parameter set: n8192 (N=8192, one 60-bit modulus, scale 2^36: 32 bytes per "
+                "value, |sum| < 16); 128-bit secure (OpenFHE checks it)",
+                ("n8192",),
+            ),
+            *_release_policy_options(),
+        ),
+        _check_policy,
+        client_opens=False,
     ),
 }
 

@@ -20,12 +20,11 @@ import numpy as np
 
 from secagg import wire
 from secagg.backends.base import RunningSum, ServerBackend
+from secagg.backends.consent import gather_consents
 from secagg.ckks.presets import CKKSPreset
 from secagg.ckks.public import CiphertextSum, PublicCKKS, params_fingerprint, quantise, to_bytes
-from secagg.ckks.release import Descriptor, Entry, signature_bytes, verify_consent
+from secagg.ckks.release import Descriptor, Entry
 from secagg.errors import (
-    ClientInputError,
-    ConsentRefused,
     KeySetupError,
     MalformedCiphertext,
     RoundAborted,
@@ -164,38 +163,7 @@ class CKKSServer(ServerBackend):
         }
 
     def _consents(self, ctx, d: Descriptor) -> dict[str, str]:
-        """Every contributor's signature over ``d``; ConsentRefused if any is missing."""
-        contributors = [client for client, _, _ in d.entries]
-        replies = ctx.ask(
-            "consent",
-            {c: {"release": wire.config(d.to_config())} for c in contributors},
-            expect={"consent": wire.CONFIG},
-            reach_excluded=True,
-        )
-        consents = {}
-        for c, env in replies.items():
-            signature = env.config("consent").get("signature")
-            if self.signers is not None and not (
-                isinstance(signature, str)
-                and verify_consent(self.signers.get(c, b""), c, d, signature_bytes(signature))
-            ):
-                ctx.exclude(c, "consent", ClientInputError(f"{c}'s consent does not verify"))
-                continue
-            consents[c] = signature
-        missing = [c for c in contributors if c not in consents]
-        if missing:
-            culprits = missing if len(missing) < len(contributors) else []
-            raise ConsentRefused(
-                f"{d.kind} of {d.name!r}: no consent from {missing}"
-                + ("" if culprits else " (every contributor refused the request)")
-                + "; "
-                + "; ".join(f"{c}: {ctx.excluded.get(c, 'no answer')}" for c in missing),
-                culprits=culprits,
-                round=ctx.round,
-                phase="consent",
-                exclusions=ctx.excluded,
-            )
-        return consents
+        return gather_consents(ctx, d, self.signers)
 
     def reveal(self, ctx, handle: CKKSHandle, name: str) -> tuple[np.ndarray, str]:
         """Ask a decryptor (rotating over the active clients) for a flooded decryption."""

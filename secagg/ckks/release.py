@@ -224,8 +224,13 @@ def check_entries(
     signatures: Mapping[str, bytes],
     seeds: Sequence[bytes],
     signers: Mapping[str, bytes],
+    *,
+    chunk_bytes: int | None = SEED_INFO_BYTES,
 ) -> None:
-    """Every entry signed by its client's roster key, with seeds matching its digest."""
+    """Every entry signed by its client's roster key, with seeds matching its digest.
+
+    ``seeds``: per entry, the bytes its digest names (on ckks, one seed of ``chunk_bytes``
+    per chunk; on threshold, the upload's c1 halves, of no fixed size: None)."""
     if len(seeds) != len(d.entries):
         raise ReleaseRefused(f"{d.name}: {len(seeds)} seed sets for {len(d.entries)} entries")
     for (client, _, digest), seed_bytes in zip(d.entries, seeds):
@@ -236,7 +241,8 @@ def check_entries(
             signers[client], client, d, signature
         ):
             raise ReleaseRefused(f"{d.name}: no valid consent from {client}")
-        if len(seed_bytes) != d.chunks * SEED_INFO_BYTES or seed_digest(seed_bytes) != digest:
+        wrong_size = chunk_bytes is not None and len(seed_bytes) != d.chunks * chunk_bytes
+        if wrong_size or seed_digest(seed_bytes) != digest:
             raise ReleaseRefused(f"{d.name}: the seeds sent for {client} are not its upload's")
 
 

@@ -1,0 +1,281 @@
+"""Client half of the threshold backend: one share of the key, the checks before using it.
+
+A holder adds its share to the key chain only after checking the chain so far, accepts the
+joint key only if the complete chain is every listed holder's signed link in order ending in
+that key and its own link is the one it made, encrypts under the joint key, and gives a
+partial decryption only of a release it can check: kind ``reveal``, within its policy and
+budget, every contributor's consent valid, and the sum recomputed by itself from the
+contributors' c1 halves (whose digests the contributors signed). The server's own
+ciphertext never reaches the share.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+from secagg import wire
+from secagg.backends.base import ClientBackend
+from secagg.ckks.release import (
+    Descriptor,
+    ReleasePolicy,
+    check_entries,
+    consent_message,
+    signature_bytes,
+)
+from secagg.errors import KeySetupError, ProtocolStateError, ReleaseRefused
+from secagg.threshold.params import ThresholdContext, ThresholdPreset, c1_digest
+from secagg.threshold.shares import KeyShare
+from secagg.wire import Envelope, Field
+
+_LINK_CONTEXT = b"secagg threshold key link v1"
+
+
+def link_message(params: str, holders: list[str], index: int, previous: str, public: str) -> bytes:
+    """What holder ``index`` signs: the parameters, the holders in order, its index, and the
+    digests of the key it received and of the key it made."""
+    body = json.dumps([params, holders, index, previous, public], separators=(",", ":"))
+    return _LINK_CONTEXT + body.encode()
+
+
+def digest(blob: bytes | None) -> str:
+    return hashlib.sha256(blob or b"").hexdigest()
+
+
+class ThresholdClient(ClientBackend):
+    name = "threshold"
+
+    def __init__(
+        self,
+        client_id: str,
+        preset: ThresholdPreset,
+        *,
+        signing_key: bytes | None = None,
+        signers: Mapping[str, bytes] | None = None,
+        decryption_budget: int = 1,
+        reveal_length: int | None = None,
+        min_contributors: int = 2,
+        min_weight_share: float = 0.01,
+        releases_per_upload: Mapping[str, int] | None = None,
+    ):
+        """``signing_key``: this client's Ed25519 key (links and consents); ``signers``:
+        every client's Ed25519 public key, the roster of possible holders;
+        ``decryption_budget``: partial decryptions it gives at most; ``min_contributors``
+        also bounds the holders a key must have; the rest as for ckks."""
+        self.id = client_id
+        self.preset = preset
+        self.context = ThresholdContext(preset)
+        self._signer = (
+            Ed25519PrivateKey.from_private_bytes(signing_key)
+            if signing_key is not None
+            else Ed25519PrivateKey.generate()
+        )
+        self.signers = dict(signers) if signers is not None else {client_id: self.signing_public}
+        if self.signers.get(client_id) != self.signing_public:
+            raise KeySetupError(f"{client_id}'s signing key is not its key in the roster")
+        if not isinstance(decryption_budget, int) or decryption_budget < 0:
+            raise KeySetupError(f"decryption_budget must be a count, got {decryption_budget!r}")
+        self.decryption_budget, self.decryptions = decryption_budget, 0
+        try:
+            self.policy = ReleasePolicy(min_contributors, min_weight_share, reveal_length)
+        except ValueError as exc:
+            raise KeySetupError(f"{client_id}: {exc}") from None
+        self.releases_per_upload = dict(releases_per_upload or {"reveal": 1, "open": 1})
+        self.uploads: dict[str, dict[str, int]] = {}
+        self._share: KeyShare | None = None
+        self._link: dict[str, Any] | None = None
+        self._joint: Any = None
+        self.holders: list[str] = []
+
+    @property
+    def signing_public(self) -> bytes:
+        return self._signer.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+    def handlers(self) -> dict[str, Callable[[Envelope], dict[str, Field]]]:
+        return {
+            "key_chain": self.on_chain,
+            "key_install": self.on_install,
+            "consent": self.on_consent,
+            "decrypt_share": self.on_decrypt_share,
+        }
+
+    # ---- key setup -----------------------------------------------------------------------------
+    def _accept_setup(self, env: Envelope) -> None:
+        setup = env.config("setup")
+        if setup != {"preset": self.preset.name, "params": self.context.fingerprint}:
+            raise KeySetupError(
+                f"{self.id}: the server proposes parameters {setup!r}, this client runs "
+                f"{self.preset.name} ({self.context.fingerprint})"
+            )
+
+    def _holders(self, chain: Any) -> list[str]:
+        holders = chain.get("holders") if isinstance(chain, dict) else None
+        if (
+            not isinstance(holders, list)
+            or not all(isinstance(h, str) and h in self.signers for h in holders)
+            or len(set(holders)) != len(holders)
+            or self.id not in holders
+        ):
+            raise KeySetupError(
+                f"{self.id}: the key's holders must be distinct clients of this client's "
+                f"roster including itself, got {holders!r}"
+            )
+        if len(holders) < self.policy.min_contributors:
+            raise KeySetupError(
+                f"{self.id}: a key of {len(holders)} holder(s); this client needs at least "
+                f"{self.policy.min_contributors}"
+            )
+        return holders
+
+    def _check_links(self, holders: list[str], links: Any, upto: int) -> str:
+        """The first ``upto`` links: each signed by its holder, chained; returns the digest
+        of the last key (the empty digest before the first)."""
+        if not isinstance(links, list) or len(links) != upto:
+            raise KeySetupError(f"{self.id}: expected {upto} key links, got {links!r:.80}")
+        previous = digest(None)
+        for index, link in enumerate(links):
+            holder = holders[index]
+            if not isinstance(link, dict) or link.get("previous") != previous:
+                raise KeySetupError(f"{self.id}: key link {index} does not follow the chain")
+            public = link.get("public")
+            signature = signature_bytes(str(link.get("signature", "")))
+            try:
+                Ed25519PublicKey.from_public_bytes(self.signers[holder]).verify(
+                    signature,
+                    link_message(self.context.fingerprint, holders, index, previous, str(public)),
+                )
+            except (InvalidSignature, ValueError):
+                raise KeySetupError(
+                    f"{self.id}: key link {index} is not signed by {holder}"
+                ) from None
+            previous = str(public)
+        return previous
+
+    def on_chain(self, env: Envelope) -> dict[str, Field]:
+        """Add this client's share to the chain so far, and sign the link."""
+        if self._share is not None:
+            raise KeySetupError(f"{self.id} already holds a share of this run's key")
+        self._accept_setup(env)
+        chain = env.config("chain")
+        holders = self._holders(chain)
+        index = chain.get("index")
+        if index != holders.index(self.id):
+            raise KeySetupError(f"{self.id}: asked to be link {index!r} of {holders}")
+        expected = self._check_links(holders, chain.get("links"), index)
+        previous = None
+        if index > 0:
+            (previous,) = (bytes(p) for p in env.ciphertext_parts("previous"))
+            if digest(previous) != expected:
+                raise KeySetupError(f"{self.id}: the key it got is not the chain's last")
+        share = KeyShare(self.context, previous)
+        public = digest(share.public_key)
+        signature = self._signer.sign(
+            link_message(self.context.fingerprint, holders, index, expected, public)
+        )
+        self._share = share
+        self._link = {"previous": expected, "public": public}
+        link = {**self._link, "signature": base64.b64encode(signature).decode()}
+        return {
+            "public_key": wire.ciphertext([share.public_key]),
+            "key_link": wire.config(link),
+        }
+
+    def on_install(self, env: Envelope) -> dict[str, Field]:
+        """Accept the joint key: the complete signed chain, this client's own link in it."""
+        if self._share is None or self._link is None:
+            raise KeySetupError(f"{self.id} holds no share: it was not part of the chain")
+        if self._joint is not None:
+            raise KeySetupError(f"{self.id} already installed this run's key")
+        self._accept_setup(env)
+        chain = env.config("chain")
+        holders = self._holders(chain)
+        links = chain.get("links")
+        last = self._check_links(holders, links, len(holders))  # a list of dicts, checked
+        mine = links[holders.index(self.id)]  # type: ignore[index]
+        if {k: mine.get(k) for k in ("previous", "public")} != self._link:
+            raise KeySetupError(f"{self.id}: the chain does not hold the link this client made")
+        (joint,) = (bytes(p) for p in env.ciphertext_parts("joint_key"))
+        if digest(joint) != last:
+            raise KeySetupError(f"{self.id}: the joint key is not the chain's last key")
+        self._joint = self.context.load_public_key(joint)
+        self.holders = holders
+        return {"installed": wire.config({"params": self.context.fingerprint})}
+
+    # ---- data path -----------------------------------------------------------------------------
+    def protect(self, values: np.ndarray) -> Field:
+        if self._joint is None:
+            raise ProtocolStateError(f"{self.id} has no joint key yet: key setup comes first")
+        parts = self.context.encrypt(
+            self._joint, values, bound=self.preset.headroom / len(self.holders)
+        )
+        chunks = self.context.load_ciphertexts(parts, np.asarray(values).size)
+        self.uploads[c1_digest([self.context.c1_half(ct) for ct in chunks])] = {}
+        return wire.ciphertext(parts)
+
+    def open(self, envelope: Envelope, name: str, length: int) -> np.ndarray:
+        raise ProtocolStateError(
+            f"{self.id}: opening an aggregate on threshold needs every holder's partial "
+            "decryption, which is not implemented yet"
+        )
+
+    # ---- releases --------------------------------------------------------------------------------
+    def on_consent(self, env: Envelope) -> dict[str, Field]:
+        """Sign a descriptor that holds this client's upload, once per kind per upload."""
+        d = Descriptor.from_config(env.config("release"))
+        self.policy.check(d)
+        mine = [dg for client, _, dg in d.entries if client == self.id]
+        if not mine or mine[0] not in self.uploads:
+            raise ReleaseRefused(
+                f"{self.id}: release {d.name!r} lists no upload this client made as its own"
+            )
+        used = self.uploads[mine[0]]
+        limit = self.releases_per_upload.get(d.kind, 0)
+        if used.get(d.kind, 0) >= limit:
+            raise ReleaseRefused(
+                f"{self.id}: its upload already entered {used.get(d.kind, 0)} release(s) of "
+                f"kind {d.kind!r}; its configuration allows {limit}"
+            )
+        used[d.kind] = used.get(d.kind, 0) + 1
+        signature = self._signer.sign(consent_message(self.id, d))
+        return {"consent": wire.config({"signature": base64.b64encode(signature).decode()})}
+
+    def on_decrypt_share(self, env: Envelope) -> dict[str, Field]:
+        """This share's partial decryption of a checked sum, recomputed from its parts."""
+        if self._share is None or self._joint is None:
+            raise ProtocolStateError(f"{self.id} holds no installed key share")
+        if self.decryptions >= self.decryption_budget:
+            raise ProtocolStateError(
+                f"{self.id} refuses partial decryption {self.decryptions + 1}: its "
+                f"configuration allows {self.decryption_budget}"
+            )
+        info = env.config("release")
+        if not isinstance(info, dict) or set(info) != {"descriptor", "consents"}:
+            raise ReleaseRefused(f"{self.id}: a decryption request without its release")
+        d = Descriptor.from_config(info["descriptor"])
+        if d.kind != "reveal":
+            raise ReleaseRefused(f"{self.id}: asked to reveal a release of kind {d.kind!r}")
+        self.policy.check(d)
+        consents = info["consents"]
+        if not isinstance(consents, dict):
+            raise ReleaseRefused(f"{self.id}: consents must map clients to signatures")
+        blobs = [bytes(p) for p in env.ciphertext_parts("halves")]
+        if d.chunks != self.context.chunks(d.n_values) or len(blobs) != d.chunks * len(d.entries):
+            raise ReleaseRefused(f"{self.id}: {d.name}: the c1 halves do not match the release")
+        per_entry = [blobs[i * d.chunks : (i + 1) * d.chunks] for i in range(len(d.entries))]
+        signatures = {c: signature_bytes(s) for c, s in consents.items() if isinstance(s, str)}
+        check_entries(
+            d, signatures, [b"".join(p) for p in per_entry], self.signers, chunk_bytes=None
+        )
+        halves = [[self.context.load_c1(b) for b in entry] for entry in per_entry]
+        c1_sum = self.context.sum_c1(halves, [k for _, k, _ in d.entries])
+        partial = self._share.partial(c1_sum)
+        self.decryptions += 1
+        return {"partial": wire.ciphertext(partial)}
