@@ -14,6 +14,8 @@ importable by reference (module-level functions and classes).
 
 from __future__ import annotations
 
+import signal
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -25,6 +27,7 @@ import pandas as pd
 from secagg.errors import ConfigError
 from secagg.server.audit import AuditLog
 from secagg.simulation.experiment import (
+    INTERRUPTED,
     ExperimentConfig,
     TransportFactory,
     run_experiment,
@@ -53,6 +56,21 @@ class RunResult:
     def audit_summary(self) -> dict[str, Any]:
         """What the server learned in plaintext, declared and undeclared items, DP coverage."""
         return self.audit.summary()
+
+
+def _catch_sigint():
+    """Ctrl-C raises KeyboardInterrupt as usual and also sets ``INTERRUPTED``, which the run
+    checks between rounds (CPython drops a KeyboardInterrupt raised inside some callbacks).
+    Returns the previous handler (None off the main thread, where signals cannot be set)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    INTERRUPTED.clear()
+
+    def handler(signum, frame):
+        INTERRUPTED.set()
+        raise KeyboardInterrupt
+
+    return signal.signal(signal.SIGINT, handler)
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -119,6 +137,7 @@ def run(
             getattr(audit, name).update(items)
         if finished.seeds and report:
             report(f"resuming {folder.path}: seeds {finished.seeds} are done")
+    previous = _catch_sigint() if folder is not None else None
     try:
         result = run_experiment(
             config,
@@ -137,6 +156,9 @@ def run(
         if folder is not None:
             folder.finish("failed")
         raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
     from secagg.simulation.report import traffic_table  # matplotlib, lazily
 
     metrics = pd.concat([finished.metrics, result.metrics], ignore_index=True)

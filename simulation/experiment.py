@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import secrets
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -317,6 +318,17 @@ class Recorder(Protocol):
     def on_seed(self, seed: int, run: SeedRun, audit: AuditLog) -> None: ...
 
 
+#: set by ``secagg.simulation.api``'s SIGINT handler: a Ctrl-C that CPython swallowed (one
+#: that lands in an import-lock or finalizer callback is "ignored") still stops the run at
+#: the next round or seed
+INTERRUPTED = threading.Event()
+
+
+def stop_if_interrupted() -> None:
+    if INTERRUPTED.is_set():
+        raise KeyboardInterrupt
+
+
 def run_seed(
     config: ExperimentConfig,
     seed: int,
@@ -475,6 +487,7 @@ def _rounds(
     scalars = audit.dp_protected & set(protocol.capabilities.client_scalars)
     model = server.params
     for number in range(config.rounds):
+        stop_if_interrupted()
         first_record = len(audit.records)
         start = time.perf_counter()
         try:
@@ -638,6 +651,7 @@ def run_experiment(
     for i, seed in enumerate(config.seeds):
         if seed in skip:
             continue
+        stop_if_interrupted()
         if progress:
             progress(
                 f"[{i + 1}/{len(config.seeds)}] {config.protocol} on {config.backend}, "
