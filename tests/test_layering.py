@@ -75,6 +75,7 @@ SECRET_MODULES = {
     "secagg.sealing",
     "secagg.threshold.shares",
     "secagg.backends.threshold_client",
+    "secagg.backends.consenting",
 }
 PUBLIC_SIDE = [
     *(ROOT / "server").rglob("*.py"),

@@ -28,6 +28,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from secagg import wire
 from secagg.backends.base import ClientBackend
+from secagg.backends.consenting import consent, public_bytes, release_identity
 from secagg.ckks.flooding import error_bound, flooding_sigma
 from secagg.ckks.keywrap import KeyWrapper
 from secagg.ckks.presets import CKKSPreset
@@ -40,10 +41,8 @@ from secagg.ckks.public import (
 )
 from secagg.ckks.release import (
     Descriptor,
-    ReleasePolicy,
     SecondPolynomials,
     check_entries,
-    consent_message,
     seed_digest,
     signature_bytes,
 )
@@ -105,18 +104,9 @@ class CKKSClient(ClientBackend):
         if not isinstance(open_budget, int) or open_budget < 0:
             raise KeySetupError(f"open_budget must be a count, got {open_budget!r}")
         self.open_budget, self.opens = open_budget, 0
-        self._signer = (
-            Ed25519PrivateKey.from_private_bytes(signing_key)
-            if signing_key is not None
-            else Ed25519PrivateKey.generate()
+        self._signer, self.signers, self.policy = release_identity(
+            client_id, signing_key, signers, min_contributors, min_weight_share, reveal_length
         )
-        self.signers = dict(signers) if signers is not None else {client_id: self.signing_public}
-        if self.signers.get(client_id) != self.signing_public:
-            raise KeySetupError(f"{client_id}'s signing key is not its key in the roster")
-        try:
-            self.policy = ReleasePolicy(min_contributors, min_weight_share, reveal_length)
-        except ValueError as exc:
-            raise KeySetupError(f"{client_id}: {exc}") from None
         self.releases_per_upload = dict(releases_per_upload or {"reveal": 1, "open": 1})
         #: digest of each upload this client made -> releases it consented to, by kind
         self.uploads: dict[str, dict[str, int]] = {}
@@ -136,7 +126,7 @@ class CKKSClient(ClientBackend):
 
     @property
     def signing_public(self) -> bytes:
-        return self._signer.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+        return public_bytes(self._signer)
 
     @property
     def keys(self) -> SecretKeyHolder:
@@ -302,25 +292,14 @@ class CKKSClient(ClientBackend):
     def on_consent(self, env: Envelope) -> dict[str, Field]:
         """Sign a release descriptor that holds this client's upload, once per kind per
         upload, if this client's policy accepts the sum it describes."""
-        d = Descriptor.from_config(env.config("release"))
-        self.policy.check(d)
-        mine = [digest for client, _, digest in d.entries if client == self.id]
-        if not mine or mine[0] not in self.uploads:
-            raise ReleaseRefused(
-                f"{self.id}: release {d.name!r} lists no upload this client made as its own "
-                "(replayed or reattributed)"
-            )
-        used = self.uploads[mine[0]]
-        limit = self.releases_per_upload.get(d.kind, 0)
-        if used.get(d.kind, 0) >= limit:
-            raise ReleaseRefused(
-                f"{self.id}: its upload already entered {used.get(d.kind, 0)} release(s) of "
-                f"kind {d.kind!r}; its configuration allows {limit} (a second weighting of "
-                "the same uploads would single one out)"
-            )
-        used[d.kind] = used.get(d.kind, 0) + 1
-        signature = self._signer.sign(consent_message(self.id, d))
-        return {"consent": wire.config({"signature": _b64(signature)})}
+        return consent(
+            self.id,
+            Descriptor.from_config(env.config("release")),
+            policy=self.policy,
+            uploads=self.uploads,
+            releases_per_upload=self.releases_per_upload,
+            signer=self._signer,
+        )
 
     def _checked(self, env: Envelope, field: str, kind: str, name: str | None = None):
         """The release in ``field`` of ``env``, checked: (descriptor, ciphertexts)."""

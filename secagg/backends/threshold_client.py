@@ -19,16 +19,14 @@ from typing import Any
 
 import numpy as np
 from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from secagg import wire
 from secagg.backends.base import ClientBackend
+from secagg.backends.consenting import consent, public_bytes, release_identity
 from secagg.ckks.release import (
     Descriptor,
-    ReleasePolicy,
     check_entries,
-    consent_message,
     signature_bytes,
 )
 from secagg.errors import KeySetupError, ProtocolStateError, ReleaseRefused
@@ -73,21 +71,12 @@ class ThresholdClient(ClientBackend):
         self.id = client_id
         self.preset = preset
         self.context = ThresholdContext(preset)
-        self._signer = (
-            Ed25519PrivateKey.from_private_bytes(signing_key)
-            if signing_key is not None
-            else Ed25519PrivateKey.generate()
+        self._signer, self.signers, self.policy = release_identity(
+            client_id, signing_key, signers, min_contributors, min_weight_share, reveal_length
         )
-        self.signers = dict(signers) if signers is not None else {client_id: self.signing_public}
-        if self.signers.get(client_id) != self.signing_public:
-            raise KeySetupError(f"{client_id}'s signing key is not its key in the roster")
         if not isinstance(decryption_budget, int) or decryption_budget < 0:
             raise KeySetupError(f"decryption_budget must be a count, got {decryption_budget!r}")
         self.decryption_budget, self.decryptions = decryption_budget, 0
-        try:
-            self.policy = ReleasePolicy(min_contributors, min_weight_share, reveal_length)
-        except ValueError as exc:
-            raise KeySetupError(f"{client_id}: {exc}") from None
         self.releases_per_upload = dict(releases_per_upload or {"reveal": 1, "open": 1})
         self.uploads: dict[str, dict[str, int]] = {}
         self._share: KeyShare | None = None
@@ -97,7 +86,7 @@ class ThresholdClient(ClientBackend):
 
     @property
     def signing_public(self) -> bytes:
-        return self._signer.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+        return public_bytes(self._signer)
 
     def handlers(self) -> dict[str, Callable[[Envelope], dict[str, Field]]]:
         return {
@@ -229,23 +218,14 @@ class ThresholdClient(ClientBackend):
     # ---- releases --------------------------------------------------------------------------------
     def on_consent(self, env: Envelope) -> dict[str, Field]:
         """Sign a descriptor that holds this client's upload, once per kind per upload."""
-        d = Descriptor.from_config(env.config("release"))
-        self.policy.check(d)
-        mine = [dg for client, _, dg in d.entries if client == self.id]
-        if not mine or mine[0] not in self.uploads:
-            raise ReleaseRefused(
-                f"{self.id}: release {d.name!r} lists no upload this client made as its own"
-            )
-        used = self.uploads[mine[0]]
-        limit = self.releases_per_upload.get(d.kind, 0)
-        if used.get(d.kind, 0) >= limit:
-            raise ReleaseRefused(
-                f"{self.id}: its upload already entered {used.get(d.kind, 0)} release(s) of "
-                f"kind {d.kind!r}; its configuration allows {limit}"
-            )
-        used[d.kind] = used.get(d.kind, 0) + 1
-        signature = self._signer.sign(consent_message(self.id, d))
-        return {"consent": wire.config({"signature": base64.b64encode(signature).decode()})}
+        return consent(
+            self.id,
+            Descriptor.from_config(env.config("release")),
+            policy=self.policy,
+            uploads=self.uploads,
+            releases_per_upload=self.releases_per_upload,
+            signer=self._signer,
+        )
 
     def on_decrypt_share(self, env: Envelope) -> dict[str, Field]:
         """This share's partial decryption of a checked sum, recomputed from its parts."""

@@ -1,0 +1,77 @@
+"""A client's side of a verified release: its signing identity, its release policy, and
+the consent it signs (``secagg.ckks.release`` says what it rests on). Both encrypted
+backends' client halves use it; it takes the signing key, so only client code imports it.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+from secagg import wire
+from secagg.ckks.release import Descriptor, ReleasePolicy, consent_message
+from secagg.errors import KeySetupError, ReleaseRefused
+from secagg.wire import Field
+
+
+def public_bytes(signer: Ed25519PrivateKey) -> bytes:
+    return signer.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+
+def release_identity(
+    client_id: str,
+    signing_key: bytes | None,
+    signers: Mapping[str, bytes] | None,
+    min_contributors: int,
+    min_weight_share: float,
+    reveal_length: int | None,
+) -> tuple[Ed25519PrivateKey, dict[str, bytes], ReleasePolicy]:
+    """The client's Ed25519 key (a fresh one without ``signing_key``), the signers' roster
+    (only itself without ``signers``; its own entry must be its key) and its policy."""
+    signer = (
+        Ed25519PrivateKey.from_private_bytes(signing_key)
+        if signing_key is not None
+        else Ed25519PrivateKey.generate()
+    )
+    roster = dict(signers) if signers is not None else {client_id: public_bytes(signer)}
+    if roster.get(client_id) != public_bytes(signer):
+        raise KeySetupError(f"{client_id}'s signing key is not its key in the roster")
+    try:
+        policy = ReleasePolicy(min_contributors, min_weight_share, reveal_length)
+    except ValueError as exc:
+        raise KeySetupError(f"{client_id}: {exc}") from None
+    return signer, roster, policy
+
+
+def consent(
+    client_id: str,
+    d: Descriptor,
+    *,
+    policy: ReleasePolicy,
+    uploads: dict[str, dict[str, int]],
+    releases_per_upload: Mapping[str, int],
+    signer: Ed25519PrivateKey,
+) -> dict[str, Field]:
+    """Sign ``d`` if it holds one of this client's ``uploads`` (digest -> releases so far,
+    by kind; counted here), within ``releases_per_upload`` and ``policy``."""
+    policy.check(d)
+    mine = [digest for client, _, digest in d.entries if client == client_id]
+    if not mine or mine[0] not in uploads:
+        raise ReleaseRefused(
+            f"{client_id}: release {d.name!r} lists no upload this client made as its own "
+            "(replayed or reattributed)"
+        )
+    used = uploads[mine[0]]
+    limit = releases_per_upload.get(d.kind, 0)
+    if used.get(d.kind, 0) >= limit:
+        raise ReleaseRefused(
+            f"{client_id}: its upload already entered {used.get(d.kind, 0)} release(s) of "
+            f"kind {d.kind!r}; its configuration allows {limit} (a second weighting of "
+            "the same uploads would single one out)"
+        )
+    used[d.kind] = used.get(d.kind, 0) + 1
+    signature = signer.sign(consent_message(client_id, d))
+    return {"consent": wire.config({"signature": base64.b64encode(signature).decode()})}
