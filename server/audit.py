@@ -32,6 +32,16 @@ KIND_LABEL = {
 }
 
 
+#: the backends' key models (``ServerBackend.key_model``), as the audit states them
+WHO_CAN_DECRYPT = {
+    "none": "nothing is encrypted: the server reads every upload",
+    "shared": "any one client (every client holds the one secret key); the server alone cannot",
+    "threshold": "only every key holder together (n-of-n): no client alone; the server with "
+    "fewer than all holders learns nothing more while their uploads are well-formed "
+    "(README, threat model: a crafted public-key upload is not detected)",
+}
+
+
 class AuditLog:
     def __init__(self, update_fields: Iterable[str] = ("pseudo_gradient",)):
         #: fields that carry one client's own model update
@@ -43,6 +53,8 @@ class AuditLog:
         self.dp_protected: set[str] = set()
         #: key-setup and receipt items: protocol machinery, derived from no client data
         self.infrastructure: set[str] = set()
+        #: who can decrypt what the clients upload (the backend's key model, set by the engine)
+        self.key_model: str | None = None
 
     # ---- recording ----------------------------------------------------------------------
     def message(self, direction: str, env: Envelope, total_bytes: int, peer: str) -> None:
@@ -98,6 +110,13 @@ class AuditLog:
             }
         )
 
+    def opened(self, round_number: int, name: str) -> None:
+        """An aggregate sent to the clients for them to open (they learn it, not the
+        server: LARC's Ĝ, RegAgg's centre, server-blind updates)."""
+        self.records.append(
+            {"event": "opened", "run": self.run, "round": round_number, "name": name}
+        )
+
     def aborted(self, round_number: int, phase: str, reason: str) -> None:
         """A round that ended with no usable client (the run of ``self.run`` stopped)."""
         self.records.append(
@@ -150,8 +169,11 @@ class AuditLog:
         sent: dict[str, Counter] = defaultdict(Counter)
         individual = False
         excluded, aborted = [], []
+        opened: Counter = Counter()
         for r in self.records:
-            if r["event"] == "aborted":
+            if r["event"] == "opened":
+                opened[r["name"]] += 1
+            elif r["event"] == "aborted":
                 aborted.append({k: r[k] for k in ("run", "round", "phase", "reason")})
             elif r["event"] == "reveal":
                 learned[r["name"]]["revealed aggregate (plaintext vector)"] += 1
@@ -190,6 +212,9 @@ class AuditLog:
             ),
             "exclusions": excluded,
             "aborted_runs": aborted,
+            # what the clients learn that the server does not, and who can decrypt at all
+            "opened_by_clients": dict(sorted(opened.items())),
+            "who_can_decrypt": WHO_CAN_DECRYPT.get(self.key_model or "", "unknown"),
         }
 
     def write(self, folder: Path) -> None:

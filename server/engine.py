@@ -220,6 +220,7 @@ class Server:
             set(ENGINE_DECLARED) | set(caps.reveals) | set(backend.declares) | reports
         )
         self.audit.infrastructure |= set(backend.declares) | {"applied"} | reports
+        self.audit.key_model = backend.key_model
         if self.policy.server_blind:
             self.audit.declared.add("applied")  # clients' receipts for the apply phase
         if self.plan.client_dp is not None:

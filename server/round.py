@@ -130,7 +130,9 @@ class RoundContext:
 
     def as_fields(self, handle: Any, name: str) -> dict[str, Field]:
         self._released(handle, name)
-        return self.backend.release(self, handle, name)
+        fields = self.backend.release(self, handle, name)
+        self.exchange.audit.opened(self.round, name)
+        return fields
 
     def load(self, replies: Mapping[str, Envelope], name: str) -> dict[str, Any]:
         handles = {}

@@ -74,6 +74,7 @@ SECRET_MODULES = {
     "secagg.ckks.keywrap",
     "secagg.sealing",
     "secagg.threshold.shares",
+    "secagg.threshold.share_relay",
     "secagg.backends.threshold_client",
     "secagg.backends.consenting",
 }

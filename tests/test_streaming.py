@@ -17,7 +17,7 @@ from secagg.backends.plain import PlainServer
 from secagg.ckks.presets import get_preset
 from secagg.ckks.public import PublicCKKS, to_bytes
 from secagg.ckks.secret import SecretKeyHolder
-from secagg.errors import WrongContext
+from secagg.errors import RoundAborted, WrongContext
 from secagg.protocols import make_protocol
 from secagg.protocols.fedavg import sample_size_weights
 from secagg.protocols.optimizers import SGD
@@ -76,8 +76,9 @@ def test_streamed_round_matches_the_buffered_round_on_ckks():
     np.testing.assert_allclose(streamed.params, buffered.params, atol=1e-5)
 
 
-@pytest.mark.parametrize("backend", ["plain", "ckks"])
+@pytest.mark.parametrize("backend", ["plain", "ckks", "threshold"])
 def test_a_dropped_client_is_renormalised_away(backend):
+    """(On threshold the client that failed its training still gives its share: n-of-n.)"""
     server_backend, backends = make_backends(backend, list(GS))
     handlers = {c: backend_client(c, backends[c], g, n) for c, (g, n) in GS.items()}
 
@@ -94,8 +95,25 @@ def test_a_dropped_client_is_renormalised_away(backend):
     np.testing.assert_allclose(
         server.params,
         sum(w[c] * g for c, (g, _) in survivors.items()),
-        atol=1e-5 if backend == "ckks" else 1e-12,
+        atol=1e-12 if backend == "plain" else 1e-5,
     )
+
+
+def test_on_threshold_a_client_gone_for_good_stops_the_round_with_a_typed_error():
+    """n-of-n: without its share nothing fuses; the round stops, naming it (no hang, no
+    model made of the others' shares)."""
+    server_backend, backends = make_backends("threshold", list(GS))
+    handlers = {c: backend_client(c, backends[c], g, n) for c, (g, n) in GS.items()}
+    alive = handlers["client_3"]
+
+    def gone_after_setup(data):
+        if Envelope.from_bytes(data).phase.startswith("key_"):
+            return alive(data)
+        raise ConnectionError("client_3 is offline")
+
+    handlers["client_3"] = gone_after_setup
+    with pytest.raises(RoundAborted, match=r"\['client_3'\] sent no share.*n-of-n"):
+        run_one_round("threshold", True, handlers, server_backend)
 
 
 def test_an_upload_whose_count_differs_from_its_enrolment_is_excluded():

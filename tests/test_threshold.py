@@ -1,6 +1,6 @@
 """The threshold backend (OpenFHE): no single key share decrypts, the joint key is the
-holders' signed chain, and a deviating server gets partial decryptions of consented sums
-only. Parity with plain on the reveal-only protocols."""
+holders' signed chain, a deviating server gets partial decryptions of consented sums only,
+and the shares of a sum clients open reach them sealed end to end. Parity with plain."""
 
 from __future__ import annotations
 
@@ -35,8 +35,12 @@ def values(seed: int) -> np.ndarray:
     return np.random.default_rng(seed).normal(0, 0.05, N)
 
 
+def c0s(context, cts):
+    return [context.load_half(context.c0_half(ct)) for ct in cts]
+
+
 def partials(context, shares, cts):
-    c1 = [context.load_c1(context.c1_half(ct)) for ct in cts]
+    c1 = [context.load_half(context.c1_half(ct)) for ct in cts]
     return [[context.load_partial(p) for p in s.partial(c1)] for s in shares]
 
 
@@ -46,9 +50,9 @@ def test_every_share_together_decrypts_a_weighted_sum(context, chain):
     uploads = [context.load_ciphertexts(context.encrypt(joint, x, 5.0), N) for x in xs]
     ks = [quantise(w, context.preset.weight_bits) for w in ws]
     total = context.weighted_sum(uploads, ks)
-    c1 = context.sum_c1([[context.load_c1(context.c1_half(c)) for c in u] for u in uploads], ks)
+    c1 = context.sum_c1([[context.load_half(context.c1_half(c)) for c in u] for u in uploads], ks)
     parts = [[context.load_partial(p) for p in s.partial(c1)] for s in shares]
-    got = context.fuse(total, parts, N)
+    got = context.fuse(c0s(context, total), parts, N)
     assert np.abs(got - sum(w * x for w, x in zip(ws, xs))).max() < 1e-5
 
 
@@ -58,18 +62,18 @@ def test_fewer_than_every_share_decrypts_nothing(context, chain, subset):
     upload = context.load_ciphertexts(context.encrypt(joint, values(7), 5.0), N)
     parts = partials(context, [shares[i] for i in subset], upload)
     with pytest.raises(MalformedCiphertext, match="do not fuse"):
-        context.fuse(upload, parts, N)
+        context.fuse(c0s(context, upload), parts, N)
 
 
 def test_a_share_restored_from_its_export_is_the_same_share(context, chain):
     shares, joint = chain
     upload = context.load_ciphertexts(context.encrypt(joint, values(3), 5.0), N)
     once = context.weighted_sum([upload], [quantise(1.0, context.preset.weight_bits)])
-    c1 = context.sum_c1([[context.load_c1(context.c1_half(c)) for c in upload]], [2**16])
+    c1 = context.sum_c1([[context.load_half(context.c1_half(c)) for c in upload]], [2**16])
     restored = KeyShare.from_bytes(context, shares[1].export(), shares[1].public_key)
     parts = [[context.load_partial(p) for p in s.partial(c1)] for s in (shares[0], restored)]
     parts.append([context.load_partial(p) for p in shares[2].partial(c1)])
-    assert np.abs(context.fuse(once, parts, N) - values(3)).max() < 1e-5
+    assert np.abs(context.fuse(c0s(context, once), parts, N) - values(3)).max() < 1e-5
 
 
 def test_an_update_of_round_off_alone_encrypts_as_zeros(context, chain):
@@ -173,20 +177,240 @@ def test_a_server_splicing_its_own_key_into_the_chain_is_refused():
         )
 
 
-def test_protocols_that_open_aggregates_are_refused_before_training():
-    with pytest.raises(secagg.errors.ConfigError, match="open aggregates themselves"):
-        secagg.ExperimentConfig(protocol="larc", backend="threshold").validate()
+# ---- clients opening a sum: every holder's partial, sealed end to end -----------------------
+def opened(r: BackendRound, xs: dict, weights=(0.25, 0.5, 0.25), name="g_hat"):
+    handles = r.uploads(xs)
+    total = r.server.weighted_sum([handles[c] for c in IDS], list(weights))
+    fields = r.server.release(r.ctx(), total, name)
+    expected = sum(w * xs[c] for w, c in zip(weights, IDS))
+    return fields, expected
+
+
+def open_as(r: BackendRound, client: str, fields: dict, name="g_hat") -> np.ndarray:
+    return r.clients[client].open(r.request(client, "larc_probe", fields), name, N)
+
+
+@pytest.fixture
+def opening_round():
+    return BackendRound(IDS, N, backend="threshold", decryption_budget=4, open_budget=4)
+
+
+def test_every_client_opens_the_released_sum(opening_round):
+    r = opening_round
+    fields, expected = opened(r, {c: values(k) for k, c in enumerate(IDS)})
+    for c in IDS:
+        assert np.abs(open_as(r, c, fields) - expected).max() < 1e-5
+    # what the server relays: the c0 halves and sealed shares, none of which is a partial
+    for blob in r.request(IDS[0], "x", fields).ciphertext_parts("g_hat.sealed"):
+        with pytest.raises(MalformedCiphertext):
+            r.server.context.load_partial(blob)
+
+
+def test_the_server_cannot_open_the_shares_it_relays(opening_round):
+    """The server holds no client's X25519 key: with a key of its own (the best it can do)
+    nothing unseals, so it cannot fuse the sum it released."""
+    from secagg.ckks.keywrap import KeyWrapper
+    from secagg.ckks.release import Descriptor
+    from secagg.threshold.share_relay import release_label, unseal
+
+    r = opening_round
+    fields, _ = opened(r, {c: values(k) for k, c in enumerate(IDS)})
+    got = r.request(IDS[0], "x", fields)
+    info = got.config("g_hat.release")
+    label = release_label(
+        r.server.context.fingerprint, Descriptor.from_config(info["descriptor"]).hash()
+    )
+    server_key = KeyWrapper()
+    chunks = len(got.ciphertext_parts("g_hat"))
+    for i, holder in enumerate(IDS):
+        for j, recipient in enumerate(IDS):
+            with pytest.raises(ReleaseRefused, match="do not open"):
+                unseal(
+                    server_key,
+                    recipient,
+                    holder,
+                    r.clients[holder].roster[holder],
+                    got.ciphertext_parts("g_hat.sealed")[i * chunks : (i + 1) * chunks],
+                    got.ciphertext_parts("g_hat.keys")[i * len(IDS) + j],
+                    label,
+                )
+
+
+@pytest.mark.parametrize("tamper", ["swap_keys", "flip_sealed", "other_release", "drop_holder"])
+def test_a_relay_that_tampers_with_the_shares_opens_nothing(opening_round, tamper):
+    r = opening_round
+    fields, _ = opened(r, {c: values(k) for k, c in enumerate(IDS)})
+    got = r.request(IDS[0], "x", fields)
+    keys = [bytes(b) for b in got.ciphertext_parts("g_hat.keys")]
+    sealed = [bytes(b) for b in got.ciphertext_parts("g_hat.sealed")]
+    info = got.config("g_hat.release")
+    if tamper == "swap_keys":  # client_1's wrapped key from client_0 handed to client_0
+        keys[0], keys[1] = keys[1], keys[0]
+    elif tamper == "flip_sealed":
+        sealed[0] = sealed[0][:-1] + bytes([sealed[0][-1] ^ 1])
+    elif tamper == "other_release":  # the same shares presented for another round's release
+        info["descriptor"] = {**info["descriptor"], "round": 7}
+    else:  # the server leaves a holder out and hopes fewer shares fuse
+        info["holders"] = IDS[:2]
+    fields = {
+        **fields,
+        "g_hat.keys": wire.ciphertext(keys),
+        "g_hat.sealed": wire.ciphertext(sealed),
+        "g_hat.release": wire.config(info),
+    }
+    with pytest.raises(ReleaseRefused):
+        open_as(r, IDS[0], fields)
+
+
+def test_a_client_that_was_not_a_recipient_cannot_open():
+    ids = [*IDS, "client_3"]
+    r = BackendRound(ids, N, backend="threshold", decryption_budget=4, open_budget=4)
+    handles = r.uploads({c: values(k) for k, c in enumerate(ids)})
+    total = r.server.weighted_sum([handles[c] for c in ids], [0.25] * 4)
+    ctx = r.ctx()
+    ctx.exclude("client_3", "train", ValueError("late"))
+    fields = r.server.release(ctx, total, "g_hat")
+    assert r.request("client_3", "x", fields).config("g_hat.release")["recipients"] == IDS
+    with pytest.raises(ReleaseRefused, match="not sealed for this client"):
+        r.clients["client_3"].open(r.request("client_3", "x", fields), "g_hat", N)
+
+
+def test_a_holder_seals_shares_only_for_clients_of_its_roster(opening_round):
+    r = opening_round
+    handles = r.uploads({c: values(k) for k, c in enumerate(IDS)})
+    total = r.server.weighted_sum([handles[c] for c in IDS], [0.3, 0.4, 0.3])
+    d = r.server.descriptor(r.ctx(), total, "open", "g_hat")
+    from secagg.backends.consent import gather_consents
+
+    request = {
+        "release": wire.config(
+            {"descriptor": d.to_config(), "consents": gather_consents(r.ctx(), d, None)}
+        ),
+        "halves": wire.ciphertext([b for e in total.entries for b in total.halves[e.client]]),
+        "recipients": wire.config({"ids": [*IDS, "server"]}),
+    }
+    with pytest.raises(ReleaseRefused, match="roster"):
+        r.ask(IDS[0], "open_share", request)
+
+
+def test_open_shares_and_opens_stop_at_the_budget():
+    r = BackendRound(IDS, N, backend="threshold", decryption_budget=4, open_budget=1)
+    fields, _ = opened(r, {c: values(k) for k, c in enumerate(IDS)})
+    open_as(r, IDS[0], fields)
+    with pytest.raises(secagg.errors.ProtocolStateError, match="allows 1"):
+        open_as(r, IDS[0], fields)
+    with pytest.raises(secagg.errors.RoundAborted, match="refuses open share 2"):
+        opened(r, {c: values(k + 5) for k, c in enumerate(IDS)})
+
+
+@pytest.mark.parametrize("phase", ["decrypt_share", "open_share"])
+def test_a_holder_that_drops_before_its_share_stops_the_round_cleanly(opening_round, phase):
+    """n-of-n: the other holders' shares cannot fuse without it, so the round stops with a
+    typed error that names the holder, and the exclusion is in the audit."""
+    r = opening_round
+    handles = r.uploads({c: values(k) for k, c in enumerate(IDS)})
+    total = r.server.weighted_sum([handles[c] for c in IDS], [0.3, 0.4, 0.3])
+
+    def gone(env):
+        raise ConnectionError("client_2 went offline")
+
+    setattr(r.clients[IDS[2]], f"on_{phase}", gone)
+    ctx = r.ctx()
+    with pytest.raises(secagg.errors.RoundAborted, match=r"\['client_2'\] sent no share.*n-of-n"):
+        if phase == "decrypt_share":
+            r.server.reveal(ctx, total, "global_update")
+        else:
+            r.server.release(ctx, total, "g_hat")
+    assert "client_2" in ctx.excluded and "went offline" in ctx.excluded["client_2"]
+    assert [(e["peer"], e["phase"]) for e in r.audit.records if e["event"] == "excluded"] == [
+        ("client_2", phase)
+    ]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("protocol", ["fedavg", "costwagg"])
-def test_threshold_gives_the_plain_model(protocol):
+@pytest.mark.parametrize(
+    "protocol, extra",
+    [
+        ("fedavg", {}),
+        ("costwagg", {}),
+        ("larc", {}),
+        ("regagg", {"backend_options": {"preset": "wide"}}),
+        ("simagg", {"backend_options": {"preset": "wide"}}),
+        ("fedavg", {"server_blind": True}),
+    ],
+)
+def test_threshold_gives_the_plain_model(protocol, extra):
     settings = dict(protocol=protocol, rounds=2, seeds=[1, 2], local_steps=5)
-    plain = secagg.run(backend="plain", **settings)
-    threshold = secagg.run(backend="threshold", **settings)
+    plain = secagg.run(backend="plain", **settings)  # (server-blind needs no key on plain)
+    threshold = secagg.run(backend="threshold", **settings, **extra)
     for seed in (1, 2):
         assert np.abs(plain.final_params[seed] - threshold.final_params[seed]).max() < 1e-5
     summary = threshold.audit_summary
     assert not summary["individual_updates_revealed"]
     assert summary["undeclared_plaintext_items"] == []
     assert "pseudo_gradient" in summary["ciphertext_fields_received"]
+
+
+@pytest.mark.parametrize("preset, tolerance", [("n8192", 1e-5), ("wide", 1e-11)])
+def test_each_preset_decodes_sums_up_to_its_headroom(preset, tolerance):
+    """Values near the headroom (the wide preset's coefficients exceed 64 bits there) and
+    tiny ones (RegAgg's τ-scaled terms) come back within the preset's precision."""
+    context = ThresholdContext(get_preset(preset))
+    shares = [KeyShare(context)]
+    for _ in range(2):
+        shares.append(KeyShare(context, shares[-1].public_key))
+    joint = context.load_public_key(shares[-1].public_key)
+    bound = context.preset.headroom / 3
+    rng = np.random.default_rng(5)
+    xs = [rng.uniform(-bound, bound, N) * 0.99 for _ in range(3)]
+    xs[0][:10] = 1e-5 * rng.normal(size=10)
+    ws = [0.5, 0.25, 0.25]
+    uploads = [context.load_ciphertexts(context.encrypt(joint, x, bound), N) for x in xs]
+    ks = [quantise(w, context.preset.weight_bits) for w in ws]
+    total = context.weighted_sum(uploads, ks)
+    halves = [[context.load_half(context.c1_half(c)) for c in u] for u in uploads]
+    parts = partials_of(context, shares, context.sum_c1(halves, ks))
+    got = context.fuse(c0s(context, total), parts, N)
+    assert np.abs(got - sum(w * x for w, x in zip(ws, xs))).max() < tolerance
+
+
+def partials_of(context, shares, c1_sum):
+    return [[context.load_partial(p) for p in s.partial(c1_sum)] for s in shares]
+
+
+def test_known_gap_a_holder_cannot_tell_a_crafted_public_key_upload_from_an_honest_one():
+    """What an active server with colluding clients still obtains (README, threat model).
+
+    Two clients colluding with the server upload (0, T) instead of an encryption: c1 is the
+    constant polynomial T, which no honest encryption produces but nothing can check (a
+    public-key upload's c1 = v·a + e1 carries the uploader's private randomness; ckks's
+    seeded uploads are checked by re-deriving c1 from the seed). They consent, and the
+    honest holder gives its partial decryption T·s_2 + f of their sum: s_2 scaled by T
+    against OpenFHE's fixed flooding of σ = 2^20. This test pins the gap; it fails once
+    holders refuse such sums (zero-knowledge proofs of well-formed encryption)."""
+    from secagg.threshold.params import c1_digest, canonical_ciphertext
+    from secagg.wire import Envelope
+
+    r = BackendRound(IDS, 10, backend="threshold", decryption_budget=4)
+    context = r.server.context
+    honest = r.clients[IDS[2]]
+    probe = context.encrypt_chunks(honest._joint, np.zeros(1))[0]
+    zero = context.cc.EvalSub(probe, probe)
+    constant = context.cc.EvalAdd(zero, context.cc.MakeCKKSPackedPlaintext([2.0**10] * 4096))
+    t_poly = constant.GetElements()[0]
+    crafted = canonical_ciphertext(context._boxed(constant, [context._zero, t_poly]))
+    handles = {}
+    for colluder in IDS[:2]:
+        upload = Envelope(
+            colluder, "server", 0, "train", {"pseudo_gradient": wire.ciphertext([crafted])}
+        )
+        handles[colluder] = r.server.load(
+            Envelope.from_bytes(upload.to_bytes()), "pseudo_gradient", 10
+        )
+        digest = c1_digest(handles[colluder].halves[colluder])
+        r.clients[colluder].uploads[digest] = {}  # its (modified) software records the upload
+    total = r.server.weighted_sum([handles[c] for c in IDS[:2]], [0.5, 0.5])
+    _, request = reveal_request(r, total)
+    reply = r.ask(IDS[2], "decrypt_share", request)
+    (partial,) = r.request(IDS[2], "x", reply).ciphertext_parts("partial")
+    assert context.load_partial(partial) is not None  # given: T·s_2 + f reaches the server

@@ -199,16 +199,27 @@ def _threshold_client(
     client_id: str, options: dict[str, Any], provision: Provision
 ) -> ClientBackend:
     from secagg.backends.threshold_client import ThresholdClient  # holds a key share
+    from secagg.ckks.keywrap import KeyWrapper
     from secagg.threshold.params import get_preset
 
-    if provision.signing_key is None or client_id not in provision.signers:
-        raise ConfigError(f"{client_id} needs a provisioned signing key and roster for threshold")
+    if (
+        provision.signing_key is None
+        or provision.identity is None
+        or client_id not in provision.signers
+        or client_id not in provision.roster
+    ):
+        raise ConfigError(
+            f"{client_id} needs a provisioned identity, signing key and rosters for threshold"
+        )
     return ThresholdClient(
         client_id,
         get_preset(options["preset"]),
+        identity=KeyWrapper.from_private_bytes(provision.identity),
+        roster=provision.roster,
         signing_key=provision.signing_key,
         signers=provision.signers,
         decryption_budget=provision.decryption_budget,
+        open_budget=provision.open_budget,
         reveal_length=provision.reveal_length,
         min_contributors=options["min_contributors"],
         min_weight_share=options["min_weight_share"],
@@ -280,8 +291,7 @@ BACKENDS: dict[str, BackendSpec] = {
     ),
     "threshold": BackendSpec(
         "threshold",
-        "CKKS under a joint key no single client holds (OpenFHE, n-of-n); reveal-only "
-        "protocols for now",
+        "CKKS under a joint key no single client holds (OpenFHE, n-of-n)",
         _threshold_server,
         _threshold_client,
         (
@@ -291,13 +301,13 @@ BACKENDS: dict[str, BackendSpec] = {
                 str,
                 "n8192",
                 "parameter set: n8192 (N=8192, one 60-bit modulus, scale 2^36: 32 bytes per "
-                "value, |sum| < 16); 128-bit secure (OpenFHE checks it)",
-                ("n8192",),
+                "value, error ~2e-6) or wide (60+59 bits, scale 2^59: 64 bytes per value, "
+                "error ~2e-13, for RegAgg/SimAgg); both 128-bit secure (OpenFHE checks it)",
+                ("n8192", "wide"),
             ),
             *_release_policy_options(),
         ),
         _check_policy,
-        client_opens=False,
     ),
 }
 

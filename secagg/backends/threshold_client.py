@@ -24,13 +24,15 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from secagg import wire
 from secagg.backends.base import ClientBackend
 from secagg.backends.consenting import consent, public_bytes, release_identity
+from secagg.ckks.keywrap import KeyWrapper
 from secagg.ckks.release import (
     Descriptor,
     check_entries,
     signature_bytes,
 )
-from secagg.errors import KeySetupError, ProtocolStateError, ReleaseRefused
+from secagg.errors import KeySetupError, MalformedCiphertext, ProtocolStateError, ReleaseRefused
 from secagg.threshold.params import ThresholdContext, ThresholdPreset, c1_digest
+from secagg.threshold.share_relay import release_label, seal, unseal
 from secagg.threshold.shares import KeyShare
 from secagg.wire import Envelope, Field
 
@@ -56,21 +58,37 @@ class ThresholdClient(ClientBackend):
         client_id: str,
         preset: ThresholdPreset,
         *,
+        identity: KeyWrapper | None = None,
+        roster: Mapping[str, bytes] | None = None,
         signing_key: bytes | None = None,
         signers: Mapping[str, bytes] | None = None,
         decryption_budget: int = 1,
+        open_budget: int = 0,
         reveal_length: int | None = None,
         min_contributors: int = 2,
         min_weight_share: float = 0.01,
         releases_per_upload: Mapping[str, int] | None = None,
     ):
-        """``signing_key``: this client's Ed25519 key (links and consents); ``signers``:
+        """``identity``: this client's X25519 key and ``roster`` every client's X25519
+        public key (shares sealed end to end for the clients that open a sum);
+        ``signing_key``: this client's Ed25519 key (links and consents); ``signers``:
         every client's Ed25519 public key, the roster of possible holders;
-        ``decryption_budget``: partial decryptions it gives at most; ``min_contributors``
-        also bounds the holders a key must have; the rest as for ckks."""
+        ``decryption_budget``: partial decryptions it gives the server at most;
+        ``open_budget``: sealed shares it gives, and sums it opens, at most (each);
+        ``min_contributors`` also bounds the holders a key must have; the rest as for
+        ckks."""
         self.id = client_id
         self.preset = preset
         self.context = ThresholdContext(preset)
+        self._identity = identity if identity is not None else KeyWrapper()
+        self.roster = (
+            dict(roster) if roster is not None else {client_id: self._identity.public_bytes}
+        )
+        if self.roster.get(client_id) != self._identity.public_bytes:
+            raise KeySetupError(f"{client_id}'s identity key is not its key in the roster")
+        if not isinstance(open_budget, int) or open_budget < 0:
+            raise KeySetupError(f"open_budget must be a count, got {open_budget!r}")
+        self.open_budget, self.open_shares, self.opens = open_budget, 0, 0
         self._signer, self.signers, self.policy = release_identity(
             client_id, signing_key, signers, min_contributors, min_weight_share, reveal_length
         )
@@ -94,6 +112,7 @@ class ThresholdClient(ClientBackend):
             "key_install": self.on_install,
             "consent": self.on_consent,
             "decrypt_share": self.on_decrypt_share,
+            "open_share": self.on_open_share,
         }
 
     # ---- key setup -----------------------------------------------------------------------------
@@ -210,10 +229,71 @@ class ThresholdClient(ClientBackend):
         return wire.ciphertext(parts)
 
     def open(self, envelope: Envelope, name: str, length: int) -> np.ndarray:
-        raise ProtocolStateError(
-            f"{self.id}: opening an aggregate on threshold needs every holder's partial "
-            "decryption, which is not implemented yet"
-        )
+        """A sum the server sent this client to open (LARC's Ĝ, RegAgg's centre, a
+        server-blind update): its c0 halves fused with every holder's partial, each
+        unsealed with the pairwise key. The release was checked by every holder before it
+        gave its share, this client included: its own share, sealed by itself for this
+        descriptor, must be among them. At most ``open_budget`` times."""
+        if self.opens >= self.open_budget:
+            raise ProtocolStateError(
+                f"{self.id} refuses to open aggregate {self.opens + 1}: its configuration "
+                f"allows {self.open_budget}"
+            )
+        info = envelope.config(f"{name}.release")
+        if not isinstance(info, dict) or set(info) != {
+            "descriptor",
+            "holders",
+            "recipients",
+            "divisor",
+        }:
+            raise ReleaseRefused(f"{self.id}: {name} comes without its release")
+        d = Descriptor.from_config(info["descriptor"])
+        if d.kind != "open" or d.name != name or d.n_values != length:
+            raise ReleaseRefused(
+                f"{self.id}: asked to open {name!r} of {length} values, got a release of "
+                f"kind {d.kind!r} for {d.name!r} of {d.n_values}"
+            )
+        self.policy.check(d)
+        holders, recipients, divisor = info["holders"], info["recipients"], info["divisor"]
+        if holders != self.holders:
+            raise ReleaseRefused(f"{self.id}: {name}: shares from {holders!r:.80}, not the key's")
+        if not isinstance(recipients, list) or self.id not in recipients:
+            raise ReleaseRefused(f"{self.id}: {name} was not sealed for this client")
+        if not isinstance(divisor, (int, float)) or not 0.0 < divisor <= 1.0:
+            raise ReleaseRefused(f"{self.id}: {name}: divisor {divisor!r} is not in (0, 1]")
+        c0s = [self.context.load_half(b) for b in envelope.ciphertext_parts(name)]
+        sealed = envelope.ciphertext_parts(f"{name}.sealed")
+        keys = envelope.ciphertext_parts(f"{name}.keys")
+        if (
+            len(c0s) != d.chunks
+            or d.chunks != self.context.chunks(d.n_values)
+            or len(sealed) != d.chunks * len(holders)
+            or len(keys) != len(recipients) * len(holders)
+        ):
+            raise ReleaseRefused(f"{self.id}: {name}: the shares do not match the release")
+        label = release_label(self.context.fingerprint, d.hash())
+        me = recipients.index(self.id)
+        partials = [
+            [
+                self.context.load_partial(p)
+                for p in unseal(
+                    self._identity,
+                    self.id,
+                    holder,
+                    self.roster[holder],
+                    sealed[i * d.chunks : (i + 1) * d.chunks],
+                    keys[i * len(recipients) + me],
+                    label,
+                )
+            ]
+            for i, holder in enumerate(holders)
+        ]
+        try:
+            values = self.context.fuse(c0s, partials, d.n_values) / float(divisor)
+        except MalformedCiphertext as exc:
+            raise ReleaseRefused(f"{self.id}: {name}: {exc}") from None
+        self.opens += 1
+        return values
 
     # ---- releases --------------------------------------------------------------------------------
     def on_consent(self, env: Envelope) -> dict[str, Field]:
@@ -227,21 +307,17 @@ class ThresholdClient(ClientBackend):
             signer=self._signer,
         )
 
-    def on_decrypt_share(self, env: Envelope) -> dict[str, Field]:
-        """This share's partial decryption of a checked sum, recomputed from its parts."""
+    def _partial(self, env: Envelope, kind: str) -> tuple[Descriptor, list[bytes]]:
+        """This share's partial decryption of a checked release of ``kind``: the sum
+        recomputed by this client from the contributors' c1 halves."""
         if self._share is None or self._joint is None:
             raise ProtocolStateError(f"{self.id} holds no installed key share")
-        if self.decryptions >= self.decryption_budget:
-            raise ProtocolStateError(
-                f"{self.id} refuses partial decryption {self.decryptions + 1}: its "
-                f"configuration allows {self.decryption_budget}"
-            )
         info = env.config("release")
         if not isinstance(info, dict) or set(info) != {"descriptor", "consents"}:
             raise ReleaseRefused(f"{self.id}: a decryption request without its release")
         d = Descriptor.from_config(info["descriptor"])
-        if d.kind != "reveal":
-            raise ReleaseRefused(f"{self.id}: asked to reveal a release of kind {d.kind!r}")
+        if d.kind != kind:
+            raise ReleaseRefused(f"{self.id}: asked to {kind} a release of kind {d.kind!r}")
         self.policy.check(d)
         consents = info["consents"]
         if not isinstance(consents, dict):
@@ -254,8 +330,45 @@ class ThresholdClient(ClientBackend):
         check_entries(
             d, signatures, [b"".join(p) for p in per_entry], self.signers, chunk_bytes=None
         )
-        halves = [[self.context.load_c1(b) for b in entry] for entry in per_entry]
+        halves = [[self.context.load_half(b) for b in entry] for entry in per_entry]
         c1_sum = self.context.sum_c1(halves, [k for _, k, _ in d.entries])
-        partial = self._share.partial(c1_sum)
+        return d, self._share.partial(c1_sum)
+
+    def on_decrypt_share(self, env: Envelope) -> dict[str, Field]:
+        """This share's partial decryption of a checked sum, for the server to fuse."""
+        if self.decryptions >= self.decryption_budget:
+            raise ProtocolStateError(
+                f"{self.id} refuses partial decryption {self.decryptions + 1}: its "
+                f"configuration allows {self.decryption_budget}"
+            )
+        _, partial = self._partial(env, "reveal")
         self.decryptions += 1
         return {"partial": wire.ciphertext(partial)}
+
+    def on_open_share(self, env: Envelope) -> dict[str, Field]:
+        """This share's partial decryption of a checked sum that clients will open,
+        sealed for each recipient (the server relays it and cannot fuse it)."""
+        if self.open_shares >= self.open_budget:
+            raise ProtocolStateError(
+                f"{self.id} refuses open share {self.open_shares + 1}: its configuration "
+                f"allows {self.open_budget}"
+            )
+        recipients = env.config("recipients")
+        ids = recipients.get("ids") if isinstance(recipients, dict) else None
+        if (
+            not isinstance(ids, list)
+            or not ids
+            or len(set(map(str, ids))) != len(ids)
+            or not all(isinstance(r, str) and r in self.roster for r in ids)
+        ):
+            raise ReleaseRefused(
+                f"{self.id}: the recipients of a share must be distinct clients of this "
+                f"client's roster, got {ids!r:.120}"
+            )
+        d, partial = self._partial(env, "open")
+        label = release_label(self.context.fingerprint, d.hash())
+        sealed, keys = seal(
+            self._identity, self.id, partial, {r: self.roster[r] for r in ids}, label
+        )
+        self.open_shares += 1
+        return {"sealed": wire.ciphertext(sealed), "keys": wire.ciphertext(keys)}

@@ -161,36 +161,78 @@ class ThresholdServer(ServerBackend):
             tuple((e.client, e.k, c1_digest(handle.halves[e.client])) for e in handle.entries),
         )
 
-    def release(self, ctx, handle: ThresholdHandle, name: str) -> dict[str, Field]:
-        raise MalformedCiphertext(
-            "clients opening an aggregate themselves is not available on threshold yet "
-            "(it needs every holder's partial decryption wrapped end to end for each opener)"
-        )
-
-    def reveal(self, ctx, handle: ThresholdHandle, name: str) -> tuple[np.ndarray, str]:
-        """Every holder's partial decryption of the consented sum, fused with its c0."""
-        d = self.descriptor(ctx, handle, "reveal", name)
+    def _shares(
+        self, ctx, handle: ThresholdHandle, name: str, kind: str, extra: dict[str, Field]
+    ) -> tuple[Descriptor, dict[str, Any], dict[str, Envelope]]:
+        """Every holder's answer to a release of ``kind`` (its descriptor, the
+        contributors' consents and c1 halves, and ``extra``); n-of-n: a holder that does
+        not answer stops the round (``RoundAborted``, with every exclusion)."""
+        d = self.descriptor(ctx, handle, kind, name)
         consents = gather_consents(ctx, d, self.signers)
         request = {
             "release": wire.config({"descriptor": d.to_config(), "consents": consents}),
             "halves": wire.ciphertext([b for e in handle.entries for b in handle.halves[e.client]]),
+            **extra,
         }
+        phase = {"reveal": "decrypt_share", "open": "open_share"}[kind]
+        expect = (
+            {"partial": wire.CIPHERTEXT}
+            if kind == "reveal"
+            else {"sealed": wire.CIPHERTEXT, "keys": wire.CIPHERTEXT}
+        )
         replies = ctx.ask(
-            "decrypt_share",
-            {h: request for h in self.holders},
-            expect={"partial": wire.CIPHERTEXT},
-            reach_excluded=True,
+            phase, {h: request for h in self.holders}, expect=expect, reach_excluded=True
         )
         missing = [h for h in self.holders if h not in replies]
         if missing:
             raise RoundAborted(
-                f"{name}: holders {missing} sent no partial decryption and the threshold key "
-                "needs all of them (n-of-n); the run stops: "
+                f"{name}: holders {missing} sent no share and the threshold key needs all "
+                "of them (n-of-n); the run stops: "
                 + "; ".join(f"{h}: {ctx.excluded.get(h, 'no answer')}" for h in missing),
                 round=ctx.round,
-                phase="decrypt_share",
+                phase=phase,
                 exclusions=ctx.excluded,
             )
+        return d, consents, replies
+
+    def release(self, ctx, handle: ThresholdHandle, name: str) -> dict[str, Field]:
+        """Fields that let the round's clients open ``handle``: the sum's c0 halves, its
+        descriptor, and every holder's partial decryption sealed for them (the server
+        relays the shares and can fuse none of them)."""
+        recipients = list(ctx.active)
+        d, _, replies = self._shares(
+            ctx, handle, name, "open", {"recipients": wire.config({"ids": recipients})}
+        )
+        chunks = len(handle.chunks)
+        sealed, keys = [], []
+        for h in self.holders:
+            s, k = replies[h].ciphertext_parts("sealed"), replies[h].ciphertext_parts("keys")
+            if len(s) != chunks or len(k) != len(recipients):
+                raise RoundAborted(
+                    f"{name}: holder {h} sent {len(s)} sealed chunk(s) and {len(k)} key(s) "
+                    f"for {chunks} chunk(s) and {len(recipients)} recipient(s)",
+                    round=ctx.round,
+                    phase="open_share",
+                    exclusions=ctx.excluded,
+                )
+            sealed += [bytes(b) for b in s]
+            keys += [bytes(b) for b in k]
+        info = {
+            "descriptor": d.to_config(),
+            "holders": self.holders,
+            "recipients": recipients,
+            "divisor": handle.divisor,
+        }
+        return {
+            name: wire.ciphertext([self.context.c0_half(ct) for ct in handle.chunks]),
+            f"{name}.release": wire.config(info),
+            f"{name}.sealed": wire.ciphertext(sealed),
+            f"{name}.keys": wire.ciphertext(keys),
+        }
+
+    def reveal(self, ctx, handle: ThresholdHandle, name: str) -> tuple[np.ndarray, str]:
+        """Every holder's partial decryption of the consented sum, fused with its c0."""
+        _, _, replies = self._shares(ctx, handle, name, "reveal", {})
         try:
             partials = [
                 [self.context.load_partial(p) for p in replies[h].ciphertext_parts("partial")]
@@ -198,7 +240,8 @@ class ThresholdServer(ServerBackend):
             ]
             if any(len(p) != len(handle.chunks) for p in partials):
                 raise MalformedCiphertext("a partial decryption has the wrong number of chunks")
-            values = self.context.fuse(handle.chunks, partials, handle.n_values) / handle.divisor
+            c0s = [self.context.c0(ct) for ct in handle.chunks]
+            values = self.context.fuse(c0s, partials, handle.n_values) / handle.divisor
         except MalformedCiphertext as exc:
             raise RoundAborted(
                 f"{name}: the holders' partial decryptions do not fuse ({exc})",

@@ -22,6 +22,12 @@ to a 218-bit modulus). Values are decoded exactly only while |Σ w_i x_i| < head
 encrypts. Measured precision: max |error| about 2e-6 on Σ w_i x_i for three uploads of N(0,
 0.05²) values (public-key encryption noise under a joint secret dominates). Sizes: 32.2 bytes
 per value per upload, 16.2 per value per partial decryption.
+
+Parameter set ``wide``: the same ring with a second modulus (60 + 59 bits; BV key switching,
+which adds no auxiliary modulus, so the same 128-bit check passes; nothing is ever
+multiplied) and scale 2^59: 64.2 bytes per value, 32.2 per partial, max |error| about 2e-13.
+It is for sums of small terms (RegAgg's and SimAgg's τ-scaled A and B, entries ~1e-5, which
+n8192's 2e-6 would swamp), as ckks's ``wide`` is. Headroom is capped at 16 for both.
 """
 
 from __future__ import annotations
@@ -41,10 +47,18 @@ from secagg.errors import ConfigError, KeySetupError, MalformedCiphertext
 class ThresholdPreset:
     name: str
     ring_dim: int
-    modulus_bits: int
+    #: the first modulus; a depth-1 preset adds a second of ``scale_bits``
+    first_modulus_bits: int
     scale_bits: int
     weight_bits: int
     description: str
+    #: 0: one modulus; 1: two (no multiplication is ever made: the second modulus buys a
+    #: larger scale, that is precision, for 2x the bytes)
+    depth: int = 0
+
+    @property
+    def modulus_bits(self) -> int:
+        return self.first_modulus_bits + self.depth * self.scale_bits
 
     @property
     def slots(self) -> int:
@@ -53,8 +67,9 @@ class ThresholdPreset:
     @property
     def headroom(self) -> float:
         """The bound on |Σ w_i x_i| (|w_i| ≤ 1 summed) that decodes without wrapping, with
-        two bits kept for the noise."""
-        return 2.0 ** (self.modulus_bits - 1 - self.scale_bits - self.weight_bits - 2)
+        two bits kept for the noise; capped at 16 (no update comes near it, and the decoder
+        is tested up to it)."""
+        return 2.0 ** min(4, self.modulus_bits - 1 - self.scale_bits - self.weight_bits - 2)
 
 
 #: serialised objects carry their key's tag, whose length varies: sizes are checked to within
@@ -65,11 +80,22 @@ PRESETS = {
     "n8192": ThresholdPreset(
         "n8192",
         ring_dim=8192,
-        modulus_bits=60,
+        first_modulus_bits=60,
         scale_bits=36,
         weight_bits=16,
-        description="N=8192, one 60-bit modulus, scale 2^36: 32 B/value, headroom 16",
-    )
+        description="N=8192, one 60-bit modulus, scale 2^36: 32 B/value, |error| ~2e-6, "
+        "headroom 16",
+    ),
+    "wide": ThresholdPreset(
+        "wide",
+        ring_dim=8192,
+        first_modulus_bits=60,
+        scale_bits=59,
+        weight_bits=16,
+        depth=1,
+        description="N=8192, moduli 60+59 bits (BV key switching), scale 2^59: 64 B/value, "
+        "|error| ~2e-13, for sums of small terms (RegAgg, SimAgg)",
+    ),
 }
 
 
@@ -108,9 +134,11 @@ class ThresholdContext:
     def __init__(self, preset: ThresholdPreset):
         self.preset = preset
         params = fhe.CCParamsCKKSRNS()
-        params.SetMultiplicativeDepth(0)
+        params.SetMultiplicativeDepth(preset.depth)
         params.SetScalingTechnique(fhe.FIXEDMANUAL)
-        params.SetFirstModSize(preset.modulus_bits)
+        # BV adds no auxiliary moduli (HYBRID's would push a depth-1 key past N = 8192)
+        params.SetKeySwitchTechnique(fhe.BV)
+        params.SetFirstModSize(preset.first_modulus_bits)
         params.SetScalingModSize(preset.scale_bits)
         params.SetRingDim(preset.ring_dim)
         params.SetBatchSize(preset.slots)
@@ -191,11 +219,11 @@ class ThresholdContext:
             )
         return [self._load(bytes(p), self.ciphertext_bytes, 2) for p in parts]
 
-    def load_c1(self, blob: bytes):
-        """One c1 half (a one-polynomial ciphertext) from bytes a peer sent."""
+    def load_half(self, blob: bytes | memoryview):
+        """One half (c0 or c1: a one-polynomial ciphertext) from bytes a peer sent."""
         return self._load(bytes(blob), self.c1_bytes, 1)
 
-    def load_partial(self, blob: bytes):
+    def load_partial(self, blob: bytes | memoryview):
         """One partial decryption from bytes a peer sent."""
         return self._load(bytes(blob), self.c1_bytes, 1)
 
@@ -254,8 +282,13 @@ class ThresholdContext:
         """The c1 polynomial alone, serialised: all a partial decryption depends on."""
         return serialize(self._boxed(ct, [ct.GetElements()[1]]))
 
-    def c0_half(self, ct):
+    def c0(self, ct):
+        """The c0 polynomial alone (a one-polynomial ciphertext): what partials fuse with."""
         return self._boxed(ct, [ct.GetElements()[0]])
+
+    def c0_half(self, ct) -> bytes:
+        """:meth:`c0`, serialised: what the server sends the clients that open a sum."""
+        return serialize(self.c0(ct))
 
     def view(self, c1):
         """(0, c1): the ciphertext a holder partially decrypts (c0 does not enter a partial)."""
@@ -267,15 +300,14 @@ class ThresholdContext:
 
     def fuse(self, c0s: Sequence, partials: Sequence[Sequence], n_values: int) -> np.ndarray:
         """c0 + Σ_k partial_k per chunk, decoded, divided by 2^weight_bits: Σ w_i x_i.
-        ``partials``: per holder, one partial per chunk. Missing a holder's partial gives
-        noise, not the sum (OpenFHE raises: the decoded error is too large)."""
+        ``c0s``: the sum's c0 halves, loaded (``load_half``); ``partials``: per holder, one
+        partial per chunk. Missing a holder's partial gives noise, not the sum (OpenFHE
+        raises: the decoded error is too large)."""
         out = np.empty(self.chunks(n_values) * self.preset.slots)
         slots = self.preset.slots
         for j, c0 in enumerate(c0s):
             try:
-                plain = self.cc.MultipartyDecryptFusion(
-                    [self.c0_half(c0)] + [p[j] for p in partials]
-                )
+                plain = self.cc.MultipartyDecryptFusion([c0] + [p[j] for p in partials])
             except RuntimeError as exc:
                 raise MalformedCiphertext(
                     f"the partial decryptions do not fuse to a sum ({str(exc)[-60:]})"
