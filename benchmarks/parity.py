@@ -1,9 +1,12 @@
-"""Parity: the same runs on ``plain`` and ``ckks`` give the same model up to CKKS precision.
+"""Parity: the same runs on ``plain`` and an encrypted backend give the same model up to
+CKKS precision.
 
     python -m benchmarks.parity [--seeds 42-46] [--preset compact] [--flooding-bits 30]
+    python -m benchmarks.parity --backend threshold [--preset n8192]
 
 For LARC and FedAdam on Fed-TCGA-BRCA, prints and writes (benchmarks/results/parity.md) the
-max |Δparam| between backends after the last round and the c-index of both, per seed.
+max |Δparam| between backends after the last round and the c-index of both, per seed
+(``parity_<preset>_flood<bits>.md`` for ckks, ``parity_threshold_<preset>.md``).
 """
 
 from __future__ import annotations
@@ -32,9 +35,17 @@ CONFIGS = {
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=parse_seeds, default=parse_seeds("42-46"))
-    parser.add_argument("--preset", default="compact")
-    parser.add_argument("--flooding-bits", type=int, default=30)
+    parser.add_argument("--backend", choices=("ckks", "threshold"), default="ckks")
+    parser.add_argument("--preset", help="the backend's preset (compact / n8192 by default)")
+    parser.add_argument("--flooding-bits", type=int, default=30, help="ckks only")
     args = parser.parse_args()
+    encrypted = args.backend
+    preset = args.preset or {"ckks": "compact", "threshold": "n8192"}[encrypted]
+    options = (
+        {"preset": preset, "flooding_bits": args.flooding_bits}
+        if encrypted == "ckks"
+        else {"preset": preset}
+    )
     rows = []
     for name, base in CONFIGS.items():
         runs = {
@@ -43,12 +54,10 @@ def main() -> None:
                     base,
                     backend=b,
                     seeds=args.seeds,
-                    backend_options={}
-                    if b == "plain"
-                    else {"preset": args.preset, "flooding_bits": args.flooding_bits},
+                    backend_options={} if b == "plain" else options,
                 )
             )
-            for b in ("plain", "ckks")
+            for b in ("plain", encrypted)
         }
         for seed in args.seeds:
             final = {
@@ -57,7 +66,7 @@ def main() -> None:
                 ].iloc[0]
                 for b, r in runs.items()
             }
-            diff = np.abs(runs["plain"].final_params[seed] - runs["ckks"].final_params[seed])
+            diff = np.abs(runs["plain"].final_params[seed] - runs[encrypted].final_params[seed])
             rows.append(
                 {
                     "protocol": name,
@@ -67,20 +76,22 @@ def main() -> None:
                     # ignores: its true gradient is 0, so Adam turns any noise there into steps
                     "max_abs_diff_weights": float(diff[:-1].max()),
                     "c_index_plain": final["plain"]["test_pooled"],
-                    "c_index_ckks": final["ckks"]["test_pooled"],
+                    f"c_index_{encrypted}": final[encrypted]["test_pooled"],
                     "same_c_index_4dp": round(final["plain"]["test_pooled"], 4)
-                    == round(final["ckks"]["test_pooled"], 4),
+                    == round(final[encrypted]["test_pooled"], 4),
                 }
             )
     table = pd.DataFrame(rows)
     out = HERE / "results"
     out.mkdir(exist_ok=True)
     md = markdown_table(table)
-    (out / f"parity_{args.preset}_flood{args.flooding_bits}.md").write_text(
-        f"# Parity plain vs ckks (preset {args.preset}, flooding {args.flooding_bits} bits)\n\n"
-        + md
-        + "\n"
-    )
+    if encrypted == "ckks":
+        name = f"parity_{preset}_flood{args.flooding_bits}.md"
+        title = f"plain vs ckks (preset {preset}, flooding {args.flooding_bits} bits)"
+    else:
+        name = f"parity_threshold_{preset}.md"
+        title = f"plain vs threshold (preset {preset}, OpenFHE's fixed partial noise)"
+    (out / name).write_text(f"# Parity {title}\n\n" + md + "\n")
     print(md)
 
 

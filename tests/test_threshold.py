@@ -414,3 +414,32 @@ def test_known_gap_a_holder_cannot_tell_a_crafted_public_key_upload_from_an_hone
     reply = r.ask(IDS[2], "decrypt_share", request)
     (partial,) = r.request(IDS[2], "x", reply).ciphertext_parts("partial")
     assert context.load_partial(partial) is not None  # given: T·s_2 + f reaches the server
+
+
+def test_horners_weighted_sum_is_bit_for_bit_the_term_by_term_sum(context, chain):
+    from secagg.threshold.params import serialize
+
+    _, joint = chain
+    uploads = [
+        context.load_ciphertexts(context.encrypt(joint, values(k), 5.0), N) for k in range(3)
+    ]
+    ks = [40961, -3, 2**16]
+    cc = context.cc
+    naive = []
+    for j in range(len(uploads[0])):
+        acc = cc.EvalSub(uploads[0][j], uploads[0][j])
+        for u, k in zip(uploads, ks):
+            for _ in range(abs(k) if abs(k) < 100 else 0):
+                acc = cc.EvalAdd(acc, u[j]) if k > 0 else cc.EvalSub(acc, u[j])
+            if abs(k) >= 100:  # k = Σ 2^b over its set bits, each 2^b·ct by b doublings
+                for b in range(abs(k).bit_length()):
+                    if (abs(k) >> b) & 1:
+                        term = u[j]
+                        for _ in range(b):
+                            term = cc.EvalAdd(term, term)
+                        acc = cc.EvalAdd(acc, term)
+        naive.append(acc)
+    before = [serialize(c) for u in uploads for c in u]
+    fast = context.weighted_sum(uploads, ks)
+    assert [serialize(c) for c in fast] == [serialize(c) for c in naive]
+    assert [serialize(c) for u in uploads for c in u] == before  # inputs untouched

@@ -270,11 +270,11 @@ class ThresholdRunningSum(RunningSum):
             return
         context = self.server.context
         terms = [context.times(ct, k) for ct in handle.chunks]
-        self._acc = (
-            terms
-            if self._acc is None
-            else [context.cc.EvalAdd(a, t) for a, t in zip(self._acc, terms)]
-        )
+        if self._acc is None:
+            self._acc = terms  # fresh objects: ``times`` copies
+        else:
+            for acc, term in zip(self._acc, terms):
+                context.cc.EvalAddInPlace(acc, term)
         (entry,) = handle.entries
         self._entries.append(Entry(entry.client, k, entry.seeds))
         self._halves.update(handle.halves)
