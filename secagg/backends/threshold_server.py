@@ -46,6 +46,11 @@ class ThresholdHandle:
     divisor: float = 1.0
 
 
+def aborted(ctx, phase: str, message: str) -> RoundAborted:
+    """The round stops in ``phase`` (n-of-n: every holder is needed), with its exclusions."""
+    return RoundAborted(message, round=ctx.round, phase=phase, exclusions=ctx.excluded)
+
+
 class ThresholdServer(ServerBackend):
     name = "threshold"
     upload_kind = wire.CIPHERTEXT
@@ -82,12 +87,11 @@ class ThresholdServer(ServerBackend):
                 expect={"public_key": wire.CIPHERTEXT, "key_link": wire.CONFIG},
             )
             if holder not in reply:
-                raise RoundAborted(
+                raise aborted(
+                    ctx,
+                    "key_chain",
                     f"key holder {holder} did not add its share to the threshold key "
                     f"({ctx.excluded.get(holder)}); every holder must",
-                    round=ctx.round,
-                    phase="key_chain",
-                    exclusions=ctx.excluded,
                 )
             (previous,) = (bytes(p) for p in reply[holder].ciphertext_parts("public_key"))
             links.append(reply[holder].config("key_link"))
@@ -102,12 +106,11 @@ class ThresholdServer(ServerBackend):
         done = ctx.ask("key_install", install, expect={"installed": wire.CONFIG})
         refused = [c for c in holders if c not in done]
         if refused:
-            raise RoundAborted(
+            raise aborted(
+                ctx,
+                "key_install",
                 f"holders {refused} refused the joint key: "
                 + "; ".join(f"{c}: {ctx.excluded.get(c)}" for c in refused),
-                round=ctx.round,
-                phase="key_install",
-                exclusions=ctx.excluded,
             )
         for c, env in done.items():
             if env.config("installed") != {"params": self.context.fingerprint}:
@@ -185,13 +188,12 @@ class ThresholdServer(ServerBackend):
         )
         missing = [h for h in self.holders if h not in replies]
         if missing:
-            raise RoundAborted(
+            raise aborted(
+                ctx,
+                phase,
                 f"{name}: holders {missing} sent no share and the threshold key needs all "
                 "of them (n-of-n); the run stops: "
                 + "; ".join(f"{h}: {ctx.excluded.get(h, 'no answer')}" for h in missing),
-                round=ctx.round,
-                phase=phase,
-                exclusions=ctx.excluded,
             )
         return d, consents, replies
 
@@ -208,12 +210,11 @@ class ThresholdServer(ServerBackend):
         for h in self.holders:
             s, k = replies[h].ciphertext_parts("sealed"), replies[h].ciphertext_parts("keys")
             if len(s) != chunks or len(k) != len(recipients):
-                raise RoundAborted(
+                raise aborted(
+                    ctx,
+                    "open_share",
                     f"{name}: holder {h} sent {len(s)} sealed chunk(s) and {len(k)} key(s) "
                     f"for {chunks} chunk(s) and {len(recipients)} recipient(s)",
-                    round=ctx.round,
-                    phase="open_share",
-                    exclusions=ctx.excluded,
                 )
             sealed += [bytes(b) for b in s]
             keys += [bytes(b) for b in k]
@@ -243,11 +244,10 @@ class ThresholdServer(ServerBackend):
             c0s = [self.context.c0(ct) for ct in handle.chunks]
             values = self.context.fuse(c0s, partials, handle.n_values) / handle.divisor
         except MalformedCiphertext as exc:
-            raise RoundAborted(
+            raise aborted(
+                ctx,
+                "decrypt_share",
                 f"{name}: the holders' partial decryptions do not fuse ({exc})",
-                round=ctx.round,
-                phase="decrypt_share",
-                exclusions=ctx.excluded,
             ) from None
         return values, "holders " + ",".join(self.holders)
 
