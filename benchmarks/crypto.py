@@ -1,16 +1,48 @@
-"""CKKS cost per parameter: our presets next to NVFlare's default, in one run.
+"""CKKS cost per parameter: the ckks and threshold presets next to NVFlare's default, in one run.
 
-    python -m benchmarks.crypto [--sizes 100000,1000000] [--clients 4] [--repeats 3] [--out DIR]
+    python -m benchmarks.crypto [--sizes 100000,1000000] [--clients 3,6,10] [--repeats 3]
+                                [--out DIR]
     secagg bench crypto ...            (the same)
 
-For each configuration and model size: upload and aggregate-download bytes per parameter,
-encrypt / aggregate / decrypt seconds per million parameters (median of --repeats), and the
-aggregate's relative error ‖dec − exact‖∞ / ‖exact‖∞, without and with noise flooding.
+For each model size, client count and configuration (one row each): upload and download bytes
+per parameter, encrypt / aggregate / decrypt seconds per million parameters (median of
+--repeats), and the relative error ‖dec − exact‖∞ / ‖exact‖∞ of the weighted sum, without
+and with noise flooding. Every configuration sums the same inputs: per model size, one
+pseudo-gradient-like vector per client (N(0, 0.01²), one value in a hundred ten times
+larger), the first k of them for k clients, with weights drawn from U(1/3, 1) and scaled to
+sum to 1; exact is Σ w_i x_i in float64. Encryption is timed on the first client's vector;
+aggregation covers loading (checking) every upload and the weighted sum.
+
+``secagg compact`` / ``secagg wide``: the ``ckks`` backend's presets (one key the clients
+share; the download is the aggregate to the decryptor, decrypt is its decryption).
+
+``secagg threshold n8192`` / ``secagg threshold wide``: the ``threshold`` backend's
+arithmetic (OpenFHE multiparty CKKS, n-of-n: every client holds a key share and every share
+is needed). Preset n8192, the default: N=8192, one 60-bit modulus, scale 2^36, 128-bit
+classical security; wide: the same ring with moduli 60 + 59 bits (BV key switching), scale
+2^59, also 128-bit, twice the bytes for far more precision (for sums of small terms). The
+joint key is built by the chain (``KeyShare`` per client, each on the previous public key),
+clients encrypt under it, the server loads the uploads, keeps their c1 halves and forms
+Σ k_i·ct_i with integer weights k_i = round(w_i·2^16). Its columns mean:
+
+- download_B_per_param: what one holder receives for a reveal, the contributors' c1 halves
+  (it recomputes the sum it partially decrypts from them), so it grows with the clients;
+- share_B_per_param: one holder's partial decryption, sent back to the server (this column
+  is the threshold's alone);
+- decrypt_s_per_M: one holder's whole part of a reveal: loading the c1 halves, recomputing
+  Σ k_i·c1_i, the partial decryption (every holder does this, in parallel);
+- fuse_s_per_M: the server loading every holder's partial and fusing them with the sum's c0
+  (this column is the threshold's alone).
+
+The threshold partials carry OpenFHE's fixed Gaussian noise (σ = 2^20), not flooding sized to a
+decryption budget, so their "with flooding" column is left empty, as is NVFlare's.
 
 NVFlare's default (``nvflare.app_opt.he``): TenSEAL context N=8192, coeff [60, 40, 40],
 scale 2^40, public-key encryption, one ``ckks_vector`` per layer (here: the whole vector as
 one layer), weighted sum as ``Σ w_i · vec_i`` (TenSEAL rescales after the plaintext product).
-NVFlare does not flood decryptions; its "with flooding" column is left empty.
+NVFlare does not flood decryptions. The ``*_vs_nvflare`` columns compare each row with
+NVFlare's row of the same size and client count (NVFlare / ours: above 1, ours is smaller or
+faster).
 
 Writes crypto.csv and crypto.md into --out: by default a new folder
 results/bench/crypto-<YYYYmmdd-HHMMSS> under the current directory, so a run never replaces
@@ -35,8 +67,28 @@ from secagg.ckks.flooding import error_bound, flooding_sigma
 from secagg.ckks.presets import PRESETS, CKKSPreset
 from secagg.ckks.public import PublicCKKS, quantise, to_bytes
 from secagg.ckks.secret import SecretKeyHolder
+from secagg.threshold import params as threshold
+from secagg.threshold.shares import KeyShare
 
 OUTPUTS = ("crypto.csv", "crypto.md")
+NVFLARE = "NVFlare default"
+#: the columns in the order the table shows them
+COLUMNS = [
+    "config",
+    "params",
+    "clients",
+    "upload_B_per_param",
+    "download_B_per_param",
+    "share_B_per_param",
+    "encrypt_s_per_M",
+    "aggregate_s_per_M",
+    "decrypt_s_per_M",
+    "fuse_s_per_M",
+    "rel_error",
+    "rel_error_flooded",
+    "upload_B_per_param_vs_nvflare",
+    "encrypt_s_per_M_vs_nvflare",
+]
 
 
 def timed(fn, repeats: int):
@@ -122,6 +174,100 @@ def bench_nvflare(xs: list[np.ndarray], weights: list[float], repeats: int) -> d
     }
 
 
+def bench_threshold(
+    preset: threshold.ThresholdPreset, xs: list[np.ndarray], weights: list[float], repeats: int
+) -> dict:
+    """The threshold backend's arithmetic, every client a key holder (n-of-n)."""
+    n = xs[0].size
+    context = threshold.ThresholdContext(preset)
+    shares = [KeyShare(context)]  # the chain: each holder adds its share to the key so far
+    for _ in xs[1:]:
+        shares.append(KeyShare(context, shares[-1].public_key))
+    joint = context.load_public_key(shares[-1].public_key)
+    bound = preset.headroom / len(xs)  # what each client checks before it encrypts
+    upload, t_enc = timed(lambda: context.encrypt(joint, xs[0], bound), repeats)
+    uploads = [upload] + [context.encrypt(joint, x, bound) for x in xs[1:]]
+    ks = [threshold.quantise(w, preset.weight_bits) for w in weights]
+
+    def aggregate():  # the server: load and check each upload, keep its c1 halves, sum
+        loaded = [context.load_ciphertexts(u, n) for u in uploads]
+        halves = [[context.c1_half(ct) for ct in chunks] for chunks in loaded]
+        return context.weighted_sum(loaded, ks), halves
+
+    (total, halves), t_agg = timed(aggregate, repeats)
+
+    def partial(share: KeyShare) -> list[bytes]:  # a holder: its own Σ k_i·c1_i, its partial
+        c1_sum = context.sum_c1([[context.load_half(b) for b in h] for h in halves], ks)
+        return share.partial(c1_sum)
+
+    first, t_partial = timed(lambda: partial(shares[0]), repeats)
+    partials = [first] + [partial(s) for s in shares[1:]]
+
+    def fuse():  # the server: load every holder's partial, fuse with the sum's c0
+        loaded = [[context.load_partial(p) for p in chunks] for chunks in partials]
+        return context.fuse([context.c0(ct) for ct in total], loaded, n)
+
+    dec, t_fuse = timed(fuse, repeats)
+    exact = sum(w * x for w, x in zip(weights, xs))
+    return {
+        "upload_B_per_param": sum(map(len, upload)) / n,
+        "download_B_per_param": sum(len(b) for h in halves for b in h) / n,
+        "share_B_per_param": sum(map(len, first)) / n,
+        "encrypt_s_per_M": t_enc * 1e6 / n,
+        "aggregate_s_per_M": t_agg * 1e6 / n,
+        "decrypt_s_per_M": t_partial * 1e6 / n,
+        "fuse_s_per_M": t_fuse * 1e6 / n,
+        "rel_error": relative_error(dec, exact),
+        "rel_error_flooded": float("nan"),
+    }
+
+
+def inputs(n: int, clients: int, rng: np.random.Generator) -> tuple[list[np.ndarray], np.ndarray]:
+    """``clients`` pseudo-gradient-like vectors of ``n`` values (mostly small, a few larger
+    entries) and raw weights in [1/3, 1]; a run with k clients takes the first k of each."""
+    xs = [rng.normal(0, 0.01, n) * rng.choice([1, 10], n, p=[0.99, 0.01]) for _ in range(clients)]
+    return xs, rng.uniform(1 / 3, 1, clients)
+
+
+def measure(xs: list[np.ndarray], raw_weights: np.ndarray, repeats: int, rounds: int) -> list[dict]:
+    """One row per configuration for these clients: the weights scaled to sum to 1."""
+    weights = list(raw_weights / raw_weights.sum())
+    configs = {
+        f"secagg {p.name}": (lambda p=p: bench_preset(p, xs, weights, repeats, rounds))
+        for p in PRESETS.values()
+    }
+    configs[NVFLARE] = lambda: bench_nvflare(xs, weights, repeats)
+    for p in threshold.PRESETS.values():
+        configs[f"secagg threshold {p.name}"] = lambda p=p: bench_threshold(p, xs, weights, repeats)
+    rows = []
+    for name, run in configs.items():
+        print(f"  {name}, {xs[0].size:.0e} parameters, {len(xs)} clients ...", flush=True)
+        rows.append({"config": name, "params": xs[0].size, "clients": len(xs), **run()})
+    return rows
+
+
+def table(rows: list[dict]) -> pd.DataFrame:
+    """The rows with the columns in order (a configuration without a column gets NaN) and
+    each row's ratios to NVFlare's row of the same size and client count."""
+    frame = pd.DataFrame(rows).reindex(columns=COLUMNS)
+    for _, g in frame.groupby(["params", "clients"], sort=False):
+        ref = g[g["config"] == NVFLARE].iloc[0]
+        for col in ("upload_B_per_param", "encrypt_s_per_M"):
+            frame.loc[g.index, f"{col}_vs_nvflare"] = ref[col] / g[col]
+    return frame
+
+
+def counts(text: str) -> list[int]:
+    """An argparse type: comma-separated client counts, each at least 1, no repeats."""
+    try:
+        numbers = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        numbers = [0]
+    if not numbers or min(numbers) < 1 or len(set(numbers)) != len(numbers):
+        raise argparse.ArgumentTypeError(f"not a list of distinct client counts: {text!r}")
+    return numbers
+
+
 def sizes(text: str) -> list[int]:
     """An argparse type: comma-separated parameter counts, each at least 1."""
     try:
@@ -139,9 +285,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="secagg bench crypto",
         description=__doc__.splitlines()[0]
-        + " For each configuration and model size: bytes per parameter up and down, "
-        "encrypt / aggregate / decrypt seconds per million parameters, and the aggregate's "
-        "relative error without and with noise flooding.",
+        + " For each model size, client count and configuration (the ckks presets, the "
+        "threshold backend, NVFlare's default): bytes per parameter up and down (and, for "
+        "threshold, per partial decryption), encrypt / aggregate / decrypt (and fuse) seconds "
+        "per million parameters, and the weighted sum's relative error without and with "
+        "noise flooding; the module's docstring (benchmarks/crypto.py) defines each column.",
         epilog="Writes " + " and ".join(OUTPUTS) + " into --out. The committed tables that "
         "the README quotes are regenerated with --out benchmarks/results --overwrite.",
     )
@@ -153,9 +301,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--clients",
-        type=positive,
-        default=4,
-        help="clients in the weighted sum (default: %(default)s)",
+        type=counts,
+        default="3,6,10",
+        help="client counts, comma separated: each configuration sums that many uploads, "
+        "and on threshold each client is a key holder (default: %(default)s)",
     )
     parser.add_argument(
         "--repeats",
@@ -195,35 +344,25 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     rows = []
     rng = np.random.default_rng(0)
     for n in args.sizes:
-        # pseudo-gradient-like values: mostly small, a few larger entries
-        xs = [
-            rng.normal(0, 0.01, n) * rng.choice([1, 10], n, p=[0.99, 0.01])
-            for _ in range(args.clients)
-        ]
-        weights = list(rng.uniform(1 / 3, 1, args.clients))
-        configs = {
-            f"secagg {p.name}": (
-                lambda p=p: bench_preset(p, xs, weights, args.repeats, args.rounds)
-            )
-            for p in PRESETS.values()
-        }
-        configs["NVFlare default"] = lambda: bench_nvflare(xs, weights, args.repeats)
-        for name, run in configs.items():
-            print(f"  {name}, {n:.0e} parameters ...", flush=True)
-            rows.append({"config": name, "params": n, **run()})
-    table = pd.DataFrame(rows)
-    for n, g in table.groupby("params"):
-        ref = g[g["config"] == "NVFlare default"].iloc[0]
-        for col in ("upload_B_per_param", "encrypt_s_per_M"):
-            table.loc[g.index, f"{col}_vs_nvflare"] = ref[col] / g[col]
-    table.to_csv(args.out / "crypto.csv", index=False)
-    md = markdown_table(table, ".3g")
+        xs, raw_weights = inputs(n, max(args.clients), rng)
+        for k in args.clients:
+            rows += measure(xs[:k], raw_weights[:k], args.repeats, args.rounds)
+    result = table(rows)
+    result.to_csv(args.out / "crypto.csv", index=False)
+    # a column a configuration does not have reads as a dash, not as "nan"
+    md = markdown_table(result.astype(object).where(result.notna(), "–"), ".3g")
     (args.out / "crypto.md").write_text(
         "# CKKS cost per parameter (median of repeats; *_vs_nvflare = NVFlare / ours, so "
-        "above 1 means ours is smaller or faster)\n\n" + md + "\n"
+        "above 1 means ours is smaller or faster)\n\n"
+        "Weighted sums of the same inputs in every configuration (weights sum to 1). "
+        "`secagg threshold *`: OpenFHE multiparty CKKS, every client a key "
+        "holder (n-of-n); its download is the c1 halves each holder receives, share is each "
+        "holder's partial decryption, decrypt is one holder's part (recompute the sum from "
+        "the c1 halves, partially decrypt), fuse is the server's (load the partials, fuse); "
+        "`python -m benchmarks.crypto --help` and the module's docstring say more.\n\n" + md + "\n"
     )
     print(md)
-    return table
+    return result
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """What privacy costs, end to end: round time by phase, bytes by message, peak memory.
 
-    python -m benchmarks.overhead [--quick] [--sweep sizes,clients,dp,buffered] [--out DIR]
+    python -m benchmarks.overhead [--quick] [--sweep sizes,clients,dp,threshold] [--out DIR]
     secagg bench overhead ...          (the same)
 
 Every configuration runs the real engine (FedAdam, streaming aggregation), real clients
@@ -30,21 +30,32 @@ round is pure protocol and crypto overhead. Sweeps (``--sweep``):
 - ``buffered``: the server without streaming, ckks synthetic, 1e6 parameters, to show why
   streaming matters for memory;
 - ``steps``: mlp 1e6 × 10 at 1, 2 and 4 times ``--local-steps``: how much local training
-  it takes to hide the crypto.
+  it takes to hide the crypto;
+- ``threshold``: 1e6 parameters × 10 clients, both workloads, ckks (``compact``) and the
+  ``threshold`` backend (OpenFHE multiparty CKKS, preset ``n8192``, n-of-n: every client
+  holds a key share; the joint key is built once per run by the signed chain, and each
+  reveal fuses every holder's partial decryption) alternately, ``--repeats`` pairs: the
+  median threshold/ckks round-time ratio and its spread (target ≤ 3×), where the time goes,
+  the bytes by message. Its rows and report are its own files (below), so that
+  ``--sweep threshold`` leaves the plain vs ckks report as it is.
 
-``--quick`` is a smoke check that every code path runs, not a measurement: 14 configurations
+``--quick`` is a smoke check that every code path runs, not a measurement: 16 configurations
 at toy sizes (the synthetic workload at 1e3 and 1e4 parameters and 2 and 10 clients, the mlp
 at 1e4 × 10; DP, the wide preset, buffering and twice the local steps once each; the headline
-configurations once, as the one interleaved repeat), 2 rounds and 10 local steps each.
+configurations once, as the one interleaved repeat; one ckks/threshold pair, synthetic
+1e4 × 10), 2 rounds and 10 local steps each.
 
 ``--reuse`` keeps the configurations already in --out's overhead_rounds.csv and runs only the
 others (the report then covers both).
 
 Writes overhead_rounds.csv (one row per round), overhead.csv (medians per configuration),
 overhead.md (the report, with the machine), overhead_machine.json and overhead_*.png into
---out: by default a new folder results/bench/overhead-<YYYYmmdd-HHMMSS> under the current
-directory, so a run never replaces earlier results. The committed results that the README
-quotes are regenerated with ``--out benchmarks/results --overwrite``.
+--out, and for the threshold sweep overhead_threshold_rounds.csv, overhead_threshold.csv,
+overhead_threshold.md and overhead_threshold_machine.json (a run writes only the files of
+the sweeps it runs): by default a new folder results/bench/overhead-<YYYYmmdd-HHMMSS> under
+the current directory, so a run never replaces earlier results. The committed results that
+the README quotes are regenerated with ``--out benchmarks/results --overwrite`` (the
+threshold report alone with ``--sweep threshold --out benchmarks/results --overwrite``).
 """
 
 from __future__ import annotations
@@ -101,6 +112,14 @@ QUICK_CLIENTS = (2, 10)
 QUICK_DEFAULTS = {"rounds": 2, "local_steps": 10, "repeats": 1}
 FULL_DEFAULTS = {"rounds": 3, "local_steps": 100, "repeats": 3}
 SWEEPS = ("ratio", "sizes", "clients", "dp", "presets", "buffered", "steps")
+#: ckks vs threshold in interleaved pairs, reported on its own (overhead_threshold.*): the
+#: sweeps above are plain vs ckks and write overhead.*
+THRESHOLD_SWEEP = "threshold"
+ALL_SWEEPS = (*SWEEPS, THRESHOLD_SWEEP)
+#: the threshold backend's preset (its only one)
+THRESHOLD_PRESET = "n8192"
+#: the threshold sweep's target: its round at most this many times the ckks round
+THRESHOLD_TARGET = 3.0
 #: what identifies a configuration (a row of the summary)
 CONFIG_KEYS = [
     "kind",
@@ -146,8 +165,8 @@ class SyntheticTrainer:
 
 
 def preset_option(backend: str, preset: str) -> dict[str, str]:
-    """The CKKS preset as a backend option (plain takes none)."""
-    return {"preset": preset} if backend == "ckks" else {}
+    """The preset as a backend option (plain takes none)."""
+    return {"preset": preset} if backend in ("ckks", "threshold") else {}
 
 
 @dataclass(frozen=True)
@@ -363,6 +382,10 @@ def measure_rounds(
                 "clients_protect_s": spent.get("protect", 0.0),
                 "clients_open_s": spent.get("open", 0.0),
                 "decryptor_reveal_s": spent.get("phase:reveal", 0.0),
+                "clients_consent_s": spent.get("phase:consent", 0.0),
+                # threshold: every holder's partial decryption, its own recomputation of
+                # the sum from the c1 halves included (summed over holders)
+                "holders_partial_s": spent.get("phase:decrypt_share", 0.0),
                 "clients_envelope_s": spent.get("phase:train", 0.0)
                 - spent.get("train", 0)
                 - spent.get("protect", 0.0),
@@ -445,12 +468,24 @@ def plan(
             for f in ((1, 2) if quick else (1, 2, 4))
             for backend in ("plain", "ckks")
         ]
+    if THRESHOLD_SWEEP in sweeps:  # ckks vs threshold, interleaved pairs, against drift
+        out += [
+            (
+                f"{THRESHOLD_SWEEP}#{rep}",
+                Workload(kind, n, 10, backend, preset, local_steps=steps),
+                {},
+            )
+            for rep in range(repeats)
+            for kind in (("synthetic",) if quick else ("mlp", "synthetic"))
+            for backend, preset in (("ckks", "compact"), ("threshold", THRESHOLD_PRESET))
+        ]
     # the same configuration can appear in two sweeps: run it once (the ratio repeats are
-    # meant as repeats, but in a quick run the first is the other sweeps' run, relabelled)
+    # meant as repeats, but in a quick run the first is the other sweeps' run, relabelled;
+    # the threshold pairs always run as their own, to be written to their own report)
     seen: dict[tuple, int] = {}
     unique: list[tuple[str, Workload, dict]] = []
     for sweep, workload, opts in out:
-        repeat = sweep.startswith("ratio")
+        repeat = sweep.startswith(("ratio", f"{THRESHOLD_SWEEP}#"))
         label = sweep if repeat and not (quick and sweep == "ratio#0") else ""
         key = (workload, tuple(sorted(opts.items())), label)
         if key not in seen:
@@ -498,7 +533,14 @@ def linear_fit(x, y) -> tuple[float, float]:
 
 # ---- report ------------------------------------------------------------------------------
 def machine() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
     import tenseal
+
+    try:
+        openfhe = version("openfhe")
+    except PackageNotFoundError:
+        openfhe = "not installed"
 
     cpu = "unknown"
     try:
@@ -514,6 +556,7 @@ def machine() -> dict[str, str]:
         "memory": f"{mem:.0f} GiB",
         "python": platform.python_version(),
         "tenseal": tenseal.__version__,
+        "openfhe": openfhe,
         "os": platform.platform(),
     }
 
@@ -685,6 +728,171 @@ def targets(
                     f"+20%: {'met' if growth <= 0.2 else 'NOT met'})"
                 )
     return out
+
+
+def dashes(frame: pd.DataFrame) -> pd.DataFrame:
+    """What a configuration does not have reads as a dash in a table, not as "nan"."""
+    return frame.astype(object).where(frame.notna(), "–")
+
+
+def is_threshold(label: Any) -> bool:
+    """Whether a row belongs to the threshold sweep (its own report)."""
+    return str(label).startswith(f"{THRESHOLD_SWEEP}#")
+
+
+THRESHOLD_PAIR_COLUMNS = ["workload", "pair", "ckks_wall_s", "threshold_wall_s", "threshold/ckks"]
+
+
+def threshold_pairs(rounds: pd.DataFrame) -> pd.DataFrame:
+    """threshold/ckks per interleaved pair (medians of each run's warm rounds), per workload."""
+    part = rounds[rounds["label"].map(is_threshold)]
+    if part["warm"].any():
+        part = part[part["warm"]]
+    rows = []
+    for (kind, label), g in part.groupby(["kind", "label"], sort=False):
+        walls = g.groupby("backend")["wall_s"].median()
+        if {"ckks", "threshold"} <= set(walls.index):
+            rows.append(
+                {
+                    "workload": kind,
+                    "pair": int(str(label).split("#")[1]) + 1,
+                    "ckks_wall_s": walls["ckks"],
+                    "threshold_wall_s": walls["threshold"],
+                    "threshold/ckks": walls["threshold"] / walls["ckks"],
+                }
+            )
+    return pd.DataFrame(rows, columns=THRESHOLD_PAIR_COLUMNS)
+
+
+def threshold_targets(pairs: pd.DataFrame) -> list[str]:
+    """The median paired ratio per workload, its spread, against :data:`THRESHOLD_TARGET`."""
+    out = []
+    for kind, g in pairs.groupby("workload", sort=False):
+        ratios = g["threshold/ckks"].to_numpy()
+        median = float(np.median(ratios))
+        spread = (
+            f"range {ratios.min():.2f}–{ratios.max():.2f}, {len(ratios)} pairs"
+            if len(ratios) > 1
+            else "1 pair"
+        )
+        out.append(
+            f"- {kind}: threshold round {g['threshold_wall_s'].median():.2f} s vs ckks "
+            f"{g['ckks_wall_s'].median():.2f} s (medians); paired ratios "
+            f"{', '.join(f'{r:.2f}' for r in ratios)}: median {median:.2f}× ({spread}) "
+            f"(target ≤ {THRESHOLD_TARGET:g}×: "
+            f"{'met' if median <= THRESHOLD_TARGET else 'NOT met'})"
+        )
+    return out
+
+
+def threshold_breakdown(summary: pd.DataFrame) -> pd.DataFrame:
+    """Where a round's time goes, ckks beside threshold, per workload."""
+    cols = {
+        "wall_s": "round wall",
+        "server_train_s": "server: waiting for uploads",
+        "server_load_s": "server: load uploads",
+        "server_aggregate_s": "server: aggregate",
+        "server_consent_s": "server: consents round trip",
+        "server_reveal_s": "server: decryptor round trip (ckks)",
+        "server_decrypt_share_s": "server: partial decryptions round trip (threshold)",
+        "server_optimizer_s": "server: optimizer",
+        "clients_train_s": "clients: training",
+        "clients_protect_s": "clients: encode + encrypt",
+        "clients_consent_s": "clients: consents",
+        "decryptor_reveal_s": "decryptor: decrypt + flood (ckks)",
+        "holders_partial_s": "holders: partial decryptions (threshold)",
+        "setup_s": "key setup, once per run",
+        "setup_MB": "key setup (MB), once per run",
+        "server_peak_rss_MB": "server peak (MB)",
+        "worker_peak_rss_MB": "busiest worker peak (MB)",
+    }
+    rows = []
+    for _, r in summary.iterrows():
+        rows.append(
+            {
+                "config": f"{r['kind']} {r['backend']}",
+                **{label: r.get(col, float("nan")) for col, label in cols.items()},
+                cols["setup_MB"]: r.get("setup_bytes", float("nan")) / MB,
+            }
+        )
+    # one configuration per column: the table is long, not wide
+    return pd.DataFrame(rows).set_index("config").T.rename_axis("seconds per round").reset_index()
+
+
+def write_threshold_report(
+    rounds: pd.DataFrame, summary: pd.DataFrame, out: Path, args, elapsed: float
+) -> str:
+    """overhead_threshold.md: the paired threshold/ckks ratios and where the time goes."""
+    m = machine()
+    n = headline_size(args.quick)
+    pairs = threshold_pairs(rounds)
+    lines = [
+        "# Threshold vs ckks: what a key no client holds costs per round",
+        "",
+        f"Generated by `python -m benchmarks.overhead {' '.join(args.argv)}`; measuring the "
+        f"threshold sweep took {elapsed / 60:.1f} minutes. Machine: {m['cpu']}, "
+        f"{m['cores']} cores, {m['memory']}, Python {m['python']}, TenSEAL {m['tenseal']} "
+        f"(SEAL), OpenFHE {m['openfhe']}, {m['os']}.",
+        "",
+        f"Setting: FedAdam, streaming aggregation, {n:.0e} parameters, 10 clients in "
+        f"{args.workers} worker processes, {args.rounds} rounds per run in a fresh server "
+        "process (the first a warm-up: in `overhead_threshold_rounds.csv`, not in the "
+        "medians). `ckks`: preset `compact` (N=4096, one key the clients share, one "
+        "decryptor per reveal, 30-bit noise flooding). `threshold`: OpenFHE multiparty CKKS, "
+        f"preset `{THRESHOLD_PRESET}` (N=8192, one 60-bit modulus, scale 2^36, 128-bit "
+        "classical security), n-of-n: every client holds a share of the key, built once per "
+        "run by a signed chain through the server; a reveal sends every holder the "
+        "contributors' c1 halves, each holder checks the consents, recomputes the sum and "
+        "returns its partial decryption, and the server fuses them. Runs alternate ckks, "
+        f"threshold, ckks, ... ({args.repeats} pair(s) per workload), so the ratio does not "
+        f"ride on the machine's load drifting. `mlp`: MLP 64-h-h-10 on digits, "
+        f"{args.local_steps} local SGD steps of batch 32 per round; `synthetic`: no training. "
+        "The machine is shared and noisy: compare within one run.",
+        "",
+        *(
+            [
+                f"**`--quick`: a smoke check at toy sizes ({n:.0e} parameters), not a "
+                "measurement: do not quote these figures.**",
+                "",
+            ]
+            if args.quick
+            else []
+        ),
+        f"## Target (threshold round ≤ {THRESHOLD_TARGET:g}× the ckks round)",
+        "",
+        *threshold_targets(pairs),
+        "",
+        "## Interleaved pairs (medians of each run's warm rounds)",
+        "",
+        markdown_table(dashes(pairs), ".3g"),
+        "",
+        "## Where the time goes (medians of the warm rounds over all pairs)",
+        "",
+        "Seconds per round unless stated. Clients' and holders' figures are summed over "
+        f"clients: they run in parallel on {args.workers} workers and overlap the server's "
+        "work, so the parts do not add up to the wall time. On threshold the server's "
+        "fusing of the partials (loading every holder's partial, fusing with c0) is inside "
+        "the round but in no phase timer. Key setup (the chain on threshold, key wrapping "
+        "on ckks) happens once per run, before the rounds.",
+        "",
+        markdown_table(dashes(threshold_breakdown(summary)), ".3g"),
+        "",
+        "## Bytes per round by message (totals over all clients, per parameter)",
+        "",
+        "`train_up`: the uploads; `train_down`: the model to every client; ckks: "
+        "`reveal_down` the aggregate to the decryptor, `reveal_up` its flooded plaintext; "
+        "threshold: `decrypt_share_down` the contributors' c1 halves to every holder, "
+        "`decrypt_share_up` every holder's partial decryption; `consent_*`: the release "
+        "descriptors and signatures.",
+        "",
+        markdown_table(dashes(bytes_table(summary)), ".3g"),
+        "",
+        "Raw rows: `overhead_threshold_rounds.csv`; medians: `overhead_threshold.csv`.",
+        "",
+    ]
+    text = "\n".join(lines)
+    (out / "overhead_threshold.md").write_text(text)
+    return text
 
 
 def write_report(
@@ -939,6 +1147,21 @@ OUTPUTS = (
     "overhead_sizes.png",
     "overhead_clients.png",
 )
+#: what the threshold sweep writes (its own report, beside the plain vs ckks one)
+THRESHOLD_OUTPUTS = (
+    "overhead_threshold_rounds.csv",
+    "overhead_threshold.csv",
+    "overhead_threshold.md",
+    "overhead_threshold_machine.json",
+)
+
+
+def outputs_of(sweeps: list[str]) -> tuple[str, ...]:
+    """The files a run of these sweeps writes: the plain vs ckks report's if any of its
+    sweeps runs, the threshold report's if the threshold sweep does."""
+    return (OUTPUTS if set(sweeps) & set(SWEEPS) else ()) + (
+        THRESHOLD_OUTPUTS if THRESHOLD_SWEEP in sweeps else ()
+    )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -951,14 +1174,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         + " Every configuration runs the real engine, clients (in worker processes) and "
         "backends, in a fresh server process; the module's docstring "
         "(benchmarks/overhead.py) says what each sweep measures.",
-        epilog="Writes " + ", ".join(OUTPUTS) + " into --out. The committed tables that the "
-        "README quotes are regenerated with --out benchmarks/results --overwrite (the full "
-        "run, about 35 minutes on 2 cores).",
+        epilog="Writes "
+        + ", ".join(OUTPUTS)
+        + " into --out, and the threshold sweep "
+        + ", ".join(THRESHOLD_OUTPUTS)
+        + ". The committed tables that the README quotes are regenerated with --out "
+        "benchmarks/results --overwrite (the full run: about 35 minutes on 2 cores for the "
+        "plain vs ckks sweeps, and the threshold sweep's own; --sweep threshold regenerates "
+        "its report alone).",
     )
     parser.add_argument(
         "--sweep",
-        default=",".join(SWEEPS),
-        help="which sweeps to run, comma separated, from: %(default)s (default: all of them)",
+        default=",".join(ALL_SWEEPS),
+        help="which sweeps to run, comma separated, from: %(default)s (default: all of them; "
+        f"{THRESHOLD_SWEEP!r}, ckks vs threshold in interleaved pairs, writes a report of "
+        "its own)",
     )
     parser.add_argument(
         "--quick",
@@ -996,8 +1226,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--repeats",
         type=positive,
         help="interleaved plain/ckks repeats of the headline configurations (the ratio "
-        f"sweep) (default: {FULL_DEFAULTS['repeats']}; {QUICK_DEFAULTS['repeats']} with "
-        "--quick)",
+        "sweep), and ckks/threshold pairs per workload (the threshold sweep) "
+        f"(default: {FULL_DEFAULTS['repeats']}; {QUICK_DEFAULTS['repeats']} with --quick)",
     )
     parser.add_argument(
         "--out",
@@ -1022,15 +1252,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.argv = list(argv if argv is not None else sys.argv[1:])
     args.sweep = [s.strip() for s in args.sweep.split(",") if s.strip()]
-    unknown = set(args.sweep) - set(SWEEPS)
+    unknown = set(args.sweep) - set(ALL_SWEEPS)
     if unknown:
-        parser.error(f"unknown sweeps {sorted(unknown)}; choose from {', '.join(SWEEPS)}")
+        parser.error(f"unknown sweeps {sorted(unknown)}; choose from {', '.join(ALL_SWEEPS)}")
     for key, value in (QUICK_DEFAULTS if args.quick else FULL_DEFAULTS).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
     if args.reuse and args.out is None:
         parser.error("--reuse reads an earlier run's overhead_rounds.csv: give its folder as --out")
-    args.out = output_folder(parser, args.out, "overhead", OUTPUTS, args.overwrite or args.reuse)
+    args.out = output_folder(
+        parser, args.out, "overhead", outputs_of(args.sweep), args.overwrite or args.reuse
+    )
     return args
 
 
@@ -1038,13 +1270,21 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     args = parse_args(argv)
     print(f"writing to {args.out}", flush=True)
     configs = plan(args.sweep, args.quick, args.local_steps, args.repeats)
-    rows: list[dict] = []
+    # two reports, each with its own files: plain vs ckks (False) and the threshold sweep
+    # (True); a run touches only the files of the sweeps it runs
+    reports: dict[bool, tuple[str, ...]] = {}
+    if set(args.sweep) & set(SWEEPS):
+        reports[False] = OUTPUTS
+    if THRESHOLD_SWEEP in args.sweep:
+        reports[True] = THRESHOLD_OUTPUTS
+    rows: dict[bool, list[dict]] = {threshold: [] for threshold in reports}
     done: set[tuple] = set()
-    if args.reuse and (args.out / "overhead_rounds.csv").exists():
-        old = pd.read_csv(args.out / "overhead_rounds.csv")
-        rows = old.to_dict("records")
-        done = {(*(r[k] for k in CONFIG_KEYS), r["label"]) for r in rows}
-    start, measured = time.perf_counter(), 0
+    if args.reuse:
+        for threshold, files in reports.items():
+            if (args.out / files[0]).exists():
+                rows[threshold] = pd.read_csv(args.out / files[0]).to_dict("records")
+                done |= {(*(r[k] for k in CONFIG_KEYS), r["label"]) for r in rows[threshold]}
+    spent = {threshold: 0.0 for threshold in reports}
     for i, (sweep, workload, opts) in enumerate(configs, 1):
         name = (
             f"{workload.kind} {workload.backend} {workload.n_params:.0e} params "
@@ -1067,32 +1307,41 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
             print(f"[{i}/{len(configs)}] {name}: reused", flush=True)
             continue
         print(f"[{i}/{len(configs)}] {name} ...", flush=True)
+        threshold = is_threshold(sweep)
+        start = time.perf_counter()
         got = run_config(workload, args.rounds, args.workers, label=sweep, **opts)
-        measured += 1
-        rows += got
+        spent[threshold] += time.perf_counter() - start
+        rows[threshold] += got
         print(
             "    "
             + "  ".join(f"{r['wall_s']:.2f} s" for r in got)
             + f"  server peak {max(r['server_peak_rss_MB'] for r in got):.0f} MB",
             flush=True,
         )
-        pd.DataFrame(rows).to_csv(args.out / "overhead_rounds.csv", index=False)
-    rounds = pd.DataFrame(rows)
-    summary = summarise(rounds)
-    summary.to_csv(args.out / "overhead.csv", index=False)
-    written = plot(summary, args.out, args.local_steps)
-    for stale in {f for f in OUTPUTS if f.endswith(".png")} - set(written):
-        (args.out / stale).unlink(missing_ok=True)  # an overwritten run's plot this one lacks
-    elapsed = time.perf_counter() - start
-    if measured == 0 and (args.out / "overhead_machine.json").exists():  # a pure --reuse
-        elapsed = 60 * json.loads((args.out / "overhead_machine.json").read_text()).get(
-            "measuring_minutes", 0.0
+        pd.DataFrame(rows[threshold]).to_csv(args.out / reports[threshold][0], index=False)
+    summaries = []
+    for threshold, files in reports.items():
+        rounds_csv, summary_csv, report_md, machine_json = files[:4]
+        elapsed = spent[threshold]
+        if elapsed == 0 and (args.out / machine_json).exists():  # a pure --reuse
+            elapsed = 60 * json.loads((args.out / machine_json).read_text()).get(
+                "measuring_minutes", 0.0
+            )
+        rounds = pd.DataFrame(rows[threshold])
+        summary = summarise(rounds)
+        summary.to_csv(args.out / summary_csv, index=False)
+        if threshold:
+            print(write_threshold_report(rounds, summary, args.out, args, elapsed))
+        else:
+            written = plot(summary, args.out, args.local_steps)
+            for stale in {f for f in OUTPUTS if f.endswith(".png")} - set(written):
+                (args.out / stale).unlink(missing_ok=True)  # an earlier run's plot this lacks
+            print(write_report(summary, args.out, args, elapsed, paired_ratios(rounds)))
+        (args.out / machine_json).write_text(
+            json.dumps({**machine(), "measuring_minutes": elapsed / 60}, indent=2)
         )
-    print(write_report(summary, args.out, args, elapsed, paired_ratios(rounds)))
-    (args.out / "overhead_machine.json").write_text(
-        json.dumps({**machine(), "measuring_minutes": elapsed / 60}, indent=2)
-    )
-    return summary
+        summaries.append(summary)
+    return pd.concat(summaries, ignore_index=True)
 
 
 if __name__ == "__main__":
