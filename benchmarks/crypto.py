@@ -7,7 +7,11 @@
 For each model size, client count and configuration (one row each): upload and download bytes
 per parameter, encrypt / aggregate / decrypt seconds per million parameters (median of
 --repeats), and the relative error ‖dec − exact‖∞ / ‖exact‖∞ of the weighted sum, without
-and with noise flooding. Every configuration sums the same inputs: per model size, one
+and with noise flooding (rel_error, rel_error_flooded); rel_error_noise is the unflooded
+error against Σ (k_i / 2^b)·x_i, the sum of the integer weights the scheme actually adds
+(b = 20 on ckks, 16 on threshold; NVFlare multiplies by w_i itself, so there it equals
+rel_error): the encryption noise without the weights' rounding, which rel_error includes.
+Every configuration sums the same inputs: per model size, one
 pseudo-gradient-like vector per client (N(0, 0.01²), one value in a hundred ten times
 larger), the first k of them for k clients, with weights drawn from U(1/3, 1) and scaled to
 sum to 1; exact is Σ w_i x_i in float64. Encryption is timed on the first client's vector;
@@ -55,6 +59,8 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -86,6 +92,7 @@ COLUMNS = [
     "fuse_s_per_M",
     "rel_error",
     "rel_error_flooded",
+    "rel_error_noise",
     "upload_B_per_param_vs_nvflare",
     "encrypt_s_per_M_vs_nvflare",
 ]
@@ -104,6 +111,20 @@ def relative_error(dec: np.ndarray, exact: np.ndarray) -> float:
     return float(np.max(np.abs(dec - exact)) / np.max(np.abs(exact)))
 
 
+def weighted(xs: list[np.ndarray], weights: list[float]) -> np.ndarray:
+    """Σ w_i·x_i in float64: the exact weighted sum."""
+    total = np.zeros(xs[0].size)
+    for w, x in zip(weights, xs):
+        total += w * x
+    return total
+
+
+def quantised_sum(xs: list[np.ndarray], ks: list[int], weight_bits: int) -> np.ndarray:
+    """Σ (k_i / 2^weight_bits)·x_i: the sum a scheme with integer weights k_i computes, so
+    that the error against it is the encryption's alone, without the weights' rounding."""
+    return weighted(xs, [k / 2.0**weight_bits for k in ks])
+
+
 def bench_preset(
     preset: CKKSPreset, xs: list[np.ndarray], weights: list[float], repeats: int, rounds: int
 ) -> dict:
@@ -119,7 +140,7 @@ def bench_preset(
         return [to_bytes(c) for c in server.weighted_sum(loaded, weights)]
 
     agg, t_agg = timed(aggregate, repeats)
-    exact = sum(w * x for w, x in zip(weights, xs))
+    exact = weighted(xs, weights)
     dec, t_dec = timed(lambda: keys.decrypt(agg, n, server.sum_scale), repeats)
     # as a decryptor sizes it: every decryption the shared key may make, each client's
     # budget of one reveal per round times the number of clients (FedAvg opens nothing)
@@ -136,6 +157,7 @@ def bench_preset(
         "decrypt_s_per_M": t_dec * 1e6 / n,
         "rel_error": relative_error(dec, exact),
         "rel_error_flooded": relative_error(flooded, exact),
+        "rel_error_noise": relative_error(dec, quantised_sum(xs, ks, preset.weight_bits)),
     }
 
 
@@ -161,7 +183,7 @@ def bench_nvflare(xs: list[np.ndarray], weights: list[float], repeats: int) -> d
         return total.serialize()
 
     agg, t_agg = timed(aggregate, repeats)
-    exact = sum(w * x for w, x in zip(weights, xs))
+    exact = weighted(xs, weights)
     dec, t_dec = timed(lambda: np.array(ts.ckks_vector_from(ctx, agg).decrypt()), repeats)
     return {
         "upload_B_per_param": len(upload) / n,
@@ -171,6 +193,7 @@ def bench_nvflare(xs: list[np.ndarray], weights: list[float], repeats: int) -> d
         "decrypt_s_per_M": t_dec * 1e6 / n,
         "rel_error": relative_error(dec, exact),
         "rel_error_flooded": float("nan"),
+        "rel_error_noise": relative_error(dec, exact),  # no integer weights: the same
     }
 
 
@@ -208,7 +231,7 @@ def bench_threshold(
         return context.fuse([context.c0(ct) for ct in total], loaded, n)
 
     dec, t_fuse = timed(fuse, repeats)
-    exact = sum(w * x for w, x in zip(weights, xs))
+    exact = weighted(xs, weights)
     return {
         "upload_B_per_param": sum(map(len, upload)) / n,
         "download_B_per_param": sum(len(b) for h in halves for b in h) / n,
@@ -219,6 +242,7 @@ def bench_threshold(
         "fuse_s_per_M": t_fuse * 1e6 / n,
         "rel_error": relative_error(dec, exact),
         "rel_error_flooded": float("nan"),
+        "rel_error_noise": relative_error(dec, quantised_sum(xs, ks, preset.weight_bits)),
     }
 
 
@@ -232,13 +256,13 @@ def inputs(n: int, clients: int, rng: np.random.Generator) -> tuple[list[np.ndar
 def measure(xs: list[np.ndarray], raw_weights: np.ndarray, repeats: int, rounds: int) -> list[dict]:
     """One row per configuration for these clients: the weights scaled to sum to 1."""
     weights = list(raw_weights / raw_weights.sum())
-    configs = {
-        f"secagg {p.name}": (lambda p=p: bench_preset(p, xs, weights, repeats, rounds))
+    configs: dict[str, Callable[[], dict]] = {
+        f"secagg {p.name}": partial(bench_preset, p, xs, weights, repeats, rounds)
         for p in PRESETS.values()
     }
     configs[NVFLARE] = lambda: bench_nvflare(xs, weights, repeats)
     for p in threshold.PRESETS.values():
-        configs[f"secagg threshold {p.name}"] = lambda p=p: bench_threshold(p, xs, weights, repeats)
+        configs[f"secagg threshold {p.name}"] = partial(bench_threshold, p, xs, weights, repeats)
     rows = []
     for name, run in configs.items():
         print(f"  {name}, {xs[0].size:.0e} parameters, {len(xs)} clients ...", flush=True)

@@ -116,7 +116,7 @@ SWEEPS = ("ratio", "sizes", "clients", "dp", "presets", "buffered", "steps")
 #: sweeps above are plain vs ckks and write overhead.*
 THRESHOLD_SWEEP = "threshold"
 ALL_SWEEPS = (*SWEEPS, THRESHOLD_SWEEP)
-#: the threshold backend's preset (its only one)
+#: the threshold preset the sweep runs (the backend's default)
 THRESHOLD_PRESET = "n8192"
 #: the threshold sweep's target: its round at most this many times the ckks round
 THRESHOLD_TARGET = 3.0

@@ -38,6 +38,9 @@ def test_the_threshold_rows_sum_like_the_others(preset):
     assert row["share_B_per_param"] == pytest.approx(2 * context.c1_bytes / 5_000, 0.01)
     assert row["download_B_per_param"] == pytest.approx(3 * row["share_B_per_param"], 0.01)
     assert 0 < row["rel_error"] < 1e-3 and np.isnan(row["rel_error_flooded"])
+    # against the integer-weighted sum the scheme computes: the encryption noise alone
+    noise = {"n8192": 1e-3, "wide": 1e-9}[preset]
+    assert 0 < row["rel_error_noise"] < noise
     for key in ("encrypt", "aggregate", "decrypt", "fuse"):
         assert row[f"{key}_s_per_M"] > 0
 
