@@ -443,3 +443,91 @@ def test_horners_weighted_sum_is_bit_for_bit_the_term_by_term_sum(context, chain
     fast = context.weighted_sum(uploads, ks)
     assert [serialize(c) for c in fast] == [serialize(c) for c in naive]
     assert [serialize(c) for u in uploads for c in u] == before  # inputs untouched
+
+
+@pytest.mark.parametrize(
+    "damage, match",
+    [
+        ("no_release", "comes without its release"),
+        ("other_name", "asked to open 'g_hat'"),
+        ("divisor_zero", "divisor 0"),
+        ("divisor_above_one", "divisor 2"),
+        ("chunk_dropped", "do not match the release"),
+        ("key_dropped", "do not match the release"),
+    ],
+)
+def test_an_open_with_a_malformed_release_is_refused(opening_round, damage, match):
+    r = opening_round
+    fields, _ = opened(r, {c: values(k) for k, c in enumerate(IDS)})
+    got = r.request(IDS[0], "x", fields)
+    info = got.config("g_hat.release")
+    sealed = [bytes(b) for b in got.ciphertext_parts("g_hat.sealed")]
+    keys = [bytes(b) for b in got.ciphertext_parts("g_hat.keys")]
+    if damage == "no_release":
+        info = {k: v for k, v in info.items() if k != "divisor"}
+    elif damage == "other_name":
+        info["descriptor"] = {**info["descriptor"], "name": "centre"}
+    elif damage == "divisor_zero":
+        info["divisor"] = 0
+    elif damage == "divisor_above_one":
+        info["divisor"] = 2
+    elif damage == "chunk_dropped":
+        sealed = sealed[1:]
+    else:
+        keys = keys[1:]
+    fields = {
+        **fields,
+        "g_hat.release": wire.config(info),
+        "g_hat.sealed": wire.ciphertext(sealed),
+        "g_hat.keys": wire.ciphertext(keys),
+    }
+    with pytest.raises(ReleaseRefused, match=match):
+        open_as(r, IDS[0], fields)
+
+
+@pytest.mark.parametrize("asked, kind", [("decrypt_share", "open"), ("open_share", "reveal")])
+def test_a_holder_gives_no_share_for_a_release_of_the_other_kind(opening_round, asked, kind):
+    """Consents to a sum the clients open cannot buy a partial the server fuses, nor the
+    other way round."""
+    r = opening_round
+    handles = r.uploads({c: values(k) for k, c in enumerate(IDS)})
+    total = r.server.weighted_sum([handles[c] for c in IDS], [0.3, 0.4, 0.3])
+    d = r.server.descriptor(r.ctx(), total, kind, "g_hat")
+    from secagg.backends.consent import gather_consents
+
+    request = {
+        "release": wire.config(
+            {"descriptor": d.to_config(), "consents": gather_consents(r.ctx(), d, None)}
+        ),
+        "halves": wire.ciphertext([b for e in total.entries for b in total.halves[e.client]]),
+        "recipients": wire.config({"ids": IDS}),
+    }
+    with pytest.raises(ReleaseRefused, match=f"got a release of kind '{kind}'"):
+        r.ask(IDS[0], asked, request)
+
+
+def test_a_holder_sending_the_wrong_number_of_sealed_chunks_stops_the_open(opening_round):
+    r = opening_round
+    handles = r.uploads({c: values(k) for k, c in enumerate(IDS)})
+    total = r.server.weighted_sum([handles[c] for c in IDS], [0.3, 0.4, 0.3])
+    honest = r.clients[IDS[1]].on_open_share
+
+    def short(env):
+        reply = honest(env)
+        parts = r.request(IDS[1], "x", reply).ciphertext_parts("sealed")
+        return {**reply, "sealed": wire.ciphertext([bytes(parts[0])])}
+
+    r.clients[IDS[1]].on_open_share = short
+    with pytest.raises(secagg.errors.RoundAborted, match="1 sealed chunk"):
+        r.server.release(r.ctx(), total, "g_hat")
+
+
+def test_a_threshold_client_checks_its_own_identity_and_budget():
+    from secagg.backends.threshold_client import ThresholdClient
+    from secagg.ckks.keywrap import KeyWrapper
+
+    preset = get_preset("n8192")
+    with pytest.raises(KeySetupError, match="identity key is not its key"):
+        ThresholdClient("a", preset, identity=KeyWrapper(), roster={"a": KeyWrapper().public_bytes})
+    with pytest.raises(KeySetupError, match="open_budget must be a count"):
+        ThresholdClient("a", preset, open_budget=-1)

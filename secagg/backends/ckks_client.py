@@ -28,7 +28,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from secagg import wire
 from secagg.backends.base import ClientBackend
-from secagg.backends.consenting import consent, public_bytes, release_identity
+from secagg.backends.consenting import consent, public_bytes, read_release, release_identity
 from secagg.ckks.flooding import error_bound, flooding_sigma
 from secagg.ckks.keywrap import KeyWrapper
 from secagg.ckks.presets import CKKSPreset
@@ -44,7 +44,6 @@ from secagg.ckks.release import (
     SecondPolynomials,
     check_entries,
     seed_digest,
-    signature_bytes,
 )
 from secagg.ckks.secret import SecretKeyHolder
 from secagg.errors import KeySetupError, ProtocolStateError, ReleaseRefused
@@ -303,23 +302,10 @@ class CKKSClient(ClientBackend):
 
     def _checked(self, env: Envelope, field: str, kind: str, name: str | None = None):
         """The release in ``field`` of ``env``, checked: (descriptor, ciphertexts)."""
-        info = env.config(f"{field}.release")
-        if not isinstance(info, dict) or set(info) != {"descriptor", "consents"}:
-            raise ReleaseRefused(f"{self.id}: {field} comes without a release descriptor")
-        d = Descriptor.from_config(info["descriptor"])
-        if d.kind != kind or (name is not None and d.name != name):
-            raise ReleaseRefused(
-                f"{self.id}: asked to {kind} {name or field!r}, got a release of kind "
-                f"{d.kind!r} for {d.name!r}"
-            )
-        self.policy.check(d)
-        consents = info["consents"]
-        if not isinstance(consents, dict):
-            raise ReleaseRefused(f"{self.id}: consents must map clients to signatures")
+        d, signatures = read_release(
+            self.id, env.config(f"{field}.release"), kind, self.policy, field, name
+        )
         seeds = [bytes(p) for p in env.ciphertext_parts(f"{field}.seeds")]
-        signatures = {
-            c: signature_bytes(sig) for c, sig in consents.items() if isinstance(sig, str)
-        }
         check_entries(d, signatures, seeds, self.signers)
         cts = self.keys.load_aggregate(env.ciphertext_parts(field), d.n_values)
         if self._second_polys is None:

@@ -12,7 +12,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from secagg import wire
-from secagg.ckks.release import Descriptor, ReleasePolicy, consent_message
+from secagg.ckks.release import Descriptor, ReleasePolicy, consent_message, signature_bytes
 from secagg.errors import KeySetupError, ReleaseRefused
 from secagg.wire import Field
 
@@ -75,3 +75,29 @@ def consent(
     used[d.kind] = used.get(d.kind, 0) + 1
     signature = signer.sign(consent_message(client_id, d))
     return {"consent": wire.config({"signature": base64.b64encode(signature).decode()})}
+
+
+def read_release(
+    client_id: str,
+    info: object,
+    kind: str,
+    policy: ReleasePolicy,
+    what: str,
+    name: str | None = None,
+) -> tuple[Descriptor, dict[str, bytes]]:
+    """A release as a server sent it ({"descriptor", "consents"}), read and checked against
+    ``kind`` (and ``name``) and ``policy``: (descriptor, the consents' signature bytes).
+    The caller checks the signatures against the entries (``release.check_entries``)."""
+    if not isinstance(info, dict) or set(info) != {"descriptor", "consents"}:
+        raise ReleaseRefused(f"{client_id}: {what} comes without a release descriptor")
+    d = Descriptor.from_config(info["descriptor"])
+    if d.kind != kind or (name is not None and d.name != name):
+        raise ReleaseRefused(
+            f"{client_id}: asked to {kind} {name or what!r}, got a release of kind "
+            f"{d.kind!r} for {d.name!r}"
+        )
+    policy.check(d)
+    consents = info["consents"]
+    if not isinstance(consents, dict):
+        raise ReleaseRefused(f"{client_id}: consents must map clients to signatures")
+    return d, {c: signature_bytes(s) for c, s in consents.items() if isinstance(s, str)}

@@ -23,7 +23,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from secagg import wire
 from secagg.backends.base import ClientBackend
-from secagg.backends.consenting import consent, public_bytes, release_identity
+from secagg.backends.consenting import consent, public_bytes, read_release, release_identity
 from secagg.ckks.keywrap import KeyWrapper
 from secagg.ckks.release import (
     Descriptor,
@@ -312,21 +312,13 @@ class ThresholdClient(ClientBackend):
         recomputed by this client from the contributors' c1 halves."""
         if self._share is None or self._joint is None:
             raise ProtocolStateError(f"{self.id} holds no installed key share")
-        info = env.config("release")
-        if not isinstance(info, dict) or set(info) != {"descriptor", "consents"}:
-            raise ReleaseRefused(f"{self.id}: a decryption request without its release")
-        d = Descriptor.from_config(info["descriptor"])
-        if d.kind != kind:
-            raise ReleaseRefused(f"{self.id}: asked to {kind} a release of kind {d.kind!r}")
-        self.policy.check(d)
-        consents = info["consents"]
-        if not isinstance(consents, dict):
-            raise ReleaseRefused(f"{self.id}: consents must map clients to signatures")
+        d, signatures = read_release(
+            self.id, env.config("release"), kind, self.policy, "a decryption request"
+        )
         blobs = [bytes(p) for p in env.ciphertext_parts("halves")]
         if d.chunks != self.context.chunks(d.n_values) or len(blobs) != d.chunks * len(d.entries):
             raise ReleaseRefused(f"{self.id}: {d.name}: the c1 halves do not match the release")
         per_entry = [blobs[i * d.chunks : (i + 1) * d.chunks] for i in range(len(d.entries))]
-        signatures = {c: signature_bytes(s) for c, s in consents.items() if isinstance(s, str)}
         check_entries(
             d, signatures, [b"".join(p) for p in per_entry], self.signers, chunk_bytes=None
         )
