@@ -50,6 +50,9 @@ CKKS = ExperimentConfig(
     local_steps=5,
     server_blind=True,
 )
+#: threshold: the key share, its link, the joint key and the sealed-share counters; opens go
+#: through every holder's sealed partial decryption
+THRESHOLD = replace(CKKS, backend="threshold", rounds=2)
 #: DP-SGD (Opacus): accountant, noise generator and the Poisson sampler's place; 7 steps a
 #: round over epochs of 31 batches, so rounds end mid-epoch
 DP_SGD = ExperimentConfig(
@@ -62,7 +65,7 @@ DP_SGD = ExperimentConfig(
     dp_sgd={"clip": 1.0, "noise": 1.0},
 )
 #: flooding and encryption noise are random on ckks; plain and DP-SGD are deterministic
-ATOL = {"plain": 0.0, "ckks": 1e-4}
+ATOL = {"plain": 0.0, "ckks": 1e-4, "threshold": 1e-4}
 
 
 class FreshPerMessage:
@@ -128,7 +131,9 @@ def exclusions(result) -> list[tuple]:
 
 # ---- (a) a fresh client per message gives the long-lived client's model ---------------------
 @pytest.mark.parametrize(
-    "config", [PLAIN, CKKS, DP_SGD], ids=["plain-costwagg", "ckks-larc-blind", "dp-sgd"]
+    "config",
+    [PLAIN, CKKS, THRESHOLD, DP_SGD],
+    ids=["plain-costwagg", "ckks-larc-blind", "threshold-larc-blind", "dp-sgd"],
 )
 def test_a_fresh_client_per_message_gives_the_long_lived_model(config):
     reference = long_lived(config)
@@ -165,6 +170,8 @@ CONTROLS = {
     "ckks: global model": (CKKS, lambda c, p: setattr(c, "_w", None)),
     "ckks: optimizer moments": (CKKS, _zero_moments),
     "ckks: batch position": (CKKS, lambda c, p: setattr(c.trainer, "stream", p.trainer.stream)),
+    "threshold: key share": (THRESHOLD, lambda c, p: setattr(c.backend, "_share", None)),
+    "threshold: joint key": (THRESHOLD, lambda c, p: setattr(c.backend, "_joint", None)),
     "dp-sgd: Opacus state": (DP_SGD, _reset_dp_sgd),
 }
 
@@ -175,7 +182,9 @@ def test_losing_a_piece_of_state_would_change_the_answer(name):
     config, forget = CONTROLS[name]
     reference = long_lived(config)
     result, _ = fresh_run(config, forget)
-    if name == "ckks: global model":  # without its model a client cannot answer the probe
+    if name == "ckks: global model" or name.startswith("threshold"):
+        # without its model a client cannot answer the probe; without its share or the
+        # joint key no holder can decrypt or encrypt, and n-of-n stops the run
         assert result.aborted
     else:
         assert not result.aborted
@@ -344,3 +353,32 @@ def test_a_key_wrapper_round_trips_its_private_key():
     assert b.unwrap(blob, peer.public_bytes, "p", "a", "params") == b"key"
     with pytest.raises(KeySetupError, match="32 expected"):
         KeyWrapper.from_private_bytes(b"short")
+
+
+# ---- (d) a threshold client's share comes back only with its own link ------------------------
+def test_a_threshold_state_round_trips_and_refuses_another_holders_share():
+    _, transport = fresh_run(replace(THRESHOLD, rounds=1))
+    factory, blobs = transport.factory, transport.blobs
+    restored = _restored(factory, blobs["client_0"])
+    assert restored.export_state() == blobs["client_0"]  # nothing lost or added on the way
+    backend = restored.backend
+    assert backend._share is not None and backend.holders == sorted(blobs)
+
+    _, own = decode_state(blobs["client_0"], "client_0")
+    _, other = decode_state(blobs["client_1"], "client_1")
+    cases = {
+        # client_1's share under client_0's signed link: the link names another key
+        "key link is not its share's": {"share": other["backend"]["share"]},
+        "key holders are garbled": {"holders": []},
+        "not a count": {"open_shares": -1},
+    }
+    for message, change in cases.items():
+        state = copy.deepcopy(own)
+        state["backend"].update(change)
+        meta, _ = decode_state(blobs["client_0"], "client_0")
+        client = _restored(factory, blobs["client_0"])
+        before = client.export_state()
+        with pytest.raises(StateError, match="nothing was changed") as err:
+            client.restore_state(encode_state("client_0", meta, state))
+        assert message in str(err.value)
+        assert client.export_state() == before

@@ -23,12 +23,19 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from secagg import wire
 from secagg.backends.base import ClientBackend
-from secagg.backends.consenting import consent, public_bytes, read_release, release_identity
+from secagg.backends.consenting import (
+    as_bytes,
+    consent,
+    public_bytes,
+    read_release,
+    release_identity,
+    restored_count,
+    restored_keys,
+    restored_uploads,
+)
 from secagg.ckks.flooding import error_bound, flooding_sigma
 from secagg.ckks.keywrap import KeyWrapper
 from secagg.ckks.presets import CKKSPreset
@@ -175,37 +182,20 @@ class CKKSClient(ClientBackend):
                 f"{state['preset']} ({state['params']}), this client runs "
                 f"{self.preset.name} ({self.fingerprint})"
             )
-        decryptions, sigma = state["decryptions"], state["last_flooding_sigma"]
-        for count in (decryptions, state["opens"]):
-            if not isinstance(count, int) or isinstance(count, bool) or count < 0:
-                raise KeySetupError(f"{self.id}: decryption count {count!r} is not a count")
-        wrapper = KeyWrapper.from_private_bytes(_as_bytes(state["x25519_private"]))
-        if wrapper.public_bytes != self.roster.get(self.id):
-            raise KeySetupError(
-                f"{self.id}: the state's identity is not this client's in its roster"
-            )
-        signer = Ed25519PrivateKey.from_private_bytes(_as_bytes(state["signing_key"]))
-        if signer.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw) != self.signers.get(
-            self.id
-        ):
-            raise KeySetupError(f"{self.id}: the state's signing key is not this client's")
-        uploads = state["uploads"]
-        if not isinstance(uploads, dict) or not all(
-            isinstance(d, str)
-            and isinstance(kinds, dict)
-            and all(isinstance(n, int) and n >= 0 for n in kinds.values())
-            for d, kinds in uploads.items()
-        ):
-            raise KeySetupError(f"{self.id}: the state's upload record is garbled")
+        decryptions = restored_count(self.id, state["decryptions"], "decryption count")
+        opens = restored_count(self.id, state["opens"], "open count")
+        sigma = state["last_flooding_sigma"]
+        wrapper, signer = restored_keys(self.id, state, self.roster, self.signers)
+        uploads = restored_uploads(self.id, state["uploads"])
         keys = (
             None
             if state["secret_key"] is None
-            else SecretKeyHolder(self.preset, _as_bytes(state["secret_key"]))
+            else SecretKeyHolder(self.preset, as_bytes(state["secret_key"]))
         )
         self._wrapper, self._keys, self._signer = wrapper, keys, signer
         self._second_polys = None
-        self.uploads = {d: dict(kinds) for d, kinds in uploads.items()}
-        self.decryptions, self.opens = decryptions, state["opens"]
+        self.uploads = uploads
+        self.decryptions, self.opens = decryptions, opens
         self.last_flooding_sigma = None if sigma is None else float(sigma)
 
     # ---- key setup -----------------------------------------------------------------------
@@ -357,12 +347,6 @@ class CKKSClient(ClientBackend):
         )
         self.decryptions += 1
         return {d.name: wire.vector(values)}
-
-
-def _as_bytes(value: Any) -> bytes:
-    if not isinstance(value, (bytes, bytearray, memoryview)):
-        raise KeySetupError(f"key material must be bytes, got {type(value).__name__}")
-    return bytes(value)
 
 
 def _b64(data: bytes) -> str:

@@ -12,6 +12,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from secagg import wire
+from secagg.ckks.keywrap import KeyWrapper
 from secagg.ckks.release import Descriptor, ReleasePolicy, consent_message, signature_bytes
 from secagg.errors import KeySetupError, ReleaseRefused
 from secagg.wire import Field
@@ -101,3 +102,45 @@ def read_release(
     if not isinstance(consents, dict):
         raise ReleaseRefused(f"{client_id}: consents must map clients to signatures")
     return d, {c: signature_bytes(s) for c, s in consents.items() if isinstance(s, str)}
+
+
+# ---- restorable state shared by both encrypted client halves ---------------------------------
+def as_bytes(value: object) -> bytes:
+    if not isinstance(value, (bytes, bytearray, memoryview)):
+        raise KeySetupError(f"key material must be bytes, got {type(value).__name__}")
+    return bytes(value)
+
+
+def restored_keys(
+    client_id: str,
+    state: Mapping[str, object],
+    roster: Mapping[str, bytes],
+    signers: Mapping[str, bytes],
+) -> tuple[KeyWrapper, Ed25519PrivateKey]:
+    """The X25519 identity and the Ed25519 signing key of an exported state, each checked
+    against this client's own entry in its rosters (a state of another client is refused)."""
+    wrapper = KeyWrapper.from_private_bytes(as_bytes(state["x25519_private"]))
+    if wrapper.public_bytes != roster.get(client_id):
+        raise KeySetupError(f"{client_id}: the state's identity is not this client's in its roster")
+    signer = Ed25519PrivateKey.from_private_bytes(as_bytes(state["signing_key"]))
+    if public_bytes(signer) != signers.get(client_id):
+        raise KeySetupError(f"{client_id}: the state's signing key is not this client's")
+    return wrapper, signer
+
+
+def restored_count(client_id: str, value: object, what: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise KeySetupError(f"{client_id}: {what} {value!r} is not a count")
+    return value
+
+
+def restored_uploads(client_id: str, uploads: object) -> dict[str, dict[str, int]]:
+    """The record of releases each upload entered (``consent``'s ``uploads``)."""
+    if not isinstance(uploads, dict) or not all(
+        isinstance(d, str)
+        and isinstance(kinds, dict)
+        and all(isinstance(n, int) and n >= 0 for n in kinds.values())
+        for d, kinds in uploads.items()
+    ):
+        raise KeySetupError(f"{client_id}: the state's upload record is garbled")
+    return {d: dict(kinds) for d, kinds in uploads.items()}

@@ -23,7 +23,16 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from secagg import wire
 from secagg.backends.base import ClientBackend
-from secagg.backends.consenting import consent, public_bytes, read_release, release_identity
+from secagg.backends.consenting import (
+    as_bytes,
+    consent,
+    public_bytes,
+    read_release,
+    release_identity,
+    restored_count,
+    restored_keys,
+    restored_uploads,
+)
 from secagg.ckks.keywrap import KeyWrapper
 from secagg.ckks.release import (
     Descriptor,
@@ -31,7 +40,12 @@ from secagg.ckks.release import (
     signature_bytes,
 )
 from secagg.errors import KeySetupError, MalformedCiphertext, ProtocolStateError, ReleaseRefused
-from secagg.threshold.params import ThresholdContext, ThresholdPreset, c1_digest
+from secagg.threshold.params import (
+    ThresholdContext,
+    ThresholdPreset,
+    c1_digest,
+    canonical_public_key,
+)
 from secagg.threshold.share_relay import release_label, seal, unseal
 from secagg.threshold.shares import KeyShare
 from secagg.wire import Envelope, Field
@@ -114,6 +128,91 @@ class ThresholdClient(ClientBackend):
             "decrypt_share": self.on_decrypt_share,
             "open_share": self.on_open_share,
         }
+
+    # ---- state between messages ------------------------------------------------------------
+    #: what :meth:`state_dict` holds; a state with other keys is not this half's
+    STATE_KEYS = (
+        "preset",
+        "params",
+        "x25519_private",
+        "signing_key",
+        "share",
+        "link",
+        "joint_key",
+        "holders",
+        "decryptions",
+        "opens",
+        "open_shares",
+        "uploads",
+    )
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything key setup and releases leave behind. ``share`` (None before the chain
+        reached this client) holds this client's secret key share and public key;
+        ``x25519_private`` and ``signing_key`` are its identities: secret bytes all."""
+        share = self._share
+        return {
+            "preset": self.preset.name,
+            "params": self.context.fingerprint,
+            "x25519_private": self._identity.private_bytes(),
+            "signing_key": self._signer.private_bytes_raw(),
+            "share": None
+            if share is None
+            else {"secret": share.export(), "public": share.public_key},
+            "link": None if self._link is None else dict(self._link),
+            "joint_key": None if self._joint is None else canonical_public_key(self._joint),
+            "holders": list(self.holders),
+            "decryptions": self.decryptions,
+            "opens": self.opens,
+            "open_shares": self.open_shares,
+            "uploads": {d: dict(kinds) for d, kinds in self.uploads.items()},
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Load and check everything before assigning anything, so a bad state leaves this
+        half as it was."""
+        if set(state) != set(self.STATE_KEYS):
+            raise KeySetupError(
+                f"{self.id}: a threshold client state holds {list(self.STATE_KEYS)}, got "
+                f"{sorted(state)}"
+            )
+        if state["preset"] != self.preset.name or state["params"] != self.context.fingerprint:
+            raise KeySetupError(
+                f"{self.id}: the state was made under threshold preset {state['preset']} "
+                f"({state['params']}), this client runs {self.preset.name} "
+                f"({self.context.fingerprint})"
+            )
+        identity, signer = restored_keys(self.id, state, self.roster, self.signers)
+        counts = {
+            k: restored_count(self.id, state[k], k) for k in ("decryptions", "opens", "open_shares")
+        }
+        uploads = restored_uploads(self.id, state["uploads"])
+        raw_share, link, joint, holders = (
+            state[k] for k in ("share", "link", "joint_key", "holders")
+        )
+        share = None
+        if raw_share is not None:
+            if not isinstance(raw_share, dict) or set(raw_share) != {"secret", "public"}:
+                raise KeySetupError(f"{self.id}: the state's key share is garbled")
+            share = KeyShare.from_bytes(
+                self.context, as_bytes(raw_share["secret"]), as_bytes(raw_share["public"])
+            )
+        if link is not None and (
+            not isinstance(link, dict)
+            or set(link) != {"previous", "public"}
+            or share is None
+            or link["public"] != digest(share.public_key)
+        ):
+            raise KeySetupError(f"{self.id}: the state's key link is not its share's")
+        joint_key = None if joint is None else self.context.load_public_key(as_bytes(joint))
+        if not isinstance(holders, list) or (joint_key is not None) != bool(holders):
+            raise KeySetupError(f"{self.id}: the state's key holders are garbled")
+        if holders:
+            self._holders({"holders": holders})  # distinct, in the roster, itself among them
+        self._identity, self._signer, self.uploads = identity, signer, uploads
+        self._share, self._link, self._joint, self.holders = share, link, joint_key, holders
+        self.decryptions, self.opens = counts["decryptions"], counts["opens"]
+        self.open_shares = counts["open_shares"]
 
     # ---- key setup -----------------------------------------------------------------------------
     def _accept_setup(self, env: Envelope) -> None:
