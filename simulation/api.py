@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -91,6 +91,7 @@ def run(
     transport: TransportFactory | None = None,
     progress: bool | Callable[[str], None] = False,
     command: list[str] | None = None,
+    signers: Mapping[str, bytes] | None = None,
     **settings: Any,
 ) -> RunResult:
     """Run an experiment: every seed of ``config`` (or of an ``ExperimentConfig(**settings)``;
@@ -108,6 +109,9 @@ def run(
             (or worker-process) transport, e.g. with a network one.
         progress: True prints progress to stderr; a callable receives each line.
         command: the command line config.json records (default: ``sys.argv``).
+        signers: the clients' public signing keys, when a deployment provisioned the
+            clients on their own nodes (``secagg.flower``); otherwise the run provisions
+            fresh identities itself.
 
     Raises ``RunInterrupted`` (a ``KeyboardInterrupt``) on Ctrl-C once the folder is
     up to date.
@@ -146,6 +150,7 @@ def run(
             transport_factory=transport,
             recorder=folder,
             skip=finished.seeds,
+            signers=signers,
         )
     except KeyboardInterrupt:
         if folder is None:

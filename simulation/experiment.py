@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Protocol
@@ -190,6 +190,19 @@ class ClientFactory:
             for cid, k in ((c, int(c.rsplit("_", 1)[1])) for c in ids)
         }
 
+    def release_budgets(self) -> dict[str, Any]:
+        """The budgets the driver provisions for this seed's (or pre-stage's) run, computed
+        from this factory's own configuration: what a deployment's node provisions itself
+        with (:func:`release_budgets`)."""
+        config = self.config
+        protocol = make_protocol(config.protocol, **config.protocol_options)
+        task = get_task(config.task)
+        if self.stage is not None:
+            spec = STAGES[self.stage]
+            task = spec.task(config, seed_data(config, self.seed, task.load())[0])
+            config, protocol = spec.configure(config), make_protocol(spec.protocol)
+        return release_budgets(config, protocol, flat_params(task.make_model()).size)
+
     def _noise_seed(self, reproducible: int) -> int:
         """The seed of a client's DP noise (and DP-SGD's sampling): from the run's seed, or
         fresh from the OS CSPRNG when ``dp_noise`` is "os"."""
@@ -338,8 +351,11 @@ def run_seed(
     *,
     transport_factory: TransportFactory | None = None,
     on_round: Callable[[int, dict[str, Any]], None] | None = None,
+    signers: Mapping[str, bytes] | None = None,
 ) -> SeedRun:
-    """One federated run, evaluated after every round."""
+    """One federated run, evaluated after every round. ``signers``: the clients' public
+    signing keys where a deployment provisioned the clients (their nodes hold the private
+    keys); without them the driver provisions fresh identities for the run."""
     task = get_task(config.task)
     data, _ = seed_data(config, seed, data if data is not None else task.load())
     protocol = make_protocol(config.protocol, **config.protocol_options)
@@ -359,6 +375,7 @@ def run_seed(
             make_transport,
             progress,
             label=f"{seed}-{stage}",
+            signers=signers,
         )
         if pre.aborted:
             return SeedRun(pre.rows[:0], pre.final_params, f"{stage}: {pre.aborted}")
@@ -380,6 +397,7 @@ def run_seed(
         label=str(seed),
         observer=observer,
         on_round=on_round,
+        signers=signers,
     )
 
 
@@ -396,25 +414,15 @@ def _run(
     label: str,
     observer: Observer | None = None,
     on_round: Callable[[int, dict[str, Any]], None] | None = None,
+    signers: Mapping[str, bytes] | None = None,
 ) -> SeedRun:
     task_data = task.load() if factory.stage is not None else data
     torch.manual_seed(seed)  # FLamby: the seed fixes the initial model (and the clients'
     initial = flat_params(task.make_model())  # batch order)
     ids = [f"client_{k}" for k in range(task_data.n_clients)]
-    if config.backend != "plain" and factory.provisions is None:
-        # every reveal the run makes; none at all in server-blind runs, whose clients then
-        # refuse any reveal request
-        budget = (
-            0 if config.server_blind else config.rounds * protocol.capabilities.reveals_per_round
-        )
-        opens_per_round = protocol.capabilities.opens_per_round + (1 if config.server_blind else 0)
-        # one upload enters at most one reveal (none server-blind) and the round's opens
-        per_upload = {"reveal": 0 if config.server_blind else 1, "open": opens_per_round}
+    if config.backend != "plain" and factory.provisions is None and signers is None:
         factory = replace(
-            factory,
-            provisions=provision(
-                ids, budget, initial.size, config.rounds * opens_per_round, per_upload
-            ),
+            factory, provisions=provision(ids, **release_budgets(config, protocol, initial.size))
         )
     transport = make_transport(factory, ids)
     try:
@@ -422,7 +430,9 @@ def _run(
         server = Server(
             protocol,
             make_server_backend(
-                config.backend, config.backend_options, public_signers(factory.provisions or {})
+                config.backend,
+                config.backend_options,
+                signers if signers is not None else public_signers(factory.provisions or {}),
             ),
             make_optimizer({**config.optimizer_config(), "dim": initial.size}),
             transport,
@@ -544,6 +554,25 @@ def _aborted(
     return SeedRun(rows, np.array(model, copy=True), str(exc))
 
 
+def release_budgets(config: ExperimentConfig, protocol, n_params: int) -> dict[str, Any]:
+    """What a client's provisioning allows for a run of ``config``: every reveal the run
+    makes (none at all in server-blind runs, whose clients then refuse any reveal request),
+    the opens, the length of every release, and the releases one upload may enter. A
+    deployment's nodes compute the same from their own copy of the configuration."""
+    caps = protocol.capabilities
+    opens_per_round = caps.opens_per_round + (1 if config.server_blind else 0)
+    return {
+        "decryption_budget": 0 if config.server_blind else config.rounds * caps.reveals_per_round,
+        "reveal_length": n_params,
+        "open_budget": config.rounds * opens_per_round,
+        # one upload enters at most one reveal (none server-blind) and the round's opens
+        "releases_per_upload": {
+            "reveal": 0 if config.server_blind else 1,
+            "open": opens_per_round,
+        },
+    }
+
+
 def local_steps_of(config: ExperimentConfig, part: ClientData) -> int:
     """A client's SGD steps per round (for DP-SGD's target-ε calibration)."""
     if config.local_epochs:
@@ -636,10 +665,12 @@ def run_experiment(
     transport_factory: TransportFactory | None = None,
     recorder: Recorder | None = None,
     skip: Sequence[int] = (),
+    signers: Mapping[str, bytes] | None = None,
 ) -> ExperimentResult:
     """Every seed of ``config`` but those in ``skip`` (finished before: a resumed run);
     ``transport_factory`` replaces the in-process (or worker) transport, e.g. with a network
-    one; ``recorder`` receives each round's row and each finished seed."""
+    one; ``recorder`` receives each round's row and each finished seed; ``signers``: the
+    clients' public signing keys when a deployment provisioned them (see ``run_seed``)."""
     config.validate()
     audit = audit if audit is not None else AuditLog()
     data = get_task(config.task).load()
@@ -665,6 +696,7 @@ def run_experiment(
             progress,
             transport_factory=transport_factory,
             on_round=recorder.on_round if recorder else None,
+            signers=signers,
         )
         rows += run.rows
         final[seed] = run.final_params

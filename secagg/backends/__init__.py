@@ -48,13 +48,46 @@ class Provision:
     releases_per_upload: Mapping[str, int] = field(default_factory=lambda: {"reveal": 1, "open": 1})
 
 
-def provision(
-    client_ids: list[str],
-    decryption_budget: int,
-    reveal_length: int | None = None,
-    open_budget: int = 0,
-    releases_per_upload: Mapping[str, int] | None = None,
-) -> dict[str, Provision]:
+@dataclass(frozen=True)
+class Identity:
+    """A client's long-term keys and the rosters, as provisioning hands them out once (a
+    deployment writes them to the client's node; a simulation makes them per run).
+
+    Parameters:
+        client_id: whose keys these are.
+        x25519_private: its raw X25519 private key (pairwise key wrapping).
+        ed25519_private: its raw Ed25519 private key (signed consents and key links).
+        roster: every client's raw X25519 public key, by client id.
+        signers: every client's raw Ed25519 public key, by client id.
+    """
+
+    client_id: str
+    x25519_private: bytes
+    ed25519_private: bytes
+    roster: Mapping[str, bytes]
+    signers: Mapping[str, bytes]
+
+    def provision(
+        self,
+        decryption_budget: int,
+        reveal_length: int | None = None,
+        open_budget: int = 0,
+        releases_per_upload: Mapping[str, int] | None = None,
+    ) -> Provision:
+        """These keys with a run's budgets (``release_budgets`` of the run's configuration)."""
+        return Provision(
+            self.x25519_private,
+            dict(self.roster),
+            decryption_budget,
+            reveal_length,
+            open_budget,
+            self.ed25519_private,
+            dict(self.signers),
+            dict(releases_per_upload or {"reveal": 1, "open": 1}),
+        )
+
+
+def new_identities(client_ids: list[str]) -> dict[str, Identity]:
     """Fresh identities (X25519 for key wrapping, Ed25519 for consents) for ``client_ids``
     and the rosters they share."""
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -62,25 +95,29 @@ def provision(
 
     from secagg.ckks.keywrap import KeyWrapper  # private keys: never in the server's imports
 
-    identities = {c: KeyWrapper() for c in client_ids}
-    roster = {c: w.public_bytes for c, w in identities.items()}
+    wrappers = {c: KeyWrapper() for c in client_ids}
     signing = {c: Ed25519PrivateKey.generate() for c in client_ids}
+    roster = {c: w.public_bytes for c, w in wrappers.items()}
     signers = {
         c: k.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw) for c, k in signing.items()
     }
-    per_upload = dict(releases_per_upload or {"reveal": 1, "open": 1})
     return {
-        c: Provision(
-            w.private_bytes(),
-            roster,
-            decryption_budget,
-            reveal_length,
-            open_budget,
-            signing[c].private_bytes_raw(),
-            signers,
-            per_upload,
-        )
-        for c, w in identities.items()
+        c: Identity(c, wrappers[c].private_bytes(), signing[c].private_bytes_raw(), roster, signers)
+        for c in client_ids
+    }
+
+
+def provision(
+    client_ids: list[str],
+    decryption_budget: int,
+    reveal_length: int | None = None,
+    open_budget: int = 0,
+    releases_per_upload: Mapping[str, int] | None = None,
+) -> dict[str, Provision]:
+    """Fresh identities for ``client_ids``, each with the same budgets."""
+    return {
+        c: identity.provision(decryption_budget, reveal_length, open_budget, releases_per_upload)
+        for c, identity in new_identities(client_ids).items()
     }
 
 
@@ -337,7 +374,9 @@ def make_client_backend(
 
 
 __all__ = [
+    "Identity",
     "Provision",
+    "new_identities",
     "provision",
     "public_signers",
     "BACKENDS",

@@ -1,0 +1,120 @@
+"""The Flower apps: ``server_app`` drives secagg's engine, ``client_app`` answers with a
+node's secagg client. The Flower App that ``flwr run`` submits names these two
+(``[tool.flwr.app.components]``); ``secagg flower prepare`` writes it.
+
+The ServerApp is also where the experimenter sits in this deployment: it evaluates the
+global model after every round on the task's pooled test set and writes the run folder,
+exactly as ``secagg run`` does in simulation.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from flwr.app import Context, Message
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+
+from secagg.flower import messages
+from secagg.flower.keystore import experiment_name, read_signers
+from secagg.flower.node import NodeClient, load_experiment
+from secagg.flower.transport import FlowerNodes, FlowerTransport
+
+server_app = ServerApp()
+client_app = ClientApp()
+
+
+@client_app.query("secagg")
+def answer(message: Message, context: Context) -> Message:
+    """One request to this node's client (built from the node's directory, see ``node``)."""
+    node_dir = context.node_config.get("node-dir")
+    if not node_dir:
+        raise RuntimeError(
+            "this SuperNode has no node-dir: start it with --node-config "
+            "'node-dir=\"/path/to/nodes/client_0\"' (secagg flower prepare writes the folder)"
+        )
+    envelope, run = messages.read_request(message)
+    node = NodeClient(Path(str(node_dir)))
+    return messages.reply(message, node.answer(envelope, run, message.metadata.run_id))
+
+
+@server_app.main()
+def main(grid: Grid, context: Context) -> None:
+    cfg = context.run_config
+    deployment = Path(str(cfg["deployment"]))
+    out = Path(str(cfg.get("out") or deployment / "results" / f"run-{context.run_id}"))
+    run_on_flower(
+        grid,
+        deployment=deployment,
+        out=out,
+        timeout=float(cfg.get("timeout", 120.0)),
+        connect_timeout=float(cfg.get("connect-timeout", 120.0)),
+    )
+
+
+def run_on_flower(
+    grid: Any, *, deployment: Path, out: Path, timeout: float, connect_timeout: float
+) -> None:
+    """The experiment of ``deployment`` over the SuperNodes ``grid`` reaches; results in
+    ``out`` (the run folder of ``secagg run``, plus ``flower.json``)."""
+    import secagg
+    from secagg.clients.tasks import get_task
+
+    config = load_experiment(deployment / "experiment.toml")
+    experiment = experiment_name(config)
+    signers = (
+        read_signers(deployment / "server" / "signers.json") if config.backend != "plain" else None
+    )
+    ids = [f"client_{k}" for k in range(get_task(config.task).load().n_clients)]
+    say = secagg_progress
+    nodes = FlowerNodes(grid, ids, experiment, log=say)
+    say(f"waiting for {len(ids)} SuperNodes (experiment {experiment})")
+    nodes.wait_for_all(connect_timeout)
+    say("nodes: " + ", ".join(f"{c}={n}" for c, n in sorted(nodes.node_of.items())))
+    transports: list[FlowerTransport] = []
+
+    def transport(factory, run_ids):
+        made = FlowerTransport(
+            nodes,
+            run={"experiment": experiment, "seed": factory.seed, "stage": factory.stage or ""},
+            timeout=timeout,
+        )
+        transports.append(made)
+        return made
+
+    result = secagg.run(
+        config,
+        out=out,
+        overwrite=True,
+        transport=transport,
+        progress=say,
+        signers=signers,
+        command=["flwr run", str(deployment)],
+    )
+    framing = (
+        {k: sum(t.framing[k] for t in transports) for k in transports[0].framing}
+        if transports
+        else {}
+    )
+    (out / "flower.json").write_text(
+        json.dumps(
+            {
+                "experiment": experiment,
+                "nodes": nodes.node_of,
+                "framing": framing,
+                "aborted": {str(s): r for s, r in result.aborted.items()},
+                # what this process imported of secagg: the test checks that no secret-key
+                # module is among them
+                "secagg_modules": sorted(m for m in sys.modules if m.startswith("secagg")),
+            },
+            indent=1,
+        )
+    )
+    say(f"done: results in {out}")
+
+
+def secagg_progress(line: str) -> None:
+    print(f"[secagg] {line}", file=sys.stderr, flush=True)

@@ -1,0 +1,103 @@
+"""A SuperNode's secagg client, rebuilt from the node's own directory for every message.
+
+Flower may start a fresh ClientApp process for each message, so nothing is kept in memory:
+the client is built from the node's configuration (its client id, its copy of the
+experiment's settings, its identity file), restored from the state the previous message
+left in the node's directory (``Client.export_state``: keys, model, optimizer copy, data
+position), answers, and writes its state back (mode 0600, replaced whole) before the reply
+leaves. The state lives under ``state/<Flower run>/`` so a new run never picks up an old
+one's keys. Nothing of it ever goes to the server.
+
+Node directory::
+
+    node.json         {"client": "client_0", "experiment": "experiment.toml"}
+    experiment.toml   the run's settings (the node's own copy)
+    identity.json     its private keys and the rosters (mode 0600)
+    state/<run>/<seed>-<stage>.bin
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from secagg.errors import ConfigError, MalformedMessage
+from secagg.flower.keystore import experiment_name, read_identity, write_private_bytes
+from secagg.simulation.config import ExperimentConfig
+from secagg.simulation.settings import read_file, to_config
+
+
+def check_runs_on_flower(config: ExperimentConfig) -> ExperimentConfig:
+    if config.server_blind:
+        raise ConfigError(
+            "server-blind runs are not available over Flower yet: the experimenter, who "
+            "holds the key the clients seal the model for, runs inside the ServerApp here, "
+            "so the server would see the model; run server-blind in simulation"
+        )
+    return config
+
+
+def load_experiment(path: Path) -> ExperimentConfig:
+    """A deployment's settings file (ConfigError if it is not one Flower can run)."""
+    config, _ = to_config(read_file(path))
+    return check_runs_on_flower(config)
+
+
+class NodeClient:
+    """The client of the node whose directory is ``node_dir``."""
+
+    def __init__(self, node_dir: Path | str):
+        self.dir = Path(node_dir)
+        try:
+            layout = json.loads((self.dir / "node.json").read_text())
+            self.client_id = str(layout["client"])
+            experiment = self.dir / str(layout.get("experiment", "experiment.toml"))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ConfigError(
+                f"{self.dir} is not a secagg node directory ({exc}); make one with "
+                "`secagg flower prepare`"
+            ) from None
+        self.config = load_experiment(experiment)
+        self.experiment = experiment_name(self.config)
+        self.identity = read_identity(self.dir / "identity.json")
+        if self.identity.client_id != self.client_id:
+            raise ConfigError(
+                f"{self.dir}: node.json names {self.client_id}, identity.json holds the keys "
+                f"of {self.identity.client_id}"
+            )
+
+    def answer(self, envelope: bytes | None, run: dict[str, Any], flower_run: int) -> bytes:
+        """The reply to one request (a hello when ``envelope`` is None)."""
+        if run.get("experiment") != self.experiment:
+            raise ConfigError(
+                f"{self.client_id} is configured for experiment {self.experiment}, the server "
+                f"runs {run.get('experiment')!r}: give the node the server's settings"
+            )
+        if envelope is None:
+            return json.dumps({"client": self.client_id}).encode()
+        try:
+            seed, stage = int(run["seed"]), run.get("stage") or None
+        except (KeyError, TypeError, ValueError):
+            raise MalformedMessage("a request names no seed") from None
+        client = self._client(seed, stage)
+        path = self.state_path(flower_run, seed, stage)
+        if path.exists():
+            client.restore_state(path.read_bytes())
+        reply = client.handle(envelope)
+        write_private_bytes(path, client.export_state())
+        return reply
+
+    def state_path(self, flower_run: int, seed: int, stage: str | None) -> Path:
+        return self.dir / "state" / str(int(flower_run)) / f"{seed}-{stage or 'run'}.bin"
+
+    def _client(self, seed: int, stage: str | None):
+        from secagg.simulation.experiment import STAGES, ClientFactory
+
+        if stage is not None and stage not in STAGES:
+            raise MalformedMessage(f"no pre-stage called {stage!r}")
+        factory = ClientFactory(self.config, seed, stage=stage)
+        budgets = factory.release_budgets()
+        factory = replace(factory, provisions={self.client_id: self.identity.provision(**budgets)})
+        return factory([self.client_id])[self.client_id]

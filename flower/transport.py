@@ -1,0 +1,215 @@
+"""The server's transport over Flower: each request a message to its client's SuperNode.
+
+``FlowerNodes`` knows which SuperNode is which client: it asks every node it has not met a
+``hello`` (the node answers with the client id of its own configuration, after checking that
+it is configured for this experiment) and remaps a client whose node came back under a new
+node id. ``FlowerTransport`` is the engine's transport for one seed (or pre-stage): it pushes
+requests as the engine makes them (at most ``in_flight`` outstanding), pulls replies and
+yields them as they arrive, so a streaming server folds one upload while others are still
+being computed. A node that does not answer within ``timeout`` seconds is a missing answer
+(the engine excludes it for the round, or, n-of-n, aborts the round); its message expires in
+the SuperLink at the same time, so a node that restarts never answers a stale request.
+
+The bytes the engine counts are the envelopes; what Flower adds around them is counted
+apart (``framing``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from flwr.app import Message
+
+from secagg.errors import ConfigError, MalformedMessage
+from secagg.flower import messages
+from secagg.server.transport import ClientUnavailable, Reply, check_reply
+
+
+class FlowerNodes:
+    """Which SuperNode holds which client; ``grid``: the ServerApp's ``Grid``."""
+
+    def __init__(
+        self,
+        grid: Any,
+        clients: list[str],
+        experiment: str,
+        *,
+        hello_timeout: float = 30.0,
+        poll: float = 0.05,
+        log: Callable[[str], None] | None = None,
+    ):
+        self.grid, self.clients, self.experiment = grid, list(clients), experiment
+        self.hello_timeout, self.poll, self.log = hello_timeout, poll, log
+        self.node_of: dict[str, int] = {}
+        self._seen: frozenset[int] = frozenset()
+
+    def wait_for_all(self, timeout: float) -> None:
+        """Until every client's node has said hello; ConfigError naming the missing ones."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.refresh()
+            missing = [c for c in self.clients if c not in self.node_of]
+            if not missing:
+                return
+            if time.monotonic() > deadline:
+                raise ConfigError(
+                    f"after {timeout:.0f} s no SuperNode answered for {missing}; start one "
+                    "per client (secagg flower supernode --node DIR) and check that each "
+                    "points at this SuperLink with this experiment's configuration"
+                )
+            time.sleep(0.5)
+
+    def refresh(self) -> None:
+        """Say hello to nodes the SuperLink lists that have not been met (once per change of
+        the list: a node that stays listed after it died is not asked again and again)."""
+        listed = frozenset(int(n) for n in self.grid.get_node_ids())
+        if listed == self._seen:
+            return
+        self._seen = listed
+        unknown = listed - set(self.node_of.values())
+        if not unknown:
+            return
+        run = {"experiment": self.experiment, "hello": True}
+        sent = {
+            mid: node
+            for node in sorted(unknown)
+            for mid in self.grid.push_messages(
+                [messages.request(node, None, run, ttl=self.hello_timeout)]
+            )
+        }
+        for mid, answer in pull(self.grid, sent, self.hello_timeout, self.poll):
+            node = sent[mid]
+            if isinstance(answer, Exception):
+                self._say(f"node {node} did not say which client it is: {answer}")
+                continue
+            try:
+                client = json.loads(messages.read_reply(answer))["client"]
+            except (MalformedMessage, ValueError, KeyError, TypeError):
+                self._say(f"node {node} answered hello with something else; ignored")
+                continue
+            if client not in self.clients:
+                self._say(f"node {node} says it is {client!r}, who is not in this run; ignored")
+                continue
+            if self.node_of.get(client) not in (None, node):
+                self._say(f"{client} is back as node {node} (was {self.node_of[client]})")
+            self.node_of[client] = node
+
+    def _say(self, line: str) -> None:
+        if self.log is not None:
+            self.log(line)
+
+
+def pull(
+    grid: Any, sent: dict[str, Any], timeout: float, poll: float
+) -> Iterator[tuple[str, Message | Exception]]:
+    """(message id, reply or why none) for every id in ``sent``, as replies arrive; an id
+    still unanswered after ``timeout`` seconds gets a ClientUnavailable."""
+    deadline = {mid: time.monotonic() + timeout for mid in sent}
+    while deadline:
+        for answer in grid.pull_messages(list(deadline)):
+            mid = answer.metadata.reply_to_message_id
+            if mid in deadline:
+                del deadline[mid]
+                yield mid, _error(answer) or answer
+        now = time.monotonic()
+        for mid in [m for m, t in deadline.items() if t < now]:
+            del deadline[mid]
+            yield mid, ClientUnavailable(f"no answer within {timeout:g} s")
+        if deadline:
+            time.sleep(poll)
+
+
+def _error(answer: Message) -> ClientUnavailable | None:
+    if answer.has_error():
+        return ClientUnavailable(f"the node failed: {answer.error.reason}")
+    return None
+
+
+class FlowerTransport:
+    """The engine's transport for one seed (or pre-stage) of a run over Flower.
+
+    Parameters:
+        nodes: who is where (shared by the run's transports).
+        run: what every request names: the experiment, the Flower run, the seed, the stage.
+        timeout: seconds a node has to answer one request.
+        in_flight: requests outstanding at once (each may carry a model).
+    """
+
+    def __init__(
+        self,
+        nodes: FlowerNodes,
+        *,
+        run: dict[str, Any],
+        timeout: float = 120.0,
+        in_flight: int = 4,
+        poll: float = 0.02,
+    ):
+        self.nodes, self.run, self.timeout = nodes, dict(run), timeout
+        self.in_flight, self.poll = in_flight, poll
+        #: what Flower adds around the envelopes: messages and bytes, each way
+        self.framing = {
+            "messages_sent": 0,
+            "bytes_sent": 0,
+            "messages_received": 0,
+            "bytes_received": 0,
+        }
+
+    @property
+    def peers(self) -> list[str]:
+        return list(self.nodes.clients)
+
+    def exchange(self, requests: Iterable[tuple[str, bytes]]) -> Iterator[tuple[str, Reply]]:
+        self.nodes.refresh()  # a restarted node rejoins at the next exchange
+        grid = self.nodes.grid
+        requests = iter(requests)
+        waiting: dict[str, tuple[str, float]] = {}  # message id -> (peer, deadline)
+        exhausted = False
+        while True:
+            while not exhausted and len(waiting) < self.in_flight:
+                try:
+                    peer, data = next(requests)
+                except StopIteration:
+                    exhausted = True
+                    break
+                node = self.nodes.node_of.get(peer)
+                if node is None:
+                    yield peer, ClientUnavailable(f"{peer}: no SuperNode of this run holds it")
+                    continue
+                message = messages.request(node, data, self.run, ttl=self.timeout)
+                self._count("sent", message)
+                (mid,) = grid.push_messages([message])
+                waiting[mid] = (peer, time.monotonic() + self.timeout)
+            if not waiting:
+                if exhausted:
+                    return
+                continue
+            for answer in grid.pull_messages(list(waiting)):
+                mid = answer.metadata.reply_to_message_id
+                if mid not in waiting:
+                    continue
+                peer, _ = waiting.pop(mid)
+                self._count("received", answer)
+                yield peer, self._reply(peer, answer)
+            now = time.monotonic()
+            for mid in [m for m, (_, t) in waiting.items() if t < now]:
+                peer, _ = waiting.pop(mid)
+                yield peer, ClientUnavailable(f"{peer}: no answer within {self.timeout:g} s")
+            if waiting:
+                time.sleep(self.poll)
+
+    @staticmethod
+    def _reply(peer: str, answer: Message) -> Reply:
+        failed = _error(answer)
+        if failed is not None:
+            return ClientUnavailable(f"{peer}: {failed}")
+        try:
+            return check_reply(peer, messages.read_reply(answer))
+        except (MalformedMessage, ClientUnavailable) as exc:
+            return ClientUnavailable(f"{peer}: {exc}")
+
+    def _count(self, direction: str, message: Message) -> None:
+        self.framing[f"messages_{direction}"] += 1
+        self.framing[f"bytes_{direction}"] += messages.framing_bytes(message)
