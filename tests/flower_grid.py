@@ -12,15 +12,19 @@ from pathlib import Path
 from flwr.app import Context, Error, Message, RecordDict
 
 from secagg.flower.apps import client_app
+from secagg.flower.messages import read_request
+from secagg.wire import Envelope
 
 
 class LoopbackGrid:
     """``nodes``: node id -> node directory. ``down``: node ids that never answer (their
     messages stay unanswered, as for a killed SuperNode)."""
 
-    def __init__(self, nodes: dict[int, Path], run_id: int = 7):
+    def __init__(self, nodes: dict[int, Path], run_id: int = 7, down=None):
         self.nodes, self.run_id = dict(nodes), run_id
         self.down: set[int] = set()
+        #: (node id, round, phase) -> whether the node is down for that message
+        self.down_for = down
         self._replies: dict[str, Message] = {}
         self._ids = itertools.count()
         self.delivered = 0
@@ -37,7 +41,7 @@ class LoopbackGrid:
             msg.metadata.__dict__["_src_node_id"] = 1
             ids.append(mid)
             node = msg.metadata.dst_node_id
-            if node in self.down or node not in self.nodes:
+            if node in self.down or node not in self.nodes or self._down_for(node, msg):
                 continue
             context = Context(self.run_id, node, {"node-dir": str(self.nodes[node])}, RecordDict(), {})
             try:
@@ -47,6 +51,13 @@ class LoopbackGrid:
             self._replies[mid] = answer
             self.delivered += 1
         return ids
+
+    def _down_for(self, node: int, msg: Message) -> bool:
+        envelope, _ = read_request(msg)
+        if self.down_for is None or envelope is None:
+            return False
+        env = Envelope.from_bytes(envelope)
+        return bool(self.down_for(node, env.round, env.phase))
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         return [self._replies.pop(m) for m in list(message_ids) if m in self._replies]

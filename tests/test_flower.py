@@ -69,3 +69,43 @@ def test_a_run_over_flower_messages_gives_the_in_process_model_and_audit(tmp_pat
     flower = json.loads((out / "flower.json").read_text())
     assert flower["framing"]["messages_sent"] == grid.delivered - len(grid.nodes)  # + hellos
     assert 0 < flower["framing"]["bytes_sent"] / flower["framing"]["messages_sent"] < 1000
+
+
+# ---- faults -------------------------------------------------------------------------------
+def test_a_node_down_for_a_round_is_excluded_and_rejoins_the_next(tmp_path):
+    """ckks: client_2's node does not answer in round 1 (killed), then answers again (its
+    node restarted with its directory): round 1 completes without it after the timeout,
+    round 2 has it back, restored from the state it left on its node."""
+    config = replace(LARC, rounds=3)
+    folder, grid = deploy(tmp_path, config)
+    grid.down_for = lambda node, rnd, phase: node == 102 and rnd == 1
+    out = tmp_path / "out"
+    run_on_flower(grid, deployment=folder, out=out, timeout=1.0, connect_timeout=5)
+    metrics = pd.read_csv(out / "metrics.csv")
+    assert metrics["clients"].tolist()[1:] == [6, 5, 6]
+    summary = json.loads((out / "audit_summary.json").read_text())
+    assert [(e["round"], e["peer"]) for e in summary["exclusions"]] == [(1, "client_2")]
+    assert "no answer within 1 s" in summary["exclusions"][0]["reason"]
+    assert json.loads((out / "flower.json").read_text())["aborted"] == {}
+
+
+def test_threshold_n_of_n_stops_cleanly_when_a_holder_is_gone(tmp_path):
+    config = replace(LARC, protocol="fedavg", backend="threshold", rounds=2)
+    folder, grid = deploy(tmp_path, config)
+    grid.down_for = lambda node, rnd, phase: node == 102 and rnd == 1
+    out = tmp_path / "out"
+    run_on_flower(grid, deployment=folder, out=out, timeout=1.0, connect_timeout=5)
+    flower = json.loads((out / "flower.json").read_text())
+    assert "client_2" in flower["aborted"]["3"]
+    summary = json.loads((out / "audit_summary.json").read_text())
+    assert any(e["peer"] == "client_2" for e in summary["exclusions"])
+    assert pd.read_csv(out / "metrics.csv")["round"].max() == 1  # round 1 made no model
+
+
+def test_a_node_configured_for_another_experiment_is_refused(tmp_path):
+    folder, grid = deploy(tmp_path, PLAIN)
+    other = tmp_path / "other"
+    prepare(other, replace(PLAIN, rounds=5))
+    grid.nodes[102] = other / "nodes" / "client_2"  # this node runs 5 rounds, the server 2
+    with pytest.raises(ConfigError, match=r"no SuperNode answered for \['client_2'\]"):
+        run_on_flower(grid, deployment=folder, out=tmp_path / "out", timeout=1, connect_timeout=1)
