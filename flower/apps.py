@@ -59,17 +59,25 @@ def run_on_flower(
     grid: Any, *, deployment: Path, out: Path, timeout: float, connect_timeout: float
 ) -> None:
     """The experiment of ``deployment`` over the SuperNodes ``grid`` reaches; results in
-    ``out`` (the run folder of ``secagg run``, plus ``flower.json``)."""
+    ``out`` (the run folder of ``secagg run``, plus ``flower.json``), progress also in
+    ``<out>-progress.log``."""
     import secagg
     from secagg.clients.tasks import get_task
 
+    out.parent.mkdir(parents=True, exist_ok=True)
     config = load_experiment(deployment / "experiment.toml")
     experiment = experiment_name(config)
     signers = (
         read_signers(deployment / "server" / "signers.json") if config.backend != "plain" else None
     )
     ids = [f"client_{k}" for k in range(get_task(config.task).load().n_clients)]
-    say = secagg_progress
+    log = out.with_name(out.name + "-progress.log")
+
+    def say(line: str) -> None:  # the ServerApp's stderr goes to Flower's log: keep a copy
+        secagg_progress(line)
+        with open(log, "a") as f:
+            f.write(line + "\n")
+
     nodes = FlowerNodes(grid, ids, experiment, log=say)
     say(f"waiting for {len(ids)} SuperNodes (experiment {experiment})")
     nodes.wait_for_all(connect_timeout)

@@ -7,8 +7,10 @@
     DIR/app/pyproject.toml       the Flower App that ``flwr run`` submits
     DIR/nodes/<client>/          one folder per SuperNode: copy each to its machine
         node.json, experiment.toml, identity.json (mode 0600)
+    DIR/deployment.json          the experiment's name, the clients, TLS and auth on or off
     DIR/tls/                     a local demo CA and the SuperLink's certificate (``--tls``)
-    DIR/auth/                    SuperNode authentication keys (``--auth``)
+    DIR/auth/<client>.pub        the SuperNodes' public authentication keys (``--auth``);
+                                 each private key is in its node folder (auth.key)
 
 Across machines nothing changes but where the folders go: ``nodes/<client>`` to that
 client's machine (its identity file must not leave it afterwards), ``server`` and ``app``
@@ -17,10 +19,12 @@ to the machine that submits the run, and the CA certificate to every SuperNode.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from secagg.backends import new_identities
 from secagg.errors import ConfigError
+from secagg.flower.certificates import make_node_key, make_tls
 from secagg.flower.keystore import experiment_name, write_identity, write_signers
 from secagg.flower.node import check_runs_on_flower
 from secagg.simulation.config import ExperimentConfig
@@ -62,9 +66,26 @@ def client_ids(config: ExperimentConfig) -> list[str]:
     return [f"client_{k}" for k in range(get_task(config.task).load().n_clients)]
 
 
-def prepare(folder: Path, config: ExperimentConfig, *, timeout: float = 120.0) -> dict[str, Path]:
+def prepare(
+    folder: Path,
+    config: ExperimentConfig,
+    *,
+    tls: bool = False,
+    auth: bool = False,
+    timeout: float = 120.0,
+) -> dict[str, Path]:
     """Write a deployment of ``config`` to ``folder`` (new or empty); returns each node's
-    directory by client id."""
+    directory by client id.
+
+    Parameters:
+        tls: make a demo CA and the SuperLink's certificate (``tls/``); each node gets
+            the CA certificate.
+        auth: make each SuperNode's authentication key (in its node folder; the public
+            keys also in ``auth/`` for the SuperLink's registration). Needs ``tls``.
+        timeout: seconds a node has to answer one message (the ServerApp's default).
+    """
+    if auth and not tls:
+        raise ConfigError("SuperNode authentication needs TLS (Flower refuses it without)")
     folder = Path(folder).resolve()
     if folder.exists() and any(folder.iterdir()):
         raise ConfigError(f"{folder} is not empty: prepare a deployment in a new folder")
@@ -87,4 +108,18 @@ def prepare(folder: Path, config: ExperimentConfig, *, timeout: float = 120.0) -
         (node / "experiment.toml").write_text(settings)
         write_identity(node / "identity.json", identities[cid])
         nodes[cid] = node
+    if tls:
+        ca = make_tls(folder / "tls")["ca"]
+        for node in nodes.values():
+            (node / "ca.crt").write_bytes(ca.read_bytes())
+    if auth:
+        (folder / "auth").mkdir()
+        for cid, node in nodes.items():
+            public = make_node_key(node / "auth.key")
+            (folder / "auth" / f"{cid}.pub").write_bytes(public.read_bytes())
+    (folder / "deployment.json").write_text(
+        json.dumps(
+            {"experiment": experiment_name(config), "clients": ids, "tls": tls, "auth": auth}
+        )
+    )
     return nodes

@@ -135,7 +135,9 @@ class FlowerTransport:
         nodes: who is where (shared by the run's transports).
         run: what every request names: the experiment, the Flower run, the seed, the stage.
         timeout: seconds a node has to answer one request.
-        in_flight: requests outstanding at once (each may carry a model).
+        in_flight: requests outstanding at once (each may carry a model); default: one
+            per client (Flower answers each in a process of its own, seconds apiece, so
+            holding some back would make a phase take several of those).
     """
 
     def __init__(
@@ -144,11 +146,12 @@ class FlowerTransport:
         *,
         run: dict[str, Any],
         timeout: float = 120.0,
-        in_flight: int = 4,
-        poll: float = 0.02,
+        in_flight: int | None = None,
+        poll: float = 0.05,
     ):
         self.nodes, self.run, self.timeout = nodes, dict(run), timeout
-        self.in_flight, self.poll = in_flight, poll
+        self.in_flight = in_flight if in_flight is not None else len(nodes.clients)
+        self.poll = poll
         #: what Flower adds around the envelopes: messages and bytes, each way
         self.framing = {
             "messages_sent": 0,

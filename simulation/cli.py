@@ -73,9 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="print the resolved settings as TOML and exit without running",
     )
     run.add_argument("--quiet", action="store_true", help="no progress output")
-    S.add_arguments(
-        run, {"task": list(TASKS), "protocol": list(PROTOCOLS), "backend": list(BACKENDS)}
-    )
+    add_settings(run)
 
     presets = sub.add_parser("presets", help="list the bundled presets, or show one")
     presets.add_argument("--show", metavar="NAME", help="print the preset's settings")
@@ -103,7 +101,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("name", choices=list(BENCHMARKS))
     bench.add_argument("rest", nargs=argparse.REMAINDER, help="the benchmark's own options")
+    from secagg.flower.cli import add_parser as add_flower
+
+    add_flower(sub, add_settings)
     return parser
+
+
+def add_settings(parser: argparse.ArgumentParser) -> None:
+    """Every experiment setting as a flag (``secagg run``'s, also ``flower prepare``'s)."""
+    S.add_arguments(
+        parser, {"task": list(TASKS), "protocol": list(PROTOCOLS), "backend": list(BACKENDS)}
+    )
+
+
+def cmd_flower(args: argparse.Namespace) -> int:
+    from secagg.flower.cli import run
+
+    return run(args, resolve_settings)
 
 
 # ---- run ----------------------------------------------------------------------------------
@@ -265,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
             "protocols": cmd_protocols,
             "compare": cmd_compare,
             "bench": cmd_bench,
+            "flower": cmd_flower,
         }[args.command](args)
     except SecaggError as exc:
         print(f"secagg: error: {exc}", file=sys.stderr)

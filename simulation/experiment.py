@@ -22,7 +22,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import pandas as pd
@@ -35,8 +35,6 @@ from secagg.backends import (
     provision,
     public_signers,
 )
-from secagg.clients.privacy import PrivateTrainer, make_private
-from secagg.clients.runtime import Client
 from secagg.clients.tasks import (
     ClientData,
     FederatedData,
@@ -57,13 +55,18 @@ from secagg.protocols import (
     register_protocol,
 )
 from secagg.protocols.optimizers import StepSchedule, make_optimizer
-from secagg.sealing import Observer
 from secagg.server.audit import AuditLog
 from secagg.server.engine import Server
 from secagg.server.transport import InProcessTransport, Transport
 from secagg.simulation.config import ExperimentConfig
 from secagg.simulation.privacy import client_level_epsilon, scalar_epsilons, scalar_release_counts
 from secagg.simulation.workers import WorkerPoolTransport
+
+if TYPE_CHECKING:  # client-side and key code: imported where a client or key is made, so
+    # that a server process running this driver (secagg.flower's ServerApp) loads none of it
+    from secagg.clients.privacy import PrivateTrainer
+    from secagg.clients.runtime import Client
+    from secagg.sealing import Observer
 
 
 def evaluate(task: Task, data: FederatedData, params: np.ndarray) -> dict[str, float]:
@@ -213,6 +216,9 @@ class ClientFactory:
     ) -> Client:
         """Client k: its data, a trainer whose batch order the seed fixes, its halves of the
         backend and of the protocol."""
+        from secagg.clients.privacy import make_private
+        from secagg.clients.runtime import Client
+
         config, seed = self.config, self.seed
         local = LocalTrainer(
             task.make_model(), part, task.loss, config.batch_size, seed=seed * 1000 + k
@@ -380,7 +386,11 @@ def run_seed(
         if pre.aborted:
             return SeedRun(pre.rows[:0], pre.final_params, f"{stage}: {pre.aborted}")
         protocol.use_pretrained(pre.final_params, spec.layout(data))
-    observer = Observer() if config.server_blind else None
+    observer = None
+    if config.server_blind:
+        from secagg.sealing import Observer  # the experimenter's private key
+
+        observer = Observer()
     factory = ClientFactory(
         config, seed, observer_public=observer.public_bytes if observer else None
     )

@@ -43,7 +43,9 @@ class LoopbackGrid:
             node = msg.metadata.dst_node_id
             if node in self.down or node not in self.nodes or self._down_for(node, msg):
                 continue
-            context = Context(self.run_id, node, {"node-dir": str(self.nodes[node])}, RecordDict(), {})
+            context = Context(
+                self.run_id, node, {"node-dir": str(self.nodes[node])}, RecordDict(), {}
+            )
             try:
                 answer = client_app(msg, context)
             except Exception as exc:  # noqa: BLE001 - Flower turns it into an error reply

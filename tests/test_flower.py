@@ -7,7 +7,6 @@ The real SuperLink and SuperNodes, in separate processes: ``test_flower_e2e.py``
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import replace
 
 import numpy as np
@@ -25,9 +24,7 @@ LARC = ExperimentConfig(
     task="tcga-brca", protocol="larc", backend="ckks", rounds=2, seeds=[3], local_steps=5
 )
 #: deterministic end to end (seeded DP noise): over Flower the model must be bit for bit
-PLAIN = replace(
-    LARC, protocol="costwagg", backend="plain", client_dp={"clip": 1.0, "noise": 0.5}
-)
+PLAIN = replace(LARC, protocol="costwagg", backend="plain", client_dp={"clip": 1.0, "noise": 0.5})
 
 
 def deploy(tmp_path, config):

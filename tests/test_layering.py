@@ -116,3 +116,16 @@ def test_the_server_process_loads_no_secret_key_code():
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
     ).stdout.strip()
     assert out == "[]"
+
+
+def test_the_flower_server_app_loads_no_secret_key_code():
+    """The ServerApp's process runs the experiment driver; clients and keys are imported only
+    where one is made (never there). test_flower_e2e checks it after a real run too."""
+    code = (
+        "import sys, secagg.flower.apps, secagg.simulation.api, secagg.simulation.experiment; "
+        f"print(sorted(m for m in sys.modules if m in {sorted(SECRET_MODULES)!r}))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert out == "[]"

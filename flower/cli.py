@@ -1,0 +1,158 @@
+"""``secagg flower``: prepare a deployment, run it on this machine, or print the commands
+that start it on several."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from secagg.errors import SecaggError
+
+
+def add_parser(sub: Any, add_settings: Any) -> None:
+    flower = sub.add_parser(
+        "flower",
+        help="run an experiment over Flower: SuperLink and SuperNodes, TLS, node "
+        "authentication (`secagg flower -h`)",
+        description="secagg over Flower: `prepare` writes a deployment folder for one "
+        "experiment (settings, keys, one folder per SuperNode, the Flower App); `demo` runs "
+        "it on this machine with a SuperLink and one SuperNode per client as separate "
+        "processes; `commands` prints the commands that start it on separate machines.",
+    )
+    verbs = flower.add_subparsers(dest="verb", metavar="VERB", required=True)
+    prepare = verbs.add_parser(
+        "prepare",
+        help="write a deployment folder for an experiment",
+        description="Write DIR: the experiment's settings (the same flags and TOML keys as "
+        "`secagg run`), each client's secagg identity in its own node folder (mode 0600), "
+        "the server's roster of public signing keys, the Flower App, and with --tls a demo "
+        "CA and SuperLink certificate, with --auth each SuperNode's authentication key.",
+    )
+    prepare.add_argument("folder", type=Path, metavar="DIR", help="a new or empty folder")
+    prepare.add_argument("--tls", action="store_true", help="make a demo CA and certificate")
+    prepare.add_argument(
+        "--auth", action="store_true", help="SuperNode authentication keys (needs --tls)"
+    )
+    prepare.add_argument(
+        "--timeout",
+        type=float,
+        default=120.0,
+        help="seconds a SuperNode has to answer one message before the server counts it "
+        "missing (default 120)",
+    )
+    prepare.add_argument("--preset", help="a bundled preset (`secagg presets` lists them)")
+    prepare.add_argument("--config", type=Path, help="a TOML file of settings")
+    add_settings(prepare)
+    demo = verbs.add_parser(
+        "demo",
+        help="run a prepared deployment on this machine",
+        description="Start a SuperLink and one SuperNode per client (separate processes on "
+        "loopback, free ports), submit the run with `flwr run`, wait for it, stop every "
+        "process. Results go to DIR/results/ (the run folder of `secagg run`, plus "
+        "flower.json: Flower's framing overhead and the node ids).",
+    )
+    demo.add_argument("folder", type=Path, metavar="DIR", help="a prepared deployment")
+    demo.add_argument("--wait", type=float, default=7200.0, help="give up after this many seconds")
+    commands = verbs.add_parser(
+        "commands",
+        help="print the commands that start a prepared deployment on separate machines",
+    )
+    commands.add_argument("folder", type=Path, metavar="DIR", help="a prepared deployment")
+    commands.add_argument(
+        "--superlink", default="SUPERLINK_HOST", help="the SuperLink's host name or address"
+    )
+
+
+def run(args: argparse.Namespace, resolve: Any) -> int:
+    if args.verb == "prepare":
+        return _prepare(args, resolve)
+    if args.verb == "demo":
+        return _demo(args)
+    return _commands(args)
+
+
+def _prepare(args: argparse.Namespace, resolve: Any) -> int:
+    from secagg.flower.deployment import prepare
+    from secagg.simulation import settings as S
+
+    args.resume, args.overwrite = None, False
+    config, _ = S.to_config(resolve(args))
+    nodes = prepare(args.folder, config, tls=args.tls, auth=args.auth, timeout=args.timeout)
+    print(
+        f"deployment of {config.protocol} on {config.backend} ({config.task}, "
+        f"{len(nodes)} clients) written to {args.folder}/\n"
+        f"run it here: secagg flower demo {args.folder}\n"
+        f"or on separate machines: secagg flower commands {args.folder}"
+    )
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from secagg.flower.launch import LocalFederation
+
+    out = args.folder.resolve() / "results"
+    say = _stderr
+    with LocalFederation(args.folder, log=say) as federation:
+        run_id = federation.submit(out=str(out))
+        say(f"Flower run {run_id}: progress in {out}-progress.log")
+        status = federation.wait(run_id, args.wait)
+    if status != "finished:completed":
+        raise SecaggError(f"the Flower run ended {status}; logs in {federation.work}/")
+    flower = json.loads((out / "flower.json").read_text())
+    for seed, reason in flower["aborted"].items():
+        say(f"seed {seed} was aborted: {reason}")
+    framing = flower["framing"]
+    print(
+        f"results in {out}/; Flower's framing: {framing['messages_sent']} requests "
+        f"(+{framing['bytes_sent'] / max(framing['messages_sent'], 1):.0f} B each), "
+        f"{framing['messages_received']} replies "
+        f"(+{framing['bytes_received'] / max(framing['messages_received'], 1):.0f} B each)"
+    )
+    return 0
+
+
+def _commands(args: argparse.Namespace) -> int:
+    folder = args.folder.resolve()
+    try:
+        spec = json.loads((folder / "deployment.json").read_text())
+    except (OSError, ValueError):
+        raise SecaggError(f"{folder} is not a prepared deployment") from None
+    host = args.superlink
+    trust = "--root-certificates ca.crt" if spec["tls"] else "--insecure"
+    lines = ["# on the SuperLink's machine (keep tls/server.key there only)"]
+    link = "flower-superlink"
+    if spec["tls"]:
+        link += f" --ssl-ca-certfile {folder}/tls/ca.crt --ssl-certfile {folder}/tls/server.pem"
+        link += f" --ssl-keyfile {folder}/tls/server.key"
+    else:
+        link += " --insecure"
+    if spec["auth"]:
+        link += " --enable-supernode-auth"
+    lines += [link, ""]
+    lines += [
+        "# the Flower CLI's connection (on the machine that submits runs): $FLWR_HOME/config.toml",
+        f'#   [superlink.secagg] address = "{host}:9093" '
+        + (f'root-certificates = "{folder}/tls/ca.crt"' if spec["tls"] else "insecure = true"),
+    ]
+    if spec["auth"]:
+        lines += [f"flwr supernode register {folder}/auth/{c}.pub secagg" for c in spec["clients"]]
+    lines += ["", "# on each client's machine, in a copy of its node folder"]
+    for cid in spec["clients"]:
+        node = f"flower-supernode --superlink {host}:9092 {trust} --node-config 'node-dir=\"$PWD\"'"
+        if spec["auth"]:
+            node += " --auth-supernode-private-key auth.key"
+        lines.append(f"cd {cid} && {node}")
+    lines += [
+        "",
+        "# submit the run (results on the SuperLink's machine, in the deployment's results/)",
+        f"flwr run {folder}/app secagg --stream",
+    ]
+    print("\n".join(lines))
+    return 0
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)

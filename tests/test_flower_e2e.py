@@ -1,0 +1,151 @@
+"""secagg on a real Flower deployment: a SuperLink and one SuperNode per client (6 for
+Fed-TCGA-BRCA) as separate processes on loopback, ports chosen at run time, every wait
+bounded and every process stopped at the end (``secagg.flower.launch``).
+
+Flower 1.30 starts a fresh ClientApp process for every message, so these runs take minutes:
+they are marked slow (CI runs them)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+from dataclasses import replace
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import secagg
+from secagg.flower.deployment import prepare
+from secagg.flower.launch import BIN, LocalFederation
+from secagg.simulation.config import ExperimentConfig
+from tests.test_layering import SECRET_MODULES
+
+pytestmark = pytest.mark.slow
+
+LARC = ExperimentConfig(
+    task="tcga-brca", protocol="larc", backend="ckks", rounds=2, seeds=[3], local_steps=5
+)
+
+
+@pytest.fixture(scope="module")
+def in_process(tmp_path_factory):
+    out = tmp_path_factory.mktemp("reference") / "run"
+    secagg.run(LARC, out=out)
+    return out
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+@pytest.mark.parametrize("secure", [False, True], ids=["insecure", "tls-and-node-auth"])
+def test_larc_on_ckks_over_superlink_and_supernodes_gives_the_in_process_run(
+    tmp_path, in_process, secure
+):
+    folder = tmp_path / "deployment"
+    prepare(folder, LARC, tls=secure, auth=secure)
+    out = tmp_path / "out"
+    with LocalFederation(folder) as federation:
+        pids = [federation.superlink.pid, *(p.pid for p in federation.nodes.values())]
+        status = federation.run(out=out, timeout=1200)
+        if secure:  # a SuperNode whose key the SuperLink does not know is turned away
+            intruder = subprocess.run(
+                [
+                    str(BIN / "flower-supernode"),
+                    "--superlink",
+                    f"127.0.0.1:{federation.ports['fleet']}",
+                    "--root-certificates",
+                    str(folder / "tls" / "ca.crt"),
+                    "--auth-supernode-private-key",
+                    str(_unregistered_key(tmp_path)),
+                    "--clientappio-api-address",
+                    "127.0.0.1:0",
+                    "--max-retries",
+                    "0",
+                ],  # fmt: skip
+                capture_output=True,
+                text=True,
+                timeout=120,
+                env=federation._env("intruder"),
+            )
+            assert intruder.returncode != 0
+            assert "No SuperNode found with the given public key" in (
+                intruder.stdout + intruder.stderr
+            )
+    deadline = time.monotonic() + 15
+    while not all(gone(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert all(gone(p) for p in pids)  # every process stopped
+
+    assert status == "finished:completed"
+    seed = LARC.seeds[0]
+    np.testing.assert_allclose(  # CKKS noise is fresh in every run: equal to its precision
+        np.load(out / "models" / f"seed-{seed}.npy"),
+        np.load(in_process / "models" / f"seed-{seed}.npy"),
+        rtol=0,
+        atol=1e-6,
+    )
+    assert json.loads((out / "audit_summary.json").read_text()) == json.loads(
+        (in_process / "audit_summary.json").read_text()
+    )
+    a, b = (pd.read_csv(f / "metrics.csv") for f in (out, in_process))
+    assert (
+        a["c_index" if "c_index" in a else "test_pooled"].round(4).tolist()
+        == b["c_index" if "c_index" in b else "test_pooled"].round(4).tolist()
+    )
+    flower = json.loads((out / "flower.json").read_text())
+    assert sorted(flower["nodes"]) == [f"client_{k}" for k in range(6)]
+    assert not set(flower["secagg_modules"]) & SECRET_MODULES  # the server held no key code
+    assert flower["framing"]["messages_sent"] == flower["framing"]["messages_received"] > 0
+    # every node kept its state on its own disk, readable by itself only
+    for k in range(6):
+        states = list((folder / "nodes" / f"client_{k}" / "state").rglob("*.bin"))
+        assert len(states) == 1 and states[0].stat().st_mode & 0o077 == 0
+
+
+def _unregistered_key(tmp_path):
+    from secagg.flower.certificates import make_node_key
+
+    key = tmp_path / "intruder.key"
+    make_node_key(key)
+    return key
+
+
+def test_a_supernode_killed_mid_run_is_excluded_and_rejoins_after_restart(tmp_path):
+    """ckks FedAvg, 3 rounds: client_2's SuperNode is SIGKILLed once round 1 is done and
+    started again once round 2 is done. Round 2 completes without it after the timeout;
+    round 3 has it back, continuing from the state on its node."""
+    config = replace(LARC, protocol="fedavg", rounds=3)
+    folder = tmp_path / "deployment"
+    prepare(folder, config, tls=True, auth=True)  # with auth a restarted node keeps its id
+    out = tmp_path / "out"
+    progress = out.with_name(out.name + "-progress.log")
+    with LocalFederation(folder) as federation:
+        run_id = federation.submit(out=str(out), timeout=40.0)
+        _wait_for(progress, r"round 1/3", federation)
+        federation.kill_node("client_2")
+        _wait_for(progress, r"round 2/3", federation)
+        federation.start_node("client_2")
+        status = federation.wait(run_id, timeout=900)
+    assert status == "finished:completed"
+    metrics = pd.read_csv(out / "metrics.csv")
+    assert metrics["clients"].tolist()[1:] == [6, 5, 6]
+    summary = json.loads((out / "audit_summary.json").read_text())
+    assert [(e["round"], e["peer"]) for e in summary["exclusions"]] == [(1, "client_2")]
+
+
+def _wait_for(path, pattern, federation, timeout=600):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and re.search(pattern, path.read_text()):
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"{pattern!r} never appeared in {path}; see {federation.work}")
