@@ -43,6 +43,14 @@ def add_parser(sub: Any, add_settings: Any) -> None:
         help="seconds a SuperNode has to answer one message before the server counts it "
         "missing (default 120)",
     )
+    prepare.add_argument(
+        "--host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="the SuperLink machine's host name or address, for its TLS certificate "
+        "(repeatable; loopback is always in it)",
+    )
     prepare.add_argument("--preset", help="a bundled preset (`secagg presets` lists them)")
     prepare.add_argument("--config", type=Path, help="a TOML file of settings")
     add_settings(prepare)
@@ -80,7 +88,14 @@ def _prepare(args: argparse.Namespace, resolve: Any) -> int:
 
     args.resume, args.overwrite = None, False
     config, _ = S.to_config(resolve(args))
-    nodes = prepare(args.folder, config, tls=args.tls, auth=args.auth, timeout=args.timeout)
+    nodes = prepare(
+        args.folder,
+        config,
+        tls=args.tls,
+        auth=args.auth,
+        timeout=args.timeout,
+        hosts=tuple(args.host),
+    )
     print(
         f"deployment of {config.protocol} on {config.backend} ({config.task}, "
         f"{len(nodes)} clients) written to {args.folder}/\n"
@@ -132,16 +147,22 @@ def _commands(args: argparse.Namespace) -> int:
     if spec["auth"]:
         link += " --enable-supernode-auth"
     lines += [link, ""]
+    trust_line = f'root-certificates = "{folder}/tls/ca.crt"' if spec["tls"] else "insecure = true"
     lines += [
-        "# the Flower CLI's connection (on the machine that submits runs): $FLWR_HOME/config.toml",
-        f'#   [superlink.secagg] address = "{host}:9093" '
-        + (f'root-certificates = "{folder}/tls/ca.crt"' if spec["tls"] else "insecure = true"),
+        "# the Flower CLI's connection, on the machine that submits runs",
+        "cat >> ${FLWR_HOME:-~/.flwr}/config.toml <<EOF",
+        "[superlink.secagg]",
+        f'address = "{host}:9093"',
+        trust_line,
+        "EOF",
     ]
     if spec["auth"]:
         lines += [f"flwr supernode register {folder}/auth/{c}.pub secagg" for c in spec["clients"]]
     lines += ["", "# on each client's machine, in a copy of its node folder"]
     for cid in spec["clients"]:
-        node = f"flower-supernode --superlink {host}:9092 {trust} --node-config 'node-dir=\"$PWD\"'"
+        node = (
+            f'flower-supernode --superlink {host}:9092 {trust} --node-config "node-dir=\\"$PWD\\""'
+        )
         if spec["auth"]:
             node += " --auth-supernode-private-key auth.key"
         lines.append(f"cd {cid} && {node}")

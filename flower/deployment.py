@@ -73,6 +73,7 @@ def prepare(
     tls: bool = False,
     auth: bool = False,
     timeout: float = 120.0,
+    hosts: tuple[str, ...] = (),
 ) -> dict[str, Path]:
     """Write a deployment of ``config`` to ``folder`` (new or empty); returns each node's
     directory by client id.
@@ -83,6 +84,8 @@ def prepare(
         auth: make each SuperNode's authentication key (in its node folder; the public
             keys also in ``auth/`` for the SuperLink's registration). Needs ``tls``.
         timeout: seconds a node has to answer one message (the ServerApp's default).
+        hosts: names or addresses of the SuperLink's machine for its certificate, besides
+            loopback's.
     """
     if auth and not tls:
         raise ConfigError("SuperNode authentication needs TLS (Flower refuses it without)")
@@ -109,7 +112,7 @@ def prepare(
         write_identity(node / "identity.json", identities[cid])
         nodes[cid] = node
     if tls:
-        ca = make_tls(folder / "tls")["ca"]
+        ca = make_tls(folder / "tls", ("127.0.0.1", "localhost", "::1", *hosts))["ca"]
         for node in nodes.values():
             (node / "ca.crt").write_bytes(ca.read_bytes())
     if auth:

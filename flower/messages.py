@@ -7,7 +7,7 @@ in-process transport carries, so secagg's byte counts stay the wire's), and on r
 not the one it was configured for). A reply holds ``envelope`` alone. A ``hello`` request
 (no envelope) asks a node which client it is.
 
-What Flower adds around the envelope (its message metadata, record framing, object ids) is
+What Flower adds around the envelope (its message metadata, object tree, record framing) is
 Flower's own overhead: :func:`framing_bytes` measures it per message.
 """
 
@@ -67,13 +67,22 @@ def read_reply(message: Message) -> bytes:
 
 
 def framing_bytes(message: Message) -> int:
-    """What Flower adds to the envelope: the message's serialised size minus the envelope's
-    (metadata, record names, the run label, protobuf framing)."""
+    """What Flower 1.30 sends besides the envelope: a message travels as a header (the
+    message without its content), an object tree and each nested object (message, record
+    dict, config record) serialised on its own; this is their total minus the envelope's
+    bytes (gRPC's and HTTP/2's own framing not included)."""
+    from flwr.common.message import remove_content_from_message
     from flwr.common.serde import message_to_proto
+    from flwr.supercore.inflatable.inflatable_object import (
+        get_all_nested_objects,
+        get_object_tree,
+    )
 
-    size = message_to_proto(message).ByteSize()
+    header = message_to_proto(remove_content_from_message(message)).ByteSize()
+    tree = get_object_tree(message).ByteSize()
+    objects = sum(len(o.deflate()) for o in get_all_nested_objects(message).values())
     try:
         inner = len(_record(message).get("envelope") or b"")
     except MalformedMessage:
         inner = 0
-    return size - inner
+    return header + tree + objects - inner

@@ -182,8 +182,8 @@ class FlowerTransport:
                     yield peer, ClientUnavailable(f"{peer}: no SuperNode of this run holds it")
                     continue
                 message = messages.request(node, data, self.run, ttl=self.timeout)
-                self._count("sent", message)
                 (mid,) = grid.push_messages([message])
+                self._count("sent", message)  # after the push, which fills in the metadata
                 waiting[mid] = (peer, time.monotonic() + self.timeout)
             if not waiting:
                 if exhausted:

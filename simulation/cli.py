@@ -25,6 +25,8 @@ BENCHMARKS = {
     "crypto": "CKKS cost per parameter against NVFlare's TenSEAL set-up",
     "overhead": "end-to-end rounds: time by phase, bytes, peak memory, over model sizes "
     "and client counts",
+    "flower": "the same run over a local Flower deployment vs in process: wall time and "
+    "bytes per round, Flower's framing per message",
 }
 
 

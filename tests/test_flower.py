@@ -12,6 +12,7 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 import pytest
+from cryptography import x509
 
 import secagg
 from secagg.errors import ConfigError
@@ -106,3 +107,37 @@ def test_a_node_configured_for_another_experiment_is_refused(tmp_path):
     grid.nodes[102] = other / "nodes" / "client_2"  # this node runs 5 rounds, the server 2
     with pytest.raises(ConfigError, match=r"no SuperNode answered for \['client_2'\]"):
         run_on_flower(grid, deployment=folder, out=tmp_path / "out", timeout=1, connect_timeout=1)
+
+
+# ---- the deployment folder and the command line -------------------------------------------
+def test_prepare_writes_private_node_folders_and_commands_name_them(tmp_path, capsys):
+    from secagg.simulation.cli import main
+
+    folder = tmp_path / "dep"
+    args = ["flower", "prepare", str(folder), "--preset", "quickstart", "--rounds", "2"]
+    assert main([*args, "--tls", "--auth", "--host", "fl.example.org"]) == 0
+    node = folder / "nodes" / "client_0"
+    for secret in ("identity.json", "auth.key"):
+        assert (node / secret).stat().st_mode & 0o077 == 0
+    assert (node / "ca.crt").read_bytes() == (folder / "tls" / "ca.crt").read_bytes()
+    cert = x509.load_pem_x509_certificate((folder / "tls" / "server.pem").read_bytes())
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "fl.example.org" in names.get_values_for_type(x509.DNSName)
+    signers = json.loads((folder / "server" / "signers.json").read_text())
+    identity = json.loads((node / "identity.json").read_text())
+    assert signers == identity["signers"] and "ed25519_private" not in signers
+    capsys.readouterr()
+    assert main(["flower", "commands", str(folder), "--superlink", "fl.example.org"]) == 0
+    printed = capsys.readouterr().out
+    assert "--enable-supernode-auth" in printed and "fl.example.org:9092" in printed
+    assert printed.count("flwr supernode register") == 6
+    # bad input: a clear error, exit status 2, nothing written
+    for bad, message in (
+        ([*args], "is not empty"),
+        (["flower", "prepare", str(tmp_path / "b"), "--auth"], "needs TLS"),
+        (["flower", "prepare", str(tmp_path / "c"), "--server-blind"], "server-blind"),
+        (["flower", "demo", str(tmp_path / "nothing")], "not a prepared deployment"),
+    ):
+        assert main(bad) == 2
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "b").exists() and not (tmp_path / "c").exists()

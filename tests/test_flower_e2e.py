@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import time
 from dataclasses import replace
@@ -20,7 +21,7 @@ import pytest
 
 import secagg
 from secagg.flower.deployment import prepare
-from secagg.flower.launch import BIN, LocalFederation
+from secagg.flower.launch import BIN, LocalFederation, free_port
 from secagg.simulation.config import ExperimentConfig
 from tests.test_layering import SECRET_MODULES
 
@@ -57,29 +58,8 @@ def test_larc_on_ckks_over_superlink_and_supernodes_gives_the_in_process_run(
         pids = [federation.superlink.pid, *(p.pid for p in federation.nodes.values())]
         status = federation.run(out=out, timeout=1200)
         if secure:  # a SuperNode whose key the SuperLink does not know is turned away
-            intruder = subprocess.run(
-                [
-                    str(BIN / "flower-supernode"),
-                    "--superlink",
-                    f"127.0.0.1:{federation.ports['fleet']}",
-                    "--root-certificates",
-                    str(folder / "tls" / "ca.crt"),
-                    "--auth-supernode-private-key",
-                    str(_unregistered_key(tmp_path)),
-                    "--clientappio-api-address",
-                    "127.0.0.1:0",
-                    "--max-retries",
-                    "0",
-                ],  # fmt: skip
-                capture_output=True,
-                text=True,
-                timeout=120,
-                env=federation._env("intruder"),
-            )
-            assert intruder.returncode != 0
-            assert "No SuperNode found with the given public key" in (
-                intruder.stdout + intruder.stderr
-            )
+            code, said = _intruder(federation, folder, tmp_path)
+            assert code != 0 and "No SuperNode found with the given public key" in said
     deadline = time.monotonic() + 15
     while not all(gone(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -111,12 +91,41 @@ def test_larc_on_ckks_over_superlink_and_supernodes_gives_the_in_process_run(
         assert len(states) == 1 and states[0].stat().st_mode & 0o077 == 0
 
 
-def _unregistered_key(tmp_path):
+def _intruder(federation, folder, tmp_path) -> tuple[int, str]:
+    """A SuperNode with a key of its own making: its exit code and what it printed."""
     from secagg.flower.certificates import make_node_key
 
     key = tmp_path / "intruder.key"
     make_node_key(key)
-    return key
+    log = tmp_path / "intruder.log"
+    with open(log, "w") as f:  # a file, not a pipe: its children may keep a pipe open
+        process = subprocess.Popen(
+            [
+                str(BIN / "flower-supernode"),
+                "--superlink",
+                f"127.0.0.1:{federation.ports['fleet']}",
+                "--root-certificates",
+                str(folder / "tls" / "ca.crt"),
+                "--auth-supernode-private-key",
+                str(key),
+                "--clientappio-api-address",
+                f"127.0.0.1:{free_port()}",
+                "--max-retries",
+                "0",
+            ],  # fmt: skip
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env=federation._env("intruder"),
+            start_new_session=True,
+        )
+        try:
+            code = process.wait(timeout=120)
+        finally:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    return code, log.read_text()
 
 
 def test_a_supernode_killed_mid_run_is_excluded_and_rejoins_after_restart(tmp_path):
@@ -129,7 +138,7 @@ def test_a_supernode_killed_mid_run_is_excluded_and_rejoins_after_restart(tmp_pa
     out = tmp_path / "out"
     progress = out.with_name(out.name + "-progress.log")
     with LocalFederation(folder) as federation:
-        run_id = federation.submit(out=str(out), timeout=40.0)
+        run_id = federation.submit(out=str(out), timeout=60.0)
         _wait_for(progress, r"round 1/3", federation)
         federation.kill_node("client_2")
         _wait_for(progress, r"round 2/3", federation)
