@@ -106,26 +106,39 @@ def test_server_side_code_never_imports_secret_key_code(path):
     assert not imported_modules(path) & SECRET_MODULES
 
 
-def test_the_server_process_loads_no_secret_key_code():
+def secret_modules_loaded_by(*modules: str) -> list[str]:
+    """The secret-key modules a fresh interpreter holds after importing ``modules``."""
     code = (
-        "import sys, secagg.server.engine, secagg.backends.ckks_server, "
-        "secagg.backends.threshold_server; "
+        f"import sys, {', '.join(modules)}; "
         f"print(sorted(m for m in sys.modules if m in {sorted(SECRET_MODULES)!r}))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
     ).stdout.strip()
-    assert out == "[]"
+    return ast.literal_eval(out)
+
+
+def test_the_server_process_loads_no_secret_key_code():
+    assert (
+        secret_modules_loaded_by(
+            "secagg.server.engine",
+            "secagg.backends.ckks_server",
+            "secagg.backends.threshold_server",
+        )
+        == []
+    )
 
 
 def test_the_flower_server_app_loads_no_secret_key_code():
     """The ServerApp's process runs the experiment driver; clients and keys are imported only
     where one is made (never there). test_flower_e2e checks it after a real run too."""
-    code = (
-        "import sys, secagg.flower.apps, secagg.simulation.api, secagg.simulation.experiment; "
-        f"print(sorted(m for m in sys.modules if m in {sorted(SECRET_MODULES)!r}))"
+    assert (
+        secret_modules_loaded_by(
+            "secagg.flower.apps", "secagg.simulation.api", "secagg.simulation.experiment"
+        )
+        == []
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
-    ).stdout.strip()
-    assert out == "[]"
+
+
+def test_the_check_sees_a_secret_module_when_one_is_loaded():
+    assert secret_modules_loaded_by("secagg.backends.ckks_client") != []
