@@ -37,6 +37,8 @@ def reply(to: Message, envelope: bytes) -> Message:
 
 
 def _record(message: Message) -> ConfigRecord:
+    if not message.has_content():  # an error reply (e.g. Flower's "node unavailable")
+        raise MalformedMessage("a Flower message without content")
     content = message.content
     if RECORD not in content.config_records:
         raise MalformedMessage(f"a Flower message without a {RECORD!r} record")
@@ -78,6 +80,8 @@ def framing_bytes(message: Message) -> int:
         get_object_tree,
     )
 
+    if not message.has_content():  # an error reply: its header is all there is
+        return message_to_proto(message).ByteSize()
     header = message_to_proto(remove_content_from_message(message)).ByteSize()
     tree = get_object_tree(message).ByteSize()
     objects = sum(len(o.deflate()) for o in get_all_nested_objects(message).values())

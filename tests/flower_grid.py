@@ -25,6 +25,9 @@ class LoopbackGrid:
         self.down: set[int] = set()
         #: (node id, round, phase) -> whether the node is down for that message
         self.down_for = down
+        #: a down node's messages get Flower's content-less error reply (the SuperLink's
+        #: "node unavailable" once the node missed its heartbeats) instead of no reply
+        self.unavailable_replies = False
         self._replies: dict[str, Message] = {}
         self._ids = itertools.count()
         self.delivered = 0
@@ -42,6 +45,10 @@ class LoopbackGrid:
             ids.append(mid)
             node = msg.metadata.dst_node_id
             if node in self.down or node not in self.nodes or self._down_for(node, msg):
+                if self.unavailable_replies:
+                    self._replies[mid] = Message(
+                        Error(code=5, reason="Node Unavailable"), reply_to=msg
+                    )
                 continue
             context = Context(
                 self.run_id, node, {"node-dir": str(self.nodes[node])}, RecordDict(), {}

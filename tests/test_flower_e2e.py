@@ -139,9 +139,9 @@ def test_a_supernode_killed_mid_run_is_excluded_and_rejoins_after_restart(tmp_pa
     progress = out.with_name(out.name + "-progress.log")
     with LocalFederation(folder) as federation:
         run_id = federation.submit(out=str(out), timeout=60.0)
-        _wait_for(progress, r"round 1/3", federation)
+        _wait_for(progress, r"round 1/3", federation, run_id)
         federation.kill_node("client_2")
-        _wait_for(progress, r"round 2/3", federation)
+        _wait_for(progress, r"round 2/3", federation, run_id)
         federation.start_node("client_2")
         status = federation.wait(run_id, timeout=900)
     assert status == "finished:completed"
@@ -151,10 +151,13 @@ def test_a_supernode_killed_mid_run_is_excluded_and_rejoins_after_restart(tmp_pa
     assert [(e["round"], e["peer"]) for e in summary["exclusions"]] == [(1, "client_2")]
 
 
-def _wait_for(path, pattern, federation, timeout=600):
+def _wait_for(path, pattern, federation, run_id, timeout=600):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if path.exists() and re.search(pattern, path.read_text()):
             return
-        time.sleep(0.5)
+        status = federation.status(run_id)
+        if status.startswith("finished"):
+            raise AssertionError(f"the run ended ({status}) before {pattern!r} appeared")
+        time.sleep(2)
     raise AssertionError(f"{pattern!r} never appeared in {path}; see {federation.work}")
