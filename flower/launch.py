@@ -80,6 +80,8 @@ class LocalFederation:
         self.ports = {"fleet": free_port(), "control": free_port(), "appio": free_port()}
         self.superlink: subprocess.Popen | None = None
         self.nodes: dict[str, subprocess.Popen] = {}
+        #: the node id the SuperLink gave each registered key (node authentication only)
+        self.node_ids: dict[str, int] = {}
         self._node_ports = {c: free_port() for c in self.spec["clients"]}
 
     # ---- processes ----------------------------------------------------------------------
@@ -167,6 +169,20 @@ class LocalFederation:
         )  # fmt: skip
         if done.returncode != 0:
             raise DeploymentError(f"registering {cid}'s key failed: {done.stdout}{done.stderr}")
+        self.node_ids[cid] = int(json_of(done.stdout)["node-id"])
+
+    def node_status(self, cid: str) -> str:
+        """What the SuperLink says of ``cid``'s node ("online", "offline", ...; node
+        authentication only, where the node's id is known before it connects)."""
+        done = self.flwr("supernode", "ls", CONNECTION, "--format", "json")
+        try:
+            nodes = json_of(done.stdout)["nodes"]
+        except (DeploymentError, KeyError):
+            return "unknown"
+        return next(
+            (str(n.get("status")) for n in nodes if int(n["node-id"]) == self.node_ids[cid]),
+            "unknown",
+        )
 
     def start_node(self, cid: str) -> None:
         """Start (or restart) the SuperNode of ``cid`` with its node folder."""
