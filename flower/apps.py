@@ -38,7 +38,8 @@ def answer(message: Message, context: Context) -> Message:
         )
     envelope, run = messages.read_request(message)
     node = NodeClient(Path(str(node_dir)))
-    return messages.reply(message, node.answer(envelope, run, message.metadata.run_id))
+    meta = message.metadata
+    return messages.reply(message, node.answer(envelope, run, meta.run_id, meta.dst_node_id))
 
 
 @server_app.main()
@@ -67,9 +68,8 @@ def run_on_flower(
     out.parent.mkdir(parents=True, exist_ok=True)
     config = load_experiment(deployment / "experiment.toml")
     experiment = experiment_name(config)
-    signers = (
-        read_signers(deployment / "server" / "signers.json") if config.backend != "plain" else None
-    )
+    roster = read_signers(deployment / "server" / "signers.json")
+    signers = roster if config.backend != "plain" else None
     ids = [f"client_{k}" for k in range(get_task(config.task).load().n_clients)]
     log = out.with_name(out.name + "-progress.log")
 
@@ -78,7 +78,7 @@ def run_on_flower(
         with open(log, "a") as f:
             f.write(line + "\n")
 
-    nodes = FlowerNodes(grid, ids, experiment, log=say)
+    nodes = FlowerNodes(grid, ids, experiment, roster, log=say)
     say(f"waiting for {len(ids)} SuperNodes (experiment {experiment})")
     nodes.wait_for_all(connect_timeout)
     say("nodes: " + ", ".join(f"{c}={n}" for c, n in sorted(nodes.node_of.items())))

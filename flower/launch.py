@@ -223,6 +223,8 @@ class LocalFederation:
     def submit(self, **run_config: Any) -> int:
         """``flwr run`` the deployment's App with ``run_config`` (its keys: out, timeout,
         connect-timeout); returns the Flower run id."""
+        if "out" in run_config:  # the ServerApp runs in another working directory
+            run_config["out"] = str(Path(run_config["out"]).resolve())
         overrides = " ".join(f"{k}={json.dumps(v)}" for k, v in run_config.items())
         args = ["run", str(self.folder / "app"), CONNECTION, "--format", "json"]
         done = self.flwr(*args, *(["--run-config", overrides] if overrides else []))
@@ -253,6 +255,7 @@ class LocalFederation:
 
     def run(self, *, out: Path, timeout: float = 1800.0, **run_config: Any) -> str:
         """Submit the run, wait for it, return its status; results in ``out``."""
+        out = Path(out).resolve()  # the ServerApp runs in another working directory
         if out.exists():
             shutil.rmtree(out)
         run_id = self.submit(out=str(out), **run_config)

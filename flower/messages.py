@@ -85,8 +85,8 @@ def framing_bytes(message: Message) -> int:
     header = message_to_proto(remove_content_from_message(message)).ByteSize()
     tree = get_object_tree(message).ByteSize()
     objects = sum(len(o.deflate()) for o in get_all_nested_objects(message).values())
-    try:
-        inner = len(_record(message).get("envelope") or b"")
+    try:  # a node may answer with anything: count it, never fail on it
+        envelope = _record(message).get("envelope")
     except MalformedMessage:
-        inner = 0
-    return header + tree + objects - inner
+        envelope = None
+    return header + tree + objects - (len(envelope) if isinstance(envelope, bytes) else 0)

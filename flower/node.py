@@ -18,6 +18,7 @@ Node directory::
 
 from __future__ import annotations
 
+import base64
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -68,15 +69,18 @@ class NodeClient:
                 f"of {self.identity.client_id}"
             )
 
-    def answer(self, envelope: bytes | None, run: dict[str, Any], flower_run: int) -> bytes:
-        """The reply to one request (a hello when ``envelope`` is None)."""
+    def answer(
+        self, envelope: bytes | None, run: dict[str, Any], flower_run: int, node_id: int
+    ) -> bytes:
+        """The reply to one request (a hello when ``envelope`` is None: which client this
+        node is, signed over the server's nonce and this node's id)."""
         if run.get("experiment") != self.experiment:
             raise ConfigError(
                 f"{self.client_id} is configured for experiment {self.experiment}, the server "
                 f"runs {run.get('experiment')!r}: give the node the server's settings"
             )
         if envelope is None:
-            return json.dumps({"client": self.client_id}).encode()
+            return self._hello(str(run.get("hello", "")), node_id)
         try:
             seed, stage = int(run["seed"]), run.get("stage") or None
         except (KeyError, TypeError, ValueError):
@@ -88,6 +92,19 @@ class NodeClient:
         reply = client.handle(envelope)
         write_private_bytes(path, client.export_state())
         return reply
+
+    def _hello(self, nonce: str, node_id: int) -> bytes:
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+        from secagg.flower.transport import hello_message
+
+        if len(nonce) < 32:
+            raise MalformedMessage("a hello without the server's nonce")
+        key = Ed25519PrivateKey.from_private_bytes(self.identity.ed25519_private)
+        signature = key.sign(hello_message(self.experiment, nonce, node_id, self.client_id))
+        return json.dumps(
+            {"client": self.client_id, "signature": base64.b64encode(signature).decode()}
+        ).encode()
 
     def state_path(self, flower_run: int, seed: int, stage: str | None) -> Path:
         return self.dir / "state" / str(int(flower_run)) / f"{seed}-{stage or 'run'}.bin"

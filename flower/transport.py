@@ -2,8 +2,9 @@
 
 ``FlowerNodes`` knows which SuperNode is which client: it asks every node it has not met a
 ``hello`` (the node answers with the client id of its own configuration, after checking that
-it is configured for this experiment) and remaps a client whose node came back under a new
-node id. ``FlowerTransport`` is the engine's transport for one seed (or pre-stage): it pushes
+it is configured for this experiment, signed with that client's Ed25519 key over the
+server's fresh nonce and the node's id) and remaps a client whose node came back under a
+new node id. ``FlowerTransport`` is the engine's transport for one seed (or pre-stage): it pushes
 requests as the engine makes them (at most ``in_flight`` outstanding), pulls replies and
 yields them as they arrive, so a streaming server folds one upload while others are still
 being computed. A node that does not answer within ``timeout`` seconds is a missing answer
@@ -16,32 +17,67 @@ apart (``framing``).
 
 from __future__ import annotations
 
+import base64
 import json
+import secrets
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from flwr.app import Message
 
 from secagg.errors import ConfigError, MalformedMessage
 from secagg.flower import messages
 from secagg.server.transport import ClientUnavailable, Reply, check_reply
 
+HELLO_CONTEXT = b"secagg flower hello v1"
+
+
+def hello_message(experiment: str, nonce: str, node_id: int, client: str) -> bytes:
+    """What a node signs to say it is ``client``: bound to the experiment, the server's
+    fresh nonce and the node id the hello was sent to (no replay to another node)."""
+    body = json.dumps([experiment, nonce, int(node_id), client], separators=(",", ":"))
+    return HELLO_CONTEXT + body.encode()
+
+
+def hello_signed(
+    said: Any, signers: Mapping[str, bytes], experiment: str, nonce: str, node_id: int
+) -> bool:
+    """Whether a hello answer is signed by the key of the client it names."""
+    if not isinstance(said, dict) or said.get("client") not in signers:
+        return False
+    client = str(said["client"])
+    try:
+        signature = base64.b64decode(str(said.get("signature", "")), validate=True)
+        Ed25519PublicKey.from_public_bytes(signers[client]).verify(
+            signature, hello_message(experiment, nonce, node_id, client)
+        )
+    except (InvalidSignature, ValueError):
+        return False
+    return True
+
 
 class FlowerNodes:
-    """Which SuperNode holds which client; ``grid``: the ServerApp's ``Grid``."""
+    """Which SuperNode holds which client; ``grid``: the ServerApp's ``Grid``; ``signers``:
+    every client's Ed25519 public key (a node proves which client it is by signing the
+    server's nonce: Flower's node authentication says a node may connect, not whose keys
+    it holds)."""
 
     def __init__(
         self,
         grid: Any,
         clients: list[str],
         experiment: str,
+        signers: Mapping[str, bytes],
         *,
         hello_timeout: float = 30.0,
         poll: float = 0.05,
         log: Callable[[str], None] | None = None,
     ):
         self.grid, self.clients, self.experiment = grid, list(clients), experiment
+        self.signers = dict(signers)
         self.hello_timeout, self.poll, self.log = hello_timeout, poll, log
         self.node_of: dict[str, int] = {}
         self._seen: frozenset[int] = frozenset()
@@ -72,7 +108,8 @@ class FlowerNodes:
         unknown = listed - set(self.node_of.values())
         if not unknown:
             return
-        run = {"experiment": self.experiment, "hello": True}
+        nonce = secrets.token_hex(16)
+        run = {"experiment": self.experiment, "hello": nonce}
         sent = {
             mid: node
             for node in sorted(unknown)
@@ -86,10 +123,14 @@ class FlowerNodes:
                 self._say(f"node {node} did not say which client it is: {answer}")
                 continue
             try:
-                client = json.loads(messages.read_reply(answer))["client"]
-            except (MalformedMessage, ValueError, KeyError, TypeError):
+                said = json.loads(messages.read_reply(answer))
+            except (MalformedMessage, ValueError):
                 self._say(f"node {node} answered hello with something else; ignored")
                 continue
+            if not hello_signed(said, self.signers, self.experiment, nonce, node):
+                self._say(f"node {node} cannot sign as the client it names; ignored")
+                continue
+            client = str(said["client"])
             if client not in self.clients:
                 self._say(f"node {node} says it is {client!r}, who is not in this run; ignored")
                 continue

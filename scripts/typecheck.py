@@ -1,4 +1,4 @@
-"""Run mypy on the installed layout: the folders protocols/, clients/, server/, simulation/
+"""Run mypy on the installed layout: the folders protocols/, clients/, server/, simulation/, flower/
 are the subpackages secagg.protocols, ... (setuptools' package-dir mapping), which mypy
 cannot see from the source tree. Build that layout as a tree of links in a temporary folder
 and check it as the package ``secagg``.
@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SUBPACKAGES = ("protocols", "clients", "server", "simulation")
+SUBPACKAGES = ("protocols", "clients", "server", "simulation", "flower")
 
 
 def main() -> int:

@@ -31,6 +31,7 @@ class LoopbackGrid:
         self._replies: dict[str, Message] = {}
         self._ids = itertools.count()
         self.delivered = 0
+        self.client_app = client_app  # what answers (a test may put a deviating node here)
 
     def get_node_ids(self) -> Iterable[int]:
         return list(self.nodes)
@@ -54,7 +55,7 @@ class LoopbackGrid:
                 self.run_id, node, {"node-dir": str(self.nodes[node])}, RecordDict(), {}
             )
             try:
-                answer = client_app(msg, context)
+                answer = self.client_app(msg, context)
             except Exception as exc:  # noqa: BLE001 - Flower turns it into an error reply
                 answer = Message(Error(code=0, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg)
             self._replies[mid] = answer

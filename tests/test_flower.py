@@ -18,6 +18,7 @@ import secagg
 from secagg.errors import ConfigError
 from secagg.flower.apps import run_on_flower
 from secagg.flower.deployment import prepare
+from secagg.flower.messages import read_request
 from secagg.simulation.config import ExperimentConfig
 from tests.flower_grid import LoopbackGrid
 
@@ -145,3 +146,57 @@ def test_prepare_writes_private_node_folders_and_commands_name_them(tmp_path, ca
         assert main(bad) == 2
         assert message in capsys.readouterr().err
     assert not (tmp_path / "b").exists() and not (tmp_path / "c").exists()
+
+
+def test_a_node_that_cannot_sign_as_the_client_it_claims_is_not_taken_for_it(tmp_path):
+    """A node's hello is signed with the client's Ed25519 key over the server's nonce and
+    its node id: a node holding another deployment's keys for client_2 is ignored, and so is
+    a signed hello replayed from another node."""
+    folder, grid = deploy(tmp_path, PLAIN)
+    impostor = tmp_path / "impostor"
+    prepare(impostor, PLAIN)  # the same settings, other keys
+    grid.nodes[102] = impostor / "nodes" / "client_2"
+    with pytest.raises(ConfigError, match=r"no SuperNode answered for \['client_2'\]"):
+        run_on_flower(grid, deployment=folder, out=tmp_path / "out", timeout=1, connect_timeout=1)
+
+
+def test_a_signed_hello_does_not_pass_for_another_node_or_nonce(tmp_path):
+    from secagg.flower.keystore import read_signers
+    from secagg.flower.node import NodeClient
+    from secagg.flower.transport import hello_signed
+
+    folder, _ = deploy(tmp_path, PLAIN)
+    node = NodeClient(folder / "nodes" / "client_2")
+    signers = read_signers(folder / "server" / "signers.json")
+    run = {"experiment": node.experiment, "hello": "ab" * 16}
+    said = json.loads(node.answer(None, run, flower_run=7, node_id=102))
+    assert hello_signed(said, signers, node.experiment, "ab" * 16, 102)
+    assert not hello_signed(said, signers, node.experiment, "ab" * 16, 103)  # another node
+    assert not hello_signed(said, signers, node.experiment, "cd" * 16, 102)  # another nonce
+    assert not hello_signed(
+        {**said, "client": "client_3"}, signers, node.experiment, "ab" * 16, 102
+    )
+
+
+def test_a_reply_that_is_not_a_secagg_envelope_is_a_missing_answer(tmp_path):
+    """A node answering with other content (or bytes that are not an envelope) is excluded
+    for the round; the ServerApp does not fail on it."""
+    from flwr.app import ConfigRecord, Message, RecordDict
+
+    import secagg.flower.apps as apps
+
+    folder, grid = deploy(tmp_path, replace(PLAIN, rounds=1))
+    honest = apps.client_app
+
+    class Odd:  # client_2's node answers train requests with something else
+        def __call__(self, msg, context):
+            if context.node_id == 102 and read_request(msg)[0] is not None:
+                return Message(RecordDict({"other": ConfigRecord({"x": 1})}), reply_to=msg)
+            return honest(msg, context)
+
+    grid.client_app = Odd()
+    out = tmp_path / "out"
+    run_on_flower(grid, deployment=folder, out=out, timeout=5, connect_timeout=5)
+    summary = json.loads((out / "audit_summary.json").read_text())
+    assert [(e["round"], e["peer"]) for e in summary["exclusions"]] == [(0, "client_2")]
+    assert "without a 'secagg' record" in summary["exclusions"][0]["reason"]
