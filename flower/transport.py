@@ -86,23 +86,25 @@ class FlowerNodes:
         """Until every client's node has said hello; ConfigError naming the missing ones."""
         deadline = time.monotonic() + timeout
         while True:
-            self.refresh()
+            self.refresh(force=True)  # a node whose hello timed out (still starting) is asked again
             missing = [c for c in self.clients if c not in self.node_of]
             if not missing:
                 return
             if time.monotonic() > deadline:
                 raise ConfigError(
                     f"after {timeout:.0f} s no SuperNode answered for {missing}; start one "
-                    "per client (secagg flower supernode --node DIR) and check that each "
-                    "points at this SuperLink with this experiment's configuration"
+                    "per client with its node folder (`secagg flower commands DIR` prints "
+                    "how) and check that each points at this SuperLink with this "
+                    "experiment's configuration and keys"
                 )
             time.sleep(0.5)
 
-    def refresh(self) -> None:
+    def refresh(self, *, force: bool = False) -> None:
         """Say hello to nodes the SuperLink lists that have not been met (once per change of
-        the list: a node that stays listed after it died is not asked again and again)."""
+        the list unless ``force``: a node that stays listed after it died is not asked again
+        and again during a run)."""
         listed = frozenset(int(n) for n in self.grid.get_node_ids())
-        if listed == self._seen:
+        if listed == self._seen and not force:
             return
         self._seen = listed
         unknown = listed - set(self.node_of.values())

@@ -200,3 +200,30 @@ def test_a_reply_that_is_not_a_secagg_envelope_is_a_missing_answer(tmp_path):
     summary = json.loads((out / "audit_summary.json").read_text())
     assert [(e["round"], e["peer"]) for e in summary["exclusions"]] == [(0, "client_2")]
     assert "without a 'secagg' record" in summary["exclusions"][0]["reason"]
+
+
+def test_a_node_that_misses_its_first_hello_is_asked_again(tmp_path):
+    """A SuperNode still starting when the ServerApp says hello is asked again while the
+    ServerApp waits for every client, though the SuperLink's list did not change."""
+    from secagg.flower.keystore import experiment_name, read_signers
+    from secagg.flower.node import load_experiment
+    from secagg.flower.transport import FlowerNodes
+
+    folder, grid = deploy(tmp_path, PLAIN)
+    experiment = experiment_name(load_experiment(folder / "experiment.toml"))
+    grid.down = {102}
+    listed, listing = [0], grid.get_node_ids
+
+    def nodes_listed():  # the node comes up after the first round of hellos
+        listed[0] += 1
+        if listed[0] == 2:
+            grid.down.clear()
+        return listing()
+
+    grid.get_node_ids = nodes_listed
+    ids = [f"client_{k}" for k in range(6)]
+    signers = read_signers(folder / "server" / "signers.json")
+    nodes = FlowerNodes(grid, ids, experiment, signers, hello_timeout=0.5)
+    nodes.wait_for_all(timeout=10)
+    assert nodes.node_of == {f"client_{k}": 100 + k for k in range(6)}
+    assert listed[0] >= 2
