@@ -255,6 +255,9 @@ class Client:
     def features(self) -> np.ndarray:
         return self.trainer.data.x.numpy().astype(np.float64)
 
+    def labels(self) -> np.ndarray:
+        return self.trainer.data.y.numpy().astype(np.float64)
+
     def open(self, envelope: Envelope, name: str) -> np.ndarray:
         return self._timed("open", self.backend.open, envelope, name, self.n_params)
 
@@ -286,19 +289,26 @@ class Client:
             opt_cfg = env.config("server_opt")
             if self._optimizer is None:
                 self._optimizer = make_optimizer(opt_cfg)
-            self._optimizer.hyper["lr"] = opt_cfg["lr"]  # phase-wise server rates
+            if "lr" in opt_cfg:  # phase-wise server rates (a proximal step has none)
+                self._optimizer.hyper["lr"] = opt_cfg["lr"]
         steps = (
             int(cfg["epochs"]) * -(-len(self.trainer.data) // self.trainer.batch_size)
             if "epochs" in cfg
             else int(cfg["steps"])
         )
-        self._g = self._timed(
-            "train",
-            self.trainer.train,
-            self._w,
-            lr=float(cfg["lr"]),
-            steps=steps,
-            prox_mu=float(cfg.get("prox_mu", 0.0)),
+        # a protocol with its own local solver (ADMM's x-update) answers first; else SGD
+        own = self._timed("train", self.protocol.local_update, self, env)
+        self._g = (
+            np.asarray(own, dtype=np.float64)
+            if own is not None
+            else self._timed(
+                "train",
+                self.trainer.train,
+                self._w,
+                lr=float(cfg["lr"]),
+                steps=steps,
+                prox_mu=float(cfg.get("prox_mu", 0.0)),
+            )
         )
         if "client_dp" in cfg:  # clip and noise before protecting: nobody sees the raw update
             dp = cfg["client_dp"]
@@ -335,7 +345,7 @@ class Client:
         if self._optimizer is None or self._w is None:
             raise ProtocolStateError(f"{self.id} cannot apply an update: no model or optimizer")
         g_global = self.open(env, "global_update")
-        self._w = self._w + self._optimizer.step(g_global)
+        self._w = self._w + self._optimizer.step(g_global, self._w)
         return {"applied": wire.config({"round": env.round})}
 
     def on_plaintext_update(self, env: Envelope) -> dict[str, Field]:

@@ -162,6 +162,10 @@ class RoundAPI(TypingProtocol):
         """The server optimizer before this round's step (read it, don't step it); None in
         server-blind runs, where only the clients hold it."""
 
+    @property
+    def model(self) -> np.ndarray | None:
+        """The global model this round starts from; None in server-blind runs."""
+
 
 class ClientAPI(TypingProtocol):
     """What the client runtime offers a protocol's client half (one client, its own data)."""
@@ -189,6 +193,9 @@ class ClientAPI(TypingProtocol):
 
     def features(self) -> np.ndarray:
         """The client's training samples' features, one row each (float64)."""
+
+    def labels(self) -> np.ndarray:
+        """The client's training samples' targets, row for row with ``features`` (float64)."""
 
     def open(self, envelope: Envelope, name: str) -> np.ndarray:
         """Read (decrypt) an aggregate of the model's length the server sent."""
@@ -218,6 +225,11 @@ class ClientHalf:
         """The protocol's own phases this half answers (phase name -> handler)."""
         return {phase: getattr(self, method) for phase, method in self.phases.items()}
 
+    def local_update(self, client: ClientAPI, request: Envelope) -> np.ndarray | None:
+        """This round's pseudo-gradient from the protocol's own local solver (ADMM's
+        x-update), in place of the trainer's local SGD; None: local SGD."""
+        return None
+
     def train_reply(self, client: ClientAPI, request: Envelope) -> dict[str, Field]:
         """Extra fields of the training reply (the server asked for them in ``request``)."""
         return {}
@@ -245,6 +257,13 @@ class ComposedClientHalf(ClientHalf):
 
     def handlers(self) -> dict[str, ClientHandler]:
         return dict(self._handlers)
+
+    def local_update(self, client: ClientAPI, request: Envelope) -> np.ndarray | None:
+        for part in self.parts:
+            own = part.local_update(client, request)
+            if own is not None:
+                return own
+        return None
 
     def train_reply(self, client: ClientAPI, request: Envelope) -> dict[str, Field]:
         out: dict[str, Field] = {}
@@ -315,6 +334,17 @@ class Protocol(ABC):
     def check_upload(self, ctx: RoundAPI, client: str, upload: Upload) -> None:
         """Raise ClientInputError if an upload's extra scalars are unusable: the engine then
         excludes that client from the round instead of failing the run."""
+
+    def server_step(self, n_clients: int | None) -> dict[str, Any] | None:
+        """The server step this protocol fixes in place of the run's server optimizer, as an
+        optimizer config (ADMM's z-update for ``n_clients`` blocks; None: not known yet,
+        for the run's record); None: the run's optimizer."""
+        return None
+
+    def finished(self) -> str | None:
+        """Why the run can stop before its last round (ADMM's residuals under tolerance);
+        None: go on."""
+        return None
 
     def use_pretrained(self, params: np.ndarray, layout: Mapping[str, Any]) -> None:
         """The final model of the pre-stage ``capabilities.pretrain`` names, and its layout."""

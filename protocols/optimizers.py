@@ -7,9 +7,11 @@ to ``sqrt(v)``, and all moments start at zero.
 
 Each optimizer is a small object with
 
-- ``step(g)``: advance the state and return the update (the server does this once per round);
-- ``peek(g)``: the update ``step(g)`` would return, without touching the state (LARC's clients
-  evaluate candidate updates with the server optimizer's *current* state);
+- ``step(g, params)``: advance the state and return the update (the server does this once per
+  round); ``params`` is the model the update is added to, which only a proximal step reads
+  (ADMM's z-update, ``secagg.protocols.admm``);
+- ``peek(g, params)``: the update ``step`` would return, without touching the state (LARC's
+  clients evaluate candidate updates with the server optimizer's *current* state);
 - ``config`` / ``state_dict()`` / :func:`make_optimizer`: enough to rebuild an identical copy
   elsewhere (a client replica), with nothing but plain floats and arrays.
 
@@ -44,12 +46,16 @@ class ServerOptimizer:
         """Return (update, new_state) without mutating ``state``."""
         raise NotImplementedError
 
-    def step(self, g: np.ndarray) -> np.ndarray:
-        update, self.state = self._rule(self._check(g), self.state)
+    def _update(self, g: np.ndarray, state: dict[str, np.ndarray], params: np.ndarray | None):
+        """The one hook a step that reads the model overrides (a proximal step)."""
+        return self._rule(g, state)
+
+    def step(self, g: np.ndarray, params: np.ndarray | None = None) -> np.ndarray:
+        update, self.state = self._update(self._check(g), self.state, params)
         return update
 
-    def peek(self, g: np.ndarray) -> np.ndarray:
-        update, _ = self._rule(self._check(g), self.state)
+    def peek(self, g: np.ndarray, params: np.ndarray | None = None) -> np.ndarray:
+        update, _ = self._update(self._check(g), self.state, params)
         return update
 
     @property
@@ -145,6 +151,14 @@ class Adagrad(_Adaptive):
 OPTIMIZERS: dict[str, type[ServerOptimizer]] = {
     c.name: c for c in (SGD, Momentum, Adam, Yogi, Adagrad)
 }
+
+
+def register_optimizer(cls: type[ServerOptimizer]) -> type[ServerOptimizer]:
+    """Make ``cls`` available by its ``name`` (configs, client replicas); a decorator."""
+    if cls.name in OPTIMIZERS and OPTIMIZERS[cls.name] is not cls:
+        raise ConfigError(f"server optimizer {cls.name!r} is already registered")
+    OPTIMIZERS[cls.name] = cls
+    return cls
 
 
 def make_optimizer(

@@ -139,7 +139,7 @@ class RevealAndStep:
     def apply(self, server: Server, ctx: RoundContext, g_global: Any) -> float:
         g = ctx.reveal(g_global, "global_update")
         start = time.perf_counter()
-        update = server.optimizer.step(g)
+        update = server.optimizer.step(g, self.params)
         self.params += update
         ctx.seconds["optimizer"] += time.perf_counter() - start
         self.holding = set()
@@ -259,7 +259,12 @@ class Server:
             round_number, self.peers(), self.transport, self.audit, self.policy.max_message_bytes
         )
         return RoundContext(
-            exchange, self.n_params, self.backend, optimizer, self.policy.allow_plaintext_updates
+            exchange,
+            self.n_params,
+            self.backend,
+            optimizer,
+            self.policy.allow_plaintext_updates,
+            model=None if self.updates.blind else self.params.copy(),
         )
 
     def setup(self, rounds: int) -> dict[str, str]:

@@ -55,8 +55,10 @@ class RoundContext:
         backend: ServerBackend,
         optimizer: ServerOptimizer | None,
         allow_plaintext_updates: bool = False,
+        model: np.ndarray | None = None,
     ):
         self.exchange = exchange
+        self.model = model  # the global model the round starts from (None: server-blind)
         self.round = exchange.round
         self.n_params = n_params
         self.backend = backend

@@ -190,6 +190,11 @@ class ExperimentConfig:
                 raise ConfigError("dp_sgd: noise or epsilon must be > 0")
 
     def optimizer_config(self) -> dict[str, Any]:
+        """The server optimizer's settings: the protocol's default updated by ``server_opt``,
+        or the step the protocol fixes (ADMM's z-update; its block count is the run's)."""
+        fixed = make_protocol(self.protocol, **self.protocol_options).server_step(None)
+        if fixed is not None:
+            return fixed
         cfg = default_server_optimizer(self.protocol)
         if "name" in self.server_opt and self.server_opt["name"] != cfg["name"]:
             cfg = {"name": self.server_opt["name"]}  # a different optimizer: its own defaults
@@ -278,6 +283,12 @@ def inapplicable(config: ExperimentConfig) -> list[str]:
                 f"{', '.join(stray)} apply only with differential privacy "
                 "(dp_sgd, client_dp or scalar_dp), and none is on"
             )
+    fixed = make_protocol(config.protocol, **config.protocol_options).server_step(None)
+    if fixed is not None and config.server_opt:
+        out.append(
+            f"{config.protocol} fixes its server step ({fixed['name']}), so server optimizer "
+            f"settings ({', '.join(sorted(config.server_opt))}) do not apply: drop them"
+        )
     optimizer = config.optimizer_config()
     takes = optimizer_settings(optimizer["name"]) or set()
     stray = sorted(set(optimizer) - {"name"} - takes) if takes else []

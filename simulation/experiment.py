@@ -337,6 +337,9 @@ class Recorder(Protocol):
     def on_seed(self, seed: int, run: SeedRun, audit: AuditLog) -> None: ...
 
 
+#: (seed, round, global model after that round)
+ModelCallback = Callable[[int, int, np.ndarray], None]
+
 #: set by ``secagg.simulation.api``'s SIGINT handler: a Ctrl-C that CPython swallowed (one
 #: that lands in an import-lock or finalizer callback is "ignored") still stops the run at
 #: the next round or seed
@@ -358,10 +361,13 @@ def run_seed(
     transport_factory: TransportFactory | None = None,
     on_round: Callable[[int, dict[str, Any]], None] | None = None,
     signers: Mapping[str, bytes] | None = None,
+    on_model: ModelCallback | None = None,
 ) -> SeedRun:
     """One federated run, evaluated after every round. ``signers``: the clients' public
     signing keys where a deployment provisioned the clients (their nodes hold the private
-    keys); without them the driver provisions fresh identities for the run."""
+    keys); without them the driver provisions fresh identities for the run. ``on_model``
+    gets (seed, round, global model) after every round (benchmarks that trace the iterates,
+    e.g. ADMM's distance to the optimum)."""
     task = get_task(config.task)
     data, _ = seed_data(config, seed, data if data is not None else task.load())
     protocol = make_protocol(config.protocol, **config.protocol_options)
@@ -408,6 +414,7 @@ def run_seed(
         observer=observer,
         on_round=on_round,
         signers=signers,
+        on_model=on_model,
     )
 
 
@@ -425,6 +432,7 @@ def _run(
     observer: Observer | None = None,
     on_round: Callable[[int, dict[str, Any]], None] | None = None,
     signers: Mapping[str, bytes] | None = None,
+    on_model: ModelCallback | None = None,
 ) -> SeedRun:
     task_data = task.load() if factory.stage is not None else data
     torch.manual_seed(seed)  # FLamby: the seed fixes the initial model (and the clients'
@@ -444,7 +452,7 @@ def _run(
                 config.backend_options,
                 signers if signers is not None else public_signers(factory.provisions or {}),
             ),
-            make_optimizer({**config.optimizer_config(), "dim": initial.size}),
+            make_optimizer({**server_step(config, protocol, len(ids)), "dim": initial.size}),
             transport,
             initial,
             plan=config.plan(len(transport.peers)),
@@ -457,12 +465,29 @@ def _run(
             audit=audit,
         )
         return _rounds(
-            config, seed, audit, task, task_data, server, protocol, progress, observer, on_round
+            config,
+            seed,
+            audit,
+            task,
+            task_data,
+            server,
+            protocol,
+            progress,
+            observer,
+            on_round,
+            on_model,
         )
     finally:
         close = getattr(transport, "close", None)
         if close is not None:
             close()
+
+
+def server_step(config: ExperimentConfig, protocol, n_clients: int) -> dict[str, Any]:
+    """The server optimizer's config: the run's, or the step the protocol fixes (ADMM's
+    z-update, for this run's number of clients; the config refuses optimizer settings)."""
+    fixed = protocol.server_step(n_clients)
+    return config.optimizer_config() if fixed is None else fixed
 
 
 def _rounds(
@@ -476,6 +501,7 @@ def _rounds(
     progress,
     observer: Observer | None,
     on_round: Callable[[int, dict[str, Any]], None] | None = None,
+    on_model: ModelCallback | None = None,
 ) -> SeedRun:
     base = {
         "seed": seed,
@@ -537,6 +563,8 @@ def _rounds(
         rows.append(row)
         if on_round:
             on_round(seed, row)
+        if on_model:
+            on_model(seed, number + 1, np.array(model, copy=True))
         if progress:
             metric = row.get("test_pooled", row["train_pooled"])
             progress(
@@ -546,6 +574,11 @@ def _rounds(
                 + (f"  excluded {report.excluded}" if report.excluded else "")
                 + (f"  no update: {report.skipped}" if report.skipped else "")
             )
+        done = protocol.finished()
+        if done:
+            if progress:
+                progress(f"  seed {seed} stops after round {number + 1}: {done}")
+            break
     return SeedRun(rows, np.array(model, copy=True), None, list(server.privacy_events))
 
 

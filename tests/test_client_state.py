@@ -64,6 +64,15 @@ DP_SGD = ExperimentConfig(
     local_steps=7,
     dp_sgd={"clip": 1.0, "noise": 1.0},
 )
+#: ADMM keeps x_i and w_i on the client and solves its own x-update (no local SGD)
+ADMM = ExperimentConfig(
+    task="breast-cancer-label",
+    protocol="admm",
+    backend="plain",
+    rounds=4,
+    seeds=[1],
+    protocol_options={"problem": "logistic"},
+)
 #: flooding and encryption noise are random on ckks; plain and DP-SGD are deterministic
 ATOL = {"plain": 0.0, "ckks": 1e-4, "threshold": 1e-4}
 
@@ -132,8 +141,8 @@ def exclusions(result) -> list[tuple]:
 # ---- (a) a fresh client per message gives the long-lived client's model ---------------------
 @pytest.mark.parametrize(
     "config",
-    [PLAIN, CKKS, THRESHOLD, DP_SGD],
-    ids=["plain-costwagg", "ckks-larc-blind", "threshold-larc-blind", "dp-sgd"],
+    [PLAIN, CKKS, THRESHOLD, DP_SGD, ADMM],
+    ids=["plain-costwagg", "ckks-larc-blind", "threshold-larc-blind", "dp-sgd", "plain-admm"],
 )
 def test_a_fresh_client_per_message_gives_the_long_lived_model(config):
     reference = long_lived(config)
@@ -173,6 +182,7 @@ CONTROLS = {
     "threshold: key share": (THRESHOLD, lambda c, p: setattr(c.backend, "_share", None)),
     "threshold: joint key": (THRESHOLD, lambda c, p: setattr(c.backend, "_joint", None)),
     "dp-sgd: Opacus state": (DP_SGD, _reset_dp_sgd),
+    "admm: x and w": (ADMM, lambda c, p: setattr(c, "protocol", p.protocol)),
 }
 
 

@@ -45,6 +45,7 @@ SPECIAL = {
     "server_lr_schedule": ("0.1@0,0.05@2", "0.1@0,0.05@2"),
     "protocol_option": ("alpha=0.5", ["alpha=0.5"]),
     "larc_loss_check": ("weights_only", "weights_only"),
+    "admm_problem": ("lasso", "lasso"),
     "ckks_preset": ("wide", "wide"),
     "threshold_preset": ("n8192", "n8192"),
 }

@@ -50,8 +50,11 @@ class Task:
 
 _TCGA = "secagg.clients.tasks.tcga_brca"
 _DIGITS = "secagg.clients.tasks.digits"
+_TABULAR = "secagg.clients.tasks.tabular"
 #: the digits splits (``secagg.clients.tasks.digits.SPLITS``; a test keeps them equal)
 DIGITS_SPLITS = ("niid1", "niid2", "dir8")
+#: the diabetes / breast-cancer splits (``secagg.clients.tasks.tabular.SPLITS``; kept equal)
+TABULAR_SPLITS = ("iid", "label", "feature")
 
 TASKS = {
     "tcga-brca": Task(
@@ -83,6 +86,31 @@ TASKS = {
             "accuracy",
         )
         for split in DIGITS_SPLITS
+    },
+    # the linear models of GenoMed4All D6.2 §3 (ADMM): 4 clients, see clients/tasks/tabular.py
+    **{
+        f"diabetes-{split}": Task(
+            f"diabetes-{split}",
+            f"scikit-learn diabetes (regression, 10 features), 4 clients, {split} split",
+            Ref(_TABULAR, "load", ("diabetes", split)),
+            Ref(_TABULAR, "make_model", ("diabetes",)),
+            Ref(_TABULAR, "squared_error"),
+            Ref(_TABULAR, "r2"),
+            "r2",
+        )
+        for split in TABULAR_SPLITS
+    },
+    **{
+        f"breast-cancer-{split}": Task(
+            f"breast-cancer-{split}",
+            f"scikit-learn breast cancer (labels -1/+1, 30 features), 4 clients, {split} split",
+            Ref(_TABULAR, "load", ("breast-cancer", split)),
+            Ref(_TABULAR, "make_model", ("breast-cancer",)),
+            Ref(_TABULAR, "logistic_loss"),
+            Ref(_TABULAR, "sign_accuracy"),
+            "accuracy",
+        )
+        for split in TABULAR_SPLITS
     },
 }
 
