@@ -45,6 +45,11 @@ class BatchStream:
         self._order: np.ndarray = np.empty(0, dtype=np.int64)
         self._pos = 0
 
+    @property
+    def at_epoch_end(self) -> bool:
+        """The next batch starts a new epoch (a new permutation)."""
+        return self._pos >= len(self._order)
+
     def next(self) -> np.ndarray:
         if self._pos >= len(self._order):
             self._order, self._pos = self.rng.permutation(self.n), 0
@@ -88,7 +93,65 @@ class BatchStream:
         self._order, self._pos, self.rng = order.astype(np.int64), pos, rng
 
 
+class DecayOnIncrease:
+    """A local learning rate that decays when the training loss rises (GenoMed4All D6.2
+    §8.3.1, DeepCox): after epoch i, if Loss^(i+1) > Loss^(i), lr ← max(lr / √(i+1), floor).
+
+    The epoch's loss is the mean of its mini-batch objectives. The rate starts at the first
+    round's configured rate and is this client's own from then on (it carries across rounds,
+    as the report's training loop does across epochs)."""
+
+    def __init__(self, floor: float = 0.001):
+        self.floor = floor
+        self.lr: float | None = None
+        self.epoch = 0  # epochs completed
+        self.previous: float | None = None  # the last completed epoch's loss
+        self.total, self.count = 0.0, 0  # the running epoch's losses
+
+    def rate(self, configured: float) -> float:
+        if self.lr is None:
+            self.lr = float(configured)
+        return self.lr
+
+    def observe(self, loss: float) -> None:
+        self.total += loss
+        self.count += 1
+
+    def end_epoch(self) -> None:
+        if not self.count:
+            return
+        loss = self.total / self.count
+        self.epoch += 1
+        if self.previous is not None and loss > self.previous and self.lr is not None:
+            self.lr = max(self.lr / np.sqrt(self.epoch), self.floor)
+        self.previous, self.total, self.count = loss, 0.0, 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "lr": self.lr,
+            "epoch": self.epoch,
+            "previous": self.previous,
+            "total": self.total,
+            "count": self.count,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if set(state) != {"lr", "epoch", "previous", "total", "count"}:
+            raise StateError(f"a decaying learning rate's state, got {sorted(state)}")
+        self.lr, self.epoch, self.previous = state["lr"], state["epoch"], state["previous"]
+        self.total, self.count = float(state["total"]), int(state["count"])
+
+
 class LocalTrainer:
+    """Local SGD. Parameters beyond the data and loss:
+
+    - ``penalty``: a term added to every mini-batch loss from the model itself (DeepCox's
+      L1/L2 on the first layer);
+    - ``schedule``: a local learning-rate rule in place of the round's fixed rate
+      (:class:`DecayOnIncrease`);
+    - ``optimizer``: the local optimizer class (``torch.optim.SGD``, FLamby's, by default;
+      DeepCox uses Adam), made afresh every round."""
+
     def __init__(
         self,
         model: nn.Module,
@@ -96,8 +159,14 @@ class LocalTrainer:
         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
         batch_size: int,
         seed: int,
+        *,
+        penalty: Callable[[nn.Module], torch.Tensor] | None = None,
+        schedule: DecayOnIncrease | None = None,
+        optimizer: Callable[..., torch.optim.Optimizer] | None = None,
     ):
         self.model, self.data, self.loss_fn = model, data, loss_fn
+        self.penalty, self.schedule = penalty, schedule
+        self.optimizer = optimizer if optimizer is not None else torch.optim.SGD
         self.batch_size = batch_size
         self.stream = BatchStream(len(data), batch_size, np.random.default_rng(seed))
         # randomness inside the model (the β-VAE's sampling) comes from this client's own
@@ -113,7 +182,10 @@ class LocalTrainer:
         """What the trainer carries from one round to the next: the batch position and the
         call count that seeds torch per call. The model's parameters are not state: every
         use sets them from a global model first."""
-        return {"kind": "sgd", "calls": self.calls, "stream": self.stream.state_dict()}
+        state = {"kind": "sgd", "calls": self.calls, "stream": self.stream.state_dict()}
+        if self.schedule is not None:
+            state["schedule"] = self.schedule.state_dict()
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if state.get("kind") != "sgd":
@@ -125,7 +197,11 @@ class LocalTrainer:
         calls = state["calls"]
         if not isinstance(calls, int) or isinstance(calls, bool) or calls < 0:
             raise StateError(f"the trainer's call count {calls!r} is not a count")
+        if (self.schedule is None) != ("schedule" not in state):
+            raise StateError("the trainer state and this trainer differ in their lr schedule")
         self.stream.load_state_dict(state["stream"])
+        if self.schedule is not None:
+            self.schedule.load_state_dict(state["schedule"])
         self.calls = calls
 
     def train(self, w: np.ndarray, lr: float, steps: int, prox_mu: float = 0.0) -> np.ndarray:
@@ -143,11 +219,22 @@ class LocalTrainer:
         set_flat_params(self.model, w)
         start = flat_params(self.model)
         anchor = [p.detach().clone() for p in self.model.parameters()]
-        opt = torch.optim.SGD(self.model.parameters(), lr=lr)
+        schedule = self.schedule
+        opt = self.optimizer(
+            self.model.parameters(), lr=lr if schedule is None else schedule.rate(lr)
+        )
         self.model.train()
         for _ in range(steps):
+            if schedule is not None and self.stream.at_epoch_end:
+                schedule.end_epoch()
+                for group in opt.param_groups:
+                    group["lr"] = schedule.rate(lr)
             idx = torch.from_numpy(self.stream.next())
             loss = self.loss_fn(self.model(self.data.x[idx]), self.data.y[idx])
+            if self.penalty is not None:
+                loss = loss + self.penalty(self.model)
+            if schedule is not None:
+                schedule.observe(float(loss.detach()))
             if prox_mu:
                 loss = loss + prox_mu / 2 * sum(
                     ((p - a) ** 2).sum() for p, a in zip(self.model.parameters(), anchor)

@@ -27,6 +27,8 @@ BENCHMARKS = {
     "and client counts",
     "flower": "the same run over a local Flower deployment vs in process: wall time and "
     "bytes per round, Flower's framing per message",
+    "admm": "consensus ADMM (ridge, lasso, logistic, SVM) against the centralised optimum "
+    "per iteration, over splits and backends",
 }
 
 

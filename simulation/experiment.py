@@ -221,7 +221,14 @@ class ClientFactory:
 
         config, seed = self.config, self.seed
         local = LocalTrainer(
-            task.make_model(), part, task.loss, config.batch_size, seed=seed * 1000 + k
+            task.make_model(),
+            part,
+            task.loss,
+            config.batch_size,
+            seed=seed * 1000 + k,
+            penalty=task.penalty,
+            schedule=task.schedule() if task.schedule is not None else None,
+            optimizer=task.optimizer,
         )
         trainer: LocalTrainer | PrivateTrainer = local
         protocol, options = config.protocol, config.protocol_options

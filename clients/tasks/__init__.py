@@ -46,15 +46,44 @@ class Task:
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     metric: Callable[[np.ndarray, np.ndarray], float]  # (targets, model outputs) -> score
     metric_name: str
+    #: a term added to every local mini-batch loss, from the model (DeepCox's L1/L2)
+    penalty: Callable[[torch.nn.Module], torch.Tensor] | None = None
+    #: builds a client's local learning-rate rule (DeepCox's decay on a rising loss)
+    schedule: Callable[[], Any] | None = None
+    #: the local optimizer class, called as (parameters, lr=...); None: SGD (FLamby's)
+    optimizer: Callable[..., Any] | None = None
 
 
 _TCGA = "secagg.clients.tasks.tcga_brca"
 _DIGITS = "secagg.clients.tasks.digits"
 _TABULAR = "secagg.clients.tasks.tabular"
+_SURVIVAL = "secagg.clients.tasks.survival"
 #: the digits splits (``secagg.clients.tasks.digits.SPLITS``; a test keeps them equal)
 DIGITS_SPLITS = ("niid1", "niid2", "dir8")
+#: the survival sets and their centre scenarios (``secagg.clients.tasks.survival``)
+SURVIVAL_DATASETS = ("tcga", "gbsg2")
+SURVIVAL_SCENARIOS = ("balanced", "hub", "times", "feature")
 #: the diabetes / breast-cancer splits (``secagg.clients.tasks.tabular.SPLITS``; kept equal)
 TABULAR_SPLITS = ("iid", "label", "feature")
+
+
+def deepcox_task(dataset: str, scenario: str, seed: int = 0, only: int | None = None) -> Task:
+    """DeepCox on a survival split (``only``: one centre, or -1 for all patients pooled)."""
+    where = "" if only is None else (" pooled" if only == -1 else f", centre {only} alone")
+    name = f"deepcox-{dataset}-{scenario}" + ("" if seed == 0 else f"-s{seed}")
+    return Task(
+        name + ("" if only is None else ("-pooled" if only == -1 else f"-c{only}")),
+        f"DeepCox 8-4 on {dataset}, 8 centres ({scenario}), split seed {seed}{where}",
+        Ref(_SURVIVAL, "load", (dataset, scenario, seed, only)),
+        Ref(_SURVIVAL, "make_model", (dataset,)),
+        Ref(_TCGA, "cox_loss"),
+        Ref(_TCGA, "c_index"),
+        "c_index",
+        penalty=Ref(_SURVIVAL, "first_layer_penalty"),
+        schedule=Ref("secagg.clients.training", "DecayOnIncrease"),
+        optimizer=Ref("torch.optim", "Adam"),
+    )
+
 
 TASKS = {
     "tcga-brca": Task(
@@ -112,6 +141,12 @@ TASKS = {
         )
         for split in TABULAR_SPLITS
     },
+    # DeepCox on 8 artificial centres (GenoMed4All D6.2 §8.3): see clients/tasks/survival.py
+    **{
+        f"deepcox-{dataset}-{scenario}": deepcox_task(dataset, scenario)
+        for dataset in SURVIVAL_DATASETS
+        for scenario in SURVIVAL_SCENARIOS
+    },
 }
 
 
@@ -157,6 +192,7 @@ __all__ = [
     "TASKS",
     "Task",
     "custom_tasks",
+    "deepcox_task",
     "get_task",
     "register_task",
 ]
