@@ -291,25 +291,9 @@ class Client:
                 self._optimizer = make_optimizer(opt_cfg)
             if "lr" in opt_cfg:  # phase-wise server rates (a proximal step has none)
                 self._optimizer.hyper["lr"] = opt_cfg["lr"]
-        steps = (
-            int(cfg["epochs"]) * -(-len(self.trainer.data) // self.trainer.batch_size)
-            if "epochs" in cfg
-            else int(cfg["steps"])
-        )
         # a protocol with its own local solver (ADMM's x-update) answers first; else SGD
         own = self._timed("train", self.protocol.local_update, self, env)
-        self._g = (
-            np.asarray(own, dtype=np.float64)
-            if own is not None
-            else self._timed(
-                "train",
-                self.trainer.train,
-                self._w,
-                lr=float(cfg["lr"]),
-                steps=steps,
-                prox_mu=float(cfg.get("prox_mu", 0.0)),
-            )
-        )
+        self._g = np.asarray(own, dtype=np.float64) if own is not None else self.train(self._w, cfg)
         if "client_dp" in cfg:  # clip and noise before protecting: nobody sees the raw update
             dp = cfg["client_dp"]
             self._g = noised_update(self._g, float(dp["clip"]), float(dp["sigma"]), self.rng)
@@ -321,6 +305,23 @@ class Client:
         }
         reply.update(self.protocol.train_reply(self, env))
         return reply
+
+    def train(self, start: np.ndarray, settings: dict[str, Any]) -> np.ndarray:
+        """Local training from ``start`` with a ``train`` config's settings (lr, steps or
+        epochs, prox_mu); returns the pseudo-gradient, new − ``start``."""
+        steps = (
+            int(settings["epochs"]) * -(-len(self.trainer.data) // self.trainer.batch_size)
+            if "epochs" in settings
+            else int(settings["steps"])
+        )
+        return self._timed(
+            "train",
+            self.trainer.train,
+            start,
+            lr=float(settings["lr"]),
+            steps=steps,
+            prox_mu=float(settings.get("prox_mu", 0.0)),
+        )
 
     def _reports(self, wanted: dict[str, Any]) -> dict[str, Field]:
         """Data-independent numbers the run asked for: DP-SGD's ε so far (at δ), the noise

@@ -60,6 +60,12 @@ class Capabilities:
     #: clients report their validation loss of the global model before round 0 and after
     #: every update (Auto-FedRL's reward); the engine then calls ``observe_validation``
     observes_validation: bool = False
+    #: releases one client's upload alone (Sequential's hops pass a centre's model to the
+    #: next): the clients' release policy must allow one-contributor sums
+    single_contributor_releases: bool = False
+    #: every client's opens are of a different aggregate (Sequential: each centre opens its
+    #: predecessor's model), so on threshold a key holder gives a share for each of them
+    distinct_opens: bool = False
     #: a federated pre-stage the experiment runs before round 0 on the same clients and
     #: backend, whose final model it hands to ``Protocol.use_pretrained`` (FedDisco:
     #: "beta-vae"); None: none
@@ -190,6 +196,10 @@ class ClientAPI(TypingProtocol):
 
     def loss_at(self, w: np.ndarray, *, drop_bias: bool = False) -> float:
         """The loss of parameters ``w`` on the client's training samples."""
+
+    def train(self, start: np.ndarray, settings: dict[str, Any]) -> np.ndarray:
+        """Local training from ``start`` (settings as in the ``train`` config: lr, steps or
+        epochs); returns new − ``start`` (the Sequential strategy's hops)."""
 
     def features(self) -> np.ndarray:
         """The client's training samples' features, one row each (float64)."""

@@ -47,6 +47,7 @@ class Exchange:
         self.transport = transport
         self.audit = audit
         self.max_message_bytes = max_message_bytes
+        self.clients = frozenset(clients)  # everyone asked this round, excluded or not
         self.active = list(clients)
         self.excluded: dict[str, str] = {}
         self.seconds: dict[str, float] = defaultdict(float)

@@ -173,9 +173,12 @@ class RoundContext:
         self._released(handle, name)
         start = time.perf_counter()
         value, by = self.backend.reveal(self, handle, name)
-        if by == SERVER:  # a decryptor's reveal is timed and audited by ``ask``
+        # a decryptor client's reveal arrives in its reply (timed and audited by ``ask``);
+        # otherwise the server formed the plaintext itself: plain, or threshold's fused
+        # partial decryptions ("holders ...")
+        if by not in self.exchange.clients:
             self.seconds["reveal"] += time.perf_counter() - start
-            self.exchange.audit.reveal(self.round, "reveal", name, int(value.size), by=SERVER)
+            self.exchange.audit.reveal(self.round, "reveal", name, int(value.size), by=by)
         return value
 
 

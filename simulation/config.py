@@ -142,6 +142,15 @@ class ExperimentConfig:
             client_dp=self.client_dp is not None,
             validation=self.validation_split is not None,
         )
+        options = resolve_options(self.backend, self.backend_options)
+        if protocol.capabilities.single_contributor_releases and (
+            options.get("min_contributors", 1) > 1
+        ):
+            raise ConfigError(
+                f"{self.protocol} releases one client's upload alone (each centre opens its "
+                "predecessor's model), which the clients' release policy refuses by default; "
+                "if the clients accept that, run with --backend-option min_contributors=1"
+            )
         return self
 
     def _check_dp(self) -> None:

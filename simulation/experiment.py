@@ -204,7 +204,8 @@ class ClientFactory:
             spec = STAGES[self.stage]
             task = spec.task(config, seed_data(config, self.seed, task.load())[0])
             config, protocol = spec.configure(config), make_protocol(spec.protocol)
-        return release_budgets(config, protocol, flat_params(task.make_model()).size)
+        n_params, n_clients = flat_params(task.make_model()).size, task.load().n_clients
+        return release_budgets(config, protocol, n_params, n_clients)
 
     def _noise_seed(self, reproducible: int) -> int:
         """The seed of a client's DP noise (and DP-SGD's sampling): from the run's seed, or
@@ -447,7 +448,10 @@ def _run(
     ids = [f"client_{k}" for k in range(task_data.n_clients)]
     if config.backend != "plain" and factory.provisions is None and signers is None:
         factory = replace(
-            factory, provisions=provision(ids, **release_budgets(config, protocol, initial.size))
+            factory,
+            provisions=provision(
+                ids, **release_budgets(config, protocol, initial.size, len(ids))
+            ),
         )
     transport = make_transport(factory, ids)
     try:
@@ -604,14 +608,19 @@ def _aborted(
     return SeedRun(rows, np.array(model, copy=True), str(exc))
 
 
-def release_budgets(config: ExperimentConfig, protocol, n_params: int) -> dict[str, Any]:
+def release_budgets(
+    config: ExperimentConfig, protocol, n_params: int, n_clients: int
+) -> dict[str, Any]:
     """What a client's provisioning allows for a run of ``config``: every reveal the run
     makes (none at all in server-blind runs, whose clients then refuse any reveal request),
     the opens, the length of every release, and the releases one upload may enter. A
     deployment's nodes compute the same from their own copy of the configuration."""
     caps = protocol.capabilities
     opens_per_round = caps.opens_per_round + (1 if config.server_blind else 0)
+    # threshold holders give a share per opened aggregate: one per client when they differ
+    shares = config.rounds * (caps.opens_per_round * n_clients + (1 if config.server_blind else 0))
     return {
+        "share_budget": shares if caps.distinct_opens else None,
         "decryption_budget": 0 if config.server_blind else config.rounds * caps.reveals_per_round,
         "reveal_length": n_params,
         "open_budget": config.rounds * opens_per_round,

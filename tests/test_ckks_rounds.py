@@ -44,6 +44,8 @@ def small(protocol: str, **changes) -> ExperimentConfig:
         cfg = replace(cfg, task="digits-dir8", batch_size=32, validation_split=0.2)
     if protocol == "admm":  # linear models on the report's tabular sets
         cfg = replace(cfg, task="diabetes-label")
+    if protocol == "sequential":  # each centre opens its predecessor's model alone
+        cfg = replace(cfg, backend_options={"min_contributors": 1})
     return cfg
 
 

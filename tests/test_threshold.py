@@ -351,6 +351,16 @@ def test_threshold_gives_the_plain_model(protocol, extra):
     assert "pseudo_gradient" in summary["ciphertext_fields_received"]
 
 
+def test_the_audit_lists_every_reveal_the_server_fuses():
+    """The server forms the plaintext itself from the holders' partials: no reply carries
+    it, so the reveal is recorded as such (it once went unlisted), naming the holders."""
+    result = secagg.run(task="diabetes-iid", protocol="fedavg", backend="threshold", rounds=2)
+    learned = result.audit_summary["learned_in_plaintext"]
+    assert learned["global_update"] == {"revealed aggregate (plaintext vector)": 2}
+    reveals = [r for r in result.audit.records if r["event"] == "reveal"]
+    assert [r["by"] for r in reveals] == ["holders client_0,client_1,client_2,client_3"] * 2
+
+
 @pytest.mark.parametrize("preset, tolerance", [("n8192", 1e-5), ("wide", 1e-11)])
 def test_each_preset_decodes_sums_up_to_its_headroom(preset, tolerance):
     """Values near the headroom (the wide preset's coefficients exceed 64 bits there) and

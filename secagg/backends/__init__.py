@@ -46,6 +46,9 @@ class Provision:
     signing_key: bytes | None = None
     signers: Mapping[str, bytes] = field(default_factory=dict)
     releases_per_upload: Mapping[str, int] = field(default_factory=lambda: {"reveal": 1, "open": 1})
+    #: threshold: sealed shares a key holder gives at most (None: ``open_budget``); more
+    #: when every client opens a different aggregate (Sequential's hops)
+    share_budget: int | None = None
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,7 @@ class Identity:
         reveal_length: int | None = None,
         open_budget: int = 0,
         releases_per_upload: Mapping[str, int] | None = None,
+        share_budget: int | None = None,
     ) -> Provision:
         """These keys with a run's budgets (``release_budgets`` of the run's configuration)."""
         return Provision(
@@ -84,6 +88,7 @@ class Identity:
             self.ed25519_private,
             dict(self.signers),
             dict(releases_per_upload or {"reveal": 1, "open": 1}),
+            share_budget,
         )
 
 
@@ -113,10 +118,13 @@ def provision(
     reveal_length: int | None = None,
     open_budget: int = 0,
     releases_per_upload: Mapping[str, int] | None = None,
+    share_budget: int | None = None,
 ) -> dict[str, Provision]:
     """Fresh identities for ``client_ids``, each with the same budgets."""
     return {
-        c: identity.provision(decryption_budget, reveal_length, open_budget, releases_per_upload)
+        c: identity.provision(
+            decryption_budget, reveal_length, open_budget, releases_per_upload, share_budget
+        )
         for c, identity in new_identities(client_ids).items()
     }
 
@@ -257,6 +265,7 @@ def _threshold_client(
         signers=provision.signers,
         decryption_budget=provision.decryption_budget,
         open_budget=provision.open_budget,
+        share_budget=provision.share_budget,
         reveal_length=provision.reveal_length,
         min_contributors=options["min_contributors"],
         min_weight_share=options["min_weight_share"],

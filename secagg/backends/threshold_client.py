@@ -80,6 +80,7 @@ class ThresholdClient(ClientBackend):
         open_budget: int = 0,
         reveal_length: int | None = None,
         min_contributors: int = 2,
+        share_budget: int | None = None,
         min_weight_share: float = 0.01,
         releases_per_upload: Mapping[str, int] | None = None,
     ):
@@ -89,6 +90,8 @@ class ThresholdClient(ClientBackend):
         every client's Ed25519 public key, the roster of possible holders;
         ``decryption_budget``: partial decryptions it gives the server at most;
         ``open_budget``: sealed shares it gives, and sums it opens, at most (each);
+        ``share_budget``: sealed shares it gives, if not ``open_budget`` (when every client
+        opens a different aggregate);
         ``min_contributors`` also bounds the holders a key must have; the rest as for
         ckks."""
         self.id = client_id
@@ -102,7 +105,10 @@ class ThresholdClient(ClientBackend):
             raise KeySetupError(f"{client_id}'s identity key is not its key in the roster")
         if not isinstance(open_budget, int) or open_budget < 0:
             raise KeySetupError(f"open_budget must be a count, got {open_budget!r}")
+        if share_budget is not None and (not isinstance(share_budget, int) or share_budget < 0):
+            raise KeySetupError(f"share_budget must be a count, got {share_budget!r}")
         self.open_budget, self.open_shares, self.opens = open_budget, 0, 0
+        self.share_budget = open_budget if share_budget is None else share_budget
         self._signer, self.signers, self.policy = release_identity(
             client_id, signing_key, signers, min_contributors, min_weight_share, reveal_length
         )
@@ -439,10 +445,10 @@ class ThresholdClient(ClientBackend):
     def on_open_share(self, env: Envelope) -> dict[str, Field]:
         """This share's partial decryption of a checked sum that clients will open,
         sealed for each recipient (the server relays it and cannot fuse it)."""
-        if self.open_shares >= self.open_budget:
+        if self.open_shares >= self.share_budget:
             raise ProtocolStateError(
                 f"{self.id} refuses open share {self.open_shares + 1}: its configuration "
-                f"allows {self.open_budget}"
+                f"allows {self.share_budget}"
             )
         recipients = env.config("recipients")
         ids = recipients.get("ids") if isinstance(recipients, dict) else None
