@@ -30,7 +30,7 @@ from secagg.errors import (
 )
 from secagg.protocols.base import Plaintext, Upload
 from secagg.protocols.optimizers import ServerOptimizer
-from secagg.server.exchange import SERVER, Exchange
+from secagg.server.exchange import Exchange
 from secagg.wire import Envelope, Field
 
 
