@@ -172,6 +172,9 @@ class PrivateTrainer:
     def loss_at(self, w, drop_bias: bool = False, data=None) -> float:
         return self.inner.loss_at(w, drop_bias=drop_bias, data=data)
 
+    def predict(self, w, features):
+        return self.inner.predict(w, features)
+
     def epsilon(self, delta: float) -> float:
         """ε spent so far at ``delta`` (Opacus' RDP accountant)."""
         if not len(self.engine.accountant):

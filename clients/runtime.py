@@ -306,6 +306,9 @@ class Client:
         reply.update(self.protocol.train_reply(self, env))
         return reply
 
+    def predict(self, w: np.ndarray, features: np.ndarray) -> np.ndarray:
+        return self.trainer.predict(w, features)
+
     def train(self, start: np.ndarray, settings: dict[str, Any]) -> np.ndarray:
         """Local training from ``start`` with a ``train`` config's settings (lr, steps or
         epochs, prox_mu); returns the pseudo-gradient, new − ``start``."""

@@ -260,3 +260,11 @@ class LocalTrainer:
                     p.zero_()
         self.model.eval()
         return float(self.loss_fn(self.model(data.x), data.y))
+
+    @torch.no_grad()
+    def predict(self, w: np.ndarray, features: np.ndarray) -> np.ndarray:
+        """The model's outputs with parameters ``w`` for ``features``, flattened (float64)."""
+        set_flat_params(self.model, w)
+        self.model.eval()
+        out = self.model(torch.as_tensor(np.asarray(features), dtype=torch.float32))
+        return out.numpy().astype(np.float64).reshape(len(features), -1).squeeze(-1)

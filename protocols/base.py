@@ -66,6 +66,9 @@ class Capabilities:
     #: every client's opens are of a different aggregate (Sequential: each centre opens its
     #: predecessor's model), so on threshold a key holder gives a share for each of them
     distinct_opens: bool = False
+    #: the run's evaluation set goes to the clients and the protocol scores it with
+    #: ``predictions`` (Ensemble: the centres' averaged risk scores); there is no global model
+    evaluates_on_clients: bool = False
     #: a federated pre-stage the experiment runs before round 0 on the same clients and
     #: backend, whose final model it hands to ``Protocol.use_pretrained`` (FedDisco:
     #: "beta-vae"); None: none
@@ -153,8 +156,11 @@ class RoundAPI(TypingProtocol):
     def reveal(self, handle: Any, name: str) -> np.ndarray:
         """Decrypt an aggregate for the server; recorded in the audit as a revealed item."""
 
-    def load(self, replies: Mapping[str, Envelope], name: str) -> dict[str, Any]:
-        """Protected vectors from replies (clients whose field is bad are excluded)."""
+    def load(
+        self, replies: Mapping[str, Envelope], name: str, *, length: int | None = None
+    ) -> dict[str, Any]:
+        """Protected vectors from replies (clients whose field is bad are excluded), of the
+        model's length unless ``length`` says otherwise (Ensemble's scores)."""
 
     def plaintext(self, values: np.ndarray) -> Plaintext:
         """Mark a result the server computed in the clear from revealed aggregates."""
@@ -196,6 +202,9 @@ class ClientAPI(TypingProtocol):
 
     def loss_at(self, w: np.ndarray, *, drop_bias: bool = False) -> float:
         """The loss of parameters ``w`` on the client's training samples."""
+
+    def predict(self, w: np.ndarray, features: np.ndarray) -> np.ndarray:
+        """The model's outputs with parameters ``w`` for ``features`` (one row each)."""
 
     def train(self, start: np.ndarray, settings: dict[str, Any]) -> np.ndarray:
         """Local training from ``start`` (settings as in the ``train`` config: lr, steps or
@@ -349,6 +358,20 @@ class Protocol(ABC):
         """The server step this protocol fixes in place of the run's server optimizer, as an
         optimizer config (ADMM's z-update for ``n_clients`` blocks; None: not known yet,
         for the run's record); None: the run's optimizer."""
+        return None
+
+    def release_lengths(self, data: Any) -> tuple[int, ...]:
+        """The lengths of the vectors it releases besides the model's (Ensemble: the
+        evaluation set's size), from the task's data; clients refuse any other length."""
+        return ()
+
+    def use_evaluation_set(self, features: np.ndarray) -> None:
+        """The evaluation set's features (``Capabilities.evaluates_on_clients``)."""
+        raise ConfigError(f"{self.name} does not evaluate on the clients")
+
+    def predictions(self) -> np.ndarray | None:
+        """Its outputs for the evaluation set after the last round, where the protocol makes
+        them (Ensemble); None: the global model's outputs are the predictions."""
         return None
 
     def finished(self) -> str | None:

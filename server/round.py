@@ -136,11 +136,13 @@ class RoundContext:
         self.exchange.audit.opened(self.round, name)
         return fields
 
-    def load(self, replies: Mapping[str, Envelope], name: str) -> dict[str, Any]:
+    def load(
+        self, replies: Mapping[str, Envelope], name: str, *, length: int | None = None
+    ) -> dict[str, Any]:
         handles = {}
         for client, env in replies.items():
             try:
-                handles[client] = self.backend.load(env, name, self.n_params)
+                handles[client] = self.backend.load(env, name, length or self.n_params)
             except ClientInputError as exc:
                 self.exclude(client, env.phase, exc)
         self.exchange.abort_if_empty(f"load {name}")

@@ -69,9 +69,23 @@ if TYPE_CHECKING:  # client-side and key code: imported where a client or key is
     from secagg.sealing import Observer
 
 
-def evaluate(task: Task, data: FederatedData, params: np.ndarray) -> dict[str, float]:
+def evaluate(
+    task: Task, data: FederatedData, params: np.ndarray, predictions: np.ndarray | None = None
+) -> dict[str, float]:
     """Metric of the global model on the pooled test set, each client's test set, and the
-    pooled training set. Client sets where the metric is undefined count as NaN."""
+    pooled training set. Client sets where the metric is undefined count as NaN.
+
+    ``predictions``: the protocol's own outputs for the pooled test set (Ensemble), which
+    has no global model: only the pooled test set is scored."""
+    if predictions is not None:
+        if data.pooled_test is None:
+            raise ConfigError(f"{task.name} has no pooled test set to score predictions on")
+        n_test = len(data.pooled_test)
+        scores = torch.as_tensor(predictions, dtype=torch.float32).reshape(n_test, -1)
+        return {
+            "test_pooled": task.metric(data.pooled_test.y.numpy(), scores.numpy()),
+            "test_loss": float(task.loss(scores, data.pooled_test.y)),
+        }
     model = task.make_model()
     set_flat_params(model, params)
     model.eval()
@@ -112,6 +126,9 @@ class SeedRun:
     aborted: str | None = None
     #: client-level DP: one record per round (``Server.privacy_events``)
     privacy_events: list[dict[str, Any]] = field(default_factory=list)
+    #: the protocol's own predictions for the pooled test set after the last round
+    #: (Ensemble), else None
+    final_predictions: np.ndarray | None = None
 
 
 @dataclass
@@ -204,8 +221,10 @@ class ClientFactory:
             spec = STAGES[self.stage]
             task = spec.task(config, seed_data(config, self.seed, task.load())[0])
             config, protocol = spec.configure(config), make_protocol(spec.protocol)
-        n_params, n_clients = flat_params(task.make_model()).size, task.load().n_clients
-        return release_budgets(config, protocol, n_params, n_clients)
+        data = task.load()
+        if self.stage is None:
+            data = seed_data(config, self.seed, data)[0]
+        return release_budgets(config, protocol, flat_params(task.make_model()).size, data)
 
     def _noise_seed(self, reproducible: int) -> int:
         """The seed of a client's DP noise (and DP-SGD's sampling): from the run's seed, or
@@ -449,9 +468,7 @@ def _run(
     if config.backend != "plain" and factory.provisions is None and signers is None:
         factory = replace(
             factory,
-            provisions=provision(
-                ids, **release_budgets(config, protocol, initial.size, len(ids))
-            ),
+            provisions=provision(ids, **release_budgets(config, protocol, initial.size, task_data)),
         )
     transport = make_transport(factory, ids)
     try:
@@ -531,6 +548,13 @@ def _rounds(
             observer.open(blob, f"{client}/round-{number - 1}"), dtype="<f8"
         ).copy()
 
+    if protocol.capabilities.evaluates_on_clients:
+        if data.pooled_test is None:
+            raise ConfigError(
+                f"{config.protocol} scores an evaluation set on the clients; {config.task} has "
+                "no pooled test set"
+            )
+        protocol.use_evaluation_set(data.pooled_test.x.numpy().astype(np.float64))
     rows = [{**base, "round": 0, **evaluate(task, data, server.params)}]
     if on_round:
         on_round(seed, rows[0])
@@ -559,7 +583,7 @@ def _rounds(
         row = {
             **base,
             "round": number + 1,
-            **evaluate(task, data, model),
+            **evaluate(task, data, model, protocol.predictions()),
             "clients": len(report.clients),
             "excluded": len(report.excluded),
             # 1: contributors refused a release, the round made no update (engine._skipped)
@@ -590,7 +614,13 @@ def _rounds(
             if progress:
                 progress(f"  seed {seed} stops after round {number + 1}: {done}")
             break
-    return SeedRun(rows, np.array(model, copy=True), None, list(server.privacy_events))
+    return SeedRun(
+        rows,
+        np.array(model, copy=True),
+        None,
+        list(server.privacy_events),
+        protocol.predictions(),
+    )
 
 
 def _aborted(
@@ -609,7 +639,7 @@ def _aborted(
 
 
 def release_budgets(
-    config: ExperimentConfig, protocol, n_params: int, n_clients: int
+    config: ExperimentConfig, protocol, n_params: int, data: FederatedData
 ) -> dict[str, Any]:
     """What a client's provisioning allows for a run of ``config``: every reveal the run
     makes (none at all in server-blind runs, whose clients then refuse any reveal request),
@@ -618,11 +648,14 @@ def release_budgets(
     caps = protocol.capabilities
     opens_per_round = caps.opens_per_round + (1 if config.server_blind else 0)
     # threshold holders give a share per opened aggregate: one per client when they differ
-    shares = config.rounds * (caps.opens_per_round * n_clients + (1 if config.server_blind else 0))
+    shares = config.rounds * (
+        caps.opens_per_round * data.n_clients + (1 if config.server_blind else 0)
+    )
+    others = tuple(n for n in protocol.release_lengths(data) if n != n_params)
     return {
         "share_budget": shares if caps.distinct_opens else None,
         "decryption_budget": 0 if config.server_blind else config.rounds * caps.reveals_per_round,
-        "reveal_length": n_params,
+        "reveal_length": (n_params, *others) if others else n_params,
         "open_budget": config.rounds * opens_per_round,
         # one upload enters at most one reveal (none server-blind) and the round's opens
         "releases_per_upload": {

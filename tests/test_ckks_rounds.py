@@ -46,6 +46,8 @@ def small(protocol: str, **changes) -> ExperimentConfig:
         cfg = replace(cfg, task="diabetes-label")
     if protocol == "sequential":  # each centre opens its predecessor's model alone
         cfg = replace(cfg, backend_options={"min_contributors": 1})
+    if protocol == "ensemble":  # scores a pooled evaluation set
+        cfg = replace(cfg, task="deepcox-gbsg2-balanced")
     return cfg
 
 

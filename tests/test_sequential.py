@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import secagg
+from secagg.clients.tasks import get_task
 from secagg.errors import ConfigError
 from secagg.protocols import make_protocol
 from secagg.server.transport import InProcessTransport
@@ -100,7 +101,8 @@ def test_encrypted_sequential_needs_the_clients_to_accept_one_contributor_releas
 
 def test_threshold_holders_give_a_share_for_every_hop_and_no_more():
     config = ExperimentConfig(**{**SETTINGS, "backend": "threshold", **ENCRYPTED})
-    budgets = release_budgets(config, make_protocol("sequential"), N_PARAMS, 8)
+    data = get_task(SETTINGS["task"]).load()
+    budgets = release_budgets(config, make_protocol("sequential"), N_PARAMS, data)
     assert budgets["share_budget"] == 3 * 8 and budgets["open_budget"] == 3
-    larc = release_budgets(config, make_protocol("larc"), N_PARAMS, 8)
+    larc = release_budgets(config, make_protocol("larc"), N_PARAMS, data)
     assert larc["share_budget"] is None  # one shared aggregate: the open budget bounds it

@@ -27,8 +27,8 @@ class Provision:
         identity: this client's raw X25519 private key.
         roster: every client's raw X25519 public key, by client id.
         decryption_budget: how many aggregates the run will reveal at most (sizes flooding).
-        reveal_length: the number of values every reveal returns (the model's size); None
-            accepts any.
+        reveal_length: the number of values every reveal returns (the model's size), or the
+            numbers (the model's size and the protocol's other releases); None accepts any.
         open_budget: how many aggregates the client opens itself at most (LARC's Ĝ,
             RegAgg's centre, server-blind updates).
         signing_key: this client's raw Ed25519 private key (it signs consents to releases).
@@ -41,7 +41,7 @@ class Provision:
     identity: bytes | None = None
     roster: Mapping[str, bytes] = field(default_factory=dict)
     decryption_budget: int = 1
-    reveal_length: int | None = None
+    reveal_length: int | tuple[int, ...] | None = None
     open_budget: int = 0
     signing_key: bytes | None = None
     signers: Mapping[str, bytes] = field(default_factory=dict)
@@ -73,7 +73,7 @@ class Identity:
     def provision(
         self,
         decryption_budget: int,
-        reveal_length: int | None = None,
+        reveal_length: int | tuple[int, ...] | None = None,
         open_budget: int = 0,
         releases_per_upload: Mapping[str, int] | None = None,
         share_budget: int | None = None,
@@ -115,7 +115,7 @@ def new_identities(client_ids: list[str]) -> dict[str, Identity]:
 def provision(
     client_ids: list[str],
     decryption_budget: int,
-    reveal_length: int | None = None,
+    reveal_length: int | tuple[int, ...] | None = None,
     open_budget: int = 0,
     releases_per_upload: Mapping[str, int] | None = None,
     share_budget: int | None = None,
@@ -406,7 +406,7 @@ def make_backends(
     *,
     decryption_budget: int = 8,
     open_budget: int = 8,
-    reveal_length: int | None = None,
+    reveal_length: int | tuple[int, ...] | None = None,
     **options: Any,
 ) -> tuple[ServerBackend, dict[str, ClientBackend]]:
     """Both halves at once (tests, benchmarks): the server's and one per client, the clients

@@ -69,7 +69,7 @@ class CKKSClient(ClientBackend):
         roster: Mapping[str, bytes] | None = None,
         flooding_bits: int = 30,
         decryption_budget: int = 1,
-        reveal_length: int | None = None,
+        reveal_length: int | tuple[int, ...] | None = None,
         open_budget: int = 0,
         signing_key: bytes | None = None,
         signers: Mapping[str, bytes] | None = None,

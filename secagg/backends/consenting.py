@@ -28,7 +28,7 @@ def release_identity(
     signers: Mapping[str, bytes] | None,
     min_contributors: int,
     min_weight_share: float,
-    reveal_length: int | None,
+    reveal_length: int | tuple[int, ...] | None,
 ) -> tuple[Ed25519PrivateKey, dict[str, bytes], ReleasePolicy]:
     """The client's Ed25519 key (a fresh one without ``signing_key``), the signers' roster
     (only itself without ``signers``; its own entry must be its key) and its policy."""

@@ -78,7 +78,7 @@ class ThresholdClient(ClientBackend):
         signers: Mapping[str, bytes] | None = None,
         decryption_budget: int = 1,
         open_budget: int = 0,
-        reveal_length: int | None = None,
+        reveal_length: int | tuple[int, ...] | None = None,
         min_contributors: int = 2,
         share_budget: int | None = None,
         min_weight_share: float = 0.01,

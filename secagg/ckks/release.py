@@ -184,12 +184,14 @@ class ReleasePolicy:
             the skewed weights protocols legitimately use (RegCostAgg's reach 6% of the mean
             on TCGA-BRCA). A larger share protects a dominant client better and refuses
             more protocols' sums.
-        n_values: the only number of values a release may have (the model's size), or None.
+        n_values: the only number of values a release may have (the model's size), or the
+            only numbers (the model's size and what the protocol releases besides, such as
+            Ensemble's scores of an evaluation set), or None: any.
     """
 
     min_contributors: int = 2
     min_share: float = 0.01
-    n_values: int | None = None
+    n_values: int | tuple[int, ...] | None = None
 
     def __post_init__(self):
         if self.min_contributors < 1 or not 0.0 <= self.min_share <= 1.0:
@@ -212,10 +214,11 @@ class ReleasePolicy:
                 f"{sum(ks) / len(ks):.0f} (a sum one upload dominates); this client's "
                 "min_weight_share refuses it"
             )
-        if self.n_values is not None and d.n_values != self.n_values:
+        allowed = (self.n_values,) if isinstance(self.n_values, int) else self.n_values
+        if allowed is not None and d.n_values not in allowed:
             raise ReleaseRefused(
-                f"{d.name}: this client opens {self.n_values} values (its model's size); the "
-                f"release has {d.n_values}"
+                f"{d.name}: this client opens {' or '.join(map(str, allowed))} values (its "
+                f"model's size, and what its protocol releases); the release has {d.n_values}"
             )
 
 

@@ -1,0 +1,108 @@
+"""The Ensemble strategy (GenoMed4All D6.2 §8.2.4): every centre trains its own model and the
+server reveals only the n-weighted average of their scores of the evaluation set."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import secagg
+from secagg import wire
+from secagg.ckks.release import Descriptor, ReleasePolicy
+from secagg.errors import MalformedMessage, ReleaseRefused
+from secagg.protocols.ensemble import evaluation_set
+from secagg.server.audit import AuditLog
+from secagg.server.transport import InProcessTransport
+from secagg.simulation.config import ExperimentConfig
+from secagg.simulation.experiment import run_seed
+from secagg.wire import Envelope
+
+SETTINGS = dict(
+    task="deepcox-gbsg2-balanced",
+    protocol="ensemble",
+    rounds=3,
+    local_epochs=1,
+    batch_size=32,
+    client_lr="0.01",
+    seeds=[0],
+)
+
+
+class Recording(InProcessTransport):
+    def __init__(self, factory, ids):
+        super().__init__({c: client.handle for c, client in factory(ids).items()})
+        self.log: list[tuple[str, Envelope, Envelope]] = []
+
+    def request(self, peer, data):
+        reply = super().request(peer, data)
+        self.log.append((peer, Envelope.from_bytes(data), Envelope.from_bytes(reply)))
+        return reply
+
+
+def test_on_plain_the_ensemble_is_the_sample_weighted_mean_of_the_centres_scores():
+    made = []
+
+    def transport(factory, ids):
+        made.append(Recording(factory, ids))
+        return made[-1]
+
+    result = secagg.run(**SETTINGS, backend="plain", transport=transport)
+    log = made[0].log
+
+    def replies(phase: str, round_number: int) -> dict[str, Envelope]:
+        return {p: rep for p, req, rep in log if req.phase == phase and req.round == round_number}
+
+    n = {p: rep.scalar("n_samples") for p, rep in replies("train", 0).items()}
+    last = replies("ensemble_scores", SETTINGS["rounds"] - 1)
+    scores = {p: rep.vector("scores") for p, rep in last.items()}
+    assert len(scores) == 8 and len({tuple(np.round(s, 6)) for s in scores.values()}) == 8
+    expected = sum(n[c] * scores[c] for c in scores) / sum(n.values())
+    run = run_seed(ExperimentConfig(**SETTINGS, backend="plain"), 0, AuditLog())
+    np.testing.assert_allclose(run.final_predictions, expected, rtol=1e-6)
+    # the centres' models never leave them: the uploads are zeros and W never moves
+    uploads = [rep.vector("pseudo_gradient") for _, req, rep in log if req.phase == "train"]
+    assert all(not u.any() for u in uploads)
+    sent = [req.vector("model") for _, req, _ in log if "model" in req.fields]
+    np.testing.assert_allclose(result.final_params[0], sent[0], atol=1e-6)
+    # each centre goes on training its own model: its scores change from round to round
+    earlier = {p: rep.vector("scores") for p, rep in replies("ensemble_scores", 0).items()}
+    assert all(not np.allclose(earlier[c], scores[c]) for c in scores)
+
+
+@pytest.mark.parametrize("backend", ["ckks", "threshold"])
+def test_encrypted_ensemble_equals_plain_and_reveals_only_the_averaged_scores(backend):
+    plain = secagg.run(**SETTINGS, backend="plain")
+    encrypted = secagg.run(**SETTINGS, backend=backend)
+    assert encrypted.metrics["test_pooled"].round(4).tolist() == (
+        plain.metrics["test_pooled"].round(4).tolist()
+    )  # measured: identical
+    summary = encrypted.audit_summary
+    assert summary["undeclared_plaintext_items"] == []
+    vectors = {
+        k for k, v in summary["learned_in_plaintext"].items() if any("vector" in kind for kind in v)
+    }
+    assert vectors == {"ensemble_scores"}
+    assert "scores" in summary["ciphertext_fields_received"]
+
+
+def test_clients_open_only_the_lengths_their_provisioning_names():
+    """The model's size and the evaluation set's (113 and 172 here): a server asking to
+    reveal a sum of any other length is refused."""
+    policy = ReleasePolicy(min_contributors=2, n_values=(113, 172))
+    entries = (("a", 1, "d1"), ("b", 1, "d2"))
+    for n in (113, 172):
+        policy.check(Descriptor("reveal", "x", 0, n, 1, entries))
+    with pytest.raises(ReleaseRefused, match="opens 113 or 172 values"):
+        policy.check(Descriptor("reveal", "x", 0, 171, 1, entries))
+
+
+def test_evaluation_features_that_do_not_make_rows_are_a_typed_error():
+    env = Envelope(
+        "server",
+        "c",
+        0,
+        "ensemble_scores",
+        {"evaluation_features": wire.vector(np.ones(10)), "evaluation_columns": wire.scalar(3)},
+    )
+    with pytest.raises(MalformedMessage, match="rows of 3"):
+        evaluation_set(Envelope.from_bytes(env.to_bytes()))
