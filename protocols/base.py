@@ -134,6 +134,10 @@ class RoundAPI(TypingProtocol):
     def active(self) -> list[str]:
         """The clients still in this round."""
 
+    @property
+    def excluded(self) -> dict[str, str]:
+        """The clients excluded this round, with why."""
+
     def ask(
         self,
         phase: str,

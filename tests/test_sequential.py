@@ -79,7 +79,10 @@ def test_on_plain_each_centre_trains_from_its_predecessors_model():
 @pytest.mark.parametrize("backend", ["ckks", "threshold"])
 def test_encrypted_sequential_equals_plain_and_shows_the_server_no_centres_model(backend):
     plain = secagg.run(**SETTINGS, backend="plain")
-    encrypted = secagg.run(**SETTINGS, backend=backend, **ENCRYPTED)
+    options = dict(ENCRYPTED["backend_options"])
+    if backend == "threshold":  # n8192's noise (~2e-6 a hop) can move the fourth decimal
+        options["preset"] = "wide"
+    encrypted = secagg.run(**SETTINGS, backend=backend, backend_options=options)
     assert not encrypted.aborted
     # the c-index per round equal to the fourth decimal (measured: identical)
     assert encrypted.metrics["test_pooled"].round(4).tolist() == (

@@ -46,6 +46,7 @@ SPECIAL = {
     "protocol_option": ("alpha=0.5", ["alpha=0.5"]),
     "larc_loss_check": ("weights_only", "weights_only"),
     "admm_problem": ("lasso", "lasso"),
+    "plain_dtype": ("float64", "float64"),
     "ckks_preset": ("wide", "wide"),
     "threshold_preset": ("n8192", "n8192"),
 }

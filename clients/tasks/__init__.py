@@ -85,6 +85,20 @@ def deepcox_task(dataset: str, scenario: str, seed: int = 0, only: int | None = 
     )
 
 
+def coxph_task(dataset: str, scenario: str, seed: int = 0, only: int | None = None) -> Task:
+    """The linear Cox model xᵀβ on a survival split (the exact federated Cox reference)."""
+    deep = deepcox_task(dataset, scenario, seed, only)
+    return Task(
+        deep.name.replace("deepcox-", "coxph-", 1),
+        deep.description.replace("DeepCox 8-4", "linear Cox model"),
+        deep.load,
+        Ref(_SURVIVAL, "make_linear_model", (dataset,)),
+        deep.loss,
+        deep.metric,
+        deep.metric_name,
+    )
+
+
 TASKS = {
     "tcga-brca": Task(
         "tcga-brca",
@@ -141,6 +155,12 @@ TASKS = {
         )
         for split in TABULAR_SPLITS
     },
+    # the linear Cox model on the same splits (protocol coxph: the exact federated Cox model)
+    **{
+        f"coxph-{dataset}-{scenario}": coxph_task(dataset, scenario)
+        for dataset in SURVIVAL_DATASETS
+        for scenario in SURVIVAL_SCENARIOS
+    },
     # DeepCox on 8 artificial centres (GenoMed4All D6.2 §8.3): see clients/tasks/survival.py
     **{
         f"deepcox-{dataset}-{scenario}": deepcox_task(dataset, scenario)
@@ -192,6 +212,7 @@ __all__ = [
     "TASKS",
     "Task",
     "custom_tasks",
+    "coxph_task",
     "deepcox_task",
     "get_task",
     "register_task",

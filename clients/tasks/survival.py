@@ -149,6 +149,11 @@ def make_model(dataset: str) -> nn.Module:
     )
 
 
+def make_linear_model(dataset: str) -> nn.Module:
+    """The Cox model's linear predictor xᵀβ (no bias: the partial likelihood ignores it)."""
+    return nn.Linear(pooled(dataset)[0].shape[1], 1, bias=False)
+
+
 def first_layer_penalty(model: nn.Module, l1: float = L1, l2: float = L2) -> torch.Tensor:
     """λ₁‖W₁‖₁ + λ₂‖W₁‖² on the first layer's weights (§8.3.1)."""
     weight = next(model.parameters())

@@ -187,7 +187,7 @@ def _plain_server(options: dict[str, Any], signers: Mapping[str, bytes] | None) 
 def _plain_client(client_id: str, options: dict[str, Any], provision: Provision) -> ClientBackend:
     from secagg.backends.plain import PlainClient
 
-    return PlainClient()
+    return PlainClient(options["dtype"])
 
 
 def _ckks_server(options: dict[str, Any], signers: Mapping[str, bytes] | None) -> ServerBackend:
@@ -307,6 +307,17 @@ BACKENDS: dict[str, BackendSpec] = {
         "float vectors; the server sees everything (baseline)",
         _plain_server,
         _plain_client,
+        (
+            BackendOption(
+                "dtype",
+                "plain-dtype",
+                str,
+                "float32",
+                "the uploads' float type: float32 (what the torch model holds) or float64 "
+                "(for protocols that need every digit, such as the exact Cox model's sums)",
+                ("float32", "float64"),
+            ),
+        ),
     ),
     "ckks": BackendSpec(
         "ckks",
