@@ -50,6 +50,8 @@ def small(protocol: str, **changes) -> ExperimentConfig:
         cfg = replace(cfg, task="deepcox-gbsg2-balanced")
     if protocol == "coxph":  # the linear Cox model on (E, T) targets
         cfg = replace(cfg, task="coxph-gbsg2-times")
+    if protocol == "pvi":  # a Gaussian posterior over logistic regression weights
+        cfg = replace(cfg, task="bayes-breast-cancer-label")
     return cfg
 
 

@@ -58,6 +58,7 @@ _TCGA = "secagg.clients.tasks.tcga_brca"
 _DIGITS = "secagg.clients.tasks.digits"
 _TABULAR = "secagg.clients.tasks.tabular"
 _SURVIVAL = "secagg.clients.tasks.survival"
+_BAYES = "secagg.clients.tasks.bayes"
 #: the digits splits (``secagg.clients.tasks.digits.SPLITS``; a test keeps them equal)
 DIGITS_SPLITS = ("niid1", "niid2", "dir8")
 #: the survival sets and their centre scenarios (``secagg.clients.tasks.survival``)
@@ -67,14 +68,23 @@ SURVIVAL_SCENARIOS = ("balanced", "hub", "times", "feature")
 TABULAR_SPLITS = ("iid", "label", "feature")
 
 
-def deepcox_task(dataset: str, scenario: str, seed: int = 0, only: int | None = None) -> Task:
-    """DeepCox on a survival split (``only``: one centre, or -1 for all patients pooled)."""
+def deepcox_task(
+    dataset: str,
+    scenario: str,
+    seed: int = 0,
+    only: int | None = None,
+    holdout: int | None = None,
+) -> Task:
+    """DeepCox on a survival split (``only``: one centre, or -1 for all patients pooled;
+    ``holdout``: a centre-based cross-validation fold, tested on that centre)."""
     where = "" if only is None else (" pooled" if only == -1 else f", centre {only} alone")
+    where += "" if holdout is None else f", centre {holdout} held out"
     name = f"deepcox-{dataset}-{scenario}" + ("" if seed == 0 else f"-s{seed}")
+    name += "" if only is None else ("-pooled" if only == -1 else f"-c{only}")
     return Task(
-        name + ("" if only is None else ("-pooled" if only == -1 else f"-c{only}")),
+        name + ("" if holdout is None else f"-h{holdout}"),
         f"DeepCox 8-4 on {dataset}, 8 centres ({scenario}), split seed {seed}{where}",
-        Ref(_SURVIVAL, "load", (dataset, scenario, seed, only)),
+        Ref(_SURVIVAL, "load", (dataset, scenario, seed, only, holdout)),
         Ref(_SURVIVAL, "make_model", (dataset,)),
         Ref(_TCGA, "cox_loss"),
         Ref(_TCGA, "c_index"),
@@ -85,9 +95,15 @@ def deepcox_task(dataset: str, scenario: str, seed: int = 0, only: int | None = 
     )
 
 
-def coxph_task(dataset: str, scenario: str, seed: int = 0, only: int | None = None) -> Task:
+def coxph_task(
+    dataset: str,
+    scenario: str,
+    seed: int = 0,
+    only: int | None = None,
+    holdout: int | None = None,
+) -> Task:
     """The linear Cox model xᵀβ on a survival split (the exact federated Cox reference)."""
-    deep = deepcox_task(dataset, scenario, seed, only)
+    deep = deepcox_task(dataset, scenario, seed, only, holdout)
     return Task(
         deep.name.replace("deepcox-", "coxph-", 1),
         deep.description.replace("DeepCox 8-4", "linear Cox model"),
@@ -149,6 +165,20 @@ TASKS = {
             f"scikit-learn breast cancer (labels -1/+1, 30 features), 4 clients, {split} split",
             Ref(_TABULAR, "load", ("breast-cancer", split)),
             Ref(_TABULAR, "make_model", ("breast-cancer",)),
+            Ref(_TABULAR, "logistic_loss"),
+            Ref(_TABULAR, "sign_accuracy"),
+            "accuracy",
+        )
+        for split in TABULAR_SPLITS
+    },
+    # a Gaussian posterior over logistic regression weights (protocol pvi)
+    **{
+        f"bayes-breast-cancer-{split}": Task(
+            f"bayes-breast-cancer-{split}",
+            f"Bayesian logistic regression (mean-field Gaussian q) on breast cancer, 4 clients, "
+            f"{split} split",
+            Ref(_BAYES, "load", (split,)),
+            Ref(_BAYES, "make_model"),
             Ref(_TABULAR, "logistic_loss"),
             Ref(_TABULAR, "sign_accuracy"),
             "accuracy",

@@ -129,12 +129,24 @@ def _data(x: np.ndarray, y: np.ndarray) -> ClientData:
     return ClientData(as_tensor(x.astype(np.float32)), as_tensor(y.astype(np.float32)))
 
 
-def load(dataset: str, scenario: str, seed: int = 0, only: int | None = None) -> FederatedData:
+def load(
+    dataset: str,
+    scenario: str,
+    seed: int = 0,
+    only: int | None = None,
+    holdout: int | None = None,
+) -> FederatedData:
     """The federation of a split; ``only``: centre k alone (an isolated-centre run), -1: all
-    training patients in one centre (the centralised bound)."""
+    training patients in one centre (the centralised bound). ``holdout``: centre k leaves
+    the training and is the test set instead (a fold of centre-based cross-validation,
+    §8.2.5; ``only`` then counts the remaining centres)."""
     centres, (x_test, y_test) = split(dataset, scenario, seed)
-    parts = [_data(x, y) for x, y in centres]
     name = f"{dataset}[{scenario}, split {seed}]"
+    if holdout is not None:
+        x_test, y_test = centres[holdout]
+        centres = centres[:holdout] + centres[holdout + 1 :]
+        name += f"/without centre {holdout}"
+    parts = [_data(x, y) for x, y in centres]
     if only == -1:
         parts, name = [ClientData.concat(parts)], f"{name}/pooled"
     elif only is not None:
