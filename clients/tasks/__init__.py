@@ -59,6 +59,7 @@ _DIGITS = "secagg.clients.tasks.digits"
 _TABULAR = "secagg.clients.tasks.tabular"
 _SURVIVAL = "secagg.clients.tasks.survival"
 _BAYES = "secagg.clients.tasks.bayes"
+_TREES = "secagg.clients.tasks.trees"
 #: the digits splits (``secagg.clients.tasks.digits.SPLITS``; a test keeps them equal)
 DIGITS_SPLITS = ("niid1", "niid2", "dir8")
 #: the survival sets and their centre scenarios (``secagg.clients.tasks.survival``)
@@ -181,6 +182,20 @@ TASKS = {
             Ref(_BAYES, "make_model"),
             Ref(_TABULAR, "logistic_loss"),
             Ref(_TABULAR, "sign_accuracy"),
+            "accuracy",
+        )
+        for split in TABULAR_SPLITS
+    },
+    # boosted trees over binned breast cancer (protocol xgboost)
+    **{
+        f"xgb-breast-cancer-{split}": Task(
+            f"xgb-breast-cancer-{split}",
+            f"gradient-boosted trees (depth 3, up to 50) on breast cancer in 16 quantile bins, "
+            f"4 clients, {split} split",
+            Ref(_TREES, "load", (split,)),
+            Ref(_TREES, "make_model"),
+            Ref(_TREES, "log_loss"),
+            Ref(_TREES, "accuracy"),
             "accuracy",
         )
         for split in TABULAR_SPLITS
