@@ -32,6 +32,10 @@ BENCHMARKS = {
     "cox_strategies": "federated Cox strategies (Sequential, Weights Averaging, Ensemble) on "
     "8 centres, 4 scenarios, 20 splits, against isolated/centralised bounds and the exact "
     "federated Cox model",
+    "xgboost_trees": "federated XGBoost (histograms, top-S) against xgboost hist trained "
+    "centrally, over splits and backends",
+    "pvi_posterior": "partitioned variational inference against the centralised variational "
+    "posterior, over splits and backends",
 }
 
 
