@@ -33,6 +33,24 @@ RUNS = {
 }
 
 
+def centralised(n_trees: int):
+    """xgboost's hist with the federated runs' settings (unfitted): the reference."""
+    import xgboost
+
+    return xgboost.XGBClassifier(
+        tree_method="hist",
+        max_bin=256,  # ≥ the 16 bins: every bin boundary is a candidate, as in the federation
+        max_depth=3,
+        learning_rate=0.3,
+        reg_lambda=1.0,
+        min_child_weight=1.0,
+        gamma=0.0,
+        n_estimators=n_trees,
+        base_score=0.5,
+        grow_policy="depthwise",
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trees", type=positive, default=20)
@@ -41,25 +59,13 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     out = output_folder(parser, args.out, "xgboost_trees", OUTPUTS, args.overwrite)
 
-    import xgboost
     from sklearn.metrics import roc_auc_score
 
     import secagg
     from secagg.clients.tasks import trees
 
     x, y, x_test, y_test = trees.binned_pooled()
-    reference = xgboost.XGBClassifier(
-        tree_method="hist",
-        max_bin=256,
-        max_depth=3,
-        learning_rate=0.3,
-        reg_lambda=1.0,
-        min_child_weight=1.0,
-        gamma=0.0,
-        n_estimators=args.trees,
-        base_score=0.5,
-        grow_policy="depthwise",
-    ).fit(x, y)
+    reference = centralised(args.trees).fit(x, y)
     ref_train = reference.predict(x, output_margin=True)
     ref_test = reference.predict(x_test, output_margin=True)
     rows = [

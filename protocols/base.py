@@ -28,7 +28,7 @@ from typing import Protocol as TypingProtocol
 
 import numpy as np
 
-from secagg.errors import ConfigError
+from secagg.errors import ConfigError, StateError
 from secagg.wire import Envelope, Field
 
 
@@ -263,6 +263,32 @@ class ClientHalf:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if state:
             raise ConfigError(f"{type(self).__name__} keeps no state, got {sorted(state)}")
+
+
+class VectorStateHalf(ClientHalf):
+    """A client half whose state between rounds is a few optional float vectors, the
+    attributes ``vectors`` names (Ensemble's own model, PVI's factor): None until set."""
+
+    vectors: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self):
+        for name in self.vectors:
+            setattr(self, name, None)
+
+    def state_dict(self) -> dict[str, Any]:
+        kept = {name: getattr(self, name) for name in self.vectors}
+        return {name: np.array(v, dtype=np.float64) for name, v in kept.items() if v is not None}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if set(state) - set(self.vectors):
+            raise StateError(
+                f"a {type(self).__name__} state holds {list(self.vectors)}, got {sorted(state)}"
+            )
+        loaded = {name: state.get(name) for name in self.vectors}
+        if any(v is not None and np.ndim(v) != 1 for v in loaded.values()):
+            raise StateError(f"a {type(self).__name__} state's vectors are not vectors")
+        for name, value in loaded.items():
+            setattr(self, name, None if value is None else np.array(value, dtype=np.float64))
 
 
 class ComposedClientHalf(ClientHalf):

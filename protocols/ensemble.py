@@ -26,14 +26,14 @@ from typing import Any
 import numpy as np
 
 from secagg import wire
-from secagg.errors import MalformedMessage, ProtocolStateError, StateError
+from secagg.errors import MalformedMessage, ProtocolStateError
 from secagg.protocols.base import (
     Capabilities,
     ClientAPI,
-    ClientHalf,
     Protocol,
     RoundAPI,
     Upload,
+    VectorStateHalf,
 )
 from secagg.protocols.fedavg import sample_size_weights
 from secagg.protocols.registry import register_protocol
@@ -58,13 +58,12 @@ def evaluation_set(env: Envelope) -> np.ndarray:
     return values.astype(np.float64).reshape(-1, int(columns))
 
 
-class EnsembleClient(ClientHalf):
+class EnsembleClient(VectorStateHalf):
     """A centre's own model: it trains it alone and scores the evaluation set with it."""
 
     phases = {"ensemble_scores": "scores"}
-
-    def __init__(self):
-        self.own: np.ndarray | None = None
+    vectors = ("own",)
+    own: np.ndarray | None
 
     def local_update(self, client: ClientAPI, request: Envelope) -> np.ndarray:
         start = client.model if self.own is None else self.own
@@ -75,15 +74,6 @@ class EnsembleClient(ClientHalf):
         if self.own is None:
             raise ProtocolStateError(f"{client.id} has trained no model to score with")
         return {"scores": client.protect(client.predict(self.own, evaluation_set(env)))}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {} if self.own is None else {"own": self.own.copy()}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        if set(state) - {"own"}:
-            raise StateError(f"an Ensemble client state holds its own model, got {sorted(state)}")
-        own = state.get("own")
-        self.own = None if own is None else np.asarray(own, dtype=np.float64).copy()
 
 
 class Ensemble(Protocol):

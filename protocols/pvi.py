@@ -39,15 +39,15 @@ import numpy as np
 import torch
 
 from secagg import wire
-from secagg.errors import ConfigError, ProtocolStateError, StateError
+from secagg.errors import ConfigError, ProtocolStateError
 from secagg.options import Option
 from secagg.protocols.base import (
     Capabilities,
     ClientAPI,
-    ClientHalf,
     Protocol,
     RoundAPI,
     Upload,
+    VectorStateHalf,
 )
 from secagg.protocols.registry import register_protocol
 from secagg.wire import Envelope, Field
@@ -141,11 +141,11 @@ def pvi_update(
 
 
 # ---- the protocol ---------------------------------------------------------------------------
-class PVIClient(ClientHalf):
+class PVIClient(VectorStateHalf):
     """Client i's factor λ_i and its PVI update."""
 
-    def __init__(self):
-        self.factor: np.ndarray | None = None
+    vectors = ("factor",)
+    factor: np.ndarray | None
 
     def local_update(self, client: ClientAPI, request: Envelope) -> np.ndarray:
         settings = request.config("pvi")
@@ -162,15 +162,6 @@ class PVIClient(ClientHalf):
         delta = pvi_update(u, y, global_natural, factor, float(settings["damping"]))
         self.factor = factor + delta
         return delta / float(settings["scale"])
-
-    def state_dict(self) -> dict[str, Any]:
-        return {} if self.factor is None else {"factor": self.factor.copy()}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        if set(state) - {"factor"}:
-            raise StateError(f"a PVI client state holds its factor, got {sorted(state)}")
-        factor = state.get("factor")
-        self.factor = None if factor is None else np.asarray(factor, dtype=np.float64).copy()
 
 
 class PVI(Protocol):

@@ -60,3 +60,17 @@ class BackendRound:
     def ask(self, to: str, phase: str, fields: dict[str, Field]) -> dict[str, Field]:
         """The client's answer to a request (its handler's exceptions propagate)."""
         return self.clients[to].handlers()[phase](self.request(to, phase, fields))
+
+
+class RecordingTransport(InProcessTransport):
+    """The clients' real handlers (from an experiment's client factory), with every request
+    and its reply kept as envelopes: ``log`` is [(client, request, reply)]."""
+
+    def __init__(self, factory, ids: list[str]):
+        super().__init__({c: client.handle for c, client in factory(ids).items()})
+        self.log: list[tuple[str, Envelope, Envelope]] = []
+
+    def request(self, peer: str, data: bytes) -> bytes:
+        reply = super().request(peer, data)
+        self.log.append((peer, Envelope.from_bytes(data), Envelope.from_bytes(reply)))
+        return reply

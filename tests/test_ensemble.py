@@ -12,10 +12,10 @@ from secagg.ckks.release import Descriptor, ReleasePolicy
 from secagg.errors import MalformedMessage, ReleaseRefused
 from secagg.protocols.ensemble import evaluation_set
 from secagg.server.audit import AuditLog
-from secagg.server.transport import InProcessTransport
 from secagg.simulation.config import ExperimentConfig
 from secagg.simulation.experiment import run_seed
 from secagg.wire import Envelope
+from tests.harness import RecordingTransport
 
 SETTINGS = dict(
     task="deepcox-gbsg2-balanced",
@@ -28,22 +28,11 @@ SETTINGS = dict(
 )
 
 
-class Recording(InProcessTransport):
-    def __init__(self, factory, ids):
-        super().__init__({c: client.handle for c, client in factory(ids).items()})
-        self.log: list[tuple[str, Envelope, Envelope]] = []
-
-    def request(self, peer, data):
-        reply = super().request(peer, data)
-        self.log.append((peer, Envelope.from_bytes(data), Envelope.from_bytes(reply)))
-        return reply
-
-
 def test_on_plain_the_ensemble_is_the_sample_weighted_mean_of_the_centres_scores():
     made = []
 
     def transport(factory, ids):
-        made.append(Recording(factory, ids))
+        made.append(RecordingTransport(factory, ids))
         return made[-1]
 
     result = secagg.run(**SETTINGS, backend="plain", transport=transport)

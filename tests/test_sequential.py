@@ -11,9 +11,8 @@ import secagg
 from secagg.clients.tasks import get_task
 from secagg.errors import ConfigError
 from secagg.protocols import make_protocol
-from secagg.server.transport import InProcessTransport
 from secagg.simulation.experiment import ExperimentConfig, release_budgets
-from secagg.wire import Envelope
+from tests.harness import RecordingTransport
 
 SETTINGS = dict(
     task="deepcox-gbsg2-balanced",
@@ -28,26 +27,13 @@ ENCRYPTED = {"backend_options": {"min_contributors": 1}}
 N_PARAMS = 8 * 8 + 8 + 8 * 4 + 4 + 4 + 1  # DeepCox 8-4 on GBSG2's 8 features
 
 
-class Recording(InProcessTransport):
-    """The clients' real handlers, with every request and reply kept as envelopes."""
-
-    def __init__(self, factory, ids):
-        super().__init__({c: client.handle for c, client in factory(ids).items()})
-        self.log: list[tuple[str, Envelope, Envelope]] = []
-
-    def request(self, peer, data):
-        reply = super().request(peer, data)
-        self.log.append((peer, Envelope.from_bytes(data), Envelope.from_bytes(reply)))
-        return reply
-
-
 def test_on_plain_each_centre_trains_from_its_predecessors_model():
     """Every hop starts from exactly what the previous centre returned, each centre is
     visited once a round in a new order, and W moves to the last centre's model."""
     made = []
 
     def transport(factory, ids):
-        made.append(Recording(factory, ids))
+        made.append(RecordingTransport(factory, ids))
         return made[-1]
 
     result = secagg.run(**SETTINGS, backend="plain", transport=transport)

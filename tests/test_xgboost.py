@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import xgboost
 
 import secagg
+from benchmarks.xgboost_trees import centralised
 from secagg.clients.tasks import trees
 from secagg.protocols import xgboost as fed
 
@@ -27,19 +27,7 @@ def run(backend="plain", rounds=TREES, split="label", **settings):
 
 def reference(n_trees=TREES):
     x, y, _, _ = trees.binned_pooled()
-    model = xgboost.XGBClassifier(
-        tree_method="hist",
-        max_bin=256,
-        max_depth=3,
-        learning_rate=0.3,
-        reg_lambda=1.0,
-        min_child_weight=1.0,
-        gamma=0.0,
-        n_estimators=n_trees,
-        base_score=0.5,
-        grow_policy="depthwise",
-    )
-    return model.fit(x, y)
+    return centralised(n_trees).fit(x, y)
 
 
 def test_the_federated_trees_are_xgboosts_hist_trees():
