@@ -65,6 +65,29 @@ from secagg.wire import Envelope, Field
 TIE, HESS_TOL, G_TOL = 1e-6, 1e-3, 1e-3
 
 
+def slot_width(depth: int) -> int:
+    """Values per tree: split feature and threshold per internal node, then the leaves."""
+    return 2 * (2**depth - 1) + 2**depth
+
+
+def ensemble_margin(trees: np.ndarray, x: np.ndarray, depth: int = 3) -> np.ndarray:
+    """Σ_t tree_t(x) for the encoded ensemble ``trees`` (numpy; the clients use this too)."""
+    width, internal = slot_width(depth), 2**depth - 1
+    slots = np.asarray(trees, dtype=np.float64).reshape(-1, width)
+    margin = np.zeros(len(x))
+    for slot in slots:
+        features, thresholds = slot[:internal], slot[internal : 2 * internal]
+        leaves = slot[2 * internal :]
+        node = np.zeros(len(x), dtype=np.int64)
+        for _ in range(depth):
+            f = features[node].astype(np.int64)
+            value = x[np.arange(len(x)), np.maximum(f - 1, 0)]
+            right = (f > 0) & (value > thresholds[node])
+            node = 2 * node + 1 + right
+        margin += leaves[node - internal]
+    return margin
+
+
 def gradients(margin: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     p = 1.0 / (1.0 + np.exp(-margin))
     return p - y, p * (1.0 - p)
@@ -166,8 +189,6 @@ class XGBoostClient(ClientHalf):
     def _state(client: ClientAPI, env: Envelope):
         cfg = env.config("xgb")
         depth, bins = int(cfg["depth"]), int(cfg["bins"])
-        from secagg.clients.tasks.trees import ensemble_margin
-
         x, y = client.features(), client.labels()
         if x.size and (x.min() < 0 or x.max() >= bins or np.any(x != np.round(x))):
             raise ConfigError(

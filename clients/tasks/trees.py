@@ -21,12 +21,11 @@ from torch import nn
 
 from secagg.clients.tasks.tabular import pooled, split_order
 from secagg.clients.tasks.tcga_brca import ClientData, FederatedData
+from secagg.protocols.xgboost import ensemble_margin, slot_width
+
+__all__ = ["ensemble_margin", "slot_width"]  # the model's arithmetic lives with the protocol
 
 BINS, DEPTH, MAX_TREES, N_CLIENTS = 16, 3, 50, 4
-
-
-def slot_width(depth: int) -> int:
-    return 2 * (2**depth - 1) + 2**depth
 
 
 def bin_edges(v: np.ndarray, bins: int = BINS) -> list[np.ndarray]:
@@ -63,24 +62,6 @@ def load(split: str = "iid") -> FederatedData:
         test=None,
         pooled_test=data(x_test, y_test),
     )
-
-
-def ensemble_margin(trees: np.ndarray, x: np.ndarray, depth: int = DEPTH) -> np.ndarray:
-    """Σ_t tree_t(x) for the encoded ensemble ``trees`` (numpy; the clients use this too)."""
-    width, internal = slot_width(depth), 2**depth - 1
-    slots = np.asarray(trees, dtype=np.float64).reshape(-1, width)
-    margin = np.zeros(len(x))
-    for slot in slots:
-        features, thresholds = slot[:internal], slot[internal : 2 * internal]
-        leaves = slot[2 * internal :]
-        node = np.zeros(len(x), dtype=np.int64)
-        for _ in range(depth):
-            f = features[node].astype(np.int64)
-            value = x[np.arange(len(x)), np.maximum(f - 1, 0)]
-            right = (f > 0) & (value > thresholds[node])
-            node = 2 * node + 1 + right
-        margin += leaves[node - internal]
-    return margin
 
 
 class TreeEnsemble(nn.Module):
