@@ -22,7 +22,7 @@ import pandas as pd
 from benchmarks.options import output_folder, positive
 from benchmarks.stats import markdown_table
 
-OUTPUTS = ("xgboost_trees.md", "xgboost_trees.csv")
+OUTPUTS = ("xgboost_trees.md", "xgboost_trees.csv", "xgboost_trees.png")
 SPLITS = ("iid", "label", "feature")
 RUNS = {
     "plain (float64)": ("plain", {"dtype": "float64"}, {}),
@@ -56,8 +56,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--trees", type=positive, default=20)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--overwrite", action="store_true")
+    parser.add_argument(
+        "--from-csv", type=Path, help="redraw the report from an earlier xgboost_trees.csv"
+    )
     args = parser.parse_args(argv)
     out = output_folder(parser, args.out, "xgboost_trees", OUTPUTS, args.overwrite)
+    if args.from_csv is not None:
+        frame = pd.read_csv(args.from_csv)
+        frame.to_csv(out / "xgboost_trees.csv", index=False)
+        write_report(out, frame, args.trees)
+        return
 
     from sklearn.metrics import roc_auc_score
 
@@ -107,19 +115,47 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{split:8s} {label:22s} acc {rows[-1]['test accuracy']:.4f}", flush=True)
     frame = pd.DataFrame(rows)
     frame.to_csv(out / "xgboost_trees.csv", index=False)
+    write_report(out, frame, args.trees)
+
+
+def write_report(out: Path, frame: pd.DataFrame, n_trees: int) -> None:
     same = frame[frame["max abs margin diff to xgboost (test)"] < 1e-5]
+    plot(frame, out / "xgboost_trees.png")
     text = (
         "# Federated XGBoost against xgboost's hist (GenoMed4All D6.2 §10.2)\n\n"
-        f"{args.trees} trees of depth 3, η 0.3, λ 1, min_child_weight 1, 16 shared bins, "
+        f"{n_trees} trees of depth 3, η 0.3, λ 1, min_child_weight 1, 16 shared bins, "
         "4 clients.\n\n"
         + markdown_table(frame.fillna(""), ".4g")
         + f"\n\n{len(same)} of {len(frame) - 1} federated runs build xgboost's trees (every "
         "margin within 1e-5 on the training and test sets): "
         + ", ".join(f"{r.split} / {r.run}" for r in same.itertuples())
-        + ".\n"
+        + ".\n\n![test accuracy and AUC per split and run](xgboost_trees.png)\n"
     )
     (out / "xgboost_trees.md").write_text(text)
     print(text)
+
+
+def plot(frame: pd.DataFrame, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [r for r in dict.fromkeys(frame["run"]) if r != "xgboost hist, centralised"]
+    reference = frame[frame["split"] == "pooled"].iloc[0]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
+    for ax, metric in zip(axes, ("test accuracy", "test AUC")):
+        for k, run in enumerate(runs):
+            g = frame[frame["run"] == run].set_index("split").reindex(list(SPLITS))
+            ax.bar(np.arange(len(SPLITS)) + (k - 2) * 0.15, g[metric], 0.15, label=run)
+        ax.axhline(reference[metric], color="k", ls="--", lw=1, label="xgboost hist (central)")
+        ax.set_xticks(range(len(SPLITS)), SPLITS)
+        ax.set_ylim(0.85, 1.0)
+        ax.set_title(metric)
+    axes[1].legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 if __name__ == "__main__":
