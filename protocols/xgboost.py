@@ -234,6 +234,13 @@ class XGBoostClient(ClientHalf):
 
 class XGBoost(Protocol):
     name = "xgboost"
+    #: with the default options; an instance's depend on its depth and top_s
+    capabilities = Capabilities(
+        reveals=("gradient_histograms", "n_features", "leaf_sums"),
+        reveals_per_round=4,
+        server_computes_update=True,
+        client_dp_compatible=False,
+    )
     client = XGBoostClient
     options = (
         Option("depth", "xgb-depth", int, 3, "tree depth (the task's model fixes it)"),

@@ -116,3 +116,10 @@ def test_xgboost_refuses_features_that_are_not_bins():
         task="breast-cancer-iid", protocol="xgboost", backend="plain", rounds=1, seeds=[0]
     )
     assert "use an xgb-* task" in result.aborted[0]
+
+
+def test_the_reveals_per_tree_follow_the_depth_and_the_proposal():
+    assert fed.XGBoost().capabilities == fed.XGBoost.capabilities  # the class shows defaults
+    assert fed.XGBoost(depth=5).capabilities.reveals_per_round == 6
+    top_s = fed.XGBoost(top_s=3).capabilities
+    assert top_s.reveals_per_round == 1 and "gradient_histograms" not in top_s.reveals
