@@ -200,6 +200,19 @@ TASKS = {
         )
         for split in TABULAR_SPLITS
     },
+    **{
+        f"bayes-mlp-breast-cancer-{split}": Task(
+            f"bayes-mlp-breast-cancer-{split}",
+            f"Bayesian MLP 30-8-1 (mean-field Gaussian q) on breast cancer, 4 clients, "
+            f"{split} split",
+            Ref(_BAYES, "load", (split,)),
+            Ref(_BAYES, "make_mlp"),
+            Ref(_TABULAR, "logistic_loss"),
+            Ref(_TABULAR, "sign_accuracy"),
+            "accuracy",
+        )
+        for split in TABULAR_SPLITS
+    },
     # the linear Cox model on the same splits (protocol coxph: the exact federated Cox model)
     **{
         f"coxph-{dataset}-{scenario}": coxph_task(dataset, scenario)

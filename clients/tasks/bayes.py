@@ -45,3 +45,34 @@ def load(split: str = "iid"):
 
 def make_model() -> nn.Module:
     return GaussianLogistic(30)
+
+
+class GaussianMLP(nn.Module):
+    """A mean-field Gaussian posterior over the weights of ``Linear(p, hidden) → tanh →
+    Linear(hidden, 1)`` (torch's parameter order), as natural parameters; its output is the
+    predictive log-odds, the Monte Carlo average of σ(f_θ(v)) over ``draws`` weight samples
+    from a fixed stream (the same predictive every time it is evaluated)."""
+
+    def __init__(self, n_features: int, hidden: int = 8, prior_precision: float = 1.0):
+        super().__init__()
+        self.n_features, self.hidden = n_features, hidden
+        d = n_features * hidden + 2 * hidden + 1
+        self.eta = nn.Parameter(torch.zeros(d))
+        self.precision = nn.Parameter(torch.full((d,), float(prior_precision)))
+
+    def forward(self, v: torch.Tensor, draws: int = 64) -> torch.Tensor:
+        p, h = self.n_features, self.hidden
+        precision = self.precision.clamp_min(1e-12).double()
+        mean, std = self.eta.double() / precision, precision.rsqrt()
+        noise = torch.randn(draws, mean.numel(), generator=torch.Generator().manual_seed(0))
+        theta = mean + std * noise.double()
+        w1 = theta[:, : p * h].reshape(draws, h, p)
+        b1, w2, b2 = theta[:, p * h : p * h + h], theta[:, p * h + h : -1], theta[:, -1]
+        hidden = torch.tanh(torch.einsum("np,shp->snh", v.double(), w1) + b1[:, None, :])
+        prob = torch.sigmoid(torch.einsum("snh,sh->sn", hidden, w2) + b2[:, None]).mean(0)
+        prob = prob.clamp(1e-12, 1 - 1e-12)
+        return torch.log(prob / (1 - prob)).to(v.dtype).reshape(-1, 1)
+
+
+def make_mlp() -> nn.Module:
+    return GaussianMLP(30)
