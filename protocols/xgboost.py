@@ -124,16 +124,23 @@ def histograms(
     return out
 
 
-def best_split(hist: np.ndarray, lam: float, min_child_weight: float) -> tuple[int, int, float]:
-    """(feature, threshold bin, gain) of one node's best split from its (features × bins × 2)
-    histogram; feature −1 when no split gains."""
-    g_left = np.cumsum(hist[:, :, 0], axis=1)[:, :-1]  # left: bins ≤ k
+def split_gains(hist: np.ndarray, lam: float, min_child_weight: float) -> np.ndarray:
+    """L_split of every (feature, threshold bin k: bins ≤ k go left) from one node's
+    (features × bins × 2) histogram; −inf where a child holds too little H."""
+    g_left = np.cumsum(hist[:, :, 0], axis=1)[:, :-1]
     h_left = np.cumsum(hist[:, :, 1], axis=1)[:, :-1]
     g_total, h_total = hist[0, :, 0].sum(), hist[0, :, 1].sum()
     g_right, h_right = g_total - g_left, h_total - h_left
     gain = g_left**2 / (h_left + lam) + g_right**2 / (h_right + lam) - g_total**2 / (h_total + lam)
     small = min_child_weight - HESS_TOL
     gain[(h_left < small) | (h_right < small)] = -np.inf
+    return gain
+
+
+def best_split(hist: np.ndarray, lam: float, min_child_weight: float) -> tuple[int, int, float]:
+    """(feature, threshold bin, gain) of one node's best split from its (features × bins × 2)
+    histogram; feature −1 when no split gains."""
+    gain = split_gains(hist, lam, min_child_weight)
     if gain.size == 0 or not np.isfinite(gain.max()) or gain.max() <= 0:
         return -1, 0, 0.0
     # gains within TIE of the best count as equal (small nodes often have several splits of
@@ -160,16 +167,7 @@ def leaf_weights(sums: np.ndarray, lam: float, eta: float) -> np.ndarray:
 
 def top_splits(hist: np.ndarray, lam: float, min_child_weight: float, s: int) -> list[list]:
     """A client's S best (feature, bin, gain) for one node by its own histogram."""
-    g_left = np.cumsum(hist[:, :, 0], axis=1)[:, :-1]
-    h_left = np.cumsum(hist[:, :, 1], axis=1)[:, :-1]
-    g_total, h_total = hist[0, :, 0].sum(), hist[0, :, 1].sum()
-    gain = (
-        g_left**2 / (h_left + lam)
-        + (g_total - g_left) ** 2 / (h_total - h_left + lam)
-        - g_total**2 / (h_total + lam)
-    )
-    small = min_child_weight - HESS_TOL
-    gain[(h_left < small) | (h_total - h_left < small)] = -np.inf
+    gain = split_gains(hist, lam, min_child_weight)
     order = np.argsort(gain, axis=None)[::-1][:s]
     return [
         [int(j), int(k), float(gain[j, k])]
@@ -358,6 +356,12 @@ class XGBoost(Protocol):
 
     def aggregate(self, ctx: RoundAPI, uploads: Mapping[str, Upload]) -> Any:
         slot = ctx.round
+        if ctx.n_params % self.width:
+            raise ConfigError(
+                f"a model of {ctx.n_params} values is no stack of depth-{self.depth} trees "
+                f"({self.width} values each): use an xgb-* task, with --xgb-depth at its "
+                "tree depth"
+            )
         if (slot + 1) * self.width > ctx.n_params:
             raise ConfigError(
                 f"the model holds {ctx.n_params // self.width} trees of depth {self.depth}; "

@@ -9,8 +9,9 @@ import pytest
 import secagg
 from secagg import wire
 from secagg.ckks.release import Descriptor, ReleasePolicy
-from secagg.errors import MalformedMessage, ReleaseRefused
-from secagg.protocols.ensemble import evaluation_set
+from secagg.errors import ConfigError, MalformedMessage, ReleaseRefused, StateError
+from secagg.protocols import make_protocol
+from secagg.protocols.ensemble import EnsembleClient, evaluation_set
 from secagg.server.audit import AuditLog
 from secagg.simulation.config import ExperimentConfig
 from secagg.simulation.experiment import run_seed
@@ -97,3 +98,29 @@ def test_evaluation_features_that_do_not_make_rows_are_a_typed_error():
     )
     with pytest.raises(MalformedMessage, match="rows of 3"):
         evaluation_set(Envelope.from_bytes(env.to_bytes()))
+
+
+@pytest.mark.parametrize(
+    "protocol, options, match",
+    [
+        ("coxph", {"penalizer": -1.0}, "penalizer >= 0"),
+        ("xgboost", {"eta": 0.0}, "eta > 0"),
+        ("xgboost", {"top_s": -1}, "top_s must be >= 0"),
+        ("pvi", {"damping": 0.0}, "0 < damping <= 1"),
+        ("pvi", {"samples": 0}, "samples >= 1"),
+        ("admm", {"problem": "elastic"}, "unknown ADMM problem"),
+    ],
+)
+def test_the_new_protocols_refuse_bad_settings_with_what_they_need(protocol, options, match):
+    with pytest.raises(ConfigError, match=match):
+        make_protocol(protocol, **options)
+
+
+def test_a_client_state_of_another_shape_is_refused_and_changes_nothing():
+    half = EnsembleClient()
+    half.own = np.ones(3)
+    with pytest.raises(StateError, match="holds \\['own'\\]"):
+        half.load_state_dict({"factor": np.ones(3)})
+    with pytest.raises(StateError, match="not vectors"):
+        half.load_state_dict({"own": np.ones((2, 2))})
+    np.testing.assert_array_equal(half.own, np.ones(3))

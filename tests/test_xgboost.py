@@ -8,8 +8,11 @@ import pytest
 
 import secagg
 from benchmarks.xgboost_trees import centralised
+from secagg import wire
 from secagg.clients.tasks import trees
+from secagg.errors import ConfigError
 from secagg.protocols import xgboost as fed
+from secagg.wire import Envelope
 
 TREES = 10
 
@@ -111,11 +114,33 @@ def test_best_split_is_the_brute_force_best():
     assert (feature, threshold) == best[1:] and gain == pytest.approx(best[0])
 
 
-def test_xgboost_refuses_features_that_are_not_bins():
-    result = secagg.run(
-        task="breast-cancer-iid", protocol="xgboost", backend="plain", rounds=1, seeds=[0]
+def test_xgboost_refuses_a_model_or_features_that_are_not_trees_and_bins():
+    with pytest.raises(ConfigError, match="use an xgb-\\* task"):  # a linear model
+        secagg.run(task="breast-cancer-iid", protocol="xgboost", backend="plain", rounds=1)
+
+    class Client:  # a tree-sized model over features that are not bin indices
+        id, n_params = "c", 22
+        model = np.zeros(22)
+
+        def features(self):
+            return np.array([[0.5, 3.0]])
+
+        def labels(self):
+            return np.array([1.0])
+
+    request = Envelope(
+        "server",
+        "c",
+        0,
+        "xgb_histograms",
+        {
+            "xgb": wire.config({"depth": 3, "bins": 16, "top_s": 0, "scale": 1.0}),
+            "tree": wire.vector(np.zeros(22)),
+            "level": wire.scalar(0),
+        },
     )
-    assert "use an xgb-* task" in result.aborted[0]
+    with pytest.raises(ConfigError, match="features as bin indices"):
+        fed.XGBoostClient.level(Client(), Envelope.from_bytes(request.to_bytes()))
 
 
 def test_the_reveals_per_tree_follow_the_depth_and_the_proposal():
@@ -123,3 +148,10 @@ def test_the_reveals_per_tree_follow_the_depth_and_the_proposal():
     assert fed.XGBoost(depth=5).capabilities.reveals_per_round == 6
     top_s = fed.XGBoost(top_s=3).capabilities
     assert top_s.reveals_per_round == 1 and "gradient_histograms" not in top_s.reveals
+
+
+def test_a_depth_the_tasks_model_does_not_hold_is_refused_before_any_tree():
+    with pytest.raises(ConfigError, match="with --xgb-depth at its tree depth"):
+        run(rounds=1, protocol_options={"depth": 4})
+    with pytest.raises(ConfigError, match="the model holds 50 trees of depth 3"):
+        run(rounds=51)
