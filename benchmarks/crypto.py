@@ -41,12 +41,19 @@ clients encrypt under it, the server loads the uploads, keeps their c1 halves an
 The threshold partials carry OpenFHE's fixed Gaussian noise (σ = 2^20), not flooding sized to a
 decryption budget, so their "with flooding" column is left empty, as is NVFlare's.
 
+``secagg lean``: the client-weighted preset (one 60-bit data prime): each client encrypts
+its update times its planned weight (k_i / 2^30) and the server only loads and adds; its
+flooding is sized for noise multipliers of 1 (``release.py``), its rel_error_noise is against
+Σ (k_i / 2^30)·x_i.
+
 NVFlare's default (``nvflare.app_opt.he``): TenSEAL context N=8192, coeff [60, 40, 40],
-scale 2^40, public-key encryption, one ``ckks_vector`` per layer (here: the whole vector as
-one layer), weighted sum as ``Σ w_i · vec_i`` (TenSEAL rescales after the plaintext product).
-NVFlare does not flood decryptions. The ``*_vs_nvflare`` columns compare each row with
-NVFlare's row of the same size and client count (NVFlare / ours: above 1, ours is smaller or
-faster).
+scale 2^40, one ``ckks_vector`` per layer (here: the whole vector as one layer), weighted sum
+as ``Σ w_i · vec_i`` (TenSEAL rescales after the plaintext product). NVFlare's provisioning
+builds the context for symmetric encryption (``NVFlare default``); TenSEAL's own default is
+public-key encryption (``NVFlare public-key``, a second row). NVFlare does not flood
+decryptions. The ``*_vs_nvflare`` columns compare each row with NVFlare's default row of the
+same size and client count (NVFlare / ours: above 1, ours is smaller or faster);
+``encrypt_s_per_M_vs_nvflare_pk`` with the public-key row.
 
 Writes crypto.csv and crypto.md into --out: by default a new folder
 results/bench/crypto-<YYYYmmdd-HHMMSS> under the current directory, so a run never replaces
@@ -71,13 +78,14 @@ from benchmarks.options import output_folder, positive
 from benchmarks.stats import markdown_table
 from secagg.ckks.flooding import error_bound, flooding_sigma
 from secagg.ckks.presets import PRESETS, CKKSPreset
-from secagg.ckks.public import PublicCKKS, quantise, to_bytes
+from secagg.ckks.public import CiphertextSum, PublicCKKS, applied_weight, quantise, to_bytes
 from secagg.ckks.secret import SecretKeyHolder
 from secagg.threshold import params as threshold
 from secagg.threshold.shares import KeyShare
 
 OUTPUTS = ("crypto.csv", "crypto.md")
 NVFLARE = "NVFlare default"
+NVFLARE_PK = "NVFlare public-key"
 #: the columns in the order the table shows them
 COLUMNS = [
     "config",
@@ -95,6 +103,7 @@ COLUMNS = [
     "rel_error_noise",
     "upload_B_per_param_vs_nvflare",
     "encrypt_s_per_M_vs_nvflare",
+    "encrypt_s_per_M_vs_nvflare_pk",
 ]
 
 
@@ -128,27 +137,50 @@ def quantised_sum(xs: list[np.ndarray], ks: list[int], weight_bits: int) -> np.n
 def bench_preset(
     preset: CKKSPreset, xs: list[np.ndarray], weights: list[float], repeats: int, rounds: int
 ) -> dict:
+    """One ckks preset. Server-weighted (compact, wide): clients encrypt x_i, the server
+    loads every upload and forms Σ k_i·ct_i. Client-weighted (lean): each client encrypts
+    (k_i / 2^30)·x_i with its planned weight applied, the server loads and adds."""
     n = xs[0].size
     keys = SecretKeyHolder(preset)
     server = PublicCKKS(preset)
-    bound = preset.headroom / len(xs)
-    uploads, t_enc = timed(lambda: keys.encrypt(xs[0], bound), repeats)
-    all_uploads = [uploads] + [keys.encrypt(x, bound) for x in xs[1:]]
+    bound = preset.client_bound(len(xs))
+    if preset.weighted_by_clients:
+        ks = [applied_weight(w, preset) for w in weights]
+        unit = preset.client_weight_unit
+        protect = [
+            partial(lambda x, k: keys.encrypt(x * (k / unit), bound), x, k) for x, k in zip(xs, ks)
+        ]
+        exact_quantised = quantised_sum(xs, ks, preset.client_weight_bits or 0)
+        noise_multipliers = [1] * len(xs)  # the server only adds
+        sum_scale = server.scale
+    else:
+        ks = [quantise(w, preset.weight_bits) for w in weights]
+        protect = [partial(keys.encrypt, x, bound) for x in xs]
+        exact_quantised = quantised_sum(xs, ks, preset.weight_bits)
+        noise_multipliers = ks
+        sum_scale = server.sum_scale
+    uploads, t_enc = timed(protect[0], repeats)
+    all_uploads = [uploads] + [p() for p in protect[1:]]
 
     def aggregate():
-        loaded = [server.load_ciphertexts(u, n) for u in all_uploads]
-        return [to_bytes(c) for c in server.weighted_sum(loaded, weights)]
+        total = CiphertextSum(server)
+        for u, w in zip(all_uploads, weights):
+            loaded = server.load_ciphertexts(u, n)
+            if preset.weighted_by_clients:
+                total.add_as_weighted(loaded)
+            else:
+                total.add(loaded, w, consume=True)
+        return [to_bytes(c) for c in total.result()]
 
     agg, t_agg = timed(aggregate, repeats)
     exact = weighted(xs, weights)
-    dec, t_dec = timed(lambda: keys.decrypt(agg, n, server.sum_scale), repeats)
+    dec, t_dec = timed(lambda: keys.decrypt(agg, n, sum_scale), repeats)
     # as a decryptor sizes it: every decryption the shared key may make, each client's
     # budget of one reveal per round times the number of clients (FedAvg opens nothing)
-    # and E from this sum's own integer weights over all its coefficients
-    ks = [quantise(w, preset.weight_bits) for w in weights]
-    error = error_bound(ks, len(agg) * preset.poly_modulus_degree, 30)
+    # and E from this sum's own noise multipliers over all its coefficients
+    error = error_bound(noise_multipliers, len(agg) * preset.poly_modulus_degree, 30)
     sigma = flooding_sigma(error, rounds * len(xs), 30)
-    flooded, _ = keys.decrypt_flooded(agg, n, server.sum_scale, sigma)
+    flooded, _ = keys.decrypt_flooded(agg, n, sum_scale, sigma)
     return {
         "upload_B_per_param": sum(map(len, uploads)) / n,
         "download_B_per_param": sum(map(len, agg)) / n,
@@ -157,14 +189,23 @@ def bench_preset(
         "decrypt_s_per_M": t_dec * 1e6 / n,
         "rel_error": relative_error(dec, exact),
         "rel_error_flooded": relative_error(flooded, exact),
-        "rel_error_noise": relative_error(dec, quantised_sum(xs, ks, preset.weight_bits)),
+        "rel_error_noise": relative_error(dec, exact_quantised),
     }
 
 
-def bench_nvflare(xs: list[np.ndarray], weights: list[float], repeats: int) -> dict:
+def bench_nvflare(
+    xs: list[np.ndarray], weights: list[float], repeats: int, symmetric: bool = True
+) -> dict:
+    """NVFlare's TenSEAL set-up: symmetric, as its provisioning builds the context, or
+    (``symmetric=False``) public-key encryption, TenSEAL's default."""
     n = xs[0].size
     ctx = ts.context(
-        ts.SCHEME_TYPE.CKKS, poly_modulus_degree=8192, coeff_mod_bit_sizes=[60, 40, 40]
+        ts.SCHEME_TYPE.CKKS,
+        poly_modulus_degree=8192,
+        coeff_mod_bit_sizes=[60, 40, 40],
+        encryption_type=(
+            ts.ENCRYPTION_TYPE.SYMMETRIC if symmetric else ts.ENCRYPTION_TYPE.ASYMMETRIC
+        ),
     )
     ctx.global_scale = 2.0**40
     server_ctx = ts.context_from(ctx.serialize(save_secret_key=False))
@@ -261,6 +302,7 @@ def measure(xs: list[np.ndarray], raw_weights: np.ndarray, repeats: int, rounds:
         for p in PRESETS.values()
     }
     configs[NVFLARE] = lambda: bench_nvflare(xs, weights, repeats)
+    configs[NVFLARE_PK] = lambda: bench_nvflare(xs, weights, repeats, symmetric=False)
     for p in threshold.PRESETS.values():
         configs[f"secagg threshold {p.name}"] = partial(bench_threshold, p, xs, weights, repeats)
     rows = []
@@ -278,6 +320,10 @@ def table(rows: list[dict]) -> pd.DataFrame:
         ref = g[g["config"] == NVFLARE].iloc[0]
         for col in ("upload_B_per_param", "encrypt_s_per_M"):
             frame.loc[g.index, f"{col}_vs_nvflare"] = ref[col] / g[col]
+        public_key = g[g["config"] == NVFLARE_PK]
+        if len(public_key):
+            ref_pk = public_key.iloc[0]["encrypt_s_per_M"]
+            frame.loc[g.index, "encrypt_s_per_M_vs_nvflare_pk"] = ref_pk / g["encrypt_s_per_M"]
     return frame
 
 

@@ -298,8 +298,10 @@ class Client:
             dp = cfg["client_dp"]
             self._g = noised_update(self._g, float(dp["clip"]), float(dp["sigma"]), self.rng)
         self._scalar_dp = cfg.get("scalar_dp", self._scalar_dp)
+        # a client-weighted CKKS preset: the planned weight this upload enters the sum with
+        weight = env.scalar("upload_weight") if "upload_weight" in env.fields else None
         reply = {
-            "pseudo_gradient": self.protect(self._g),
+            "pseudo_gradient": self._timed("protect", self.backend.protect, self._g, weight),
             "n_samples": wire.scalar(len(self.trainer.data)),
             **self._reports(cfg.get("reports", {})),
         }

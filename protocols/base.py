@@ -57,6 +57,9 @@ class Capabilities:
     #: the weights can be fixed before the uploads arrive, from each client's sample count
     #: (reported once, before round 0) and public state: see ``Protocol.planned_weights``
     streams: bool = False
+    #: the protocol converges to an exact optimum and needs its sums to about 1e-8 (ADMM):
+    #: on ckks it keeps the precise server-weighted default preset even where it streams
+    precise_sums: bool = False
     #: clients report their validation loss of the global model before round 0 and after
     #: every update (Auto-FedRL's reward); the engine then calls ``observe_validation``
     observes_validation: bool = False

@@ -380,6 +380,9 @@ class Server:
             self._enough(ctx, len(uploads))
             return self.protocol.aggregate(ctx, uploads), reports
         total: StreamedSum = ctx.running_sum(plan)
+        if self.backend.weights_at_client:  # each client applies its own planned weight
+            for c, request in requests.items():
+                request["upload_weight"] = wire.scalar(total.weights[c])
 
         def fold(client: str, env: wire.Envelope) -> None:
             loaded = upload(client, env)

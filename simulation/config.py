@@ -14,6 +14,9 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from secagg.backends import BACKENDS, resolve_options
+from secagg.ckks.presets import DEFAULT_PRESET as CKKS_DEFAULT
+from secagg.ckks.presets import STREAMING_PRESET as CKKS_STREAMING
+from secagg.ckks.presets import get_preset as get_ckks_preset
 from secagg.clients.tasks import get_task
 from secagg.dp import ClientDP, ScalarDP
 from secagg.errors import ConfigError
@@ -142,7 +145,16 @@ class ExperimentConfig:
             client_dp=self.client_dp is not None,
             validation=self.validation_split is not None,
         )
-        options = resolve_options(self.backend, self.backend_options)
+        options = self.resolved_backend_options()
+        streams = protocol.capabilities.streams and self.streaming
+        if self.backend == "ckks" and get_ckks_preset(options["preset"]).weighted_by_clients:
+            if not streams:
+                raise ConfigError(
+                    f"CKKS preset {options['preset']!r} has the clients apply weights fixed "
+                    f"before the uploads (a streaming run); {self.protocol} "
+                    + ("weighs its uploads after they arrive" if self.streaming else "is not")
+                    + f": use --ckks-preset {CKKS_DEFAULT}"
+                )
         if protocol.capabilities.single_contributor_releases and (
             options.get("min_contributors", 1) > 1
         ):
@@ -244,11 +256,23 @@ class ExperimentConfig:
             ),
         )
 
+    def resolved_backend_options(self) -> dict[str, Any]:
+        """The backend's options with defaults filled in. On ckks the default preset depends
+        on the protocol: ``lean`` (client-weighted, one data prime) where the protocol fixes
+        its weights before the uploads, the run streams and the protocol does not need
+        precise sums (``Capabilities.precise_sums``), else ``compact``."""
+        options = dict(self.backend_options)
+        if self.backend == "ckks" and "preset" not in options:
+            caps = PROTOCOLS[self.protocol].protocol.capabilities
+            lean = caps.streams and self.streaming and not caps.precise_sums
+            options["preset"] = CKKS_STREAMING if lean else CKKS_DEFAULT
+        return resolve_options(self.backend, options)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             **asdict(self),
             "resolved_server_opt": self.optimizer_config(),
-            "resolved_backend_options": resolve_options(self.backend, self.backend_options),
+            "resolved_backend_options": self.resolved_backend_options(),
         }
 
 

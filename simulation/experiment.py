@@ -270,7 +270,7 @@ class ClientFactory:
             make_client_backend(
                 config.backend,
                 cid,
-                config.backend_options,
+                config.resolved_backend_options(),
                 (self.provisions or {}).get(cid, Provision()),
             ),
             protocol=make_client_half(protocol, **options),
@@ -338,6 +338,8 @@ STAGES: dict[str, Stage] = {
         lambda c: replace(
             c,
             protocol="fedavg",
+            # the stage's clients are the run's: the run's preset, not fedavg's default
+            backend_options=c.resolved_backend_options(),
             server_opt={},
             protocol_options={},
             rounds=c.vae_rounds,
@@ -477,7 +479,7 @@ def _run(
             protocol,
             make_server_backend(
                 config.backend,
-                config.backend_options,
+                config.resolved_backend_options(),
                 signers if signers is not None else public_signers(factory.provisions or {}),
             ),
             make_optimizer({**server_step(config, protocol, len(ids)), "dim": initial.size}),

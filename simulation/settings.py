@@ -25,7 +25,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from secagg.backends import BACKENDS, resolve_options
+from secagg.backends import BACKENDS
 from secagg.errors import ConfigError
 from secagg.protocols import PROTOCOLS
 from secagg.simulation.config import ExperimentConfig
@@ -584,7 +584,7 @@ def from_config(config: ExperimentConfig) -> dict[str, Any]:
             values[key] = value
     if generic:
         values["protocol_option"] = generic
-    for name, value in resolve_options(config.backend, config.backend_options).items():
+    for name, value in config.resolved_backend_options().items():
         values[by_target[("backend", config.backend, name)]] = value
     return values
 

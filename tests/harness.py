@@ -40,18 +40,20 @@ class BackendRound:
         exchange = Exchange(self.round, list(self.clients), self.transport, self.audit)
         return RoundContext(exchange, self.n_values, self.server, None)
 
-    def upload(self, client: str, values: np.ndarray) -> Any:
-        """``client`` protects ``values``; the server loads the upload (a handle)."""
-        env = Envelope(
-            client, "server", self.round, "train", {"pseudo_gradient": self.protect(client, values)}
-        )
+    def upload(self, client: str, values: np.ndarray, weight: float | None = None) -> Any:
+        """``client`` protects ``values`` (times ``weight``, on a client-weighted preset);
+        the server loads the upload (a handle)."""
+        field = self.protect(client, values, weight)
+        env = Envelope(client, "server", self.round, "train", {"pseudo_gradient": field})
         return self.server.load(Envelope.from_bytes(env.to_bytes()), "pseudo_gradient", values.size)
 
-    def protect(self, client: str, values: np.ndarray) -> Field:
-        return self.clients[client].protect(np.asarray(values, dtype=np.float64))
+    def protect(self, client: str, values: np.ndarray, weight: float | None = None) -> Field:
+        return self.clients[client].protect(np.asarray(values, dtype=np.float64), weight)
 
-    def uploads(self, values: dict[str, np.ndarray]) -> dict[str, Any]:
-        return {c: self.upload(c, v) for c, v in values.items()}
+    def uploads(
+        self, values: dict[str, np.ndarray], weights: dict[str, float] | None = None
+    ) -> dict[str, Any]:
+        return {c: self.upload(c, v, (weights or {}).get(c)) for c, v in values.items()}
 
     def request(self, to: str, phase: str, fields: dict[str, Field]) -> Envelope:
         """A request from the server to ``to``, as the client receives it."""

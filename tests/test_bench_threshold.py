@@ -71,13 +71,27 @@ def test_one_table_holds_every_configuration_at_every_client_count(tmp_path):
     table = crypto.main(
         ["--sizes", "3000", "--clients", "2,3", "--repeats", "1", "--out", str(tmp_path)]
     )
-    configs = ["secagg compact", "secagg wide", crypto.NVFLARE]
+    configs = ["secagg compact", "secagg wide", "secagg lean", crypto.NVFLARE, crypto.NVFLARE_PK]
     configs += [f"secagg threshold {name}" for name in PRESETS]
     assert len(table) == 2 * len(configs)
     assert set(zip(table["config"], table["clients"])) == {
         (config, k) for config in configs for k in (2, 3)
     }
     assert (table["rel_error"] < 1e-3).all()
+    # the lean preset: the clients' weighted uploads, only added, sum like the others
+    lean = table[table["config"] == "secagg lean"]
+    assert (lean["rel_error_noise"] < 1e-9).all() and (lean["rel_error_flooded"] < 1e-2).all()
+    assert (
+        lean["upload_B_per_param"]
+        < table[table["config"] == "secagg compact"]["upload_B_per_param"].to_numpy()
+    ).all()
+    pk = table["encrypt_s_per_M_vs_nvflare_pk"]
+    assert (
+        pk.notna().all()
+        and (
+            table[table["config"] == crypto.NVFLARE_PK].eval("encrypt_s_per_M_vs_nvflare_pk") == 1
+        ).all()
+    )
     md = (tmp_path / "crypto.md").read_text()
     assert "| secagg threshold n8192 | 3000 | 3 |" in md and "nan" not in md
     assert pd.read_csv(tmp_path / "crypto.csv").shape == table.shape

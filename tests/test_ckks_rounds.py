@@ -117,11 +117,31 @@ def test_plain_and_ckks_give_the_same_model(protocol):
         cfg = replace(cfg, backend_options={"preset": "wide"})
     plain = run_experiment(replace(cfg, backend="plain", backend_options={}))
     ckks = run_experiment(cfg)
-    assert np.max(np.abs(plain.final_params[1] - ckks.final_params[1])) < 1e-5
-    assert (
-        plain.metrics["test_pooled"].round(4).tolist()
-        == ckks.metrics["test_pooled"].round(4).tolist()
+    difference = np.max(np.abs(plain.final_params[1] - ckks.final_params[1]))
+    metrics = np.abs(plain.metrics["test_pooled"] - ckks.metrics["test_pooled"]).max()
+    if cfg.resolved_backend_options()["preset"] == "lean":
+        # the streaming protocols' default: a revealed sum's flooding error is ~1e-5 here
+        # (one chunk, 6 clients; presets.py), against ~1e-9 on compact; adaptive steps
+        # divide it by sqrt(v). Measured: 6e-6 (fedavgm), 2e-5 (fedavg), 4.2e-4 (fedadam),
+        # 5.3e-3 (fedadagrad). A wrong weighting moves the model by ~1e-1
+        adaptive = cfg.optimizer_config()["name"] in ("adam", "yogi", "adagrad")
+        assert difference < (1e-2 if adaptive else 1e-3) and metrics < 5e-3
+    else:
+        assert difference < 1e-5
+        assert (
+            plain.metrics["test_pooled"].round(4).tolist()
+            == ckks.metrics["test_pooled"].round(4).tolist()
+        )
+
+
+def test_streaming_on_compact_sums_like_plain():
+    """The server-weighted running sum (compact) still gives plain's model to 1e-5."""
+    cfg = replace(
+        small("fedadam", rounds=3), server_opt={"tau": 1e-3}, backend_options={"preset": "compact"}
     )
+    plain = run_experiment(replace(cfg, backend="plain", backend_options={}))
+    ckks = run_experiment(cfg)
+    assert np.max(np.abs(plain.final_params[1] - ckks.final_params[1])) < 1e-5
 
 
 def test_secret_key_bytes_never_reach_the_server():

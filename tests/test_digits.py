@@ -53,4 +53,6 @@ def test_encrypted_fedavg_learns_digits_in_local_epochs():
     final = result.metrics[result.metrics["round"] == 3].iloc[0]
     assert final["test_pooled"] > 0.5  # from ~0.1 at random initialisation
     plain = run_experiment(replace(cfg, backend="plain"))
-    assert np.max(np.abs(plain.final_params[0] - result.final_params[0])) < 1e-5
+    # fedavg's default preset is lean, whose flooded sums are ~1e-4 off (measured 2.8e-4)
+    assert cfg.resolved_backend_options()["preset"] == "lean"
+    assert np.max(np.abs(plain.final_params[0] - result.final_params[0])) < 2e-3

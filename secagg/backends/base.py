@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from secagg.errors import ConfigError
+from secagg.errors import ConfigError, ProtocolStateError
 from secagg.options import Option
 from secagg.wire import Envelope, Field
 
@@ -57,8 +57,10 @@ class ClientBackend(ABC):
     name: str
 
     @abstractmethod
-    def protect(self, values: np.ndarray) -> Field:
-        """Encode (and, if the backend encrypts, encrypt) a flat vector for upload."""
+    def protect(self, values: np.ndarray, weight: float | None = None) -> Field:
+        """Encode (and, if the backend encrypts, encrypt) a flat vector for upload.
+        ``weight``: the planned weight the server asks the client to apply itself (only a
+        client-weighted CKKS preset does; the others refuse one, :func:`no_client_weight`)."""
 
     @abstractmethod
     def open(self, envelope: Envelope, name: str, length: int) -> np.ndarray:
@@ -84,6 +86,15 @@ class ClientBackend(ABC):
                 f"{sorted(state)}: restore a state exported by a {self.name} "
                 "client"
             )
+
+
+def no_client_weight(backend: str, weight: float | None) -> None:
+    """A backend whose server weights the sums refuses a weight sent for the client."""
+    if weight is not None:
+        raise ProtocolStateError(
+            f"the {backend} backend weights uploads on the server; refusing a weight "
+            "sent for the client to apply"
+        )
 
 
 class RunningSum(ABC):
@@ -118,6 +129,10 @@ class ServerBackend(ABC):
     can_read: bool
     #: plaintext items the backend's own phases show the server (public keys, confirmations)
     declares: tuple[str, ...] = ()
+    #: the clients apply a streamed sum's planned weights before protecting (the training
+    #: request carries each one's ``upload_weight``) and the server only adds; such a
+    #: backend can form no other weighted sum
+    weights_at_client: bool = False
 
     @abstractmethod
     def load(self, envelope: Envelope, name: str, length: int) -> Any:

@@ -42,6 +42,7 @@ from secagg.ckks.presets import CKKSPreset
 from secagg.ckks.public import (
     HEADER_BYTES,
     SEED_INFO_BYTES,
+    applied_weight,
     ciphertext_raw_bytes,
     inflate,
     params_fingerprint,
@@ -53,7 +54,7 @@ from secagg.ckks.release import (
     seed_digest,
 )
 from secagg.ckks.secret import SecretKeyHolder
-from secagg.errors import KeySetupError, ProtocolStateError, ReleaseRefused
+from secagg.errors import ConfigError, KeySetupError, ProtocolStateError, ReleaseRefused
 from secagg.wire import Envelope, Field
 
 
@@ -116,6 +117,8 @@ class CKKSClient(ClientBackend):
         self.releases_per_upload = dict(releases_per_upload or {"reveal": 1, "open": 1})
         #: digest of each upload this client made -> releases it consented to, by kind
         self.uploads: dict[str, dict[str, int]] = {}
+        #: on a client-weighted preset, digest of each upload -> the integer weight applied
+        self.applied: dict[str, int] = {}
         self._keys: SecretKeyHolder | None = None
         self._second_polys: SecondPolynomials | None = None
         self.decryptions = 0
@@ -152,6 +155,7 @@ class CKKSClient(ClientBackend):
         "last_flooding_sigma",
         "signing_key",
         "uploads",
+        "applied",
     )
 
     def state_dict(self) -> dict[str, Any]:
@@ -168,6 +172,7 @@ class CKKSClient(ClientBackend):
             "last_flooding_sigma": self.last_flooding_sigma,
             "signing_key": self._signer.private_bytes_raw(),
             "uploads": {d: dict(kinds) for d, kinds in self.uploads.items()},
+            "applied": dict(self.applied),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -187,6 +192,11 @@ class CKKSClient(ClientBackend):
         sigma = state["last_flooding_sigma"]
         wrapper, signer = restored_keys(self.id, state, self.roster, self.signers)
         uploads = restored_uploads(self.id, state["uploads"])
+        applied = state["applied"]
+        if not isinstance(applied, dict) or not all(
+            isinstance(d, str) and isinstance(k, int) and k > 0 for d, k in applied.items()
+        ):
+            raise KeySetupError(f"{self.id}: the state's record of applied weights is garbled")
         keys = (
             None
             if state["secret_key"] is None
@@ -194,7 +204,7 @@ class CKKSClient(ClientBackend):
         )
         self._wrapper, self._keys, self._signer = wrapper, keys, signer
         self._second_polys = None
-        self.uploads = uploads
+        self.uploads, self.applied = uploads, dict(applied)
         self.decryptions, self.opens = decryptions, opens
         self.last_flooding_sigma = None if sigma is None else float(sigma)
 
@@ -264,8 +274,27 @@ class CKKSClient(ClientBackend):
         return {"installed": wire.config({"params": self.fingerprint})}
 
     # ---- data path -------------------------------------------------------------------------
-    def protect(self, values: np.ndarray) -> Field:
-        bound = self.preset.headroom / len(self.roster)
+    def protect(self, values: np.ndarray, weight: float | None = None) -> Field:
+        """Encrypt ``values``; on a client-weighted preset, ``weight`` (the planned weight
+        the server sent with the training request) times ``values``, and the integer weight
+        applied is remembered: this client consents only to sums listing that weight."""
+        if self.preset.weighted_by_clients != (weight is not None):
+            raise ProtocolStateError(
+                f"{self.id}: CKKS preset {self.preset.name!r} "
+                + (
+                    "needs the upload's planned weight (the client applies it)"
+                    if weight is None
+                    else "weights on the server; refusing a weight sent for the client to apply"
+                )
+            )
+        bound = self.preset.client_bound(len(self.roster))
+        applied = None
+        if weight is not None:
+            try:
+                applied = applied_weight(weight, self.preset)
+            except ConfigError as exc:
+                raise ProtocolStateError(f"{self.id}: {exc}") from None
+            values = self.keys.checked(values, bound) * (applied / self.preset.client_weight_unit)
         parts = self.keys.encrypt(values, bound=bound)
         most = ciphertext_raw_bytes(
             self.preset.poly_modulus_degree, self.keys.public.n_primes, True
@@ -274,7 +303,10 @@ class CKKSClient(ClientBackend):
             inflate(memoryview(p)[HEADER_BYTES:], most, "own upload")[-SEED_INFO_BYTES:]
             for p in parts
         )
-        self.uploads[seed_digest(seeds)] = {}
+        digest = seed_digest(seeds)
+        self.uploads[digest] = {}
+        if applied is not None:
+            self.applied[digest] = applied
         return wire.ciphertext(parts)
 
     # ---- releases: consent, then reveal or open ---------------------------------------------
@@ -288,6 +320,7 @@ class CKKSClient(ClientBackend):
             uploads=self.uploads,
             releases_per_upload=self.releases_per_upload,
             signer=self._signer,
+            applied=self.applied if self.preset.weighted_by_clients else None,
         )
 
     def _checked(self, env: Envelope, field: str, kind: str, name: str | None = None):
@@ -297,6 +330,16 @@ class CKKSClient(ClientBackend):
         )
         seeds = [bytes(p) for p in env.ciphertext_parts(f"{field}.seeds")]
         check_entries(d, signatures, seeds, self.signers)
+        if self.preset.weighted_by_clients:
+            # the applied weights, signed by their clients, must add up to at most 1 (each
+            # rounded to the nearest unit: half a unit each over at most) since each client
+            # checked its values against the whole headroom
+            total = sum(k for _, k, _ in d.entries)
+            if 2 * total > 2 * self.preset.client_weight_unit + len(d.entries):
+                raise ReleaseRefused(
+                    f"{self.id}: the weights the clients applied to {d.name!r} add up to "
+                    f"{total / self.preset.client_weight_unit:.6g} > 1 (beyond the headroom)"
+                )
         cts = self.keys.load_aggregate(env.ciphertext_parts(field), d.n_values)
         if self._second_polys is None:
             self._second_polys = SecondPolynomials(self.keys.public, self.keys.seeded_template())
@@ -310,8 +353,11 @@ class CKKSClient(ClientBackend):
         if self.flooding_bits == 0:
             return 0.0
         total = (self.decryption_budget + self.open_budget) * len(self.roster)
+        # the server multiplied each upload's encryption noise by its k, or on a
+        # client-weighted preset only added (the clients weighted before encrypting)
+        multipliers = [1 if self.preset.weighted_by_clients else k for _, k, _ in d.entries]
         error = error_bound(
-            [k for _, k, _ in d.entries],
+            multipliers,
             d.chunks * self.preset.poly_modulus_degree,
             self.flooding_bits,
         )

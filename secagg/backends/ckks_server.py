@@ -22,9 +22,17 @@ from secagg import wire
 from secagg.backends.base import RunningSum, ServerBackend
 from secagg.backends.consent import gather_consents
 from secagg.ckks.presets import CKKSPreset
-from secagg.ckks.public import CiphertextSum, PublicCKKS, params_fingerprint, quantise, to_bytes
+from secagg.ckks.public import (
+    CiphertextSum,
+    PublicCKKS,
+    applied_weight,
+    params_fingerprint,
+    quantise,
+    to_bytes,
+)
 from secagg.ckks.release import Descriptor, Entry
 from secagg.errors import (
+    ConfigError,
     KeySetupError,
     MalformedCiphertext,
     RoundAborted,
@@ -57,6 +65,8 @@ class CKKSServer(ServerBackend):
         self.preset = preset
         self.public = PublicCKKS(preset)
         self.fingerprint = params_fingerprint(preset)
+        #: the clients apply the planned weights themselves (a client-weighted preset)
+        self.weights_at_client = preset.weighted_by_clients
         self.signers = dict(signers) if signers is not None else None
         self._reveals = 0
 
@@ -118,6 +128,12 @@ class CKKSServer(ServerBackend):
         return CKKSHandle(cts, length, self.public.scale, (Entry(envelope.sender, 0, seeds),))
 
     def weighted_sum(self, handles: Sequence[CKKSHandle], weights: Sequence[float]) -> CKKSHandle:
+        if self.weights_at_client:
+            raise ConfigError(
+                f"CKKS preset {self.preset.name!r} only adds uploads their clients weighted "
+                "before encrypting (a streaming run's planned weights); this protocol weights "
+                "after the uploads arrive: use the compact or wide preset"
+            )
         if any(h.scale != self.public.scale or len(h.entries) != 1 for h in handles):
             raise MalformedCiphertext("only fresh uploads can be summed")
         cts = self.public.weighted_sum([h.ciphertexts for h in handles], weights)
@@ -129,6 +145,8 @@ class CKKSServer(ServerBackend):
         )
 
     def running_sum(self, length: int) -> CKKSRunningSum:
+        if self.weights_at_client:
+            return ClientWeightedSum(self.public, length)
         return CKKSRunningSum(self.public, length)
 
     def to_field(self, handle: CKKSHandle) -> Field:
@@ -215,6 +233,25 @@ class CKKSRunningSum(RunningSum):
     def _result(self, normaliser: float) -> CKKSHandle:
         cts = self._sum.result(normaliser)
         return CKKSHandle(cts, self.length, cts[0].scale, tuple(self._entries))
+
+
+class ClientWeightedSum(CKKSRunningSum):
+    """A running sum of uploads their clients multiplied by the planned weight the server
+    sent them (a client-weighted preset): the server only adds. Each entry records that
+    weight as the integer its client applied, k = round(w · 2^client_weight_bits), which
+    the client signs in its consent and a decryptor checks (``CKKSClient``)."""
+
+    def add(self, handle: CKKSHandle, weight: float) -> None:
+        if (
+            handle.scale != self.public.scale
+            or handle.n_values != self.length
+            or len(handle.entries) != 1
+        ):
+            raise MalformedCiphertext("only fresh uploads of the model's length can be summed")
+        k = applied_weight(weight, self.public.preset)
+        self._sum.add_as_weighted(handle.ciphertexts)
+        (entry,) = handle.entries
+        self._entries.append(Entry(entry.client, k, entry.seeds))
 
 
 def _weighted(

@@ -55,9 +55,12 @@ def consent(
     uploads: dict[str, dict[str, int]],
     releases_per_upload: Mapping[str, int],
     signer: Ed25519PrivateKey,
+    applied: Mapping[str, int] | None = None,
 ) -> dict[str, Field]:
     """Sign ``d`` if it holds one of this client's ``uploads`` (digest -> releases so far,
-    by kind; counted here), within ``releases_per_upload`` and ``policy``."""
+    by kind; counted here), within ``releases_per_upload`` and ``policy``; with ``applied``
+    (a client-weighted preset: digest -> the integer weight the client multiplied that
+    upload by), only if ``d`` lists its upload with that weight."""
     policy.check(d)
     mine = [digest for client, _, digest in d.entries if client == client_id]
     if not mine or mine[0] not in uploads:
@@ -65,6 +68,13 @@ def consent(
             f"{client_id}: release {d.name!r} lists no upload this client made as its own "
             "(replayed or reattributed)"
         )
+    if applied is not None:
+        listed = [k for client, k, _ in d.entries if client == client_id][0]
+        if applied.get(mine[0]) != listed:
+            raise ReleaseRefused(
+                f"{client_id}: release {d.name!r} lists its upload with weight {listed}; "
+                f"it applied {applied.get(mine[0])} before encrypting"
+            )
     used = uploads[mine[0]]
     limit = releases_per_upload.get(d.kind, 0)
     if used.get(d.kind, 0) >= limit:

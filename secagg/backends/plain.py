@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from secagg import wire
-from secagg.backends.base import ClientBackend, RunningSum, ServerBackend
+from secagg.backends.base import ClientBackend, RunningSum, ServerBackend, no_client_weight
 from secagg.wire import Envelope, Field
 
 
@@ -18,7 +18,8 @@ class PlainClient(ClientBackend):
         # float32 is what the torch model holds: 4 bytes per parameter on the wire
         self.dtype = np.dtype(dtype)
 
-    def protect(self, values: np.ndarray) -> Field:
+    def protect(self, values: np.ndarray, weight: float | None = None) -> Field:
+        no_client_weight(self.name, weight)
         return wire.vector(np.asarray(values, dtype=self.dtype))
 
     def open(self, envelope: Envelope, name: str, length: int) -> np.ndarray:

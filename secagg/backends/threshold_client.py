@@ -22,7 +22,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from secagg import wire
-from secagg.backends.base import ClientBackend
+from secagg.backends.base import ClientBackend, no_client_weight
 from secagg.backends.consenting import (
     as_bytes,
     consent,
@@ -323,7 +323,8 @@ class ThresholdClient(ClientBackend):
         return {"installed": wire.config({"params": self.context.fingerprint})}
 
     # ---- data path -----------------------------------------------------------------------------
-    def protect(self, values: np.ndarray) -> Field:
+    def protect(self, values: np.ndarray, weight: float | None = None) -> Field:
+        no_client_weight(self.name, weight)
         if self._joint is None:
             raise ProtocolStateError(f"{self.id} has no joint key yet: key setup comes first")
         parts = self.context.encrypt(

@@ -399,7 +399,8 @@ class PublicCKKS:
 
         Uploads must carry the fresh scale Δ (or ``scale``). An ``aggregate`` (a weighted
         sum the server sends back) carries Δ·2^weight_bits, or less when the server
-        renormalised a sum some clients dropped out of: any scale in [Δ, Δ·2^weight_bits].
+        renormalised a sum some clients dropped out of: any scale in
+        [:attr:`min_aggregate_scale`, Δ·2^weight_bits].
         """
         expected = chunks_for(n_values, self.preset)
         if len(parts) != expected:
@@ -415,13 +416,13 @@ class PublicCKKS:
             if ct.size() != 2 or not ct.is_ntt_form():
                 raise MalformedCiphertext(f"ciphertext {i} has size {ct.size()}, expected 2")
             if aggregate:
-                if not self.scale <= ct.scale <= self.sum_scale or (
+                if not self.min_aggregate_scale <= ct.scale <= self.sum_scale or (
                     out and ct.scale != out[0].scale
                 ):
                     raise WrongContext(
                         f"aggregate ciphertext {i} has scale "
                         f"2^{np.log2(ct.scale):.1f}, outside [2^"
-                        f"{self.preset.scale_bits}, 2^"
+                        f"{np.log2(self.min_aggregate_scale):.0f}, 2^"
                         f"{self.preset.scale_bits + self.preset.weight_bits}] "
                         "or unlike the other chunks"
                     )
@@ -446,12 +447,32 @@ class PublicCKKS:
     def sum_scale(self) -> float:
         return self.scale * 2.0**self.preset.weight_bits
 
+    @property
+    def min_aggregate_scale(self) -> float:
+        """The smallest scale an aggregate may carry: a sum renormalised for dropouts by at
+        most 2^-20 (server weights: down to Δ; client weights: the sum is at Δ, so Δ·2^-20)."""
+        return self.sum_scale * 2.0 ** -max(self.preset.weight_bits, 20)
+
 
 def quantise(weight: float, weight_bits: int) -> int:
     """The integer k a weight becomes in a CKKS sum: SEAL encodes the constant w at scale
     2^wb as round(w·2^wb), half away from zero (C's ``round``)."""
     k = int(math.floor(abs(float(weight)) * 2.0**weight_bits + 0.5))
     return -k if weight < 0 else k
+
+
+def applied_weight(weight: float, preset: CKKSPreset) -> int:
+    """The integer k a client of a client-weighted preset multiplies its update by, as
+    k / 2^client_weight_bits: a planned weight in (0, 1] (anything else is refused: the
+    decryptors' headroom check needs the applied weights to add up to at most 1)."""
+    unit = preset.client_weight_unit
+    w = float(weight)
+    k = int(math.floor(w * unit + 0.5)) if 0.0 < w <= 1.0 else 0
+    if k == 0:
+        raise ConfigError(
+            f"a planned weight must lie in (0, 1] and be at least 1/{unit}; got {weight!r}"
+        )
+    return k
 
 
 class CiphertextSum:
@@ -467,6 +488,21 @@ class CiphertextSum:
         self.public = public
         self.chunks: list[seal.Ciphertext] | None = None
         self._wscale = 2.0**public.preset.weight_bits
+
+    def add_as_weighted(self, vector: list[seal.Ciphertext]) -> None:
+        """Fold in an upload its client weighted before encrypting (client-weighted presets):
+        a plain homomorphic addition, in place into the running sum (``vector`` is taken
+        over)."""
+        if self.chunks is not None and len(vector) != len(self.chunks):
+            raise MalformedCiphertext(
+                f"{len(vector)} chunks, the running sum has {len(self.chunks)}"
+            )
+        if self.chunks is None:
+            self.chunks = list(vector)
+            return
+        evaluator = self.public.evaluator
+        for acc, ct in zip(self.chunks, vector):
+            evaluator.add_inplace(acc, ct)
 
     def add(self, vector: list[seal.Ciphertext], weight: float, consume: bool = False) -> bool:
         """Fold ``weight · vector`` in; False if the weight rounds to zero at this preset's

@@ -268,9 +268,12 @@ class SecondPolynomials:
         if len(cts) != d.chunks:
             raise ReleaseRefused(f"{d.name}: {len(cts)} ciphertexts for {d.chunks} chunks")
         wscale = 2.0**self.public.preset.weight_bits
+        # on a client-weighted preset k is the weight the client applied before encrypting:
+        # the server only added, so each a_i enters the sum once
+        by_server = not self.public.preset.weighted_by_clients
         factors = {}
         for _, k, _ in d.entries:
-            if k not in factors:  # k / 2^wb · 2^wb = k exactly: what the server multiplied by
+            if by_server and k not in factors:  # k / 2^wb · 2^wb = k exactly
                 factors[k] = seal.Plaintext()
                 self.public.encoder.encode(k / wscale, cts[0].parms_id(), wscale, factors[k])
         for j, ct in enumerate(cts):
@@ -281,7 +284,8 @@ class SecondPolynomials:
                     j * SEED_INFO_BYTES : (j + 1) * SEED_INFO_BYTES
                 ]
                 a = self.public.load_trusted(uncompressed_blob(bytes(blob)))
-                self.public.evaluator.multiply_plain_inplace(a, factors[k])
+                if by_server:
+                    self.public.evaluator.multiply_plain_inplace(a, factors[k])
                 if expected is None:
                     expected = a
                 else:

@@ -101,18 +101,7 @@ class SecretKeyHolder:
         ``bound`` is the largest |value| the aggregate's headroom allows for one client;
         CKKS would overflow silently past it, so refuse instead.
         """
-        values = np.asarray(values, dtype=np.float64).ravel()
-        if not np.all(np.isfinite(values)):
-            raise ValueRangeError("refusing to encrypt non-finite values")
-        peak = float(np.max(np.abs(values))) if values.size else 0.0
-        if peak > bound:
-            i = int(np.argmax(np.abs(values)))
-            raise ValueRangeError(
-                f"value {values[i]:.6g} at index {i} exceeds the CKKS preset "
-                f"{self.preset.name!r} per-client bound {bound:.6g} (aggregate headroom "
-                f"{self.preset.headroom:.6g} shared by the clients); clip or rescale the "
-                "update, or choose the 'wide' preset"
-            )
+        values = self.checked(values, bound)
         per = self.preset.values_per_ciphertext
         half = per // 2
         out = []
@@ -124,6 +113,23 @@ class SecretKeyHolder:
             self._encoder.encode((chunk[:half] + 1j * chunk[half:]).tolist(), self.public.scale, pt)
             out.append(to_bytes(self._encryptor.encrypt_symmetric(pt)))
         return out
+
+    def checked(self, values: np.ndarray, bound: float) -> np.ndarray:
+        """``values`` as a flat float64 array, refused (ValueRangeError) if any is not
+        finite or exceeds ``bound``."""
+        values = np.asarray(values, dtype=np.float64).ravel()
+        if not np.all(np.isfinite(values)):
+            raise ValueRangeError("refusing to encrypt non-finite values")
+        peak = float(np.max(np.abs(values))) if values.size else 0.0
+        if peak > bound:
+            i = int(np.argmax(np.abs(values)))
+            raise ValueRangeError(
+                f"value {values[i]:.6g} at index {i} exceeds the CKKS preset "
+                f"{self.preset.name!r} per-client bound {bound:.6g} (aggregate headroom "
+                f"{self.preset.headroom:.6g}); clip or rescale the update, or choose the "
+                "'wide' preset"
+            )
+        return values
 
     # ---- decryption -----------------------------------------------------------------------
     def decrypt(

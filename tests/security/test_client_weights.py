@@ -1,0 +1,167 @@
+"""The client-weighted preset (``lean``): the clients apply the planned weights, the server
+only adds, and a server that deviates still gets nothing opened that the clients cannot check.
+
+Each attack goes through the real server half (its running sum, consent phase and reveal)
+and real client halves (``tests/harness.py``): the server sends the clients weights other
+than an honest plan, or lists weights other than those the clients applied.
+"""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from secagg.ckks.presets import get_preset
+from secagg.errors import ConfigError, ProtocolStateError, ReleaseRefused, RoundAborted
+from secagg.simulation.config import ExperimentConfig
+from tests.harness import BackendRound
+
+LEAN = get_preset("lean")
+IDS = ["client_0", "client_1", "client_2"]
+VALUES = {"client_0": 0.1, "client_1": 0.2, "client_2": 0.6}
+PLAN = {"client_0": 0.5, "client_1": 0.25, "client_2": 0.25}
+
+
+@pytest.fixture
+def run():
+    return BackendRound(IDS, 8, decryption_budget=4, reveal_length=8, preset="lean")
+
+
+def streamed(run, sent, listed, clients=IDS):
+    """The clients apply the weights ``sent``; the server folds their uploads into a
+    running sum planned with the weights ``listed`` (an honest server: the same)."""
+    ctx = run.ctx()
+    handles = run.uploads({c: np.full(8, VALUES[c]) for c in clients}, sent)
+    total = ctx.running_sum(listed)
+    for c in clients:
+        total.add(c, handles[c])
+    return ctx, total.result()
+
+
+def test_the_clients_weight_and_the_server_only_adds(run):
+    ctx, total = streamed(run, PLAN, PLAN)
+    expected = sum(PLAN[c] * VALUES[c] for c in IDS)  # 0.25, not the unweighted 0.9
+    np.testing.assert_allclose(ctx.reveal(total, "global_update"), expected, atol=1e-4)
+    # the descriptor lists the integer weight each client applied, and the decryptor's
+    # flooding is sized for noise multipliers of 1: the server multiplied nothing
+    assert [e.k for e in total.entries] == [
+        round(PLAN[c] * LEAN.client_weight_unit) for c in IDS
+    ]
+
+
+def test_a_client_that_drops_out_is_renormalised_away(run):
+    ctx, total = streamed(run, PLAN, PLAN, clients=["client_0", "client_2"])
+    expected = (0.5 * 0.1 + 0.25 * 0.6) / 0.75
+    np.testing.assert_allclose(ctx.reveal(total, "global_update"), expected, atol=1e-4)
+
+
+def test_a_near_one_hot_plan_is_refused(run):
+    """The server asks one client to weigh almost everything: each client applies what it
+    was sent, but no client consents to a sum one upload dominates."""
+    one_hot = {"client_0": 1e-4, "client_1": 0.9998, "client_2": 1e-4}
+    ctx, total = streamed(run, one_hot, one_hot)
+    with pytest.raises(RoundAborted, match="a sum one upload dominates"):
+        ctx.reveal(total, "global_update")
+    assert all(c.decryptions == 0 for c in run.clients.values())
+
+
+def test_weights_other_than_those_applied_get_no_consent(run):
+    """The server lists client_0's upload at 0.25 (it applied 0.5): with the listed weights
+    it would mis-scale, or with a one-hot listing single out, what the clients sent."""
+    ctx, total = streamed(run, PLAN, {**PLAN, "client_0": 0.25})
+    with pytest.raises(RoundAborted, match="it applied"):
+        ctx.reveal(total, "global_update")
+
+
+def all_ones(run):
+    """A server that tells every client to apply 1.0 and adds the uploads itself (the
+    engine's own plan would refuse weights that add up to more than 1)."""
+    ctx = run.ctx()
+    handles = run.uploads({c: np.full(8, VALUES[c]) for c in IDS}, dict.fromkeys(IDS, 1.0))
+    total = run.server.running_sum(8)
+    for c in IDS:
+        total.add(handles[c], 1.0)
+    return ctx, total.result()
+
+
+def test_applied_weights_above_one_in_all_are_refused(run):
+    """Every client told to apply 1.0: equal weights pass the share check, but the sum
+    could overflow the headroom each client checked its values against."""
+    ctx, total = all_ones(run)
+    with pytest.raises(RoundAborted, match=r"add up to 3 > 1"):
+        ctx.reveal(total, "global_update")
+
+
+def test_a_decryptor_checks_the_applied_weights_itself(run):
+    """The consents of an all-ones plan gathered by a server that skips its own checks:
+    the decryptor refuses the sum before decrypting."""
+    ctx, total = all_ones(run)
+    fields = run.server._release_fields(ctx, total, "global_update", "reveal", "aggregate")
+    with pytest.raises(ReleaseRefused, match="add up to 3"):
+        run.ask("client_0", "reveal", fields)
+    assert run.clients["client_0"].decryptions == 0
+
+
+@pytest.mark.parametrize("weight", [None, 0.0, -0.5, 1.5, float("nan"), 1e-12])
+def test_a_lean_client_refuses_to_upload_without_a_valid_weight(run, weight):
+    with pytest.raises(ProtocolStateError, match="weight"):
+        run.protect("client_0", np.ones(8), weight)
+    assert run.clients["client_0"].uploads == {}
+
+
+def test_a_server_weighted_client_refuses_a_weight_to_apply():
+    compact = BackendRound(IDS, 8, decryption_budget=4, reveal_length=8)
+    with pytest.raises(ProtocolStateError, match="weights on the server"):
+        compact.protect("client_0", np.ones(8), 0.5)
+    plain = BackendRound(IDS, 8, backend="plain")
+    with pytest.raises(ProtocolStateError, match="weights uploads on the server"):
+        plain.protect("client_0", np.ones(8), 0.5)
+
+
+def test_the_lean_server_forms_no_weighted_sum(run):
+    ctx = run.ctx()
+    handles = run.uploads({c: np.full(8, VALUES[c]) for c in IDS}, PLAN)
+    with pytest.raises(ConfigError, match="use the compact or wide preset"):
+        ctx.weighted_sum(handles, PLAN)
+
+
+def test_each_client_may_use_the_whole_headroom(run):
+    """Client weights add up to at most 1, so a client's bound is the headroom itself (22),
+    not the headroom shared by the roster as on compact."""
+    big = np.full(8, 0.9 * LEAN.headroom)
+    run.protect("client_0", big, 0.5)
+    with pytest.raises(Exception, match="per-client bound"):
+        run.protect("client_1", 1.2 * big, 0.5)
+
+
+def test_the_applied_weights_survive_a_state_export(run):
+    streamed(run, PLAN, PLAN)
+    client = run.clients["client_0"]
+    state = client.state_dict()
+    assert list(state["applied"].values()) == [LEAN.client_weight_unit // 2]
+    client.applied = {}
+    client.load_state_dict(state)
+    assert list(client.applied.values()) == [LEAN.client_weight_unit // 2]
+    with pytest.raises(Exception, match="applied weights is garbled"):
+        client.load_state_dict({**state, "applied": {"d": -1}})
+
+
+def test_the_default_preset_follows_the_protocol():
+    def preset(**changes):
+        cfg = replace(ExperimentConfig(backend="ckks"), **changes).validate()
+        return cfg.resolved_backend_options()["preset"]
+
+    assert preset(protocol="fedavg") == "lean"
+    assert preset(protocol="fedadam") == "lean"
+    assert preset(protocol="fedavg", streaming=False) == "compact"
+    assert preset(protocol="larc") == "compact"  # weights after the uploads
+    assert preset(protocol="admm", task="diabetes-label") == "compact"  # precise sums
+    assert preset(protocol="fedavg", backend_options={"preset": "wide"}) == "wide"
+    with pytest.raises(ConfigError, match="weighs its uploads after they arrive"):
+        replace(
+            ExperimentConfig(backend="ckks"), protocol="larc", backend_options={"preset": "lean"}
+        ).validate()
+    with pytest.raises(ConfigError, match="is not"):
+        replace(
+            ExperimentConfig(backend="ckks"), streaming=False, backend_options={"preset": "lean"}
+        ).validate()
