@@ -44,9 +44,7 @@ def test_the_clients_weight_and_the_server_only_adds(run):
     np.testing.assert_allclose(ctx.reveal(total, "global_update"), expected, atol=1e-4)
     # the descriptor lists the integer weight each client applied, and the decryptor's
     # flooding is sized for noise multipliers of 1: the server multiplied nothing
-    assert [e.k for e in total.entries] == [
-        round(PLAN[c] * LEAN.client_weight_unit) for c in IDS
-    ]
+    assert [e.k for e in total.entries] == [round(PLAN[c] * LEAN.client_weight_unit) for c in IDS]
 
 
 def test_a_client_that_drops_out_is_renormalised_away(run):
