@@ -3,7 +3,8 @@
     python -m benchmarks.overhead [--quick] [--sweep sizes,clients,dp,threshold] [--out DIR]
     secagg bench overhead ...          (the same)
 
-Every configuration runs the real engine (FedAdam, streaming aggregation), real clients
+Every configuration runs the real engine (FedAdam, streaming aggregation, CKKS preset ``lean``
+unless stated: the clients apply their weights, the server only adds), real clients
 (``clients.runtime.Client``) in ``--workers`` worker processes, and the real backends, and
 is measured round by round:
 
@@ -22,11 +23,12 @@ per round; ``synthetic`` skips training (each client uploads a fresh random vect
 round is pure protocol and crypto overhead. Sweeps (``--sweep``):
 
 - ``ratio``: 1e6 parameters × 10 clients, plain and ckks alternately, ``--repeats`` times:
-  the headline ratio, robust to the machine's load drifting between configurations;
+  the headline ratio, robust to the machine's load drifting between configurations; each
+  repeat also runs LARC (mlp, ckks on ``compact``: its weights come after the uploads);
 - ``sizes``: 1e3 ... 1e7 parameters at 10 clients, plain vs ckks, both workloads;
 - ``clients``: 2 ... 100 clients at 1e6 parameters, plain vs ckks, both workloads;
 - ``dp``: client-level DP (clip 1, z* 1) on and off, plain vs ckks, 1e6 × 10, mlp;
-- ``presets``: CKKS ``compact`` vs ``wide`` at 1e6 × 10;
+- ``presets``: CKKS ``lean`` vs ``compact`` vs ``wide`` at 1e6 × 10;
 - ``buffered``: the server without streaming, ckks synthetic, 1e6 parameters, to show why
   streaming matters for memory;
 - ``steps``: mlp 1e6 × 10 at 1, 2 and 4 times ``--local-steps``: how much local training
@@ -62,14 +64,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import multiprocessing as mp
 import os
+import pickle
 import platform
+import subprocess
 import sys
+import tempfile
 import time
-import traceback
-from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -81,26 +82,18 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from benchmarks.options import output_folder, positive  # noqa: E402
+from benchmarks.rounds import (  # noqa: E402, F401 - the workloads, re-exported for tests
+    CKKS_PRESET,
+    MB,
+    SyntheticTrainer,
+    Workload,
+    initial_params,
+    measure_rounds,
+    mlp,
+    mlp_width,
+    preset_option,
+)
 from benchmarks.stats import markdown_table  # noqa: E402
-from secagg.backends import (  # noqa: E402
-    Provision,
-    make_client_backend,
-    make_server_backend,
-    provision,
-    public_signers,
-)
-from secagg.dp import ClientDP  # noqa: E402
-from secagg.protocols import make_protocol  # noqa: E402
-from secagg.protocols.optimizers import StepSchedule, make_optimizer  # noqa: E402
-from secagg.server.audit import AuditLog  # noqa: E402
-from secagg.server.engine import Server
-from secagg.server.plan import RunPolicy, TrainingPlan  # noqa: E402
-from secagg.simulation.workers import (  # noqa: E402
-    WorkerPoolTransport,
-    current_rss_bytes,
-    peak_rss_bytes,
-    reset_peak_rss,
-)
 
 SIZES = (1_000, 10_000, 100_000, 1_000_000, 10_000_000)
 CLIENTS = (2, 5, 10, 20, 50, 100)
@@ -122,6 +115,7 @@ THRESHOLD_PRESET = "n8192"
 THRESHOLD_TARGET = 3.0
 #: what identifies a configuration (a row of the summary)
 CONFIG_KEYS = [
+    "protocol",
     "kind",
     "backend",
     "preset",
@@ -132,139 +126,8 @@ CONFIG_KEYS = [
     "client_dp",
     "streaming",
 ]
-MB = 1024**2
-
-
-# ---- workloads: built inside the worker processes, so they must pickle -------------------
-def mlp_width(n_params: int) -> int:
-    """h such that an MLP 64-h-h-10 has about ``n_params`` parameters: h² + 76h + 10 = n."""
-    return max(1, round((-76 + math.sqrt(76**2 - 4 * (10 - n_params))) / 2))
-
-
-def mlp(width: int):
-    from torch import nn
-
-    return nn.Sequential(
-        nn.Linear(64, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10)
-    )
-
-
-class SyntheticTrainer:
-    """Stands in for local training: a fresh pseudo-gradient of small values each round, at
-    the cost of drawing it. Enough of LocalTrainer's interface for FedAvg-family rounds."""
-
-    batch_size = 32
-
-    def __init__(self, n_params: int, n_samples: int, seed: int):
-        self.n_params = n_params
-        self.data = range(n_samples)  # only its length is used: the reported n_samples
-        self.rng = np.random.default_rng(seed)
-
-    def train(self, w: np.ndarray, lr: float, steps: int, prox_mu: float = 0.0) -> np.ndarray:
-        return self.rng.normal(0.0, 0.01, self.n_params)
-
-
-def preset_option(backend: str, preset: str) -> dict[str, str]:
-    """The preset as a backend option (plain takes none)."""
-    return {"preset": preset} if backend in ("ckks", "threshold") else {}
-
-
-@dataclass(frozen=True)
-class Workload:
-    """One configuration's clients (picklable: each worker builds its own share)."""
-
-    kind: str  # "mlp" or "synthetic"
-    n_params: int
-    n_clients: int
-    backend: str
-    preset: str = "compact"
-    local_steps: int = 100
-    batch_size: int = 32
-    seed: int = 0
-    #: every client's identity, the roster and the budgets, made once in the parent (each
-    #: worker builds only its share of the clients, all with the one roster)
-    provisions: dict[str, Provision] | None = field(default=None, compare=False, hash=False)
-
-    def model_params(self) -> int:
-        if self.kind == "synthetic":
-            return self.n_params
-        width = mlp_width(self.n_params)
-        return width * width + 76 * width + 10
-
-    def __call__(self, ids: list[str]) -> dict[str, Any]:
-        from secagg.clients.runtime import Client
-
-        options = preset_option(self.backend, self.preset)
-        backends = {
-            c: make_client_backend(
-                self.backend, c, options, (self.provisions or {}).get(c, Provision())
-            )
-            for c in ids
-        }
-        clients = {}
-        for cid in ids:
-            k = int(cid.rsplit("_", 1)[1])
-            if self.kind == "synthetic":
-                trainer = SyntheticTrainer(self.n_params, 100, self.seed * 1000 + k)
-            else:
-                trainer = self._mlp_trainer(k)
-            clients[cid] = Client(cid, trainer, backends[cid], seed=self.seed * 1000 + k + 500)
-        return clients
-
-    def _mlp_trainer(self, k: int):
-        import torch
-        from sklearn.datasets import load_digits
-
-        from secagg.clients.tasks.digits import cross_entropy
-        from secagg.clients.tasks.tcga_brca import ClientData
-        from secagg.clients.training import LocalTrainer
-
-        digits = load_digits()
-        order = np.random.default_rng(self.seed).permutation(len(digits.target))
-        mine = order[k :: self.n_clients]  # IID: every client a 1/K slice of the samples
-        data = ClientData(
-            torch.from_numpy((digits.data[mine] / 16).astype(np.float32)),
-            torch.from_numpy(digits.target[mine].astype(np.int64)),
-        )
-        torch.manual_seed(self.seed * 1000 + k)
-        return LocalTrainer(
-            mlp(mlp_width(self.n_params)),
-            data,
-            cross_entropy,
-            self.batch_size,
-            seed=self.seed * 1000 + k,
-        )
-
-
-# ---- one configuration -------------------------------------------------------------------
-def initial_params(workload: Workload) -> np.ndarray:
-    if workload.kind == "synthetic":
-        return np.zeros(workload.n_params)
-    import torch
-
-    from secagg.clients.training import flat_params
-
-    torch.manual_seed(workload.seed)
-    return flat_params(mlp(mlp_width(workload.n_params)))
-
-
-def bytes_by_message(records: list[dict]) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for r in records:
-        if r["event"] == "message":
-            key = f"bytes_{r['phase']}_{'up' if r['direction'] == 'received' else 'down'}"
-            out[key] = out.get(key, 0) + r["bytes"]
-    return out
-
-
-def client_seconds(stats: list[dict]) -> dict[str, float]:
-    """Seconds per component summed over every client of every worker."""
-    total: dict[str, float] = {}
-    for worker in stats:
-        for seconds in worker["clients"].values():
-            for key, value in seconds.items():
-                total[key] = total.get(key, 0.0) + value
-    return total
+#: the repository root: the server process runs ``python -m benchmarks.rounds`` from it
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_config(
@@ -275,130 +138,27 @@ def run_config(
     streaming: bool = True,
     label: str = "",
 ) -> list[dict[str, Any]]:
-    """Run one configuration in a fresh server process, so that its peak memory is this
-    configuration's alone (this process has run others, and imported torch)."""
-    ctx = mp.get_context("spawn")
-    receive, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(
-        target=_server_process,
-        args=(
-            send,
-            workload,
-            initial_params(workload),
-            rounds,
-            workers,
-            client_dp,
-            streaming,
-            label,
-        ),
-    )
-    proc.start()
-    send.close()
-    try:
-        status, payload = receive.recv()
-    except EOFError:
-        status, payload = "failed", f"server process died (exit code {proc.exitcode})"
-    proc.join()
+    """Run one configuration in a fresh server process (``benchmarks.rounds``), so that its
+    peak memory is this configuration's alone and the server's as it would run: this
+    process has run others, and imported torch, pandas and matplotlib."""
+    args = (workload, initial_params(workload), rounds, workers, client_dp, streaming, label)
+    with tempfile.TemporaryDirectory(prefix="secagg-overhead-") as folder:
+        given, result = Path(folder) / "args.pickle", Path(folder) / "result.pickle"
+        given.write_bytes(pickle.dumps(args))
+        done = subprocess.run(
+            [sys.executable, "-m", "benchmarks.rounds", str(given), str(result)],
+            cwd=ROOT,
+        )
+        if not result.exists():
+            raise RuntimeError(
+                f"configuration {workload} failed: server process exit code {done.returncode}"
+            )
+        status, payload = pickle.loads(result.read_bytes())
     if status != "ok":
         raise RuntimeError(f"configuration {workload} failed:\n{payload}")
     return payload
 
 
-def _server_process(conn, *args) -> None:
-    try:
-        conn.send(("ok", measure_rounds(*args)))
-    except BaseException:  # noqa: BLE001 - reported to the parent
-        conn.send(("failed", traceback.format_exc()))
-
-
-def measure_rounds(
-    workload: Workload,
-    initial: np.ndarray,
-    rounds: int,
-    workers: int,
-    client_dp: bool,
-    streaming: bool,
-    label: str,
-) -> list[dict[str, Any]]:
-    """Run ``rounds`` rounds of one configuration; one measurement row per round."""
-    ids = [f"client_{k}" for k in range(workload.n_clients)]
-    dp = ClientDP(1.0, 1.0, len(ids)) if client_dp else None
-    if workload.backend != "plain":
-        workload = replace(workload, provisions=provision(ids, rounds, initial.size))
-    server_backend = make_server_backend(
-        workload.backend,
-        preset_option(workload.backend, workload.preset),
-        public_signers(workload.provisions or {}),
-    )
-    rows = []
-    with WorkerPoolTransport(workload, ids, workers) as transport:
-        audit = AuditLog()
-        server = Server(
-            make_protocol("fedadam"),
-            server_backend,
-            make_optimizer({"name": "adam", "lr": 0.01, "dim": initial.size}),
-            transport,
-            initial,
-            plan=TrainingPlan(
-                client_lr=StepSchedule.parse("0.05"), local_steps=workload.local_steps, client_dp=dp
-            ),
-            policy=RunPolicy(streaming=streaming),
-            audit=audit,
-        )
-        start = time.perf_counter()
-        server.setup(rounds)
-        setup_seconds = time.perf_counter() - start
-        setup_bytes = sum(r["bytes"] for r in audit.records if r["event"] == "message")
-        before = client_seconds(transport.stats())
-        for rnd in range(rounds):
-            transport.reset_peaks()
-            first = len(audit.records)
-            baseline = current_rss_bytes()
-            reset_peak_rss()
-            start = time.perf_counter()
-            report = server.run_round(rnd)
-            wall = time.perf_counter() - start
-            server_peak = peak_rss_bytes()
-            stats = transport.stats()
-            after = client_seconds(stats)
-            spent = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
-            before = after
-            row = {
-                "label": label,
-                **{k: v for k, v in asdict(workload).items() if k != "provisions"},
-                "model_params": initial.size,
-                "warm": rnd > 0,
-                "workers": transport.workers,
-                "client_dp": client_dp,
-                "streaming": streaming and server.streaming,
-                "round": rnd,
-                "clients_used": len(report.clients),
-                "excluded": len(report.excluded),
-                "wall_s": wall,
-                "setup_s": setup_seconds,
-                "setup_bytes": setup_bytes,
-                **{f"server_{k}_s": v for k, v in report.seconds.items()},
-                "clients_train_s": spent.get("train", 0.0),
-                "clients_protect_s": spent.get("protect", 0.0),
-                "clients_open_s": spent.get("open", 0.0),
-                "decryptor_reveal_s": spent.get("phase:reveal", 0.0),
-                "clients_consent_s": spent.get("phase:consent", 0.0),
-                # threshold: every holder's partial decryption, its own recomputation of
-                # the sum from the c1 halves included (summed over holders)
-                "holders_partial_s": spent.get("phase:decrypt_share", 0.0),
-                "clients_envelope_s": spent.get("phase:train", 0.0)
-                - spent.get("train", 0)
-                - spent.get("protect", 0.0),
-                **bytes_by_message(audit.records[first:]),
-                "server_peak_rss_MB": server_peak / MB,
-                "server_rss_before_MB": baseline / MB,
-                "worker_peak_rss_MB": max(s["peak_rss_bytes"] for s in stats) / MB,
-            }
-            rows.append(row)
-    return rows
-
-
-# ---- sweeps ------------------------------------------------------------------------------
 def headline_size(quick: bool) -> int:
     """Parameters of the configurations the sweeps share (10 clients, DP, presets...)."""
     return QUICK_SIZES[-1] if quick else 1_000_000
@@ -444,7 +204,7 @@ def plan(
         out += [
             ("presets", Workload(kind, n, 10, "ckks", preset, local_steps=steps), {})
             for kind in (("synthetic",) if quick else ("synthetic", "mlp"))
-            for preset in ("compact", "wide")
+            for preset in ("lean", "compact", "wide")
         ]
     if "buffered" in sweeps:
         out += [
@@ -456,12 +216,21 @@ def plan(
             for k in ((10,) if quick else (10, 20, 50, 100))
         ]
     if "ratio" in sweeps:  # the headline ratio from interleaved runs, against drift
-        out += [
-            (f"ratio#{rep}", Workload(kind, n, 10, backend, local_steps=steps), {})
-            for rep in range(repeats)
-            for kind in ("mlp", "synthetic")
-            for backend in ("plain", "ckks")
-        ]
+        for rep in range(repeats):
+            out += [
+                (f"ratio#{rep}", Workload(kind, n, 10, backend, local_steps=steps), {})
+                for kind in ("mlp", "synthetic")
+                for backend in ("plain", "ckks")
+            ]
+            # LARC weighs the uploads after they arrive: the server-weighted compact preset
+            out += [
+                (
+                    f"ratio#{rep}",
+                    Workload("mlp", n, 10, backend, "compact", "larc", local_steps=steps),
+                    {},
+                )
+                for backend in ("plain", "ckks")
+            ]
     if "steps" in sweeps:  # how much local training hides the crypto
         out += [
             ("steps", Workload("mlp", n, 10, backend, local_steps=steps * f), {})
@@ -637,9 +406,11 @@ def breakdown_table(summary: pd.DataFrame) -> pd.DataFrame:
 
 
 def main_rows(summary: pd.DataFrame, steps: int = 100) -> pd.DataFrame:
-    """The default setting: compact preset, streaming, no DP, the run's local steps."""
+    """The default setting: FedAdam, its default preset (lean), streaming, no DP, the run's
+    local steps."""
     return summary[
-        (summary["preset"] == "compact")
+        (summary["protocol"] == "fedadam")
+        & (summary["preset"] == CKKS_PRESET)
         & summary["streaming"]
         & ~summary["client_dp"]
         & (summary["local_steps"] == steps)
@@ -664,10 +435,11 @@ def paired_ratios(rounds: pd.DataFrame) -> dict[str, list[float]]:
     """ckks/plain per interleaved repeat (medians of its warm rounds), per workload."""
     out: dict[str, list[float]] = {}
     rep = rounds[rounds["label"].astype(str).str.startswith("ratio") & rounds["warm"]]
-    for (kind, label), g in rep.groupby(["kind", "label"]):
+    for (protocol, kind, label), g in rep.groupby(["protocol", "kind", "label"]):
         walls = g.groupby("backend")["wall_s"].median()
         if {"plain", "ckks"} <= set(walls.index):
-            out.setdefault(kind, []).append(float(walls["ckks"] / walls["plain"]))
+            key = kind if protocol == "fedadam" else f"{kind} {protocol}"
+            out.setdefault(key, []).append(float(walls["ckks"] / walls["plain"]))
     return out
 
 
@@ -709,6 +481,13 @@ def targets(
                 + f" {ratio:.2f}× (target ≤ 1.5×: "
                 f"{'met' if ratio <= 1.5 else 'NOT met'})"
             )
+    larc = (paired or {}).get("mlp larc", [])
+    if larc:
+        out.append(
+            f"- {n:.0e} parameters, 10 clients, mlp, LARC (weights after the uploads: "
+            f"preset compact): paired ratios {', '.join(f'{r:.2f}' for r in larc)}, median "
+            f"{float(np.median(larc)):.2f}× (stated, not a target)"
+        )
     for kind in ("synthetic", "mlp"):
         c10, c100 = pick(kind, "ckks", 10), pick(kind, "ckks", 100)
         if c100 is not None:
@@ -905,8 +684,10 @@ def write_report(
     m = machine()
     n = headline_size(args.quick)
     main = main_rows(summary, args.local_steps)
+    # the tables describe FedAdam; LARC's paired ratio is among the targets
     summary = summary[
-        summary["local_steps"].isin(
+        (summary["protocol"] == "fedadam")
+        & summary["local_steps"].isin(
             [args.local_steps]
             + ([args.local_steps * f for f in (2, 4)] if "steps" in args.sweep else [])
         )
@@ -920,8 +701,10 @@ def write_report(
         f"{m['os']}.",
         "",
         f"Setting: FedAdam, streaming aggregation, clients in {args.workers} worker "
-        "processes; CKKS preset `compact` (N=4096, 128-bit security, 30-bit noise "
-        f"flooding) unless stated. Each configuration runs {args.rounds} rounds in a "
+        "processes; CKKS preset `lean` (N=4096, one 60-bit data prime: the clients apply "
+        "their planned weights and the server only adds; 128-bit security, 30-bit noise "
+        "flooding) unless stated; the server process imports no CLI, pandas, matplotlib "
+        f"or torch (`benchmarks/rounds.py`). Each configuration runs {args.rounds} rounds in a "
         "fresh server process; the first round is a warm-up (in `overhead_rounds.csv`, "
         "not in the medians below); peaks are maxima over the measured rounds. "
         f"`mlp`: MLP 64-h-h-10 on digits (IID split), {args.local_steps} local SGD steps "
@@ -1033,7 +816,7 @@ def write_report(
             summary["streaming"]
             & (summary["kind"] == "synthetic")
             & (summary["backend"] == "ckks")
-            & (summary["preset"] == "compact")
+            & (summary["preset"] == CKKS_PRESET)
             & ~summary["client_dp"]
             & (summary["n_params"] == buffered["n_params"].iloc[0])
         ]
@@ -1054,7 +837,7 @@ def write_report(
         (summary["kind"] == "mlp")
         & (summary["n_clients"] == 10)
         & (summary["n_params"] == n)
-        & (summary["preset"] == "compact")
+        & (summary["preset"] == CKKS_PRESET)
         & summary["streaming"]
         & (summary["local_steps"] == args.local_steps)
     ]
@@ -1073,7 +856,7 @@ def write_report(
         (summary["kind"] == "mlp")
         & (summary["n_params"] == n)
         & (summary["n_clients"] == 10)
-        & (summary["preset"] == "compact")
+        & (summary["preset"] == CKKS_PRESET)
         & summary["streaming"]
         & ~summary["client_dp"]
     ]

@@ -1,0 +1,315 @@
+"""One configuration of ``benchmarks.overhead``, run in a server process of its own.
+
+    python -m benchmarks.rounds ARGS.pickle RESULT.pickle     (``overhead.run_config`` does)
+
+The process imports what a server imports — the engine, the backends' server halves, the
+protocols, the worker pool its clients run in — and nothing of the command line, pandas,
+matplotlib or torch, so that its peak memory is the server's as it would run (a spawned
+``multiprocessing`` child re-imports its parent's main module: run from ``secagg bench``, that
+is the CLI, which imports torch, 700 MB of this build). Each row records which of those
+modules the process held (``server_imports``, "-" for none). The clients' workloads live
+here too (they pickle to the worker processes, which import torch when they train an MLP).
+"""
+
+from __future__ import annotations
+
+import math
+import pickle
+import sys
+import time
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from secagg.backends import (
+    Provision,
+    make_client_backend,
+    make_server_backend,
+    provision,
+    public_signers,
+)
+from secagg.dp import ClientDP
+from secagg.protocols import make_client_half, make_protocol
+from secagg.protocols.optimizers import StepSchedule, make_optimizer
+from secagg.server.audit import AuditLog
+from secagg.server.engine import Server
+from secagg.server.plan import RunPolicy, TrainingPlan
+from secagg.simulation.workers import (
+    WorkerPoolTransport,
+    current_rss_bytes,
+    peak_rss_bytes,
+    reset_peak_rss,
+)
+
+MB = 1024**2
+#: the FedAvg family's default CKKS preset (client-weighted, one data prime)
+CKKS_PRESET = "lean"
+#: modules a server does not need; ``server_imports`` lists those the process held
+HEAVY = ("torch", "pandas", "matplotlib", "secagg.simulation.cli", "secagg.cli")
+
+
+# ---- workloads: built inside the worker processes, so they must pickle -------------------
+def mlp_width(n_params: int) -> int:
+    """h such that an MLP 64-h-h-10 has about ``n_params`` parameters: h² + 76h + 10 = n."""
+    return max(1, round((-76 + math.sqrt(76**2 - 4 * (10 - n_params))) / 2))
+
+
+def mlp(width: int):
+    from torch import nn
+
+    return nn.Sequential(
+        nn.Linear(64, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10)
+    )
+
+
+class SyntheticTrainer:
+    """Stands in for local training: a fresh pseudo-gradient of small values each round, at
+    the cost of drawing it. Enough of LocalTrainer's interface for FedAvg-family rounds."""
+
+    batch_size = 32
+
+    def __init__(self, n_params: int, n_samples: int, seed: int):
+        self.n_params = n_params
+        self.data = range(n_samples)  # only its length is used: the reported n_samples
+        self.rng = np.random.default_rng(seed)
+
+    def train(self, w: np.ndarray, lr: float, steps: int, prox_mu: float = 0.0) -> np.ndarray:
+        return self.rng.normal(0.0, 0.01, self.n_params)
+
+
+def preset_option(backend: str, preset: str) -> dict[str, str]:
+    """The preset as a backend option (plain takes none)."""
+    return {"preset": preset} if backend in ("ckks", "threshold") else {}
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One configuration's clients (picklable: each worker builds its own share)."""
+
+    kind: str  # "mlp" or "synthetic"
+    n_params: int
+    n_clients: int
+    backend: str
+    preset: str = CKKS_PRESET
+    #: the protocol the engine runs: FedAdam (streaming, the clients weight on ``lean``) or
+    #: LARC (weights chosen after the uploads: ``compact``)
+    protocol: str = "fedadam"
+    local_steps: int = 100
+    batch_size: int = 32
+    seed: int = 0
+    #: every client's identity, the roster and the budgets, made once in the parent (each
+    #: worker builds only its share of the clients, all with the one roster)
+    provisions: dict[str, Provision] | None = field(default=None, compare=False, hash=False)
+
+    def model_params(self) -> int:
+        if self.kind == "synthetic":
+            return self.n_params
+        width = mlp_width(self.n_params)
+        return width * width + 76 * width + 10
+
+    def __call__(self, ids: list[str]) -> dict[str, Any]:
+        from secagg.clients.runtime import Client
+
+        options = preset_option(self.backend, self.preset)
+        backends = {
+            c: make_client_backend(
+                self.backend, c, options, (self.provisions or {}).get(c, Provision())
+            )
+            for c in ids
+        }
+        clients = {}
+        for cid in ids:
+            k = int(cid.rsplit("_", 1)[1])
+            if self.kind == "synthetic":
+                trainer = SyntheticTrainer(self.n_params, 100, self.seed * 1000 + k)
+            else:
+                trainer = self._mlp_trainer(k)
+            clients[cid] = Client(
+                cid,
+                trainer,
+                backends[cid],
+                protocol=make_client_half(self.protocol),
+                seed=self.seed * 1000 + k + 500,
+            )
+        return clients
+
+    def _mlp_trainer(self, k: int):
+        import torch
+        from sklearn.datasets import load_digits
+
+        from secagg.clients.tasks.digits import cross_entropy
+        from secagg.clients.tasks.tcga_brca import ClientData
+        from secagg.clients.training import LocalTrainer
+
+        digits = load_digits()
+        order = np.random.default_rng(self.seed).permutation(len(digits.target))
+        mine = order[k :: self.n_clients]  # IID: every client a 1/K slice of the samples
+        data = ClientData(
+            torch.from_numpy((digits.data[mine] / 16).astype(np.float32)),
+            torch.from_numpy(digits.target[mine].astype(np.int64)),
+        )
+        torch.manual_seed(self.seed * 1000 + k)
+        return LocalTrainer(
+            mlp(mlp_width(self.n_params)),
+            data,
+            cross_entropy,
+            self.batch_size,
+            seed=self.seed * 1000 + k,
+        )
+
+
+# ---- one configuration -------------------------------------------------------------------
+def initial_params(workload: Workload) -> np.ndarray:
+    if workload.kind == "synthetic":
+        return np.zeros(workload.n_params)
+    import torch
+
+    from secagg.clients.training import flat_params
+
+    torch.manual_seed(workload.seed)
+    return flat_params(mlp(mlp_width(workload.n_params)))
+
+
+def bytes_by_message(records: list[dict]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for r in records:
+        if r["event"] == "message":
+            key = f"bytes_{r['phase']}_{'up' if r['direction'] == 'received' else 'down'}"
+            out[key] = out.get(key, 0) + r["bytes"]
+    return out
+
+
+def client_seconds(stats: list[dict]) -> dict[str, float]:
+    """Seconds per component summed over every client of every worker."""
+    total: dict[str, float] = {}
+    for worker in stats:
+        for seconds in worker["clients"].values():
+            for key, value in seconds.items():
+                total[key] = total.get(key, 0.0) + value
+    return total
+
+
+def measure_rounds(
+    workload: Workload,
+    initial: np.ndarray,
+    rounds: int,
+    workers: int,
+    client_dp: bool,
+    streaming: bool,
+    label: str,
+) -> list[dict[str, Any]]:
+    """Run ``rounds`` rounds of one configuration; one measurement row per round."""
+    ids = [f"client_{k}" for k in range(workload.n_clients)]
+    dp = ClientDP(1.0, 1.0, len(ids)) if client_dp else None
+    if workload.backend != "plain":
+        caps = make_protocol(workload.protocol).capabilities
+        workload = replace(
+            workload,
+            provisions=provision(
+                ids,
+                rounds * caps.reveals_per_round,
+                initial.size,
+                open_budget=rounds * caps.opens_per_round,  # LARC opens its Ĝ each round
+                releases_per_upload={"reveal": 1, "open": caps.opens_per_round},
+            ),
+        )
+    server_backend = make_server_backend(
+        workload.backend,
+        preset_option(workload.backend, workload.preset),
+        public_signers(workload.provisions or {}),
+    )
+    rows = []
+    with WorkerPoolTransport(workload, ids, workers) as transport:
+        audit = AuditLog()
+        protocol = make_protocol(workload.protocol)
+        step = protocol.server_step(len(ids)) or (
+            {"name": "adam", "lr": 0.01} if workload.protocol == "fedadam" else {"name": "sgd"}
+        )
+        server = Server(
+            protocol,
+            server_backend,
+            make_optimizer({**step, "dim": initial.size}),
+            transport,
+            initial,
+            plan=TrainingPlan(
+                client_lr=StepSchedule.parse("0.05"), local_steps=workload.local_steps, client_dp=dp
+            ),
+            policy=RunPolicy(streaming=streaming),
+            audit=audit,
+        )
+        start = time.perf_counter()
+        server.setup(rounds)
+        setup_seconds = time.perf_counter() - start
+        setup_bytes = sum(r["bytes"] for r in audit.records if r["event"] == "message")
+        before = client_seconds(transport.stats())
+        for rnd in range(rounds):
+            transport.reset_peaks()
+            first = len(audit.records)
+            baseline = current_rss_bytes()
+            reset_peak_rss()
+            start = time.perf_counter()
+            report = server.run_round(rnd)
+            wall = time.perf_counter() - start
+            server_peak = peak_rss_bytes()
+            stats = transport.stats()
+            after = client_seconds(stats)
+            spent = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+            before = after
+            row = {
+                "label": label,
+                **{k: v for k, v in asdict(workload).items() if k != "provisions"},
+                "model_params": initial.size,
+                "warm": rnd > 0,
+                "workers": transport.workers,
+                "client_dp": client_dp,
+                "streaming": streaming and server.streaming,
+                "round": rnd,
+                "clients_used": len(report.clients),
+                "excluded": len(report.excluded),
+                "wall_s": wall,
+                "setup_s": setup_seconds,
+                "setup_bytes": setup_bytes,
+                **{f"server_{k}_s": v for k, v in report.seconds.items()},
+                "clients_train_s": spent.get("train", 0.0),
+                "clients_protect_s": spent.get("protect", 0.0),
+                "clients_open_s": spent.get("open", 0.0),
+                "decryptor_reveal_s": spent.get("phase:reveal", 0.0),
+                "clients_consent_s": spent.get("phase:consent", 0.0),
+                # threshold: every holder's partial decryption, its own recomputation of
+                # the sum from the c1 halves included (summed over holders)
+                "holders_partial_s": spent.get("phase:decrypt_share", 0.0),
+                "clients_envelope_s": spent.get("phase:train", 0.0)
+                - spent.get("train", 0)
+                - spent.get("protect", 0.0),
+                **bytes_by_message(audit.records[first:]),
+                "server_peak_rss_MB": server_peak / MB,
+                # what a server would not import: checked, so the figure is the server's own
+                "server_imports": ",".join(m for m in HEAVY if m in sys.modules) or "-",
+                "server_rss_before_MB": baseline / MB,
+                "worker_peak_rss_MB": max(s["peak_rss_bytes"] for s in stats) / MB,
+            }
+            rows.append(row)
+    return rows
+
+
+# ---- sweeps ------------------------------------------------------------------------------
+
+
+def main(argv: list[str]) -> None:
+    """Read (workload, initial, rounds, workers, client_dp, streaming, label) from
+    ``argv[0]``, write the rows (or ("failed", traceback)) to ``argv[1]``."""
+    import traceback
+
+    with open(argv[0], "rb") as f:
+        args = pickle.load(f)
+    try:
+        result: tuple[str, Any] = ("ok", measure_rounds(*args))
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        result = ("failed", traceback.format_exc())
+    with open(argv[1], "wb") as f:
+        pickle.dump(result, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
