@@ -47,18 +47,22 @@ def test_a_tiny_configuration_measures_every_part():
     for r in rows:
         assert r["clients_used"] == 3 and r["excluded"] == 0 and r["streaming"]
         assert r["wall_s"] > 0 and r["clients_protect_s"] > 0 and r["server_load_s"] > 0
-        # three uploads of one 4096-value ciphertext each (about 55 kB), and one reveal
-        assert 3 * 40_000 < r["bytes_train_up"] < 3 * 70_000
+        # three uploads of one 4096-value ciphertext each on lean (about 33 kB: one 60-bit
+        # prime), and one reveal
+        assert 3 * 30_000 < r["bytes_train_up"] < 3 * 45_000
         assert r["bytes_reveal_up"] > 3_000 * 8  # the flooded aggregate, float64
         assert 50 < r["server_peak_rss_MB"] < 2048 and r["worker_peak_rss_MB"] > 50
+        # the server process ran as a server: no CLI, pandas, matplotlib or torch
+        assert r["server_imports"] == "-" and r["protocol"] == "fedadam" and r["preset"] == "lean"
     summary = summarise(pd.DataFrame(rows))
     assert len(summary) == 1 and summary["wall_s"].iloc[0] == rows[1]["wall_s"]  # warm only
 
 
 def test_targets_say_met_or_not_from_the_figures():
     base = dict(
+        protocol="fedadam",
         kind="synthetic",
-        preset="compact",
+        preset="lean",
         streaming=True,
         client_dp=False,
         local_steps=100,
@@ -92,30 +96,33 @@ def test_an_unknown_sweep_is_refused_before_anything_runs(capsys):
 
 def test_the_full_plan_covers_every_sweep_at_full_scale():
     configs = plan(list(SWEEPS), quick=False)
-    assert len(configs) == 66
+    assert len(configs) == 74
     workloads = [w for _, w, _ in configs]
     assert {w.n_params for w in workloads} == set(SIZES)
     assert {w.n_clients for w in workloads} == set(CLIENTS)
     assert {w.local_steps for w in workloads} == {100, 200, 400}
-    assert sum(s.startswith("ratio#") for s, _, _ in configs) == 3 * 4
+    # each repeat: FedAdam plain and ckks, mlp and synthetic, and LARC (mlp) plain and ckks
+    assert sum(s.startswith("ratio#") for s, _, _ in configs) == 3 * 6
+    larc = [w for _, w, _ in configs if w.protocol == "larc"]
+    assert {(w.kind, w.preset) for w in larc} == {("mlp", "compact")} and len(larc) == 3 * 2
 
 
 def test_quick_runs_every_code_path_once_at_toy_sizes():
     configs = plan(list(SWEEPS), quick=True, steps=10, repeats=1)
     assert {s.split("#")[0] for s, _, _ in configs} == set(SWEEPS)
-    assert len(configs) <= 15  # each costs seconds of process start-up alone
+    assert len(configs) <= 17  # each costs seconds of process start-up alone
     workloads = [w for _, w, _ in configs]
     assert {(w.kind, w.backend) for w in workloads} == {
         (kind, backend) for kind in ("mlp", "synthetic") for backend in ("plain", "ckks")
     }
     assert max(w.n_params for w in workloads) <= 10_000
-    assert {w.preset for w in workloads} == {"compact", "wide"}
+    assert {w.preset for w in workloads} == {"lean", "compact", "wide"}
     assert {w.local_steps for w in workloads} == {10, 20}
     assert {w.backend for _, w, o in configs if o.get("client_dp")} == {"plain", "ckks"}
     assert any(o.get("streaming") is False for _, _, o in configs)
     keys = [(w, tuple(sorted(o.items()))) for _, w, o in configs]
     assert len(keys) == len(set(keys))  # nothing runs twice
     ratio = [w for s, w, _ in configs if s == "ratio#0"]
-    assert len(ratio) == 4 and {w.n_clients for w in ratio} == {10}
+    assert len(ratio) == 6 and {w.n_clients for w in ratio} == {10}
     # more repeats are more runs
-    assert len(plan(list(SWEEPS), quick=True, steps=10, repeats=2)) == len(configs) + 4
+    assert len(plan(list(SWEEPS), quick=True, steps=10, repeats=2)) == len(configs) + 6
