@@ -36,6 +36,7 @@ from secagg.backends.consenting import (
     restored_keys,
     restored_uploads,
 )
+from secagg.ckks.first_polys import FreshLevel, load_first_sums
 from secagg.ckks.flooding import error_bound, flooding_sigma
 from secagg.ckks.keywrap import KeyWrapper
 from secagg.ckks.presets import CKKSPreset
@@ -340,9 +341,15 @@ class CKKSClient(ClientBackend):
                     f"{self.id}: the weights the clients applied to {d.name!r} add up to "
                     f"{total / self.preset.client_weight_unit:.6g} > 1 (beyond the headroom)"
                 )
-        cts = self.keys.load_aggregate(env.ciphertext_parts(field), d.n_values)
         if self._second_polys is None:
             self._second_polys = SecondPolynomials(self.keys.public, self.keys.seeded_template())
+        parts = env.ciphertext_parts(field)
+        if self.preset.weighted_by_clients:
+            # the server sent its summed first polynomials only: the second polynomial this
+            # client decrypts with is the one it expands from the seeds itself
+            firsts = load_first_sums(FreshLevel(self.keys.public), parts, d.n_values)
+            return d, self._second_polys.build(d, seeds, firsts)
+        cts = self.keys.load_aggregate(parts, d.n_values)
         self._second_polys.check(d, seeds, cts)
         return d, cts
 

@@ -21,6 +21,12 @@ import numpy as np
 from secagg import wire
 from secagg.backends.base import RunningSum, ServerBackend
 from secagg.backends.consent import gather_consents
+from secagg.ckks.first_polys import (
+    FirstPolynomialSum,
+    FreshLevel,
+    first_polynomials,
+    plaintext_blobs,
+)
 from secagg.ckks.presets import CKKSPreset
 from secagg.ckks.public import (
     CiphertextSum,
@@ -49,6 +55,25 @@ class CKKSHandle:
     #: uploads with their integer weights
     entries: tuple[Entry, ...] = field(default_factory=tuple)
 
+    @property
+    def chunks(self) -> int:
+        return len(self.ciphertexts)
+
+
+@dataclass
+class FirstPolysHandle:
+    """An upload or a sum on a client-weighted preset: first polynomials only
+    (``secagg.ckks.first_polys``: the server never expands a seed)."""
+
+    first: np.ndarray  # (chunks, primes·N) uint64
+    n_values: int
+    scale: float
+    entries: tuple[Entry, ...] = field(default_factory=tuple)
+
+    @property
+    def chunks(self) -> int:
+        return int(self.first.shape[0])
+
 
 class CKKSServer(ServerBackend):
     name = "ckks"
@@ -67,6 +92,7 @@ class CKKSServer(ServerBackend):
         self.fingerprint = params_fingerprint(preset)
         #: the clients apply the planned weights themselves (a client-weighted preset)
         self.weights_at_client = preset.weighted_by_clients
+        self._level = FreshLevel(self.public) if self.weights_at_client else None
         self.signers = dict(signers) if signers is not None else None
         self._reveals = 0
 
@@ -123,8 +149,13 @@ class CKKSServer(ServerBackend):
                 ctx.exclude(c, "key_install", KeySetupError("installed other parameters"))
 
     # ---- aggregation -----------------------------------------------------------------------
-    def load(self, envelope: Envelope, name: str, length: int) -> CKKSHandle:
-        cts, seeds = self.public.load_upload(envelope.ciphertext_parts(name), length)
+    def load(self, envelope: Envelope, name: str, length: int) -> CKKSHandle | FirstPolysHandle:
+        parts = envelope.ciphertext_parts(name)
+        if self._level is not None:  # the server only adds: first polynomials, seeds
+            first, seeds = first_polynomials(self._level, parts, length)
+            entry = (Entry(envelope.sender, 0, seeds),)
+            return FirstPolysHandle(first, length, self.public.scale, entry)
+        cts, seeds = self.public.load_upload(parts, length)
         return CKKSHandle(cts, length, self.public.scale, (Entry(envelope.sender, 0, seeds),))
 
     def weighted_sum(self, handles: Sequence[CKKSHandle], weights: Sequence[float]) -> CKKSHandle:
@@ -144,12 +175,15 @@ class CKKSServer(ServerBackend):
             _weighted(self.preset, handles, weights),
         )
 
-    def running_sum(self, length: int) -> CKKSRunningSum:
-        if self.weights_at_client:
-            return ClientWeightedSum(self.public, length)
+    def running_sum(self, length: int) -> RunningSum:
+        if self._level is not None:
+            return ClientWeightedSum(self._level, length)
         return CKKSRunningSum(self.public, length)
 
-    def to_field(self, handle: CKKSHandle) -> Field:
+    def to_field(self, handle: CKKSHandle | FirstPolysHandle) -> Field:
+        if isinstance(handle, FirstPolysHandle):
+            assert self._level is not None
+            return wire.ciphertext(plaintext_blobs(self._level, handle.first, handle.scale))
         return wire.ciphertext([to_bytes(ct) for ct in handle.ciphertexts])
 
     # ---- releases: consent, then a decryptor reveals or the clients open ---------------------
@@ -168,7 +202,7 @@ class CKKSServer(ServerBackend):
             name,
             ctx.round,
             handle.n_values,
-            len(handle.ciphertexts),
+            handle.chunks,
             tuple((e.client, e.k, e.digest) for e in handle.entries),
         )
         consents = self._consents(ctx, d)
@@ -235,23 +269,39 @@ class CKKSRunningSum(RunningSum):
         return CKKSHandle(cts, self.length, cts[0].scale, tuple(self._entries))
 
 
-class ClientWeightedSum(CKKSRunningSum):
+class ClientWeightedSum(RunningSum):
     """A running sum of uploads their clients multiplied by the planned weight the server
-    sent them (a client-weighted preset): the server only adds. Each entry records that
-    weight as the integer its client applied, k = round(w · 2^client_weight_bits), which
-    the client signs in its consent and a decryptor checks (``CKKSClient``)."""
+    sent them (a client-weighted preset): the server only adds their first polynomials
+    (``secagg.ckks.first_polys``). Each entry records that weight as the integer its client
+    applied, k = round(w · 2^client_weight_bits), which the client signs in its consent and
+    a decryptor checks (``CKKSClient``)."""
 
-    def add(self, handle: CKKSHandle, weight: float) -> None:
+    def __init__(self, level: FreshLevel, length: int):
+        self.level = level
+        self.length = length
+        self._sum = FirstPolynomialSum(level)
+        self._entries: list[Entry] = []
+
+    def add(self, handle: FirstPolysHandle, weight: float) -> None:
         if (
-            handle.scale != self.public.scale
+            not isinstance(handle, FirstPolysHandle)
             or handle.n_values != self.length
             or len(handle.entries) != 1
         ):
             raise MalformedCiphertext("only fresh uploads of the model's length can be summed")
-        k = applied_weight(weight, self.public.preset)
-        self._sum.add_as_weighted(handle.ciphertexts)
+        k = applied_weight(weight, self.level.public.preset)
+        self._sum.add(handle.first)
         (entry,) = handle.entries
         self._entries.append(Entry(entry.client, k, entry.seeds))
+
+    def _result(self, normaliser: float) -> FirstPolysHandle:
+        if self._sum.total is None:
+            raise ConfigError("no upload was added to the sum")
+        if not 0 < normaliser <= 1 + 1e-9:
+            raise ConfigError(f"a running sum's normaliser must lie in (0, 1], got {normaliser}")
+        # the sum is at Δ (the clients weighted); a renormalised one decodes at Δ·normaliser
+        scale = self.level.public.scale * normaliser
+        return FirstPolysHandle(self._sum.total, self.length, scale, tuple(self._entries))
 
 
 def _weighted(

@@ -48,6 +48,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from secagg.ckks.public import (
+    CIPHERTEXT_META,
+    SEAL_HEADER,
     SEED_INFO_BYTES,
     PublicCKKS,
     ciphertext_raw_bytes,
@@ -294,6 +296,40 @@ class SecondPolynomials:
                 raise ReleaseRefused(
                     f"{d.name}: chunk {j} is not the weighted sum of the listed uploads"
                 )
+
+    def build(
+        self, d: Descriptor, seeds: Sequence[bytes], firsts: Sequence[seal.Plaintext]
+    ) -> list[seal.Ciphertext]:
+        """A client-weighted aggregate (``first_polys``): per chunk, the ciphertext
+        (C0, Σ a_i) with the server's summed first polynomial C0 and the second polynomial
+        this opener expands from the entries' seeds itself. Each a_i enters once (the server
+        only added); the template's first polynomial is zeroed, so the loaded (0, a_i) add
+        up to (0, Σ a_i), and SEAL's ``add_plain`` puts C0 in."""
+        if not self.public.preset.weighted_by_clients:
+            raise ReleaseRefused(f"{d.name}: {self.public.preset.name} weights on the server")
+        if len(firsts) != d.chunks:
+            raise ReleaseRefused(f"{d.name}: {len(firsts)} chunks for {d.chunks}")
+        zeroed = self._template.copy()
+        start = CIPHERTEXT_META.size + SEAL_HEADER.size + 8  # after the data array's count
+        zeroed[start : start + self._poly_bytes] = bytes(self._poly_bytes)  # c0 (seeded: alone)
+        out = []
+        for j, first in enumerate(firsts):
+            total = None
+            for seed_bytes in seeds:
+                blob = zeroed.copy()
+                blob[-SEED_INFO_BYTES:] = seed_bytes[
+                    j * SEED_INFO_BYTES : (j + 1) * SEED_INFO_BYTES
+                ]
+                a = self.public.load_trusted(uncompressed_blob(bytes(blob)))
+                if total is None:
+                    total = a
+                else:
+                    self.public.evaluator.add_inplace(total, a)
+            assert total is not None  # a descriptor lists at least one entry
+            total.scale = first.scale
+            self.public.evaluator.add_plain_inplace(total, first)
+            out.append(total)
+        return out
 
     def _second(self, ct: seal.Ciphertext | None) -> bytes:
         """A full ciphertext's second polynomial: the last one in its serialised data."""

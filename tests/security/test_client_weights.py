@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from secagg.ckks.presets import get_preset
+from secagg.ckks.public import to_bytes
 from secagg.errors import ConfigError, ProtocolStateError, ReleaseRefused, RoundAborted
 from secagg.simulation.config import ExperimentConfig
 from tests.harness import BackendRound
@@ -163,3 +164,134 @@ def test_the_default_preset_follows_the_protocol():
         replace(
             ExperimentConfig(backend="ckks"), streaming=False, backend_options={"preset": "lean"}
         ).validate()
+
+
+# ---- the server adds first polynomials only (secagg/ckks/first_polys.py) ----------------------
+def test_the_servers_sum_of_first_polynomials_is_seals_bit_for_bit(run):
+    """The numpy sum mod q the server forms equals the first polynomial of SEAL's own
+    homomorphic sum of the same uploads (SEAL expands the seeds; the server never does)."""
+    from secagg.ckks.first_polys import FirstPolynomialSum, FreshLevel, first_polynomials
+    from secagg.ckks.public import raw_ciphertext
+
+    level = FreshLevel(run.server.public)
+    n = 3 * LEAN.values_per_ciphertext  # three chunks
+    rng = np.random.default_rng(0)
+    parts = [
+        run.clients[c].keys.encrypt(rng.normal(0, 1, n) * PLAN[c], bound=LEAN.headroom) for c in IDS
+    ]
+    total = FirstPolynomialSum(level)
+    for p in parts:
+        total.add(first_polynomials(level, p, n)[0])
+    seal_sum = None
+    for p in parts:
+        cts = run.server.public.load_ciphertexts(p, n)
+        if seal_sum is None:
+            seal_sum = cts
+        else:
+            for acc, ct in zip(seal_sum, cts):
+                run.server.public.evaluator.add_inplace(acc, ct)
+    poly = 8 * level.coefficients
+    for j, ct in enumerate(seal_sum):
+        first = raw_ciphertext(ct)[-2 * poly : -poly]  # (c0, c1): the first of the two
+        assert total.total[j].astype("<u8").tobytes() == first
+
+
+def test_a_crafted_first_polynomial_only_shifts_the_result_by_what_the_server_chose(run):
+    """The server controls C0 alone: the decryptor's second polynomial is its own. Adding an
+    encoding of v to C0 moves the revealed sum by v, an offset the server chose and knows;
+    it learns the flooded honest sum, nothing more."""
+    import tenseal.sealapi as seal
+
+    from secagg.ckks.first_polys import PLAIN_META
+    from secagg.ckks.public import HEADER_BYTES, inflate
+
+    ctx, total = streamed(run, PLAN, PLAN)
+    v = np.linspace(-0.5, 0.5, 8)
+    shift = seal.Plaintext()
+    run.server.public.encoder.encode(
+        np.concatenate([v, np.zeros(LEAN.values_per_ciphertext - 8)])[: 4096 // 2].tolist(),
+        run.server.public.context.first_parms_id(),
+        total.scale,
+        shift,
+    )
+    raw = inflate(memoryview(to_bytes(shift))[HEADER_BYTES:], 10**6, "shift")
+    coefficients = np.frombuffer(raw, dtype="<u8", offset=PLAIN_META.size + HEADER_BYTES + 8)
+    level = run.server._level
+    total.first[0] = (total.first[0] + coefficients) % level.moduli
+    expected = sum(PLAN[c] * VALUES[c] for c in IDS)
+    np.testing.assert_allclose(ctx.reveal(total, "global_update"), expected + v, atol=1e-4)
+
+
+def test_the_aggregate_travels_as_first_polynomials_only(run):
+    ctx, total = streamed(run, PLAN, PLAN)
+    field = run.server.to_field(total)
+    assert field.nbytes < 8.1 * LEAN.values_per_ciphertext  # a full ciphertext: 16 B a value
+
+
+@pytest.mark.parametrize(
+    "forge, error",
+    [
+        (lambda raw: raw[:-8], "bytes"),
+        (lambda raw: raw[:5] + b"\x02" + raw[6:], "compression mode"),  # claims zstd
+        (lambda raw: raw[:-8] + (2**64 - 1).to_bytes(8, "little"), "outside its modulus"),
+        (lambda raw: _with_scale(raw, 2.0**80), "scale"),
+    ],
+)
+def test_a_malformed_aggregate_is_refused_before_seal_reads_it(run, forge, error):
+    from secagg.wire import ciphertext
+
+    ctx, total = streamed(run, PLAN, PLAN)
+    fields = run.server._release_fields(ctx, total, "global_update", "reveal", "aggregate")
+    (part,) = split(fields["aggregate"])  # 8 values: one chunk
+    bad = {**fields, "aggregate": ciphertext([forge(part)])}
+    with pytest.raises(Exception, match=error):
+        run.ask("client_0", "reveal", bad)
+    assert run.clients["client_0"].decryptions == 0
+
+
+def split(field) -> list[bytes]:
+    """A ciphertext field's parts."""
+    out, at = [], 0
+    for n in field.parts:
+        out.append(bytes(field.data[at : at + n]))
+        at += n
+    return out
+
+
+def _with_scale(blob: bytes, scale: float) -> bytes:
+    import struct
+
+    from secagg.ckks.public import HEADER_BYTES
+
+    at = HEADER_BYTES + 32 + 8  # the plaintext's parms_id and coefficient count
+    return blob[:at] + struct.pack("<d", scale) + blob[at + 8 :]
+
+
+@pytest.mark.parametrize(
+    "mutate, error",
+    [
+        (lambda raw: raw[: len(raw) // 2], "bytes|truncated|inflate|zstd"),
+        (None, "outside its modulus"),
+    ],
+)
+def test_an_upload_with_a_bad_first_polynomial_is_refused(run, mutate, error):
+    from secagg.ckks.first_polys import FreshLevel, first_polynomials
+    from secagg.ckks.public import CIPHERTEXT_META, HEADER_BYTES, inflate, uncompressed_blob
+
+    level = FreshLevel(run.server.public)
+    (part,) = run.clients["client_0"].keys.encrypt(np.ones(8), bound=1.0)
+    if mutate is None:  # a coefficient of q itself, recompressed as SEAL would write it
+        import zstandard
+
+        raw = bytearray(inflate(memoryview(part)[HEADER_BYTES:], 10**6, "upload"))
+        at = CIPHERTEXT_META.size + HEADER_BYTES + 8  # after the metadata and the count
+        raw[at : at + 8] = int(level.moduli[0]).to_bytes(8, "little")
+        body = zstandard.ZstdCompressor().compress(bytes(raw))
+        header = bytearray(uncompressed_blob(b"")[:HEADER_BYTES])
+        header[5] = 2  # compression mode: zstd
+        header[8:16] = (HEADER_BYTES + len(body)).to_bytes(8, "little")
+        part = bytes(header) + body
+    else:
+        part = mutate(part)
+    with pytest.raises(Exception, match=error):
+        first_polynomials(level, [part], 8)

@@ -1,0 +1,221 @@
+"""Client-weighted sums (preset ``lean``) on the server: first polynomials only.
+
+A seeded upload is (c0_i, seed_i), and its second polynomial a_i is what SEAL expands from the
+seed when it loads the upload. A server that only adds never needs the a_i: a decryptor
+recomputes Σ a_i from the seeds anyway, to check a release (``release.py``). So on a
+client-weighted preset the server
+
+- reads each upload's c0 out of SEAL's serialised layout, after the same checks as a SEAL
+  load (sizes, layout, a seeded ciphertext of this preset's fresh level and scale, and every
+  coefficient below its prime, which SEAL's own load checks too), without expanding the seed
+  (:func:`first_polynomials`);
+- adds the c0's modulo each prime (:class:`FirstPolynomialSum`): the coefficient-wise
+  addition SEAL's ``Evaluator.add`` performs on the first polynomials, on public data, checked
+  bit for bit against SEAL's in ``tests/security/test_client_weights.py``;
+- sends the sum as a SEAL plaintext at the fresh level in NTT form (:func:`plaintext_blobs`:
+  8 bytes per value instead of a full ciphertext's 16). The decryptor loads it
+  (:func:`load_first_sums`), forms (0, Σ a_i) from the seeds with SEAL and adds the plaintext
+  with SEAL's ``add_plain``: the second polynomial it decrypts with is its own, never the
+  server's, which is what the check on a server-weighted preset establishes.
+
+Nothing here holds or takes a key. What the server can still choose is C0, which shifts the
+decryption by C0 − Σ c0_i, an offset the server knows (``release.py``): it learns the flooded
+honest sum and nothing more.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from functools import partial
+
+import numpy as np
+import tenseal.sealapi as seal
+
+from secagg.ckks.presets import chunks_for
+from secagg.ckks.public import (
+    CIPHERTEXT_META,
+    COMPR_NONE,
+    SEAL_HEADER,
+    SEAL_LOAD_ERRORS,
+    SEED_INFO_BYTES,
+    PublicCKKS,
+    check_ciphertext_layout,
+    check_header,
+    checked_blob,
+    ciphertext_raw_bytes,
+    from_bytes,
+    read_header,
+    uncompressed_blob,
+    written_header,
+)
+from secagg.errors import ConfigError, MalformedCiphertext, WrongContext
+
+#: a plaintext's metadata (parms_id, coefficient count, scale), then its data (a DynArray:
+#: nested header, count, count uint64s)
+PLAIN_META = struct.Struct("<32sQd")
+_COUNT = struct.Struct("<Q")
+#: where a ciphertext's (or plaintext's) coefficients start in its raw bytes
+_CT_DATA = CIPHERTEXT_META.size + SEAL_HEADER.size + _COUNT.size
+_PT_DATA = PLAIN_META.size + SEAL_HEADER.size + _COUNT.size
+
+
+def parms_id_bytes(parms_id: Sequence[int]) -> bytes:
+    """A parms_id as SEAL writes it: four little-endian uint64."""
+    return struct.pack("<4Q", *parms_id)
+
+
+class FreshLevel:
+    """What first polynomials are checked against: the preset's fresh level."""
+
+    def __init__(self, public: PublicCKKS):
+        if not public.preset.weighted_by_clients:
+            raise ConfigError(
+                f"preset {public.preset.name}: only a client-weighted preset sums first "
+                "polynomials (the server weights the others, which needs whole ciphertexts)"
+            )
+        self.public = public
+        self.n, self.primes = public.preset.poly_modulus_degree, public.n_primes
+        self.parms_id = parms_id_bytes(public.context.first_parms_id())
+        moduli = [m.value() for m in public.context.first_context_data().parms().coeff_modulus()]
+        #: each coefficient's prime, in SEAL's order (prime by prime, N coefficients each)
+        self.moduli = np.repeat(np.asarray(moduli, dtype=np.uint64), self.n)
+
+    @property
+    def coefficients(self) -> int:
+        return self.n * self.primes
+
+    def check_chunks(self, parts: Sequence, n_values: int) -> None:
+        expected = chunks_for(n_values, self.public.preset)
+        if len(parts) != expected:
+            raise MalformedCiphertext(
+                f"{len(parts)} ciphertexts for {n_values} values; preset "
+                f"{self.public.preset.name} packs {self.public.preset.values_per_ciphertext} "
+                f"per ciphertext, so {expected}"
+            )
+
+    def check_range(self, coefficients: np.ndarray, what: str) -> None:
+        if (coefficients >= self.moduli).any():
+            raise MalformedCiphertext(f"{what} has a coefficient outside its modulus")
+
+
+def first_polynomials(
+    level: FreshLevel, parts: Sequence[bytes | memoryview], n_values: int
+) -> tuple[np.ndarray, bytes]:
+    """A client's upload as the server of a client-weighted sum needs it: each chunk's first
+    polynomial (a (chunks, primes·N) uint64 array) and the seeds in chunk order."""
+    level.check_chunks(parts, n_values)
+    n, primes, public = level.n, level.primes, level.public
+    seeded = ciphertext_raw_bytes(n, primes, seeded=True)
+    out = np.empty((len(parts), level.coefficients), dtype=np.uint64)
+    seeds = []
+    for i, data in enumerate(parts):
+        what = f"ciphertext {i}"
+        blob = checked_blob(
+            data,
+            public.max_raw_bytes,
+            partial(check_ciphertext_layout, n=n, primes=primes, what=what),
+            what,
+        )
+        raw = memoryview(blob)[SEAL_HEADER.size :]
+        if len(raw) != seeded:
+            raise MalformedCiphertext(
+                f"{what} is not seeded: an upload's second polynomial travels as a seed, "
+                "which is what lets a decryptor check the sums it is asked to open"
+            )
+        parms, ntt, _, _, _, scale, correction = CIPHERTEXT_META.unpack_from(raw)
+        if parms != level.parms_id:
+            raise WrongContext(f"{what} is not at this preset's fresh level")
+        if not ntt or correction != 1:
+            raise MalformedCiphertext(f"{what} is not a CKKS ciphertext in NTT form")
+        if scale != public.scale:
+            raise WrongContext(
+                f"{what} has scale 2^{np.log2(scale):.1f}, preset {public.preset.name} uses "
+                f"2^{public.preset.scale_bits}"
+            )
+        c0 = np.frombuffer(raw, dtype="<u8", count=level.coefficients, offset=_CT_DATA)
+        level.check_range(c0, what)
+        out[i] = c0
+        seeds.append(bytes(raw[-SEED_INFO_BYTES:]))
+    return out, b"".join(seeds)
+
+
+class FirstPolynomialSum:
+    """Σ_i c0_i modulo each prime, folded one upload at a time (both operands below the
+    prime, so their sum fits 64 bits and one conditional subtraction reduces it)."""
+
+    def __init__(self, level: FreshLevel):
+        self.level = level
+        self.total: np.ndarray | None = None
+
+    def add(self, first: np.ndarray) -> None:
+        if self.total is None:
+            self.total = first.copy()
+            return
+        if first.shape != self.total.shape:
+            raise MalformedCiphertext(
+                f"{first.shape[0]} chunks, the running sum has {self.total.shape[0]}"
+            )
+        self.total += first
+        moduli = self.level.moduli
+        np.subtract(self.total, moduli, out=self.total, where=self.total >= moduli)
+
+
+def plaintext_blobs(level: FreshLevel, total: np.ndarray, scale: float) -> list[bytes]:
+    """Each chunk's summed first polynomial as an uncompressed SEAL plaintext at the fresh
+    level, in NTT form, at ``scale`` (what the decryptor adds to its own (0, Σ a_i))."""
+    count = level.coefficients
+    head = (
+        PLAIN_META.pack(level.parms_id, count, scale)
+        + _nested_header(SEAL_HEADER.size + _COUNT.size + 8 * count)
+        + _COUNT.pack(count)
+    )
+    return [uncompressed_blob(head + row.astype("<u8", copy=False).tobytes()) for row in total]
+
+
+def _nested_header(nbytes: int) -> bytes:
+    ours = written_header()
+    return SEAL_HEADER.pack(ours.magic, SEAL_HEADER.size, *ours.version, COMPR_NONE, 0, nbytes)
+
+
+def load_first_sums(
+    level: FreshLevel, parts: Sequence[bytes | memoryview], n_values: int
+) -> list[seal.Plaintext]:
+    """A client-weighted aggregate from the server's bytes: one plaintext per chunk, each
+    checked (uncompressed, this build's header, the fresh level, N·primes coefficients each
+    below its prime, one scale in [min_aggregate_scale, sum_scale] for all), then loaded by
+    SEAL."""
+    level.check_chunks(parts, n_values)
+    public, count = level.public, level.coefficients
+    size = SEAL_HEADER.size + _PT_DATA + 8 * count
+    out: list[seal.Plaintext] = []
+    scales = set()
+    for i, data in enumerate(parts):
+        what = f"aggregate chunk {i}"
+        if len(data) != size:
+            raise MalformedCiphertext(f"{what} has {len(data)} bytes; a chunk here has {size}")
+        check_header(read_header(data, 0, what), size, COMPR_NONE, what)
+        raw = memoryview(data)[SEAL_HEADER.size :]
+        parms, coeffs, scale = PLAIN_META.unpack_from(raw)
+        check_header(
+            read_header(raw, PLAIN_META.size, what),
+            SEAL_HEADER.size + _COUNT.size + 8 * count,
+            COMPR_NONE,
+            f"{what}'s data",
+        )
+        (claimed,) = _COUNT.unpack_from(raw, PLAIN_META.size + SEAL_HEADER.size)
+        if parms != level.parms_id:
+            raise WrongContext(f"{what} is not at this preset's fresh level")
+        if coeffs != count or claimed != count:
+            raise MalformedCiphertext(f"{what} claims {coeffs} and {claimed} coefficients")
+        if not public.min_aggregate_scale <= scale <= public.sum_scale:
+            raise WrongContext(f"{what} has scale 2^{np.log2(scale):.1f}, outside its range")
+        scales.add(scale)
+        level.check_range(np.frombuffer(raw, dtype="<u8", count=count, offset=_PT_DATA), what)
+        try:
+            out.append(from_bytes(seal.Plaintext(), public.context, data))
+        except SEAL_LOAD_ERRORS as exc:
+            raise MalformedCiphertext(f"{what} does not load: {exc}") from None
+    if len(scales) > 1:
+        raise WrongContext("the aggregate's chunks carry different scales")
+    return out
