@@ -23,6 +23,7 @@ from secagg.simulation import settings as S
 parse_seeds = S._argparse_type(S.parse_seeds)
 BENCHMARKS = {
     "crypto": "CKKS cost per parameter against NVFlare's TenSEAL set-up",
+    "upload_profile": "where one upload's time goes, stage by stage, per CKKS preset",
     "overhead": "end-to-end rounds: time by phase, bytes, peak memory, over model sizes "
     "and client counts",
     "flower": "the same run over a local Flower deployment vs in process: wall time and "

@@ -92,6 +92,11 @@ def test_one_table_holds_every_configuration_at_every_client_count(tmp_path):
     # the lean preset: the clients' weighted uploads, only added, sum like the others
     lean = table[table["config"] == "secagg lean"]
     assert (lean["rel_error_noise"] < 1e-9).all() and (lean["rel_error_flooded"] < 1e-2).all()
+    compact = table[table["config"] == "secagg compact"]
+    # the aggregate travels as first polynomials: half a compact sum's two 93-bit polynomials
+    assert (
+        lean["download_B_per_param"].to_numpy() < compact["download_B_per_param"].to_numpy() / 3
+    ).all()
     assert (
         lean["upload_B_per_param"]
         < table[table["config"] == "secagg compact"]["upload_B_per_param"].to_numpy()

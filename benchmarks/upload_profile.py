@@ -1,0 +1,241 @@
+"""Where one upload's time goes, per preset, in one run: client, server and decryptor stages.
+
+    python -m benchmarks.upload_profile [--params 1000000] [--clients 10] [--repeats 5]
+                                        [--out DIR]
+    secagg bench upload_profile ...       (the same)
+
+For each CKKS preset, ``--clients`` clients' updates of ``--params`` values go through the
+backend's own functions, stage by stage, each timed separately (median of ``--repeats``):
+
+- client: ``prepare`` (float64, bound check, the client's weight on ``lean``), ``encode``
+  (SEAL's CKKS encoder, chunk by chunk), ``encrypt`` (seeded symmetric encryption),
+  ``serialise`` (SEAL's save through the scratch file, with its zstd), ``seeds`` (the
+  client's own record of its upload's seeds);
+- server, per upload: ``load`` (checks, then SEAL's load, which expands the seed, on
+  ``compact``; the first polynomials read out of the checked bytes on ``lean``) and ``add``
+  (the weighted fold on ``compact``, the sum mod q on ``lean``);
+- decryptor, per reveal: ``aggregate`` (loading the server's sum), ``second polynomial``
+  (expanding every contributor's seeds: a check on ``compact``, the polynomial it decrypts
+  with on ``lean``), ``decrypt`` (flooding and decoding).
+
+Writes upload_profile.csv and upload_profile.md into --out (default: a new folder
+results/bench/upload_profile-<date-time>); ``--out benchmarks/results --overwrite``
+regenerates the committed one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import tenseal.sealapi as seal
+
+from benchmarks.options import output_folder, positive
+from benchmarks.stats import markdown_table
+from secagg.ckks.first_polys import (
+    FirstPolynomialSum,
+    FreshLevel,
+    first_polynomials,
+    load_first_sums,
+    plaintext_blobs,
+)
+from secagg.ckks.flooding import error_bound, flooding_sigma
+from secagg.ckks.presets import PRESETS, CKKSPreset, chunks_for
+from secagg.ckks.public import (
+    HEADER_BYTES,
+    SEED_INFO_BYTES,
+    CiphertextSum,
+    PublicCKKS,
+    applied_weight,
+    ciphertext_raw_bytes,
+    inflate,
+    quantise,
+    to_bytes,
+)
+from secagg.ckks.release import Descriptor, SecondPolynomials
+from secagg.ckks.secret import SecretKeyHolder
+
+OUTPUTS = ("upload_profile.csv", "upload_profile.md")
+
+
+def median_seconds(fn: Callable[[], object], repeats: int) -> tuple[object, float]:
+    times, out = [], None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - start)
+    return out, statistics.median(times)
+
+
+def client_stages(keys: SecretKeyHolder, x: np.ndarray, weight: float | None, repeats: int):
+    """The client's protect, stage by stage (what ``SecretKeyHolder.encrypt`` and
+    ``CKKSClient.protect`` do, split): (stage seconds, the upload's parts)."""
+    preset = keys.preset
+    per, half = preset.values_per_ciphertext, preset.values_per_ciphertext // 2
+    seconds: dict[str, float] = {}
+
+    def prepare():
+        values = keys.checked(x, preset.headroom)
+        if weight is not None:
+            values = values * (applied_weight(weight, preset) / preset.client_weight_unit)
+        chunks = np.zeros(chunks_for(values.size, preset) * per)
+        chunks[: values.size] = values
+        rows = chunks.reshape(-1, per)
+        return [(r[:half] + 1j * r[half:]).tolist() for r in rows]
+
+    lists, seconds["client: prepare"] = median_seconds(prepare, repeats)
+
+    def encode():
+        out = []
+        for values in lists:
+            pt = seal.Plaintext()
+            keys._encoder.encode(values, keys.public.scale, pt)
+            out.append(pt)
+        return out
+
+    plains, seconds["client: encode"] = median_seconds(encode, repeats)
+    cts, seconds["client: encrypt"] = median_seconds(
+        lambda: [keys._encryptor.encrypt_symmetric(pt) for pt in plains], repeats
+    )
+    parts, seconds["client: serialise"] = median_seconds(
+        lambda: [to_bytes(ct) for ct in cts], repeats
+    )
+    most = ciphertext_raw_bytes(preset.poly_modulus_degree, keys.public.n_primes, True)
+    _, seconds["client: seeds"] = median_seconds(
+        lambda: b"".join(
+            inflate(memoryview(p)[HEADER_BYTES:], most, "own")[-SEED_INFO_BYTES:] for p in parts
+        ),
+        repeats,
+    )
+    return seconds, parts
+
+
+def profile(preset: CKKSPreset, n: int, clients: int, repeats: int) -> dict[str, float]:
+    rng = np.random.default_rng(0)
+    xs = [rng.normal(0, 0.01, n) for _ in range(clients)]
+    weights = [1.0 / clients] * clients
+    keys = SecretKeyHolder(preset)
+    public = PublicCKKS(preset)
+    lean = preset.weighted_by_clients
+    row, first_parts = client_stages(keys, xs[0], weights[0] if lean else None, repeats)
+    uploads = [first_parts]
+    for x, w in zip(xs[1:], weights[1:]):
+        uploads.append(client_stages(keys, x, w if lean else None, 1)[1])
+    level = FreshLevel(public) if lean else None
+    # the server, per upload
+    if level is not None:
+        loaded, t_load = median_seconds(lambda: first_polynomials(level, uploads[0], n), repeats)
+        firsts = [loaded] + [first_polynomials(level, u, n) for u in uploads[1:]]
+
+        def fold():
+            total = FirstPolynomialSum(level)
+            for first, _ in firsts:
+                total.add(first)
+            return total.total
+
+        total, t_fold = median_seconds(fold, repeats)
+        aggregate = plaintext_blobs(level, total, public.scale)
+        seeds = [s for _, s in firsts]
+    else:
+        _, t_load = median_seconds(lambda: public.load_upload(uploads[0], n), repeats)
+
+        loaded = [public.load_upload(u, n)[0] for u in uploads]
+
+        def fold():  # multiplies into copies: the engine's fold works in place, a bit less
+            total = CiphertextSum(public)
+            for cts, w in zip(loaded, weights):
+                total.add(cts, w)
+            return total.result()
+
+        cts, t_fold = median_seconds(fold, repeats)
+        aggregate = [to_bytes(ct) for ct in cts]
+        seeds = [public.load_upload(u, n)[1] for u in uploads]
+    row["server: load, per upload"] = t_load
+    row["server: add, per upload"] = t_fold / clients
+    # the decryptor, per reveal
+    ks = [applied_weight(w, preset) if lean else quantise(w, preset.weight_bits) for w in weights]
+    chunks = chunks_for(n, preset)
+    d = Descriptor(
+        "reveal", "profile", 0, n, chunks, tuple((f"c{i}", k, "") for i, k in enumerate(ks))
+    )
+    second = SecondPolynomials(keys.public, keys.seeded_template())
+    if level is not None:
+        sums, row["decryptor: aggregate"] = median_seconds(
+            lambda: load_first_sums(level, aggregate, n), repeats
+        )
+        cts, row["decryptor: second polynomial"] = median_seconds(
+            lambda: second.build(d, seeds, sums), repeats
+        )
+        multipliers = [1] * clients
+    else:
+        cts, row["decryptor: aggregate"] = median_seconds(
+            lambda: keys.load_aggregate(aggregate, n), repeats
+        )
+        _, row["decryptor: second polynomial"] = median_seconds(
+            lambda: second.check(d, seeds, cts), repeats
+        )
+        multipliers = ks
+    sigma = flooding_sigma(error_bound(multipliers, chunks * preset.poly_modulus_degree), clients)
+    _, row["decryptor: decrypt"] = median_seconds(
+        lambda: keys.open_flooded(
+            second.build(d, seeds, load_first_sums(level, aggregate, n))
+            if level is not None
+            else keys.load_aggregate(aggregate, n),
+            n,
+            sigma,
+        ),
+        repeats,
+    )
+    # the decrypt timing above reloads what it floods (flooding changes the ciphertexts)
+    row["decryptor: decrypt"] -= row["decryptor: aggregate"] + (
+        row["decryptor: second polynomial"] if level is not None else 0.0
+    )
+    row["upload bytes per value"] = sum(map(len, uploads[0])) / n
+    row["aggregate bytes per value"] = sum(map(len, aggregate)) / n
+    return row
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="secagg bench upload_profile",
+        description=__doc__.splitlines()[0]
+        + " Each stage of protect, the server's load and add, and the decryptor's part, "
+        "timed on their own for every CKKS preset (seconds, medians of --repeats).",
+    )
+    parser.add_argument("--params", type=positive, default=1_000_000, help="values per update")
+    parser.add_argument("--clients", type=positive, default=10, help="uploads in the sum")
+    parser.add_argument("--repeats", type=positive, default=5, help="repeats per stage")
+    parser.add_argument("--out", type=Path, metavar="DIR", help="output folder")
+    parser.add_argument("--overwrite", action="store_true", help="replace earlier outputs")
+    args = parser.parse_args(argv)
+    args.out = output_folder(parser, args.out, "upload_profile", OUTPUTS, args.overwrite)
+    return args
+
+
+def main(argv: list[str] | None = None) -> pd.DataFrame:
+    args = parse_args(argv)
+    print(f"writing to {args.out}", flush=True)
+    rows = {}
+    for preset in PRESETS.values():
+        print(f"  {preset.name} ...", flush=True)
+        rows[preset.name] = profile(preset, args.params, args.clients, args.repeats)
+    frame = pd.DataFrame(rows)
+    frame.index.name = "stage (seconds)"
+    frame.to_csv(args.out / "upload_profile.csv")
+    md = markdown_table(frame.reset_index(), ".3g")
+    (args.out / "upload_profile.md").write_text(
+        f"# Where one upload's time goes ({args.params:.0e} values, {args.clients} clients; "
+        f"medians of {args.repeats})\n\n`python -m benchmarks.upload_profile --help` says what "
+        "each stage is.\n\n" + md + "\n"
+    )
+    print(md)
+    return frame
+
+
+if __name__ == "__main__":
+    main()
