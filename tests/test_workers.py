@@ -123,7 +123,9 @@ def test_workers_run_what_once_read_the_clients_state(settings):
     config = {"task": "tcga-brca", "rounds": 2, "seeds": [3], "local_steps": 5, **settings}
     local = run_experiment(ExperimentConfig(**config))
     parallel = run_experiment(ExperimentConfig(**config, workers=2))
-    atol = 1e-4 if config.get("backend") == "ckks" else 1e-9  # flooding noise differs
+    # the two runs' flooding noise differs: ~1e-4 a value on fedadam's default preset
+    # (lean; measured 3.1e-4 after Adam's step), against a model state lost on the way (~1e-1)
+    atol = 2e-3 if config.get("backend") == "ckks" else 1e-9
     np.testing.assert_allclose(parallel.final_params[3], local.final_params[3], atol=atol)
     metric = "test_pooled"
     np.testing.assert_allclose(parallel.metrics[metric], local.metrics[metric], atol=1e-3)
