@@ -36,6 +36,8 @@ from secagg.ckks.presets import chunks_for
 from secagg.ckks.public import (
     CIPHERTEXT_META,
     COMPR_NONE,
+    COUNT,
+    PLAINTEXT_META,
     SEAL_HEADER,
     SEAL_LOAD_ERRORS,
     SEED_INFO_BYTES,
@@ -51,10 +53,7 @@ from secagg.ckks.public import (
 )
 from secagg.errors import ConfigError, MalformedCiphertext, WrongContext
 
-#: a plaintext's metadata (parms_id, coefficient count, scale), then its data (a DynArray:
-#: nested header, count, count uint64s)
-PLAIN_META = struct.Struct("<32sQd")
-_COUNT = struct.Struct("<Q")
+PLAIN_META, _COUNT = PLAINTEXT_META, COUNT
 #: where a ciphertext's (or plaintext's) coefficients start in its raw bytes
 _CT_DATA = CIPHERTEXT_META.size + SEAL_HEADER.size + _COUNT.size
 _PT_DATA = PLAIN_META.size + SEAL_HEADER.size + _COUNT.size

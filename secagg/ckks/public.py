@@ -146,8 +146,11 @@ _COMPR_NAMES = {0: "none", 1: "zlib", 2: "zstd"}
 _CT_META = struct.Struct("<32sBQQQdQ")
 _COUNT = struct.Struct("<Q")
 _PRNG_INFO_BYTES = _HEADER.size + 1 + 64
-#: the layouts, for modules that read SEAL's format too (``first_polys``)
-SEAL_HEADER, CIPHERTEXT_META = _HEADER, _CT_META
+#: a plaintext's metadata (a secret key is one): parms_id, coefficient count, scale; then its
+#: data (a DynArray: nested header, count, count uint64s)
+PLAINTEXT_META = struct.Struct("<32sQd")
+#: the layouts, for modules that read SEAL's format too (``first_polys``, ``secret``)
+SEAL_HEADER, CIPHERTEXT_META, COUNT = _HEADER, _CT_META, _COUNT
 #: what names a seeded ciphertext's second polynomial: its PRNG type byte and 64-byte seed
 SEED_INFO_BYTES = 1 + 64
 

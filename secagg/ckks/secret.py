@@ -9,7 +9,6 @@ it in the client's own state export (``Client.export_state``, kept on the client
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Sequence
 
 import numpy as np
@@ -18,7 +17,9 @@ import tenseal.sealapi as seal
 from secagg.ckks.flooding import csprng_normal, slot_sigma
 from secagg.ckks.presets import CKKSPreset, chunks_for
 from secagg.ckks.public import (
+    COUNT,
     HEADER_BYTES,
+    PLAINTEXT_META,
     SEAL_LOAD_ERRORS,
     PublicCKKS,
     check_nested,
@@ -30,10 +31,8 @@ from secagg.ckks.public import (
 )
 from secagg.errors import ClientInputError, KeySetupError, MalformedCiphertext, ValueRangeError
 
-#: a secret key is a plaintext at the key level: parms_id, coefficient count, scale, then its
-#: data (a DynArray: nested header, count, count uint64s)
-_PLAIN_META = struct.Struct("<32sQd")
-_COUNT = struct.Struct("<Q")
+#: a secret key is a plaintext at the key level (``PLAINTEXT_META``, then its data)
+_PLAIN_META, _COUNT = PLAINTEXT_META, COUNT
 
 
 def secret_key_raw_bytes(n: int, primes: int) -> int:
