@@ -494,21 +494,6 @@ class CiphertextSum:
         self.chunks: list[seal.Ciphertext] | None = None
         self._wscale = 2.0**public.preset.weight_bits
 
-    def add_as_weighted(self, vector: list[seal.Ciphertext]) -> None:
-        """Fold in an upload its client weighted before encrypting (client-weighted presets):
-        a plain homomorphic addition, in place into the running sum (``vector`` is taken
-        over)."""
-        if self.chunks is not None and len(vector) != len(self.chunks):
-            raise MalformedCiphertext(
-                f"{len(vector)} chunks, the running sum has {len(self.chunks)}"
-            )
-        if self.chunks is None:
-            self.chunks = list(vector)
-            return
-        evaluator = self.public.evaluator
-        for acc, ct in zip(self.chunks, vector):
-            evaluator.add_inplace(acc, ct)
-
     def add(self, vector: list[seal.Ciphertext], weight: float, consume: bool = False) -> bool:
         """Fold ``weight · vector`` in; False if the weight rounds to zero at this preset's
         precision and nothing was added. ``consume`` multiplies ``vector`` in place (no
