@@ -296,9 +296,8 @@ class PVI(Protocol):
         self.damping, self.scale = damping, scale
         self.hidden, self.steps, self.samples, self.lr = hidden, steps, samples, lr
 
-    def describe(self) -> dict[str, Any]:
+    def _options(self) -> dict[str, Any]:
         return {
-            "name": self.name,
             "damping": self.damping,
             "scale": self.scale,
             "hidden": self.hidden,
@@ -306,21 +305,15 @@ class PVI(Protocol):
             "samples": self.samples,
             "lr": self.lr,
         }
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, **self._options()}
 
     def begin_round(self, ctx: RoundAPI) -> float:
         return self.scale  # the server step: λ_q ← λ_q + scale · Σ_i (Δλ_i / scale)
 
     def train_fields(self, ctx: RoundAPI, client: str) -> dict[str, Field]:
-        settings = {
-            "damping": self.damping,
-            "scale": self.scale,
-            "hidden": self.hidden,
-            "steps": self.steps,
-            "samples": self.samples,
-            "lr": self.lr,
-            "round": ctx.round,
-        }
-        return {"pvi": wire.config(settings)}
+        return {"pvi": wire.config({**self._options(), "round": ctx.round})}
 
     def aggregate(self, ctx: RoundAPI, uploads: Mapping[str, Upload]) -> Any:
         weights = dict.fromkeys(uploads, 1.0)

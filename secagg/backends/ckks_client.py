@@ -288,15 +288,17 @@ class CKKSClient(ClientBackend):
                     else "weights on the server; refusing a weight sent for the client to apply"
                 )
             )
-        bound = self.preset.client_bound(len(self.roster))
         applied = None
         if weight is not None:
             try:
                 applied = applied_weight(weight, self.preset)
             except ConfigError as exc:
                 raise ProtocolStateError(f"{self.id}: {exc}") from None
-            values = self.keys.checked(values, bound) * (applied / self.preset.client_weight_unit)
-        parts = self.keys.encrypt(values, bound=bound)
+        parts = self.keys.encrypt(
+            values,
+            bound=self.preset.client_bound(len(self.roster)),
+            factor=1.0 if applied is None else applied / self.preset.client_weight_unit,
+        )
         most = ciphertext_raw_bytes(
             self.preset.poly_modulus_degree, self.keys.public.n_primes, True
         )

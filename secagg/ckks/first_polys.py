@@ -32,7 +32,6 @@ from functools import partial
 import numpy as np
 import tenseal.sealapi as seal
 
-from secagg.ckks.presets import chunks_for
 from secagg.ckks.public import (
     CIPHERTEXT_META,
     COMPR_NONE,
@@ -84,15 +83,6 @@ class FreshLevel:
     def coefficients(self) -> int:
         return self.n * self.primes
 
-    def check_chunks(self, parts: Sequence, n_values: int) -> None:
-        expected = chunks_for(n_values, self.public.preset)
-        if len(parts) != expected:
-            raise MalformedCiphertext(
-                f"{len(parts)} ciphertexts for {n_values} values; preset "
-                f"{self.public.preset.name} packs {self.public.preset.values_per_ciphertext} "
-                f"per ciphertext, so {expected}"
-            )
-
     def check_range(self, coefficients: np.ndarray, what: str) -> None:
         if (coefficients >= self.moduli).any():
             raise MalformedCiphertext(f"{what} has a coefficient outside its modulus")
@@ -103,7 +93,7 @@ def first_polynomials(
 ) -> tuple[np.ndarray, bytes]:
     """A client's upload as the server of a client-weighted sum needs it: each chunk's first
     polynomial (a (chunks, primes·N) uint64 array) and the seeds in chunk order."""
-    level.check_chunks(parts, n_values)
+    level.public.check_chunks(parts, n_values)
     n, primes, public = level.n, level.primes, level.public
     seeded = ciphertext_raw_bytes(n, primes, seeded=True)
     out = np.empty((len(parts), level.coefficients), dtype=np.uint64)
@@ -184,7 +174,7 @@ def load_first_sums(
     checked (uncompressed, this build's header, the fresh level, N·primes coefficients each
     below its prime, one scale in [min_aggregate_scale, sum_scale] for all), then loaded by
     SEAL."""
-    level.check_chunks(parts, n_values)
+    level.public.check_chunks(parts, n_values)
     public, count = level.public, level.coefficients
     size = SEAL_HEADER.size + _PT_DATA + 8 * count
     out: list[seal.Plaintext] = []

@@ -407,12 +407,7 @@ class PublicCKKS:
         renormalised a sum some clients dropped out of: any scale in
         [:attr:`min_aggregate_scale`, Δ·2^weight_bits].
         """
-        expected = chunks_for(n_values, self.preset)
-        if len(parts) != expected:
-            raise MalformedCiphertext(
-                f"{len(parts)} ciphertexts for {n_values} values; preset {self.preset.name} "
-                f"packs {self.preset.values_per_ciphertext} per ciphertext, so {expected}"
-            )
+        self.check_chunks(parts, n_values)
         out: list[seal.Ciphertext] = []
         for i, data in enumerate(parts):
             ct = self.load_ciphertext(data, f"ciphertext {i}", seeds)
@@ -438,6 +433,15 @@ class PublicCKKS:
                 )
             out.append(ct)
         return out
+
+    def check_chunks(self, parts: Sequence, n_values: int) -> None:
+        """MalformedCiphertext unless ``parts`` has one chunk per N values."""
+        expected = chunks_for(n_values, self.preset)
+        if len(parts) != expected:
+            raise MalformedCiphertext(
+                f"{len(parts)} ciphertexts for {n_values} values; preset {self.preset.name} "
+                f"packs {self.preset.values_per_ciphertext} per ciphertext, so {expected}"
+            )
 
     def weighted_sum(
         self, vectors: Sequence[list[seal.Ciphertext]], weights: Sequence[float]

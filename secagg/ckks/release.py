@@ -264,34 +264,25 @@ class SecondPolynomials:
         self.public = public
         self._template = bytearray(template)
         self._poly_bytes = 8 * n * primes
+        # the template with its first polynomial (a seeded ciphertext's only one) zeroed:
+        # it loads as (0, a) for the seed put in (``build``)
+        self._zeroed = bytearray(template)
+        start = CIPHERTEXT_META.size + SEAL_HEADER.size + 8  # after the data array's count
+        self._zeroed[start : start + self._poly_bytes] = bytes(self._poly_bytes)
 
     def check(self, d: Descriptor, seeds: Sequence[bytes], cts: Sequence[seal.Ciphertext]) -> None:
         """ReleaseRefused unless every chunk's second polynomial is Σ k_i·a_i(seed_i)."""
         if len(cts) != d.chunks:
             raise ReleaseRefused(f"{d.name}: {len(cts)} ciphertexts for {d.chunks} chunks")
         wscale = 2.0**self.public.preset.weight_bits
-        # on a client-weighted preset k is the weight the client applied before encrypting:
-        # the server only added, so each a_i enters the sum once
-        by_server = not self.public.preset.weighted_by_clients
-        factors = {}
+        by_k: dict[int, seal.Plaintext] = {}
         for _, k, _ in d.entries:
-            if by_server and k not in factors:  # k / 2^wb · 2^wb = k exactly
-                factors[k] = seal.Plaintext()
-                self.public.encoder.encode(k / wscale, cts[0].parms_id(), wscale, factors[k])
+            if k not in by_k:  # k / 2^wb · 2^wb = k exactly: what the server multiplied by
+                by_k[k] = seal.Plaintext()
+                self.public.encoder.encode(k / wscale, cts[0].parms_id(), wscale, by_k[k])
+        factors = [by_k[k] for _, k, _ in d.entries]
         for j, ct in enumerate(cts):
-            expected = None
-            for (_, k, _), seed_bytes in zip(d.entries, seeds):
-                blob = self._template.copy()
-                blob[-SEED_INFO_BYTES:] = seed_bytes[
-                    j * SEED_INFO_BYTES : (j + 1) * SEED_INFO_BYTES
-                ]
-                a = self.public.load_trusted(uncompressed_blob(bytes(blob)))
-                if by_server:
-                    self.public.evaluator.multiply_plain_inplace(a, factors[k])
-                if expected is None:
-                    expected = a
-                else:
-                    self.public.evaluator.add_inplace(expected, a)
+            expected = self._expanded(self._template, seeds, j, factors)
             if self._second(expected) != self._second(ct):
                 raise ReleaseRefused(
                     f"{d.name}: chunk {j} is not the weighted sum of the listed uploads"
@@ -309,27 +300,37 @@ class SecondPolynomials:
             raise ReleaseRefused(f"{d.name}: {self.public.preset.name} weights on the server")
         if len(firsts) != d.chunks:
             raise ReleaseRefused(f"{d.name}: {len(firsts)} chunks for {d.chunks}")
-        zeroed = self._template.copy()
-        start = CIPHERTEXT_META.size + SEAL_HEADER.size + 8  # after the data array's count
-        zeroed[start : start + self._poly_bytes] = bytes(self._poly_bytes)  # c0 (seeded: alone)
         out = []
         for j, first in enumerate(firsts):
-            total = None
-            for seed_bytes in seeds:
-                blob = zeroed.copy()
-                blob[-SEED_INFO_BYTES:] = seed_bytes[
-                    j * SEED_INFO_BYTES : (j + 1) * SEED_INFO_BYTES
-                ]
-                a = self.public.load_trusted(uncompressed_blob(bytes(blob)))
-                if total is None:
-                    total = a
-                else:
-                    self.public.evaluator.add_inplace(total, a)
-            assert total is not None  # a descriptor lists at least one entry
+            total = self._expanded(self._zeroed, seeds, j)
             total.scale = first.scale
             self.public.evaluator.add_plain_inplace(total, first)
             out.append(total)
         return out
+
+    def _expanded(
+        self,
+        template: bytearray,
+        seeds: Sequence[bytes],
+        j: int,
+        factors: Sequence[seal.Plaintext] | None = None,
+    ) -> seal.Ciphertext:
+        """Σ_i (factor_i ·) the ciphertext ``template`` becomes with chunk j's seed of entry
+        i, which SEAL expands as it loads it."""
+        total = None
+        for i, seed_bytes in enumerate(seeds):
+            blob = template.copy()
+            blob[-SEED_INFO_BYTES:] = seed_bytes[j * SEED_INFO_BYTES : (j + 1) * SEED_INFO_BYTES]
+            a = self.public.load_trusted(uncompressed_blob(bytes(blob)))
+            if factors is not None:
+                self.public.evaluator.multiply_plain_inplace(a, factors[i])
+            if total is None:
+                total = a
+            else:
+                self.public.evaluator.add_inplace(total, a)
+        if total is None:
+            raise ReleaseRefused("a release lists no upload")
+        return total
 
     def _second(self, ct: seal.Ciphertext | None) -> bytes:
         """A full ciphertext's second polynomial: the last one in its serialised data."""

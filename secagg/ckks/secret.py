@@ -94,13 +94,17 @@ class SecretKeyHolder:
         return to_bytes(self._secret)
 
     # ---- encryption -----------------------------------------------------------------------
-    def encrypt(self, values: np.ndarray, bound: float) -> list[bytes]:
-        """Seeded symmetric encryptions of ``values`` packed N reals per ciphertext.
+    def encrypt(self, values: np.ndarray, bound: float, factor: float = 1.0) -> list[bytes]:
+        """Seeded symmetric encryptions of ``factor · values`` packed N reals per ciphertext.
 
         ``bound`` is the largest |value| the aggregate's headroom allows for one client;
-        CKKS would overflow silently past it, so refuse instead.
+        CKKS would overflow silently past it, so refuse instead. It applies to ``values``
+        themselves; ``factor`` (a client-weighted preset's applied weight, at most 1) only
+        shrinks them.
         """
         values = self.checked(values, bound)
+        if factor != 1.0:
+            values = values * factor
         per = self.preset.values_per_ciphertext
         half = per // 2
         out = []
