@@ -295,3 +295,36 @@ def test_an_upload_with_a_bad_first_polynomial_is_refused(run, mutate, error):
         part = mutate(part)
     with pytest.raises(Exception, match=error):
         first_polynomials(level, [part], 8)
+
+
+def test_uploads_of_another_preset_or_chunk_count_are_refused(run):
+    from secagg.ckks.first_polys import FreshLevel, first_polynomials
+    from secagg.ckks.secret import SecretKeyHolder
+    from secagg.errors import MalformedCiphertext
+
+    level = FreshLevel(run.server.public)
+    compact = SecretKeyHolder(get_preset("compact")).encrypt(np.ones(8), bound=1.0)
+    # two primes' ciphertext: larger than any of this preset's, refused before inflating it
+    with pytest.raises(MalformedCiphertext, match="inflates to more than"):
+        first_polynomials(level, compact, 8)
+    two = run.clients["client_0"].keys.encrypt(np.ones(5000), bound=1.0)
+    with pytest.raises(MalformedCiphertext, match="2 ciphertexts for 8 values"):
+        first_polynomials(level, two, 8)
+
+
+def test_an_aggregate_whose_chunks_differ_in_scale_is_refused():
+    from secagg.ckks.first_polys import FreshLevel, load_first_sums
+    from secagg.errors import WrongContext
+
+    n = 5000  # two chunks
+    run = BackendRound(IDS, n, decryption_budget=4, reveal_length=n, preset="lean")
+    ctx = run.ctx()
+    handles = run.uploads({c: np.full(n, VALUES[c]) for c in IDS}, PLAN)
+    total = ctx.running_sum(PLAN)
+    for c in IDS:
+        total.add(c, handles[c])
+    first, second = split(run.server.to_field(total.result()))
+    level = FreshLevel(run.server.public)
+    assert len(load_first_sums(level, [first, second], n)) == 2  # as sent: accepted
+    with pytest.raises(WrongContext, match="different scales"):
+        load_first_sums(level, [first, _with_scale(second, run.server.public.scale / 2)], n)
