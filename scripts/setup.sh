@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv with Python 3.10 (OpenFHE's wheel needs it here) and install secagg into it.
-# Idempotent: reinstalls only when pyproject.toml changed since the last successful install.
+# Idempotent: reinstalls only when pyproject.toml changed since the last successful install;
+# then builds the native extension over SEAL (scripts/build_native.sh; SECAGG_NATIVE=off skips).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,6 +24,7 @@ want=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [[ ! -f $stamp || "$(cat "$stamp")" != "$want" ]]; then
   echo "secagg setup: installing dependencies (first time: a few minutes, torch is large)" >&2
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e ".[test,flower]"
+  .venv/bin/python -m pip install -q -e ".[test,flower,native]"
   echo "$want" > "$stamp"
 fi
+bash scripts/build_native.sh

@@ -41,12 +41,11 @@ from secagg.ckks.flooding import error_bound, flooding_sigma
 from secagg.ckks.keywrap import KeyWrapper
 from secagg.ckks.presets import CKKSPreset
 from secagg.ckks.public import (
-    HEADER_BYTES,
     SEED_INFO_BYTES,
     applied_weight,
     ciphertext_raw_bytes,
-    inflate,
     params_fingerprint,
+    raw_body,
 )
 from secagg.ckks.release import (
     Descriptor,
@@ -302,10 +301,7 @@ class CKKSClient(ClientBackend):
         most = ciphertext_raw_bytes(
             self.preset.poly_modulus_degree, self.keys.public.n_primes, True
         )
-        seeds = b"".join(
-            inflate(memoryview(p)[HEADER_BYTES:], most, "own upload")[-SEED_INFO_BYTES:]
-            for p in parts
-        )
+        seeds = b"".join(raw_body(p, most, "own upload")[-SEED_INFO_BYTES:] for p in parts)
         digest = seed_digest(seeds)
         self.uploads[digest] = {}
         if applied is not None:

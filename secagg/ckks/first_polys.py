@@ -25,7 +25,6 @@ honest sum and nothing more.
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Sequence
 from functools import partial
 
@@ -46,9 +45,10 @@ from secagg.ckks.public import (
     checked_blob,
     ciphertext_raw_bytes,
     from_bytes,
+    nested_header,
+    parms_id_bytes,
     read_header,
     uncompressed_blob,
-    written_header,
 )
 from secagg.errors import ConfigError, MalformedCiphertext, WrongContext
 
@@ -56,11 +56,6 @@ PLAIN_META, _COUNT = PLAINTEXT_META, COUNT
 #: where a ciphertext's (or plaintext's) coefficients start in its raw bytes
 _CT_DATA = CIPHERTEXT_META.size + SEAL_HEADER.size + _COUNT.size
 _PT_DATA = PLAIN_META.size + SEAL_HEADER.size + _COUNT.size
-
-
-def parms_id_bytes(parms_id: Sequence[int]) -> bytes:
-    """A parms_id as SEAL writes it: four little-endian uint64."""
-    return struct.pack("<4Q", *parms_id)
 
 
 class FreshLevel:
@@ -156,15 +151,10 @@ def plaintext_blobs(level: FreshLevel, total: np.ndarray, scale: float) -> list[
     count = level.coefficients
     head = (
         PLAIN_META.pack(level.parms_id, count, scale)
-        + _nested_header(SEAL_HEADER.size + _COUNT.size + 8 * count)
+        + nested_header(SEAL_HEADER.size + _COUNT.size + 8 * count)
         + _COUNT.pack(count)
     )
     return [uncompressed_blob(head + row.astype("<u8", copy=False).tobytes()) for row in total]
-
-
-def _nested_header(nbytes: int) -> bytes:
-    ours = written_header()
-    return SEAL_HEADER.pack(ours.magic, SEAL_HEADER.size, *ours.version, COMPR_NONE, 0, nbytes)
 
 
 def load_first_sums(

@@ -225,6 +225,24 @@ def inflate(body: bytes | memoryview, max_bytes: int, what: str) -> bytes:
     return out
 
 
+def raw_body(data: bytes | memoryview, max_raw: int, what: str) -> bytes:
+    """A SEAL object's body without its header, at most ``max_raw`` bytes: inflated if it
+    travels zstd-compressed (TenSEAL's binding always compresses), as is if it travels
+    uncompressed (the native path, ``native.py``: random coefficients do not compress).
+    The header must be one this build writes, for exactly the length of ``data``."""
+    header = read_header(data, 0, what)
+    mode = header.compr_mode if header.compr_mode in (COMPR_NONE, COMPR_ZSTD) else COMPR_ZSTD
+    most = max_raw if mode == COMPR_NONE else zstd_bound(max_raw)
+    if len(data) > _HEADER.size + most:
+        raise MalformedCiphertext(
+            f"{what} has {len(data)} bytes; at this preset it has at most {_HEADER.size + most}"
+        )
+    check_header(header, len(data), mode, what)
+    if mode == COMPR_NONE:
+        return bytes(memoryview(data)[_HEADER.size :])
+    return inflate(memoryview(data)[_HEADER.size :], max_raw, what)
+
+
 def checked_blob(
     data: bytes | memoryview,
     max_raw: int,
@@ -233,17 +251,11 @@ def checked_blob(
 ) -> bytes:
     """SEAL bytes from another party -> the same object, uncompressed and checked.
 
-    The header must be one this build writes (zstd, the exact length of ``data``, at most
-    zstd's bound for ``max_raw`` bytes), the body must inflate to at most ``max_raw`` bytes,
-    and ``check_layout(raw)`` must accept every size inside it. SEAL then reads a blob whose
+    The header must be one this build writes (zstd or none, the exact length of ``data``),
+    the body must be (or inflate to) at most ``max_raw`` bytes (:func:`raw_body`), and
+    ``check_layout(raw)`` must accept every size inside it. SEAL then reads a blob whose
     every length is known: it allocates nothing the preset does not need."""
-    if len(data) > _HEADER.size + zstd_bound(max_raw):
-        raise MalformedCiphertext(
-            f"{what} has {len(data)} bytes; at this preset it has at most "
-            f"{_HEADER.size + zstd_bound(max_raw)}"
-        )
-    check_header(read_header(data, 0, what), len(data), COMPR_ZSTD, what)
-    raw = inflate(memoryview(data)[_HEADER.size :], max_raw, what)
+    raw = raw_body(data, max_raw, what)
     check_layout(raw)
     return uncompressed_blob(raw)
 
@@ -257,6 +269,18 @@ def uncompressed_blob(raw: bytes) -> bytes:
         )
         + raw
     )
+
+
+def zstd_header(nbytes: int) -> bytes:
+    """The header SEAL writes in front of a zstd-compressed object of ``nbytes`` in all."""
+    ours = written_header()
+    return _HEADER.pack(SEAL_MAGIC, _HEADER.size, *ours.version, COMPR_ZSTD, 0, nbytes)
+
+
+def nested_header(nbytes: int) -> bytes:
+    """The uncompressed header SEAL writes inside an object, before ``nbytes`` of data."""
+    ours = written_header()
+    return _HEADER.pack(SEAL_MAGIC, _HEADER.size, *ours.version, COMPR_NONE, 0, nbytes)
 
 
 def raw_ciphertext(ct: seal.Ciphertext) -> bytes:
@@ -308,6 +332,11 @@ def check_ciphertext_layout(raw: bytes, n: int, primes: int, what: str) -> None:
         raise MalformedCiphertext(f"{what} claims {claimed} coefficients, expected {count}")
     if seeded:
         check_nested(raw, len(raw) - _PRNG_INFO_BYTES, _PRNG_INFO_BYTES, f"{what}'s seed")
+
+
+def parms_id_bytes(parms_id: Sequence[int]) -> bytes:
+    """A parms_id as SEAL writes it: four little-endian uint64."""
+    return struct.pack("<4Q", *parms_id)
 
 
 @functools.cache

@@ -43,16 +43,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import tenseal.sealapi as seal
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from secagg.ckks import native
 from secagg.ckks.public import (
     CIPHERTEXT_META,
+    COUNT,
     SEAL_HEADER,
     SEED_INFO_BYTES,
     PublicCKKS,
     ciphertext_raw_bytes,
+    nested_header,
     raw_ciphertext,
     uncompressed_blob,
 )
@@ -300,9 +304,13 @@ class SecondPolynomials:
             raise ReleaseRefused(f"{d.name}: {self.public.preset.name} weights on the server")
         if len(firsts) != d.chunks:
             raise ReleaseRefused(f"{d.name}: {len(firsts)} chunks for {d.chunks}")
+        sums = self._native_sums(d, seeds)
         out = []
         for j, first in enumerate(firsts):
-            total = self._expanded(self._zeroed, seeds, j)
+            if sums is None:
+                total = self._expanded(self._zeroed, seeds, j)
+            else:
+                total = self._with_second(sums[j])
             total.scale = first.scale
             self.public.evaluator.add_plain_inplace(total, first)
             out.append(total)
@@ -331,6 +339,39 @@ class SecondPolynomials:
         if total is None:
             raise ReleaseRefused("a release lists no upload")
         return total
+
+    def _native_sums(self, d: Descriptor, seeds: Sequence[bytes]) -> np.ndarray | None:
+        """Per chunk, Σ a_i expanded from the seeds by the native extension (``native.py``):
+        SEAL's own sampling, bit for bit what loading each upload expands; None on the
+        TenSEAL path."""
+        extension = native.module()
+        if extension is None:
+            return None
+        if not seeds:
+            raise ReleaseRefused("a release lists no upload")
+        preset = self.public.preset
+        try:
+            return extension.expand_seed_sum(
+                n=preset.poly_modulus_degree,
+                coeff_bits=list(preset.coeff_bits),
+                seeds=list(seeds),
+                chunks=d.chunks,
+                threads=native.threads(),
+            )
+        except ValueError as exc:
+            raise ReleaseRefused(f"{d.name}: the listed seeds do not expand ({exc})") from None
+
+    def _with_second(self, second: np.ndarray) -> seal.Ciphertext:
+        """The ciphertext (0, ``second``) at the fresh level: the template's metadata, then
+        both polynomials."""
+        polys = bytes(self._poly_bytes) + second.astype("<u8", copy=False).tobytes()
+        raw = (
+            bytes(self._template[: CIPHERTEXT_META.size])
+            + nested_header(SEAL_HEADER.size + COUNT.size + len(polys))
+            + COUNT.pack(len(polys) // 8)
+            + polys
+        )
+        return self.public.load_trusted(uncompressed_blob(raw))
 
     def _second(self, ct: seal.Ciphertext | None) -> bytes:
         """A full ciphertext's second polynomial: the last one in its serialised data."""

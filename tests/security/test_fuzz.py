@@ -443,11 +443,11 @@ def mutate_ciphertext(blob: bytes, raw: bytes, rng: random.Random) -> tuple[str,
 def fuzz_ckks(tally: Tally, counts: dict[str, int]) -> None:
     from secagg.backends.ckks_server import CKKSServer
     from secagg.ckks.presets import get_preset
-    from secagg.ckks.public import inflate
+    from secagg.ckks.public import raw_body
 
     rng = random.Random(SEED + 1)
     uploads, summed = seeded_uploads(3)
-    raws = {b: inflate(b[16:], 1 << 20, "base") for b in [*uploads, summed]}
+    raws = {b: raw_body(b, 1 << 20, "base") for b in [*uploads, summed]}
     server = CKKSServer(get_preset("compact"))
 
     def as_envelope(parts: list[bytes]) -> Envelope:

@@ -176,7 +176,7 @@ def fuzz_key_setup(tally: ClientTally, count: int, rng: random.Random) -> None:
 
 
 def fuzz_releases(tally: ClientTally, counts: dict[str, int], rng: random.Random) -> None:
-    from secagg.ckks.public import inflate
+    from secagg.ckks.public import raw_body
     from tests.harness import BackendRound
 
     run = BackendRound(IDS, N_VALUES, decryption_budget=10**6, open_budget=10**6)
@@ -212,7 +212,7 @@ def fuzz_releases(tally: ClientTally, counts: dict[str, int], rng: random.Random
         roll = rng.random()
         if roll < 0.35:
             parts = parts_of(fields, field)
-            raw = inflate(parts[0][16:], 1 << 20, "base")
+            raw = raw_body(parts[0], 1 << 20, "base")
             mutation, new = mutate_ciphertext(parts[0], raw, rng)
             fields[field] = wire.ciphertext(new)
             mutation = f"aggregate {mutation}"

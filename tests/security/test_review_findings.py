@@ -28,7 +28,7 @@ from secagg import wire
 from secagg.backends import make_backends
 from secagg.ckks import public
 from secagg.ckks.presets import get_preset
-from secagg.ckks.public import PublicCKKS, ciphertext_raw_bytes, inflate, written_header
+from secagg.ckks.public import PublicCKKS, ciphertext_raw_bytes, raw_body, written_header
 from secagg.ckks.secret import SecretKeyHolder
 from secagg.errors import ClientInputError, MalformedCiphertext, MalformedMessage
 from secagg.protocols.fedavg import sample_size_weights
@@ -94,7 +94,7 @@ def test_a_client_sending_deep_json_is_excluded_and_the_round_goes_on(honest, bu
 # ---- forged ciphertexts ----------------------------------------------------------------------
 def upload_raw(upload: bytes | memoryview) -> bytes:
     """The uncompressed SEAL bytes of a real upload (what an attacker starts from)."""
-    return inflate(memoryview(upload)[16:], 1 << 20, "upload")
+    return raw_body(upload, 1 << 20, "upload")
 
 
 def zero_size_seeded(upload) -> bytes:

@@ -1,0 +1,69 @@
+"""secagg's native path over SEAL: the extension ``scripts/build_native.sh`` builds from
+``native/seal_native.cpp`` at set-up (SEAL 4.1.2's sources from Pyfhel's sdist on PyPI).
+
+It does in one call, in memory and on every core what the TenSEAL binding does one chunk at a
+time through scratch files: encode and seeded-encrypt a whole vector (uncompressed SEAL
+format, 8 bytes a value), and sum the second polynomials the seeds of a release's uploads
+expand to. Its bytes are SEAL's: TenSEAL loads them, and the server checks them exactly as it
+checks TenSEAL's (``public.raw_body``). The tests hold the two paths to the same results:
+``tests/test_native.py``.
+
+``SECAGG_NATIVE`` chooses the path: ``auto`` (the default: native when built), ``off`` (the
+TenSEAL binding only: the before-and-after benchmarks set it) or ``on`` (refuse to run
+without the extension).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from types import ModuleType
+
+from secagg.errors import ConfigError
+
+ENV = "SECAGG_NATIVE"
+MODES = ("auto", "on", "off")
+_BUILD_HINT = "build it with `bash scripts/build_native.sh` (or set SECAGG_NATIVE=off)"
+
+
+def mode() -> str:
+    value = os.environ.get(ENV, "auto").strip().lower() or "auto"
+    if value not in MODES:
+        raise ConfigError(f"{ENV}={value!r}: choose one of {', '.join(MODES)}")
+    return value
+
+
+def module() -> ModuleType | None:
+    """The extension, or None when the TenSEAL path is to be used (``SECAGG_NATIVE``)."""
+    chosen = mode()
+    if chosen == "off":
+        return None
+    try:
+        extension = importlib.import_module("secagg.ckks._seal_native")
+    except ImportError as exc:
+        if chosen == "on":
+            raise ConfigError(
+                f"{ENV}=on but the native extension is missing ({exc}): {_BUILD_HINT}"
+            ) from None
+        return None
+    _check_version(extension.SEAL_VERSION)
+    return extension
+
+
+def _check_version(version: str) -> None:
+    """The extension's SEAL must write what TenSEAL's reads: the same major.minor, which
+    every SEAL header carries and ``public.check_header`` compares."""
+    from secagg.ckks.public import written_header
+
+    ours = written_header().version
+    major, minor = (int(p) for p in version.split(".")[:2])
+    if (major, minor) != ours:
+        raise ConfigError(
+            f"the native extension is built on SEAL {version}, TenSEAL's is "
+            f"{ours[0]}.{ours[1]}: {_BUILD_HINT}"
+        )
+
+
+def threads() -> int:
+    """Threads for one native call: the cores this process may run on."""
+    return max(1, len(os.sched_getaffinity(0)))

@@ -1,0 +1,157 @@
+"""The native path (``secagg/ckks/native.py``) against TenSEAL's binding: the same SEAL
+objects, the same expansions bit for bit, the same sums, and fresh randomness everywhere.
+
+Each test runs the real classes with ``SECAGG_NATIVE`` chosen per test; the set-up builds the
+extension (``scripts/build_native.sh``), so a missing one fails here unless it was turned off.
+"""
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from secagg.ckks import native
+from secagg.ckks.presets import get_preset
+from secagg.ckks.public import (
+    COMPR_NONE,
+    COMPR_ZSTD,
+    SEED_INFO_BYTES,
+    ciphertext_raw_bytes,
+    raw_body,
+    read_header,
+)
+from secagg.ckks.release import SecondPolynomials
+from secagg.ckks.secret import SecretKeyHolder
+from secagg.errors import ConfigError, ReleaseRefused
+from tests.harness import BackendRound
+
+pytestmark = pytest.mark.skipif(
+    os.environ.get(native.ENV, "").lower() == "off", reason="SECAGG_NATIVE=off: not built"
+)
+VALUES = np.random.default_rng(7).uniform(-1, 1, 9000)  # 3 chunks, the last one partial
+
+
+def test_the_extension_is_built_on_the_seal_tenseal_reads():
+    extension = native.module()
+    assert extension is not None, "run scripts/build_native.sh (the set-up does)"
+    assert extension.SEAL_VERSION.startswith("4.1.")
+
+
+def _both_paths(monkeypatch, preset_name):
+    """One key; its uploads of VALUES on the native path and on TenSEAL's."""
+    keys = SecretKeyHolder(get_preset(preset_name))
+    out = {}
+    for mode in ("on", "off"):
+        monkeypatch.setenv(native.ENV, mode)
+        out[mode] = keys.encrypt(VALUES, bound=1.0)
+    return keys, out
+
+
+@pytest.mark.parametrize("preset_name", ["lean", "compact"])
+def test_native_uploads_are_seals_objects_and_decrypt_as_tenseals(monkeypatch, preset_name):
+    keys, uploads = _both_paths(monkeypatch, preset_name)
+    preset = keys.preset
+    n, primes = preset.poly_modulus_degree, keys.public.n_primes
+    seeded = ciphertext_raw_bytes(n, primes, seeded=True)
+    for ours, theirs in zip(uploads["on"], uploads["off"], strict=True):
+        raw_ours, raw_theirs = raw_body(ours, seeded, "ours"), raw_body(theirs, seeded, "tenseal")
+        assert len(raw_ours) == len(raw_theirs) == seeded
+        assert raw_ours[:32] == raw_theirs[:32]  # the same parms_id: the same fresh level
+        assert raw_ours[-SEED_INFO_BYTES] == raw_theirs[-SEED_INFO_BYTES]  # the PRNG type
+    # lean travels uncompressed (a 60-bit prime leaves zstd nothing), compact with zstd
+    mode = read_header(uploads["on"][0]).compr_mode
+    assert mode == (COMPR_NONE if preset_name == "lean" else COMPR_ZSTD)
+    for mode_name in ("on", "off"):
+        decrypted = keys.decrypt(uploads[mode_name], VALUES.size, keys.public.scale)
+        np.testing.assert_allclose(decrypted, VALUES, atol=1e-6)
+    sizes = {m: sum(map(len, u)) / VALUES.size for m, u in uploads.items()}
+    # no larger than TenSEAL's (zstd's output on random coefficients varies by a few bytes)
+    assert sizes["on"] <= sizes["off"] * 1.002, sizes
+
+
+def test_every_chunk_and_every_call_draws_fresh_randomness(monkeypatch):
+    """A seed (or the noise behind it) reused across chunks or calls would let the server
+    subtract two uploads: every seed differs, and the same values encrypt differently."""
+    monkeypatch.setenv(native.ENV, "on")
+    keys = SecretKeyHolder(get_preset("lean"))
+    first, second = keys.encrypt(VALUES, 1.0), keys.encrypt(VALUES, 1.0)
+    seeds = [p[-SEED_INFO_BYTES:] for p in first + second]
+    assert len(set(seeds)) == len(seeds) == 6
+    assert all(a[:-SEED_INFO_BYTES] != b[:-SEED_INFO_BYTES] for a, b in zip(first, second))
+
+
+def test_threads_change_nothing_but_the_time(monkeypatch):
+    monkeypatch.setenv(native.ENV, "on")
+    keys = SecretKeyHolder(get_preset("lean"))
+    monkeypatch.setattr(native, "threads", lambda: 1)
+    one = keys.encrypt(VALUES, 1.0)
+    monkeypatch.setattr(native, "threads", lambda: 3)
+    three = keys.encrypt(VALUES, 1.0)
+    for parts in (one, three):
+        np.testing.assert_allclose(
+            keys.decrypt(parts, VALUES.size, keys.public.scale), VALUES, atol=1e-6
+        )
+
+
+def test_seed_expansion_is_seals_bit_for_bit(monkeypatch):
+    """Σ a_i from the native expansion equals what TenSEAL's SEAL expands loading the
+    uploads, for every chunk."""
+    monkeypatch.setenv(native.ENV, "on")
+    keys = SecretKeyHolder(get_preset("lean"))
+    seeds = [
+        b"".join(p[-SEED_INFO_BYTES:] for p in keys.encrypt(VALUES * (i + 1), 4.0))
+        for i in range(3)
+    ]
+    polys = SecondPolynomials(keys.public, keys.seeded_template())
+    sums = native.module().expand_seed_sum(
+        n=keys.preset.poly_modulus_degree,
+        coeff_bits=list(keys.preset.coeff_bits),
+        seeds=seeds,
+        chunks=3,
+        threads=2,
+    )
+    for j in range(3):
+        tenseal = polys._second(polys._expanded(polys._zeroed, seeds, j))
+        assert np.frombuffer(tenseal, dtype="<u8").tobytes() == sums[j].astype("<u8").tobytes()
+        assert polys._second(polys._with_second(sums[j])) == tenseal
+
+
+@pytest.mark.parametrize("mode", ["on", "off"])
+def test_a_lean_round_reveals_the_same_sum_on_both_paths(monkeypatch, mode):
+    monkeypatch.setenv(native.ENV, mode)
+    plan = {"client_0": 0.5, "client_1": 0.25, "client_2": 0.25}
+    values = {c: np.linspace(-0.3, 0.3, 5000) * (i + 1) for i, c in enumerate(plan)}
+    run = BackendRound(list(plan), 5000, decryption_budget=4, reveal_length=5000, preset="lean")
+    handles = run.uploads(values, plan)
+    ctx = run.ctx()
+    total = ctx.running_sum(plan)
+    for c in plan:
+        total.add(c, handles[c])
+    expected = sum(plan[c] * values[c] for c in plan)
+    np.testing.assert_allclose(ctx.reveal(total.result(), "global_update"), expected, atol=2e-3)
+
+
+def test_a_seed_of_an_unknown_prng_is_refused(monkeypatch):
+    monkeypatch.setenv(native.ENV, "on")
+    keys = SecretKeyHolder(get_preset("lean"))
+    seeds = bytearray(b"".join(p[-SEED_INFO_BYTES:] for p in keys.encrypt(VALUES, 1.0)))
+    seeds[SEED_INFO_BYTES] = 77  # chunk 1's PRNG type
+    polys = SecondPolynomials(keys.public, keys.seeded_template())
+    from secagg.ckks.release import Descriptor
+
+    d = Descriptor("reveal", "global_update", 0, VALUES.size, 3, ())
+    with pytest.raises(ReleaseRefused, match="do not expand"):
+        polys._native_sums(d, [bytes(seeds)])
+
+
+def test_the_mode_is_checked_and_on_requires_the_extension(monkeypatch):
+    monkeypatch.setenv(native.ENV, "fast")
+    with pytest.raises(ConfigError, match="choose one of auto, on, off"):
+        native.module()
+    monkeypatch.setitem(sys.modules, "secagg.ckks._seal_native", None)  # as if not built
+    monkeypatch.setenv(native.ENV, "on")
+    with pytest.raises(ConfigError, match="build_native.sh"):
+        native.module()
+    monkeypatch.setenv(native.ENV, "auto")
+    assert native.module() is None  # auto falls back to TenSEAL's binding
