@@ -94,6 +94,7 @@ from benchmarks.rounds import (  # noqa: E402, F401 - the workloads, re-exported
     preset_option,
 )
 from benchmarks.stats import markdown_table  # noqa: E402
+from secagg.ckks import native  # noqa: E402
 
 SIZES = (1_000, 10_000, 100_000, 1_000_000, 10_000_000)
 CLIENTS = (2, 5, 10, 20, 50, 100)
@@ -108,6 +109,8 @@ SWEEPS = ("ratio", "sizes", "clients", "dp", "presets", "buffered", "steps")
 #: ckks vs threshold in interleaved pairs, reported on its own (overhead_threshold.*): the
 #: sweeps above are plain vs ckks and write overhead.*
 THRESHOLD_SWEEP = "threshold"
+#: how the paired ratios name the ckks rounds without the native extension
+TENSEAL_ONLY = "tenseal-only"
 ALL_SWEEPS = (*SWEEPS, THRESHOLD_SWEEP)
 #: the threshold preset the sweep runs (the backend's default)
 THRESHOLD_PRESET = "n8192"
@@ -119,6 +122,7 @@ CONFIG_KEYS = [
     "kind",
     "backend",
     "preset",
+    "native",
     "n_params",
     "model_params",
     "n_clients",
@@ -148,6 +152,8 @@ def run_config(
         done = subprocess.run(
             [sys.executable, "-m", "benchmarks.rounds", str(given), str(result)],
             cwd=ROOT,
+            # the server process and its client workers: the native path or TenSEAL's alone
+            env={**os.environ, native.ENV: "on" if workload.native else "off"},
         )
         if not result.exists():
             raise RuntimeError(
@@ -222,6 +228,20 @@ def plan(
                 for kind in ("mlp", "synthetic")
                 for backend in ("plain", "ckks")
             ]
+            # the before: the same ckks rounds on TenSEAL's binding alone (a full run's
+            # measurement; the smoke check's native path covers the same code)
+            out += (
+                []
+                if quick
+                else [
+                    (
+                        f"ratio#{rep}",
+                        Workload(kind, n, 10, "ckks", native=False, local_steps=steps),
+                        {},
+                    )
+                    for kind in ("mlp", "synthetic")
+                ]
+            )
             # LARC weighs the uploads after they arrive: the server-weighted compact preset
             out += [
                 (
@@ -411,6 +431,7 @@ def main_rows(summary: pd.DataFrame, steps: int = 100) -> pd.DataFrame:
     return summary[
         (summary["protocol"] == "fedadam")
         & (summary["preset"] == CKKS_PRESET)
+        & summary["native"]
         & summary["streaming"]
         & ~summary["client_dp"]
         & (summary["local_steps"] == steps)
@@ -436,10 +457,13 @@ def paired_ratios(rounds: pd.DataFrame) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {}
     rep = rounds[rounds["label"].astype(str).str.startswith("ratio") & rounds["warm"]]
     for (protocol, kind, label), g in rep.groupby(["protocol", "kind", "label"]):
-        walls = g.groupby("backend")["wall_s"].median()
-        if {"plain", "ckks"} <= set(walls.index):
-            key = kind if protocol == "fedadam" else f"{kind} {protocol}"
-            out.setdefault(key, []).append(float(walls["ckks"] / walls["plain"]))
+        walls = g.groupby(["backend", "native"])["wall_s"].median()
+        plain = walls.get(("plain", True))
+        key = kind if protocol == "fedadam" else f"{kind} {protocol}"
+        for native_path, name in ((True, key), (False, f"{key} {TENSEAL_ONLY}")):
+            ckks = walls.get(("ckks", native_path))
+            if plain is not None and ckks is not None:
+                out.setdefault(name, []).append(float(ckks / plain))
     return out
 
 
@@ -480,6 +504,14 @@ def targets(
                 )
                 + f" {ratio:.2f}× (target ≤ 1.5×: "
                 f"{'met' if ratio <= 1.5 else 'NOT met'})"
+            )
+    for kind in ("mlp", "synthetic"):
+        before = (paired or {}).get(f"{kind} {TENSEAL_ONLY}", [])
+        if before:
+            out.append(
+                f"- the same, {kind}, on TenSEAL's binding alone (SECAGG_NATIVE=off, the "
+                f"before): paired ratios {', '.join(f'{r:.2f}' for r in before)}, median "
+                f"{float(np.median(before)):.2f}×"
             )
     larc = (paired or {}).get("mlp larc", [])
     if larc:
@@ -838,6 +870,7 @@ def write_report(
         & (summary["n_clients"] == 10)
         & (summary["n_params"] == n)
         & (summary["preset"] == CKKS_PRESET)
+        & summary["native"]
         & summary["streaming"]
         & (summary["local_steps"] == args.local_steps)
     ]
@@ -857,6 +890,7 @@ def write_report(
         & (summary["n_params"] == n)
         & (summary["n_clients"] == 10)
         & (summary["preset"] == CKKS_PRESET)
+        & summary["native"]
         & summary["streaming"]
         & ~summary["client_dp"]
     ]
@@ -1066,18 +1100,23 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         for threshold, files in reports.items():
             if (args.out / files[0]).exists():
                 rows[threshold] = pd.read_csv(args.out / files[0]).to_dict("records")
+                for r in rows[threshold]:  # rows from before the native path ran without it
+                    r.setdefault("native", False)
                 done |= {(*(r[k] for k in CONFIG_KEYS), r["label"]) for r in rows[threshold]}
     spent = {threshold: 0.0 for threshold in reports}
     for i, (sweep, workload, opts) in enumerate(configs, 1):
         name = (
             f"{workload.kind} {workload.backend} {workload.n_params:.0e} params "
             f"× {workload.n_clients} clients, {workload.local_steps} steps, {workload.preset}"
+            + ("" if workload.native or workload.backend != "ckks" else " (TenSEAL binding only)")
             + "".join(f" {k}={v}" for k, v in opts.items())
         )
-        key = (
+        key = (  # CONFIG_KEYS' order, then the label
+            workload.protocol,
             workload.kind,
             workload.backend,
             workload.preset,
+            workload.native,
             workload.n_params,
             workload.model_params(),
             workload.n_clients,

@@ -95,6 +95,9 @@ class Workload:
     #: the protocol the engine runs: FedAdam (streaming, the clients weight on ``lean``) or
     #: LARC (weights chosen after the uploads: ``compact``)
     protocol: str = "fedadam"
+    #: CKKS through the native extension (``secagg/ckks/native.py``); False: TenSEAL's binding
+    #: alone (``SECAGG_NATIVE=off``), the before of the before-and-after
+    native: bool = True
     local_steps: int = 100
     batch_size: int = 32
     seed: int = 0

@@ -12,6 +12,7 @@ from benchmarks.overhead import (
     linear_fit,
     main,
     mlp_width,
+    paired_ratios,
     plan,
     run_config,
     slope,
@@ -63,6 +64,7 @@ def test_targets_say_met_or_not_from_the_figures():
         protocol="fedadam",
         kind="synthetic",
         preset="lean",
+        native=True,
         streaming=True,
         client_dp=False,
         local_steps=100,
@@ -72,6 +74,15 @@ def test_targets_say_met_or_not_from_the_figures():
     summary = pd.DataFrame(
         [
             {**base, "backend": "plain", "n_clients": 10, "wall_s": 1.0, "server_peak_rss_MB": 200},
+            # the before (TenSEAL's binding alone) is not the headline: 3.0 must not be read
+            {
+                **base,
+                "native": False,
+                "backend": "ckks",
+                "n_clients": 10,
+                "wall_s": 3.0,
+                "server_peak_rss_MB": 400,
+            },
             {**base, "backend": "ckks", "n_clients": 10, "wall_s": 1.6, "server_peak_rss_MB": 400},
             {
                 **base,
@@ -96,13 +107,16 @@ def test_an_unknown_sweep_is_refused_before_anything_runs(capsys):
 
 def test_the_full_plan_covers_every_sweep_at_full_scale():
     configs = plan(list(SWEEPS), quick=False)
-    assert len(configs) == 74
+    assert len(configs) == 80
     workloads = [w for _, w, _ in configs]
     assert {w.n_params for w in workloads} == set(SIZES)
     assert {w.n_clients for w in workloads} == set(CLIENTS)
     assert {w.local_steps for w in workloads} == {100, 200, 400}
-    # each repeat: FedAdam plain and ckks, mlp and synthetic, and LARC (mlp) plain and ckks
-    assert sum(s.startswith("ratio#") for s, _, _ in configs) == 3 * 6
+    # each repeat: FedAdam plain and ckks (native and TenSEAL's binding alone), mlp and
+    # synthetic, and LARC (mlp) plain and ckks
+    assert sum(s.startswith("ratio#") for s, _, _ in configs) == 3 * 8
+    before = [w for _, w, _ in configs if not w.native]
+    assert {(w.kind, w.backend) for w in before} == {("mlp", "ckks"), ("synthetic", "ckks")}
     larc = [w for _, w, _ in configs if w.protocol == "larc"]
     assert {(w.kind, w.preset) for w in larc} == {("mlp", "compact")} and len(larc) == 3 * 2
 
@@ -126,3 +140,25 @@ def test_quick_runs_every_code_path_once_at_toy_sizes():
     assert len(ratio) == 6 and {w.n_clients for w in ratio} == {10}
     # more repeats are more runs
     assert len(plan(list(SWEEPS), quick=True, steps=10, repeats=2)) == len(configs) + 6
+
+
+def test_paired_ratios_keep_the_native_path_and_the_before_apart():
+    rows = [
+        {
+            "label": f"ratio#{rep}",
+            "warm": True,
+            "protocol": "fedadam",
+            "kind": "mlp",
+            "backend": backend,
+            "native": native,
+            "wall_s": wall * (1 + rep),
+        }
+        for rep in range(2)
+        for backend, native, wall in (
+            ("plain", True, 2.0),
+            ("ckks", True, 2.6),
+            ("ckks", False, 3.6),
+        )
+    ]
+    pairs = paired_ratios(pd.DataFrame(rows))
+    assert pairs == {"mlp": [1.3, 1.3], "mlp tenseal-only": [1.8, 1.8]}
