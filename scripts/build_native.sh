@@ -43,11 +43,13 @@ EOF
     exit 1
   fi
 fi
-rm -rf "$work/SEAL" "$work/build"
-mkdir -p "$work/SEAL"
-tar -xzf "$sdist" -C "$work/SEAL" --strip-components=4 pyfhel-3.5.0/Pyfhel/backend/SEAL
+if [[ ! -f "$work/SEAL/CMakeLists.txt" ]]; then
+  rm -rf "$work/SEAL" "$work/build"
+  mkdir -p "$work/SEAL"
+  tar -xzf "$sdist" -C "$work/SEAL" --strip-components=4 pyfhel-3.5.0/Pyfhel/backend/SEAL
+fi
 
-echo "secagg native: building SEAL 4.1.2 and the extension (about a minute)" >&2
+echo "secagg native: building SEAL 4.1.2 and the extension (about a minute the first time)" >&2
 bin="$PWD/$(dirname "$py")"
 # release flags as SEAL's own; no -march=native: GCC 12 vectorises SEAL's BLAKE2b for
 # AVX-512 into code more than twice as slow as the portable build (measured here)

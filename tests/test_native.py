@@ -10,6 +10,7 @@ import sys
 
 import numpy as np
 import pytest
+import tenseal.sealapi as seal
 
 from secagg.ckks import native
 from secagg.ckks.presets import get_preset
@@ -115,6 +116,47 @@ def test_seed_expansion_is_seals_bit_for_bit(monkeypatch):
         tenseal = polys._second(polys._expanded(polys._zeroed, seeds, j))
         assert np.frombuffer(tenseal, dtype="<u8").tobytes() == sums[j].astype("<u8").tobytes()
         assert polys._second(polys._with_second(sums[j])) == tenseal
+
+
+def test_weighted_seed_expansion_is_seals_multiply_plain_bit_for_bit(monkeypatch):
+    """On a server-weighted preset the check recomputes Σ k_i·a_i: the native product by the
+    integer k_i mod each prime equals SEAL's multiply_plain by k_i encoded as a constant."""
+    monkeypatch.setenv(native.ENV, "on")
+    keys = SecretKeyHolder(get_preset("compact"))
+    seeds = [
+        b"".join(
+            raw_body(p, 1 << 20, "upload")[-SEED_INFO_BYTES:] for p in keys.encrypt(VALUES, 1.0)
+        )
+        for _ in range(3)
+    ]  # compact's uploads travel zstd-compressed: the seed is at the end of the raw body
+    ks = [3, 1, 700_001]
+    chunks = len(seeds[0]) // SEED_INFO_BYTES
+    sums = native.module().expand_seed_sum(
+        n=keys.preset.poly_modulus_degree,
+        coeff_bits=list(keys.preset.coeff_bits),
+        seeds=seeds,
+        chunks=chunks,
+        factors=ks,
+        threads=2,
+    )
+    polys = SecondPolynomials(keys.public, keys.seeded_template())
+    wscale = 2.0**keys.preset.weight_bits
+    factors = []
+    for k in ks:
+        pt = seal.Plaintext()
+        keys.public.encoder.encode(k / wscale, keys.public.context.first_parms_id(), wscale, pt)
+        factors.append(pt)
+    for j in range(chunks):
+        tenseal = polys._second(polys._expanded(polys._template, seeds, j, factors))
+        assert tenseal == sums[j].astype("<u8").tobytes()
+    unweighted = native.module().expand_seed_sum(
+        n=keys.preset.poly_modulus_degree,
+        coeff_bits=list(keys.preset.coeff_bits),
+        seeds=seeds,
+        chunks=chunks,
+        threads=1,
+    )
+    assert not np.array_equal(unweighted, sums)  # the factors were applied
 
 
 @pytest.mark.parametrize("mode", ["on", "off"])

@@ -157,17 +157,16 @@ def plaintext_blobs(level: FreshLevel, total: np.ndarray, scale: float) -> list[
     return [uncompressed_blob(head + row.astype("<u8", copy=False).tobytes()) for row in total]
 
 
-def load_first_sums(
+def checked_first_sums(
     level: FreshLevel, parts: Sequence[bytes | memoryview], n_values: int
-) -> list[seal.Plaintext]:
-    """A client-weighted aggregate from the server's bytes: one plaintext per chunk, each
-    checked (uncompressed, this build's header, the fresh level, N·primes coefficients each
-    below its prime, one scale in [min_aggregate_scale, sum_scale] for all), then loaded by
-    SEAL."""
+) -> tuple[np.ndarray, float]:
+    """A client-weighted aggregate from the server's bytes, checked (uncompressed, this
+    build's header, the fresh level, N·primes coefficients each below its prime, one scale in
+    [min_aggregate_scale, sum_scale] for all): its (chunks, primes·N) coefficients and scale."""
     level.public.check_chunks(parts, n_values)
     public, count = level.public, level.coefficients
     size = SEAL_HEADER.size + _PT_DATA + 8 * count
-    out: list[seal.Plaintext] = []
+    out = np.empty((len(parts), count), dtype=np.uint64)
     scales = set()
     for i, data in enumerate(parts):
         what = f"aggregate chunk {i}"
@@ -190,11 +189,23 @@ def load_first_sums(
         if not public.min_aggregate_scale <= scale <= public.sum_scale:
             raise WrongContext(f"{what} has scale 2^{np.log2(scale):.1f}, outside its range")
         scales.add(scale)
-        level.check_range(np.frombuffer(raw, dtype="<u8", count=count, offset=_PT_DATA), what)
-        try:
-            out.append(from_bytes(seal.Plaintext(), public.context, data))
-        except SEAL_LOAD_ERRORS as exc:
-            raise MalformedCiphertext(f"{what} does not load: {exc}") from None
+        out[i] = np.frombuffer(raw, dtype="<u8", count=count, offset=_PT_DATA)
+        level.check_range(out[i], what)
     if len(scales) > 1:
         raise WrongContext("the aggregate's chunks carry different scales")
+    return out, scales.pop()
+
+
+def load_first_sums(
+    level: FreshLevel, parts: Sequence[bytes | memoryview], n_values: int
+) -> list[seal.Plaintext]:
+    """A client-weighted aggregate from the server's bytes, checked
+    (:func:`checked_first_sums`), then loaded by SEAL: one plaintext per chunk."""
+    checked_first_sums(level, parts, n_values)
+    out: list[seal.Plaintext] = []
+    for i, data in enumerate(parts):
+        try:
+            out.append(from_bytes(seal.Plaintext(), level.public.context, data))
+        except SEAL_LOAD_ERRORS as exc:
+            raise MalformedCiphertext(f"aggregate chunk {i} does not load: {exc}") from None
     return out

@@ -278,6 +278,14 @@ class SecondPolynomials:
         """ReleaseRefused unless every chunk's second polynomial is Σ k_i·a_i(seed_i)."""
         if len(cts) != d.chunks:
             raise ReleaseRefused(f"{d.name}: {len(cts)} ciphertexts for {d.chunks} chunks")
+        sums = self._native_sums(d, seeds, [k for _, k, _ in d.entries])
+        if sums is not None:
+            for j, ct in enumerate(cts):
+                if self._second(ct) != sums[j].astype("<u8", copy=False).tobytes():
+                    raise ReleaseRefused(
+                        f"{d.name}: chunk {j} is not the weighted sum of the listed uploads"
+                    )
+            return
         wscale = 2.0**self.public.preset.weight_bits
         by_k: dict[int, seal.Plaintext] = {}
         for _, k, _ in d.entries:
@@ -340,10 +348,13 @@ class SecondPolynomials:
             raise ReleaseRefused("a release lists no upload")
         return total
 
-    def _native_sums(self, d: Descriptor, seeds: Sequence[bytes]) -> np.ndarray | None:
-        """Per chunk, Σ a_i expanded from the seeds by the native extension (``native.py``):
-        SEAL's own sampling, bit for bit what loading each upload expands; None on the
-        TenSEAL path."""
+    def _native_sums(
+        self, d: Descriptor, seeds: Sequence[bytes], factors: Sequence[int] = ()
+    ) -> np.ndarray | None:
+        """Per chunk, Σ k_i·a_i (each ``factors`` k_i, or 1) expanded from the seeds by the
+        native extension (``native.py``): SEAL's own sampling and arithmetic mod q, bit for
+        bit what loading each upload and multiplying it by the constant k_i gives; None on
+        the TenSEAL path."""
         extension = native.module()
         if extension is None:
             return None
@@ -356,6 +367,7 @@ class SecondPolynomials:
                 coeff_bits=list(preset.coeff_bits),
                 seeds=list(seeds),
                 chunks=d.chunks,
+                factors=list(factors),
                 threads=native.threads(),
             )
         except ValueError as exc:

@@ -155,7 +155,7 @@ class SecretKeyHolder:
                 secret_key_raw_bytes(n, primes),
                 "secret key",
             )
-            encryptor = extension.SeededEncryptor(
+            encryptor = extension.SecretKeyCKKS(
                 n=n, coeff_bits=list(self.preset.coeff_bits), secret_key=uncompressed_blob(raw)
             )
             if encryptor.first_parms_id != parms_id_bytes(self.public.context.first_parms_id()):
