@@ -152,9 +152,15 @@ def test_flooding_noise_has_the_calibrated_spread(keys):
 
 
 def test_csprng_normal_is_standard_normal():
-    z = csprng_normal(200_000)
+    z = csprng_normal(200_001)  # odd: the last Box–Muller pair gives one sample
+    assert z.size == 200_001
     assert abs(z.mean()) < 0.01 and z.std() == pytest.approx(1.0, rel=0.01)
     assert np.mean(np.abs(z) > 1.96) == pytest.approx(0.05, abs=0.003)
+    # r·cos θ and r·sin θ of one pair are uncorrelated (and so are the squares: independent)
+    cos, sin = z[:100_000], z[100_001:200_001]
+    assert abs(np.corrcoef(cos, sin)[0, 1]) < 0.015
+    assert abs(np.corrcoef(cos**2, sin**2)[0, 1]) < 0.015
+    assert not np.array_equal(csprng_normal(8), csprng_normal(8))  # a fresh key each call
 
 
 def test_a_decryptor_refuses_beyond_its_flooding_budget():

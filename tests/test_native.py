@@ -197,3 +197,50 @@ def test_the_mode_is_checked_and_on_requires_the_extension(monkeypatch):
         native.module()
     monkeypatch.setenv(native.ENV, "auto")
     assert native.module() is None  # auto falls back to TenSEAL's binding
+
+
+def _expanded_aggregate(monkeypatch):
+    """A lean client's own upload, opened as a one-entry aggregate on both paths' inputs."""
+    from secagg.ckks.first_polys import FreshLevel, first_polynomials, plaintext_blobs
+    from secagg.ckks.release import Descriptor
+
+    monkeypatch.setenv(native.ENV, "on")
+    keys = SecretKeyHolder(get_preset("lean"))
+    level = FreshLevel(keys.public)
+    first, seeds = first_polynomials(level, keys.encrypt(VALUES, 1.0), VALUES.size)
+    d = Descriptor("reveal", "global_update", 0, VALUES.size, len(first), ())
+    polys = SecondPolynomials(keys.public, keys.seeded_template())
+    return keys, level, polys, d, first, seeds, plaintext_blobs(level, first, keys.public.scale)
+
+
+def test_a_native_open_decrypts_what_tenseal_decrypts(monkeypatch):
+    from secagg.ckks.first_polys import load_first_sums
+
+    keys, level, polys, d, first, seeds, blobs = _expanded_aggregate(monkeypatch)
+    aggregate = polys.expanded(d, [seeds], first, keys.public.scale)
+    ours, sigma = keys.open_flooded(aggregate, VALUES.size, 0.0)
+    assert sigma == 0
+    monkeypatch.setenv(native.ENV, "off")
+    cts = polys.build(d, [seeds], load_first_sums(level, blobs, VALUES.size))
+    theirs, _ = keys.open_flooded(cts, VALUES.size, 0.0)
+    np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(ours, VALUES, atol=1e-6)
+    # flooded: the values move by noise of the σ reported, as on TenSEAL's path
+    monkeypatch.setenv(native.ENV, "on")
+    flooded, sigma = keys.open_flooded(aggregate, VALUES.size, 2.0**30)
+    assert sigma > 1e-7
+    assert 0.8 * sigma < float(np.std(flooded - ours)) < 1.2 * sigma
+
+
+def test_a_native_open_refuses_a_coefficient_outside_its_prime(monkeypatch):
+    from secagg.ckks.release import ExpandedAggregate
+    from secagg.errors import MalformedCiphertext
+
+    keys, level, polys, d, first, seeds, _ = _expanded_aggregate(monkeypatch)
+    aggregate = polys.expanded(d, [seeds], first, keys.public.scale)
+    bad = aggregate.first.copy()
+    bad[1, 5] = level.moduli[5]
+    with pytest.raises(MalformedCiphertext, match="below its prime"):
+        keys.open_flooded(
+            ExpandedAggregate(bad, aggregate.second, aggregate.scale), VALUES.size, 0.0
+        )

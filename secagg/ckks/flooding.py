@@ -35,7 +35,7 @@ test_flooding_bound.py`` checks realised ≤ E and that E is tight to about 7%).
 The noise is added to the ciphertext before decryption (an encoded plaintext of Gaussian
 slot values): the canonical embedding is √N times a unitary map, so i.i.d. noise of σ on
 each real slot component is noise of σ·scale/sqrt(N/2) on each coefficient. It is drawn
-from the operating system's CSPRNG.
+from a ChaCha20 keystream keyed from the operating system's CSPRNG (``csprng_normal``).
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ import os
 from collections.abc import Sequence
 
 import numpy as np
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
 #: SEAL's encryption noise here: a centred binomial, sum of 21 differences of fair bits
 NOISE_MAX = 21
@@ -80,8 +81,15 @@ def slot_sigma(coeff_sigma: float, poly_modulus_degree: int, scale: float) -> fl
 
 
 def csprng_normal(size: int) -> np.ndarray:
-    """Standard normal samples from os.urandom (Box–Muller on 53-bit uniforms)."""
-    raw = np.frombuffer(os.urandom(16 * size), dtype=np.uint64).reshape(2, size)
+    """Standard normal samples from a CSPRNG: Box–Muller on 53-bit uniforms, both of its
+    outputs (r·cos θ and r·sin θ are independent), the uniforms from a ChaCha20 keystream
+    (``cryptography``'s) under a fresh key and nonce from os.urandom, as the kernel's own
+    getrandom draws from ChaCha20: a million samples in about 25 ms here, where reading them
+    all from os.urandom took 50–75 ms of a decryptor's reveal."""
+    pairs = (size + 1) // 2
+    stream = Cipher(algorithms.ChaCha20(os.urandom(32), os.urandom(16)), mode=None).encryptor()
+    raw = np.frombuffer(stream.update(bytes(16 * pairs)), dtype=np.uint64).reshape(2, pairs)
     u1 = ((raw[0] >> np.uint64(11)).astype(np.float64) + 1.0) / 2.0**53  # in (0, 1]
     u2 = (raw[1] >> np.uint64(11)).astype(np.float64) / 2.0**53
-    return np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)
+    radius, angle = np.sqrt(-2.0 * np.log(u1)), 2.0 * np.pi * u2
+    return np.concatenate([radius * np.cos(angle), radius * np.sin(angle)])[:size]

@@ -255,6 +255,17 @@ def check_entries(
             raise ReleaseRefused(f"{d.name}: the seeds sent for {client} are not its upload's")
 
 
+@dataclass(frozen=True)
+class ExpandedAggregate:
+    """A client-weighted aggregate as the native path opens it (``SecretKeyHolder``): per
+    chunk the server's summed first polynomial C0 (checked: ``first_polys``) and the Σ a_i
+    this opener expanded from the entries' seeds itself, both (chunks, primes·N) uint64."""
+
+    first: np.ndarray
+    second: np.ndarray
+    scale: float
+
+
 class SecondPolynomials:
     """Recomputes Σ k_i·a_i from the entries' seeds and compares it with a ciphertext's.
 
@@ -323,6 +334,19 @@ class SecondPolynomials:
             self.public.evaluator.add_plain_inplace(total, first)
             out.append(total)
         return out
+
+    def expanded(
+        self, d: Descriptor, seeds: Sequence[bytes], first: np.ndarray, scale: float
+    ) -> ExpandedAggregate | None:
+        """:meth:`build` on the native path: the server's checked C0 (``checked_first_sums``)
+        with the Σ a_i expanded here, left for ``SecretKeyHolder`` to open in one native call;
+        None on the TenSEAL path."""
+        if not self.public.preset.weighted_by_clients:
+            raise ReleaseRefused(f"{d.name}: {self.public.preset.name} weights on the server")
+        if len(first) != d.chunks:
+            raise ReleaseRefused(f"{d.name}: {len(first)} chunks for {d.chunks}")
+        sums = self._native_sums(d, seeds)
+        return None if sums is None else ExpandedAggregate(first, sums, scale)
 
     def _expanded(
         self,

@@ -34,6 +34,7 @@ from secagg.ckks.public import (
     uncompressed_blob,
     zstd_header,
 )
+from secagg.ckks.release import ExpandedAggregate
 from secagg.errors import ClientInputError, KeySetupError, MalformedCiphertext, ValueRangeError
 
 #: a secret key is a plaintext at the key level (``PLAINTEXT_META``, then its data)
@@ -202,13 +203,18 @@ class SecretKeyHolder:
         return self.open_flooded(cts, n_values, coeff_sigma)
 
     def open_flooded(
-        self, cts: list[seal.Ciphertext], n_values: int, coeff_sigma: float
+        self,
+        cts: list[seal.Ciphertext] | ExpandedAggregate,
+        n_values: int,
+        coeff_sigma: float,
     ) -> tuple[np.ndarray, float]:
         """Add Gaussian noise of ``coeff_sigma`` per coefficient to each ciphertext, then
         decrypt: the noise is in before the decryption is reduced mod q, so whatever the
         ciphertext's first polynomial (the server chose it), every value released is a
         function of flooded coefficients. The noise is encoded as slot values (σ per real
         component, ``slot_sigma``) and rounded to integer coefficients by the encoder."""
+        if isinstance(cts, ExpandedAggregate):
+            return self._open_native(cts, n_values, coeff_sigma)
         sigma = slot_sigma(coeff_sigma, self.preset.poly_modulus_degree, cts[0].scale)
         if sigma > 0:
             half = self.preset.values_per_ciphertext // 2
@@ -220,6 +226,26 @@ class SecretKeyHolder:
                 )
                 self.public.evaluator.add_plain_inplace(ct, noise)
         return self._decode(cts, n_values), sigma
+
+    def _open_native(
+        self, aggregate: ExpandedAggregate, n_values: int, coeff_sigma: float
+    ) -> tuple[np.ndarray, float]:
+        """:meth:`open_flooded` in one native call: the same noise (σ per real component of
+        every slot, encoded at the ciphertext's scale and added before decryption), the
+        same decryption and decoding, on every chunk at once."""
+        encryptor = self._native()
+        if encryptor is None:
+            raise KeySetupError("an aggregate expanded natively needs the native extension")
+        sigma = slot_sigma(coeff_sigma, self.preset.poly_modulus_degree, aggregate.scale)
+        size = len(aggregate.first) * self.preset.values_per_ciphertext
+        noise = sigma * csprng_normal(size) if sigma > 0 else np.empty(0)
+        try:
+            values = encryptor.open(
+                aggregate.first, aggregate.second, aggregate.scale, noise, native.threads()
+            )
+        except ValueError as exc:
+            raise MalformedCiphertext(f"the aggregate does not open: {exc}") from None
+        return values[:n_values], sigma
 
     def seeded_template(self) -> bytes:
         """An uncompressed seeded encryption of zero: the layout a release check fills with
