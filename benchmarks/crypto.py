@@ -48,6 +48,13 @@ B/param); its decrypt is the decryptor's whole part (form (0, Σ a_i) from the s
 server's sum, decrypt), its flooding is sized for noise multipliers of 1 (``release.py``), its
 rel_error_noise is against Σ (k_i / 2^30)·x_i.
 
+The ``secagg`` rows run on the native extension (``secagg/ckks/native.py``: one call encodes,
+encrypts and serialises a vector; one expands the seeds; on ``lean`` one opens the sum);
+each call uses every core the process may (two here). ``secagg lean (native, one thread)``
+is ``secagg lean`` with ``SECAGG_NATIVE_THREADS=1``: the cost per core, as SecAgg+'s masking
+runs; ``secagg lean (TenSEAL binding only)`` is ``secagg lean`` with ``SECAGG_NATIVE=off``,
+the before, in the same run.
+
 NVFlare's default (``nvflare.app_opt.he``): TenSEAL context N=8192, coeff [60, 40, 40],
 scale 2^40, one ``ckks_vector`` per layer (here: the whole vector as one layer), weighted sum
 as ``Σ w_i · vec_i`` (TenSEAL rescales after the plaintext product). NVFlare's provisioning
@@ -89,9 +96,11 @@ import tenseal as ts
 from benchmarks import secaggplus
 from benchmarks.options import output_folder, positive
 from benchmarks.stats import markdown_table
+from secagg.ckks import native
 from secagg.ckks.first_polys import (
     FirstPolynomialSum,
     FreshLevel,
+    checked_first_sums,
     first_polynomials,
     load_first_sums,
     plaintext_blobs,
@@ -107,6 +116,10 @@ from secagg.threshold.shares import KeyShare
 OUTPUTS = ("crypto.csv", "crypto.md")
 NVFLARE = "NVFlare default"
 NVFLARE_PK = "NVFlare public-key"
+#: how a row run without the native extension (SECAGG_NATIVE=off) is named, and one whose
+#: native calls use one thread (SECAGG_NATIVE_THREADS=1)
+TENSEAL_ONLY = "(TenSEAL binding only)"
+ONE_THREAD = "(native, one thread)"
 SECAGGPLUS = "Flower SecAgg+"
 #: SecAgg+'s cheapest useful graph: each client shares with itself and two neighbours
 SECAGGPLUS_SHARES = 3
@@ -232,6 +245,10 @@ def bench_client_weighted(
     second = SecondPolynomials(keys.public, keys.seeded_template())
 
     def ciphertexts():
+        first, scale = checked_first_sums(level, agg, n)
+        expanded = second.expanded(descriptor, seeds, first, scale)  # the native path
+        if expanded is not None:
+            return expanded
         return second.build(descriptor, seeds, load_first_sums(level, agg, n))
 
     def decrypt():
@@ -383,6 +400,11 @@ def measure(xs: list[np.ndarray], raw_weights: np.ndarray, repeats: int, rounds:
         f"secagg {p.name}": partial(bench_preset, p, xs, weights, repeats, rounds)
         for p in PRESETS.values()
     }
+    # the native rows above use every core; lean on one (the cost per core, as SecAgg+'s
+    # masking runs) and, the before, on TenSEAL's binding alone
+    lean = partial(bench_preset, PRESETS["lean"], xs, weights, repeats, rounds)
+    configs[f"secagg lean {ONE_THREAD}"] = partial(with_native, "on", 1, lean)
+    configs[f"secagg lean {TENSEAL_ONLY}"] = partial(with_native, "off", None, lean)
     for share_num in sorted({min(SECAGGPLUS_SHARES, len(xs)), len(xs)}):
         if share_num >= 2:
             name = f"{SECAGGPLUS} ({share_num - 1} neighbour{'s' if share_num > 2 else ''})"
@@ -396,6 +418,11 @@ def measure(xs: list[np.ndarray], raw_weights: np.ndarray, repeats: int, rounds:
         print(f"  {name}, {xs[0].size:.0e} parameters, {len(xs)} clients ...", flush=True)
         rows.append({"config": name, "params": xs[0].size, "clients": len(xs), **run()})
     return rows
+
+
+def with_native(mode: str, threads: int | None, run: Callable[[], dict]) -> dict:
+    with native.chosen(mode, threads):
+        return run()
 
 
 def table(rows: list[dict]) -> pd.DataFrame:

@@ -18,6 +18,12 @@ backend's own functions, stage by stage, each timed separately (median of ``--re
   (expanding every contributor's seeds: a check on ``compact``, the polynomial it decrypts
   with on ``lean``), ``decrypt`` (flooding and decoding).
 
+Each preset runs twice, on TenSEAL's binding alone (``SECAGG_NATIVE=off``, the stages
+above) and on the native extension (``secagg/ckks/native.py``): there the client's encode,
+encrypt and serialise are one call (then zstd where the preset compresses), the decryptor
+expands the seeds in one call, and on ``lean`` opens the aggregate in one more;
+``--no-native`` skips the second run.
+
 Writes upload_profile.csv and upload_profile.md into --out (default: a new folder
 results/bench/upload_profile-<date-time>); ``--out benchmarks/results --overwrite``
 regenerates the committed one.
@@ -37,9 +43,11 @@ import tenseal.sealapi as seal
 
 from benchmarks.options import output_folder, positive
 from benchmarks.stats import markdown_table
+from secagg.ckks import native
 from secagg.ckks.first_polys import (
     FirstPolynomialSum,
     FreshLevel,
+    checked_first_sums,
     first_polynomials,
     load_first_sums,
     plaintext_blobs,
@@ -55,10 +63,11 @@ from secagg.ckks.public import (
     ciphertext_raw_bytes,
     inflate,
     quantise,
+    raw_body,
     to_bytes,
 )
 from secagg.ckks.release import Descriptor, SecondPolynomials
-from secagg.ckks.secret import SecretKeyHolder
+from secagg.ckks.secret import SecretKeyHolder, compressed, compresses
 
 OUTPUTS = ("upload_profile.csv", "upload_profile.md")
 
@@ -115,17 +124,60 @@ def client_stages(keys: SecretKeyHolder, x: np.ndarray, weight: float | None, re
     return seconds, parts
 
 
-def profile(preset: CKKSPreset, n: int, clients: int, repeats: int) -> dict[str, float]:
+def native_client_stages(keys: SecretKeyHolder, x: np.ndarray, weight: float | None, repeats: int):
+    """The client's protect on the native path: the checks and the weight, then one native
+    call (encode, encrypt, serialise: ``native.py``), zstd where the preset compresses
+    (``compact``), the seeds."""
+    preset = keys.preset
+    seconds: dict[str, float] = {}
+
+    def prepare():
+        values = keys.checked(x, preset.headroom)
+        if weight is not None:
+            values = values * (applied_weight(weight, preset) / preset.client_weight_unit)
+        return values
+
+    values, seconds["client: prepare"] = median_seconds(prepare, repeats)
+    encryptor = keys._native()
+    blob, seconds["client: encode + encrypt + serialise (one native call)"] = median_seconds(
+        lambda: encryptor.encrypt(values, keys.public.scale, native.threads()), repeats
+    )
+    size = encryptor.ciphertext_bytes
+    parts = [blob[at : at + size] for at in range(0, len(blob), size)]
+    if compresses(preset):
+        parts, seconds["client: compress (zstd)"] = median_seconds(
+            lambda: [compressed(p) for p in parts], repeats
+        )
+    most = ciphertext_raw_bytes(preset.poly_modulus_degree, keys.public.n_primes, True)
+    _, seconds["client: seeds"] = median_seconds(
+        lambda: b"".join(raw_body(p, most, "own")[-SEED_INFO_BYTES:] for p in parts), repeats
+    )
+    return seconds, parts
+
+
+def profile(
+    preset: CKKSPreset, n: int, clients: int, repeats: int, native_path: bool = False
+) -> dict[str, float]:
+    """One preset's stages, on TenSEAL's binding alone or (``native_path``) on the native
+    extension where secagg uses it."""
+    with native.chosen("on" if native_path else "off"):
+        return _profile(preset, n, clients, repeats, native_path)
+
+
+def _profile(
+    preset: CKKSPreset, n: int, clients: int, repeats: int, native_path: bool
+) -> dict[str, float]:
     rng = np.random.default_rng(0)
     xs = [rng.normal(0, 0.01, n) for _ in range(clients)]
     weights = [1.0 / clients] * clients
     keys = SecretKeyHolder(preset)
     public = PublicCKKS(preset)
     lean = preset.weighted_by_clients
-    row, first_parts = client_stages(keys, xs[0], weights[0] if lean else None, repeats)
+    stages = native_client_stages if native_path else client_stages
+    row, first_parts = stages(keys, xs[0], weights[0] if lean else None, repeats)
     uploads = [first_parts]
     for x, w in zip(xs[1:], weights[1:]):
-        uploads.append(client_stages(keys, x, w if lean else None, 1)[1])
+        uploads.append(stages(keys, x, w if lean else None, 1)[1])
     level = FreshLevel(public) if lean else None
     # the server, per upload
     if level is not None:
@@ -164,7 +216,15 @@ def profile(preset: CKKSPreset, n: int, clients: int, repeats: int) -> dict[str,
         "reveal", "profile", 0, n, chunks, tuple((f"c{i}", k, "") for i, k in enumerate(ks))
     )
     second = SecondPolynomials(keys.public, keys.seeded_template())
-    if level is not None:
+    if level is not None and native_path:
+        (first, scale), row["decryptor: aggregate"] = median_seconds(
+            lambda: checked_first_sums(level, aggregate, n), repeats
+        )
+        cts, row["decryptor: second polynomial"] = median_seconds(
+            lambda: second.expanded(d, seeds, first, scale), repeats
+        )
+        multipliers = [1] * clients
+    elif level is not None:
         sums, row["decryptor: aggregate"] = median_seconds(
             lambda: load_first_sums(level, aggregate, n), repeats
         )
@@ -181,20 +241,25 @@ def profile(preset: CKKSPreset, n: int, clients: int, repeats: int) -> dict[str,
         )
         multipliers = ks
     sigma = flooding_sigma(error_bound(multipliers, chunks * preset.poly_modulus_degree), clients)
-    _, row["decryptor: decrypt"] = median_seconds(
-        lambda: keys.open_flooded(
-            second.build(d, seeds, load_first_sums(level, aggregate, n))
-            if level is not None
-            else keys.load_aggregate(aggregate, n),
-            n,
-            sigma,
-        ),
-        repeats,
-    )
-    # the decrypt timing above reloads what it floods (flooding changes the ciphertexts)
-    row["decryptor: decrypt"] -= row["decryptor: aggregate"] + (
-        row["decryptor: second polynomial"] if level is not None else 0.0
-    )
+    if level is not None and native_path:  # the native open changes nothing it is given
+        _, row["decryptor: decrypt"] = median_seconds(
+            lambda: keys.open_flooded(cts, n, sigma), repeats
+        )
+    else:
+        _, row["decryptor: decrypt"] = median_seconds(
+            lambda: keys.open_flooded(
+                second.build(d, seeds, load_first_sums(level, aggregate, n))
+                if level is not None
+                else keys.load_aggregate(aggregate, n),
+                n,
+                sigma,
+            ),
+            repeats,
+        )
+        # the decrypt timing above reloads what it floods (flooding changes the ciphertexts)
+        row["decryptor: decrypt"] -= row["decryptor: aggregate"] + (
+            row["decryptor: second polynomial"] if level is not None else 0.0
+        )
     row["upload bytes per value"] = sum(map(len, uploads[0])) / n
     row["aggregate bytes per value"] = sum(map(len, aggregate)) / n
     return row
@@ -210,6 +275,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--params", type=positive, default=1_000_000, help="values per update")
     parser.add_argument("--clients", type=positive, default=10, help="uploads in the sum")
     parser.add_argument("--repeats", type=positive, default=5, help="repeats per stage")
+    parser.add_argument(
+        "--no-native",
+        dest="native",
+        action="store_false",
+        help="profile TenSEAL's binding only (default: each preset on both paths)",
+    )
     parser.add_argument("--out", type=Path, metavar="DIR", help="output folder")
     parser.add_argument("--overwrite", action="store_true", help="replace earlier outputs")
     args = parser.parse_args(argv)
@@ -223,11 +294,26 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     rows = {}
     for preset in PRESETS.values():
         print(f"  {preset.name} ...", flush=True)
-        rows[preset.name] = profile(preset, args.params, args.clients, args.repeats)
+        rows[f"{preset.name} (TenSEAL)"] = profile(preset, args.params, args.clients, args.repeats)
+        if args.native:
+            print(f"  {preset.name}, native ...", flush=True)
+            rows[f"{preset.name} (native)"] = profile(
+                preset, args.params, args.clients, args.repeats, native_path=True
+            )
     frame = pd.DataFrame(rows)
+    # the stages in the order they happen: the native call where encode, encrypt and
+    # serialise are on TenSEAL's path
+    stages = list(frame.index)
+    tenseal = rows[next(k for k in rows if k.endswith("(TenSEAL)"))]
+    native_stages = [s for s in stages if s not in tenseal]
+    rest = [s for s in stages if s not in native_stages]
+    at = rest.index("client: seeds") if "client: seeds" in rest else len(rest)
+    frame = frame.reindex(rest[:at] + native_stages + rest[at:])
     frame.index.name = "stage (seconds)"
     frame.to_csv(args.out / "upload_profile.csv")
-    md = markdown_table(frame.reset_index(), ".3g")
+    # a stage a path does not have reads as a dash, not as "nan"
+    shown = frame.reset_index().astype(object)
+    md = markdown_table(shown.where(shown.notna(), "–"), ".3g")
     (args.out / "upload_profile.md").write_text(
         f"# Where one upload's time goes ({args.params:.0e} values, {args.clients} clients; "
         f"medians of {args.repeats})\n\n`python -m benchmarks.upload_profile --help` says what "

@@ -72,6 +72,8 @@ def test_one_table_holds_every_configuration_at_every_client_count(tmp_path):
         ["--sizes", "3000", "--clients", "2,3", "--repeats", "1", "--out", str(tmp_path)]
     )
     configs = ["secagg compact", "secagg wide", "secagg lean", crypto.NVFLARE, crypto.NVFLARE_PK]
+    # lean again on one native thread and on TenSEAL's binding alone (the before)
+    configs += [f"secagg lean {crypto.ONE_THREAD}", f"secagg lean {crypto.TENSEAL_ONLY}"]
     configs += [f"secagg threshold {name}" for name in PRESETS]
     # flwr's SecAgg+ masking: 1 neighbour of 2 clients, 2 of 3 (the sparse graph and the
     # complete one coincide at these sizes)
@@ -92,6 +94,10 @@ def test_one_table_holds_every_configuration_at_every_client_count(tmp_path):
     # the lean preset: the clients' weighted uploads, only added, sum like the others
     lean = table[table["config"] == "secagg lean"]
     assert (lean["rel_error_noise"] < 1e-9).all() and (lean["rel_error_flooded"] < 1e-2).all()
+    for path in (crypto.ONE_THREAD, crypto.TENSEAL_ONLY):  # the same sums on every path
+        same = table[table["config"] == f"secagg lean {path}"]
+        assert (same["rel_error_noise"] < 1e-9).all()
+        assert (same["upload_B_per_param"].to_numpy() < 1.001 * lean["upload_B_per_param"]).all()
     compact = table[table["config"] == "secagg compact"]
     # the aggregate travels as first polynomials: half a compact sum's two 93-bit polynomials
     assert (

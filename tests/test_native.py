@@ -244,3 +244,18 @@ def test_a_native_open_refuses_a_coefficient_outside_its_prime(monkeypatch):
         keys.open_flooded(
             ExpandedAggregate(bad, aggregate.second, aggregate.scale), VALUES.size, 0.0
         )
+
+
+def test_the_thread_count_is_checked_and_chosen_restores_the_environment(monkeypatch):
+    monkeypatch.delenv(native.THREADS_ENV, raising=False)
+    monkeypatch.setenv(native.ENV, "auto")
+    assert native.threads() >= 1
+    with native.chosen("off", threads=3):
+        assert native.module() is None and native.threads() == 3
+    assert os.environ[native.ENV] == "auto" and native.THREADS_ENV not in os.environ
+    monkeypatch.setenv(native.THREADS_ENV, "0")
+    with pytest.raises(ConfigError, match="positive number of threads"):
+        native.threads()
+    with pytest.raises(ConfigError, match="choose one of"):
+        with native.chosen("fast"):
+            pass

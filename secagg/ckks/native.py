@@ -10,18 +10,22 @@ checks TenSEAL's (``public.raw_body``). The tests hold the two paths to the same
 
 ``SECAGG_NATIVE`` chooses the path: ``auto`` (the default: native when built), ``off`` (the
 TenSEAL binding only: the before-and-after benchmarks set it) or ``on`` (refuse to run
-without the extension).
+without the extension). ``SECAGG_NATIVE_THREADS`` caps the threads of one call (default: the
+cores the process may use).
 """
 
 from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import ModuleType
 
 from secagg.errors import ConfigError
 
 ENV = "SECAGG_NATIVE"
+THREADS_ENV = "SECAGG_NATIVE_THREADS"
 MODES = ("auto", "on", "off")
 _BUILD_HINT = "build it with `bash scripts/build_native.sh` (or set SECAGG_NATIVE=off)"
 
@@ -65,5 +69,32 @@ def _check_version(version: str) -> None:
 
 
 def threads() -> int:
-    """Threads for one native call: the cores this process may run on."""
-    return max(1, len(os.sched_getaffinity(0)))
+    """Threads for one native call: ``SECAGG_NATIVE_THREADS``, or the cores this process may
+    run on (a benchmark sets 1 to show the cost per core)."""
+    given = os.environ.get(THREADS_ENV, "").strip()
+    if not given:
+        return max(1, len(os.sched_getaffinity(0)))
+    if not given.isdigit() or int(given) < 1:
+        raise ConfigError(f"{THREADS_ENV}={given!r}: a positive number of threads")
+    return int(given)
+
+
+@contextmanager
+def chosen(value: str, threads: int | None = None) -> Iterator[None]:
+    """``SECAGG_NATIVE=value`` (and ``SECAGG_NATIVE_THREADS=threads``) inside the block, as
+    they were after: the benchmarks run one configuration on both paths in one process."""
+    if value not in MODES:
+        raise ConfigError(f"{ENV}={value!r}: choose one of {', '.join(MODES)}")
+    settings = {ENV: value, THREADS_ENV: None if threads is None else str(threads)}
+    previous = {name: os.environ.get(name) for name in settings}
+    try:
+        for name, setting in settings.items():
+            if setting is not None:
+                os.environ[name] = setting
+        yield
+    finally:
+        for name, old in previous.items():
+            if old is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = old
