@@ -259,3 +259,35 @@ def test_the_thread_count_is_checked_and_chosen_restores_the_environment(monkeyp
     with pytest.raises(ConfigError, match="choose one of"):
         with native.chosen("fast"):
             pass
+
+
+def _longer(blob: bytes, extra: int) -> bytes:
+    """``blob`` with ``extra`` zero bytes appended and its header's size saying so."""
+    return blob[:8] + (len(blob) + extra).to_bytes(8, "little") + blob[16:] + bytes(extra)
+
+
+@pytest.mark.parametrize(
+    "forge, error",
+    [
+        (lambda b: b[:-8], "claims .* bytes but has"),  # truncated, header left as it was
+        (lambda b: _longer(b, 8), "inflates to 32954 bytes"),  # the layout is checked
+        (lambda b: _longer(b, 70_000), "at most"),  # longer than any ciphertext here
+        (lambda b: b[:5] + b"\x01" + b[6:], "compression mode 1"),  # zlib: never written here
+        (lambda b: b[:5] + b"\x02" + b[6:], "not a zstd body"),  # says zstd, is not
+    ],
+    ids=["truncated", "8 bytes longer", "longer than any", "zlib", "zstd-labelled raw body"],
+)
+def test_a_server_refuses_a_malformed_uncompressed_upload(monkeypatch, forge, error):
+    """The native path's uploads travel uncompressed; the server's checks bound them as they
+    bound compressed ones, before SEAL reads a byte (``public.raw_body``)."""
+    from secagg.ckks.first_polys import FreshLevel, first_polynomials
+    from secagg.errors import MalformedCiphertext
+
+    monkeypatch.setenv(native.ENV, "on")
+    keys = SecretKeyHolder(get_preset("lean"))
+    (upload,) = keys.encrypt(np.ones(8), 1.0)
+    assert read_header(upload).compr_mode == COMPR_NONE
+    level = FreshLevel(keys.public)
+    first_polynomials(level, [upload], 8)  # as sent: accepted
+    with pytest.raises(MalformedCiphertext, match=error):
+        first_polynomials(level, [forge(upload)], 8)

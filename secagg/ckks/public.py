@@ -6,7 +6,8 @@ Bytes from a client (or a server, for a decryptor) are checked here before SEAL 
 SEAL 4.1 trusts sizes inside its own format: a header's ``size`` sets a buffer SEAL
 allocates, a zstd body is inflated without bound, and a ciphertext claiming size 0 turns off
 the bound on its data array, so a 65 KB upload could make it allocate gigabytes. So an upload
-is inflated here into a buffer of the largest size a ciphertext of the preset can have, its
+is inflated here into a buffer of the largest size a ciphertext of the preset can have (or,
+sent uncompressed, as the native path sends ``lean``'s, taken at no more than that size), its
 layout is checked field by field, and SEAL loads the checked, uncompressed bytes.
 """
 
