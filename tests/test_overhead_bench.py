@@ -134,6 +134,8 @@ def test_quick_runs_every_code_path_once_at_toy_sizes():
     assert {w.local_steps for w in workloads} == {10, 20}
     assert {w.backend for _, w, o in configs if o.get("client_dp")} == {"plain", "ckks"}
     assert any(o.get("streaming") is False for _, _, o in configs)
+    # an unstreamed server sums after the uploads: never on lean (its clients need a plan)
+    assert all(w.preset != "lean" for _, w, o in configs if o.get("streaming") is False)
     keys = [(w, tuple(sorted(o.items()))) for _, w, o in configs]
     assert len(keys) == len(set(keys))  # nothing runs twice
     ratio = [w for s, w, _ in configs if s == "ratio#0"]
