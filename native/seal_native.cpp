@@ -4,7 +4,7 @@
 //  * SecretKeyCKKS.encrypt (a client's upload): encode N reals a chunk (two per complex slot,
 //    as secagg's Python path does) and encrypt them with SEAL's seeded symmetric encryption,
 //    written in SEAL's own uncompressed format (8 bytes a value, no zstd, no scratch file).
-//  * expand_seed_sum (a decryptor's check): per chunk, Σ k_i·a_i over the uploads of a
+//  * SeedExpander.sum (a decryptor's check): per chunk, Σ k_i·a_i over the uploads of a
 //    release, a_i the second polynomial SEAL expands from upload i's seed (what
 //    Ciphertext::load does for a seeded ciphertext) and k_i its weight (or 1).
 //  * SecretKeyCKKS.open (a decryptor's reveal on a client-weighted preset): per chunk the
@@ -78,11 +78,19 @@ void parallel_ranges(std::size_t count, std::size_t threads, F f) {
         if (e) std::rethrow_exception(e);
 }
 
+// One parameter set's SEAL context, built once (NTT tables, prime checks: milliseconds) and
+// shared by every key holder and expander of a process; a SEALContext copies cheaply.
+class Parameters {
+public:
+    Parameters(std::size_t n, std::vector<int> coeff_bits) : context(make_context(n, coeff_bits)) {}
+    seal::SEALContext context;
+};
+
 class SecretKeyCKKS {
 public:
     // secret_key: a SEAL SecretKey, uncompressed (secagg's checked_blob output)
-    SecretKeyCKKS(std::size_t n, std::vector<int> coeff_bits, py::bytes secret_key)
-        : context_(make_context(n, coeff_bits)), encoder_(context_) {
+    SecretKeyCKKS(const Parameters &parameters, py::bytes secret_key)
+        : context_(parameters.context), encoder_(context_) {
         std::string raw = secret_key;
         secret_.load(context_, reinterpret_cast<const seal::seal_byte *>(raw.data()), raw.size());
         if (!seal::is_valid_for(secret_, context_)) {
@@ -220,15 +228,29 @@ private:
 // Returns (chunks, n * primes) uint64: per chunk Σ_i factor_i · a_i mod q, a_i the second
 // polynomial upload i's seed expands to at the first data level (what SEAL's multiply_plain
 // by the constant factor_i and add compute on loaded uploads).
-py::array_t<std::uint64_t> expand_seed_sum(std::size_t n, std::vector<int> coeff_bits,
-                                           std::vector<py::bytes> seeds, std::size_t chunks,
-                                           std::vector<std::int64_t> factors,
-                                           std::size_t threads) {
+// A SeedExpander holds its parameters' SEAL context (building one costs milliseconds, which
+// a small model's many releases would pay on every call).
+class SeedExpander {
+public:
+    explicit SeedExpander(const Parameters &parameters) : context_(parameters.context) {}
+
+    py::array_t<std::uint64_t> sum(std::vector<py::bytes> seeds, std::size_t chunks,
+                                   std::vector<std::int64_t> factors,
+                                   std::size_t threads) const;
+
+private:
+    seal::SEALContext context_;
+};
+
+py::array_t<std::uint64_t> SeedExpander::sum(std::vector<py::bytes> seeds, std::size_t chunks,
+                                             std::vector<std::int64_t> factors,
+                                             std::size_t threads) const {
     constexpr std::size_t info = 1 + seal::prng_seed_byte_count;
-    seal::SEALContext context = make_context(n, coeff_bits);
+    const seal::SEALContext &context = context_;
     auto data = context.first_context_data();
     const auto &parms = data->parms();
     const auto &moduli = parms.coeff_modulus();
+    std::size_t n = parms.poly_modulus_degree();
     std::size_t primes = moduli.size(), width = n * primes;
     std::vector<std::string> raw;
     for (auto &s : seeds) {
@@ -291,9 +313,11 @@ PYBIND11_MODULE(_seal_native, m) {
     m.attr("SEAL_VERSION") = std::to_string(SEAL_VERSION_MAJOR) + "." +
                              std::to_string(SEAL_VERSION_MINOR) + "." +
                              std::to_string(SEAL_VERSION_PATCH);
+    py::class_<Parameters>(m, "Parameters")
+        .def(py::init<std::size_t, std::vector<int>>(), py::arg("n"), py::arg("coeff_bits"));
     py::class_<SecretKeyCKKS>(m, "SecretKeyCKKS")
-        .def(py::init<std::size_t, std::vector<int>, py::bytes>(), py::arg("n"),
-             py::arg("coeff_bits"), py::arg("secret_key"))
+        .def(py::init<const Parameters &, py::bytes>(), py::arg("parameters"),
+             py::arg("secret_key"))
         .def_property_readonly("first_parms_id", &SecretKeyCKKS::first_parms_id)
         .def_property_readonly("ciphertext_bytes", &SecretKeyCKKS::ciphertext_bytes)
         .def_property_readonly("values_per_ciphertext", &SecretKeyCKKS::values_per_ciphertext)
@@ -301,7 +325,8 @@ PYBIND11_MODULE(_seal_native, m) {
              py::arg("threads") = 1)
         .def("open", &SecretKeyCKKS::open, py::arg("c0"), py::arg("c1"), py::arg("scale"),
              py::arg("noise"), py::arg("threads") = 1);
-    m.def("expand_seed_sum", &expand_seed_sum, py::arg("n"), py::arg("coeff_bits"),
-          py::arg("seeds"), py::arg("chunks"), py::arg("factors") = std::vector<std::int64_t>(),
-          py::arg("threads") = 1);
+    py::class_<SeedExpander>(m, "SeedExpander")
+        .def(py::init<const Parameters &>(), py::arg("parameters"))
+        .def("sum", &SeedExpander::sum, py::arg("seeds"), py::arg("chunks"),
+             py::arg("factors") = std::vector<std::int64_t>(), py::arg("threads") = 1);
 }

@@ -105,9 +105,7 @@ def test_seed_expansion_is_seals_bit_for_bit(monkeypatch):
         for i in range(3)
     ]
     polys = SecondPolynomials(keys.public, keys.seeded_template())
-    sums = native.module().expand_seed_sum(
-        n=keys.preset.poly_modulus_degree,
-        coeff_bits=list(keys.preset.coeff_bits),
+    sums = native.seed_expander(keys.preset.poly_modulus_degree, tuple(keys.preset.coeff_bits)).sum(
         seeds=seeds,
         chunks=3,
         threads=2,
@@ -131,9 +129,7 @@ def test_weighted_seed_expansion_is_seals_multiply_plain_bit_for_bit(monkeypatch
     ]  # compact's uploads travel zstd-compressed: the seed is at the end of the raw body
     ks = [3, 1, 700_001]
     chunks = len(seeds[0]) // SEED_INFO_BYTES
-    sums = native.module().expand_seed_sum(
-        n=keys.preset.poly_modulus_degree,
-        coeff_bits=list(keys.preset.coeff_bits),
+    sums = native.seed_expander(keys.preset.poly_modulus_degree, tuple(keys.preset.coeff_bits)).sum(
         seeds=seeds,
         chunks=chunks,
         factors=ks,
@@ -149,9 +145,9 @@ def test_weighted_seed_expansion_is_seals_multiply_plain_bit_for_bit(monkeypatch
     for j in range(chunks):
         tenseal = polys._second(polys._expanded(polys._template, seeds, j, factors))
         assert tenseal == sums[j].astype("<u8").tobytes()
-    unweighted = native.module().expand_seed_sum(
-        n=keys.preset.poly_modulus_degree,
-        coeff_bits=list(keys.preset.coeff_bits),
+    unweighted = native.seed_expander(
+        keys.preset.poly_modulus_degree, tuple(keys.preset.coeff_bits)
+    ).sum(
         seeds=seeds,
         chunks=chunks,
         threads=1,

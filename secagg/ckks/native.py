@@ -16,6 +16,7 @@ cores the process may use).
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 from collections.abc import Iterator
@@ -66,6 +67,22 @@ def _check_version(version: str) -> None:
             f"the native extension is built on SEAL {version}, TenSEAL's is "
             f"{ours[0]}.{ours[1]}: {_BUILD_HINT}"
         )
+
+
+@functools.cache
+def parameters(n: int, coeff_bits: tuple[int, ...]):
+    """The extension's SEAL context for these parameters, built once per process and shared
+    (building one costs milliseconds, which every client's key holder and every release of
+    a small model would otherwise pay); only called once :func:`module` returned it."""
+    extension = importlib.import_module("secagg.ckks._seal_native")
+    return extension.Parameters(n=n, coeff_bits=list(coeff_bits))
+
+
+@functools.cache
+def seed_expander(n: int, coeff_bits: tuple[int, ...]):
+    """The extension's ``SeedExpander`` for these parameters, made once per process."""
+    extension = importlib.import_module("secagg.ckks._seal_native")
+    return extension.SeedExpander(parameters=parameters(n, coeff_bits))
 
 
 def threads() -> int:

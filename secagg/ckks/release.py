@@ -379,16 +379,14 @@ class SecondPolynomials:
         native extension (``native.py``): SEAL's own sampling and arithmetic mod q, bit for
         bit what loading each upload and multiplying it by the constant k_i gives; None on
         the TenSEAL path."""
-        extension = native.module()
-        if extension is None:
+        if native.module() is None:
             return None
         if not seeds:
             raise ReleaseRefused("a release lists no upload")
         preset = self.public.preset
+        expander = native.seed_expander(preset.poly_modulus_degree, tuple(preset.coeff_bits))
         try:
-            return extension.expand_seed_sum(
-                n=preset.poly_modulus_degree,
-                coeff_bits=list(preset.coeff_bits),
+            return expander.sum(
                 seeds=list(seeds),
                 chunks=d.chunks,
                 factors=list(factors),

@@ -157,7 +157,8 @@ class SecretKeyHolder:
                 "secret key",
             )
             encryptor = extension.SecretKeyCKKS(
-                n=n, coeff_bits=list(self.preset.coeff_bits), secret_key=uncompressed_blob(raw)
+                parameters=native.parameters(n, tuple(self.preset.coeff_bits)),
+                secret_key=uncompressed_blob(raw),
             )
             if encryptor.first_parms_id != parms_id_bytes(self.public.context.first_parms_id()):
                 raise KeySetupError(
