@@ -45,9 +45,9 @@ from secagg.ckks.public import (
     checked_blob,
     ciphertext_raw_bytes,
     from_bytes,
-    nested_header,
     parms_id_bytes,
     read_header,
+    seal_header,
     uncompressed_blob,
 )
 from secagg.errors import ConfigError, MalformedCiphertext, WrongContext
@@ -151,7 +151,7 @@ def plaintext_blobs(level: FreshLevel, total: np.ndarray, scale: float) -> list[
     count = level.coefficients
     head = (
         PLAIN_META.pack(level.parms_id, count, scale)
-        + nested_header(SEAL_HEADER.size + _COUNT.size + 8 * count)
+        + seal_header(SEAL_HEADER.size + _COUNT.size + 8 * count)
         + _COUNT.pack(count)
     )
     return [uncompressed_blob(head + row.astype("<u8", copy=False).tobytes()) for row in total]

@@ -261,27 +261,16 @@ def checked_blob(
     return uncompressed_blob(raw)
 
 
+def seal_header(nbytes: int, compr_mode: int = COMPR_NONE) -> bytes:
+    """The header this SEAL build writes in front of ``nbytes`` in all (an object's, or the
+    nested one before its data array), in ``compr_mode``."""
+    ours = written_header()
+    return _HEADER.pack(SEAL_MAGIC, _HEADER.size, *ours.version, compr_mode, 0, nbytes)
+
+
 def uncompressed_blob(raw: bytes) -> bytes:
     """A SEAL header (uncompressed, exact length) in front of an object's raw bytes."""
-    ours = written_header()
-    return (
-        _HEADER.pack(
-            SEAL_MAGIC, _HEADER.size, *ours.version, COMPR_NONE, 0, _HEADER.size + len(raw)
-        )
-        + raw
-    )
-
-
-def zstd_header(nbytes: int) -> bytes:
-    """The header SEAL writes in front of a zstd-compressed object of ``nbytes`` in all."""
-    ours = written_header()
-    return _HEADER.pack(SEAL_MAGIC, _HEADER.size, *ours.version, COMPR_ZSTD, 0, nbytes)
-
-
-def nested_header(nbytes: int) -> bytes:
-    """The uncompressed header SEAL writes inside an object, before ``nbytes`` of data."""
-    ours = written_header()
-    return _HEADER.pack(SEAL_MAGIC, _HEADER.size, *ours.version, COMPR_NONE, 0, nbytes)
+    return seal_header(_HEADER.size + len(raw)) + raw
 
 
 def raw_ciphertext(ct: seal.Ciphertext) -> bytes:

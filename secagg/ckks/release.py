@@ -56,8 +56,8 @@ from secagg.ckks.public import (
     SEED_INFO_BYTES,
     PublicCKKS,
     ciphertext_raw_bytes,
-    nested_header,
     raw_ciphertext,
+    seal_header,
     uncompressed_blob,
 )
 from secagg.errors import ReleaseRefused
@@ -401,7 +401,7 @@ class SecondPolynomials:
         polys = bytes(self._poly_bytes) + second.astype("<u8", copy=False).tobytes()
         raw = (
             bytes(self._template[: CIPHERTEXT_META.size])
-            + nested_header(SEAL_HEADER.size + COUNT.size + len(polys))
+            + seal_header(SEAL_HEADER.size + COUNT.size + len(polys))
             + COUNT.pack(len(polys) // 8)
             + polys
         )

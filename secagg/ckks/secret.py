@@ -19,6 +19,7 @@ from secagg.ckks import native
 from secagg.ckks.flooding import csprng_normal, slot_sigma
 from secagg.ckks.presets import CKKSPreset, chunks_for
 from secagg.ckks.public import (
+    COMPR_ZSTD,
     COUNT,
     HEADER_BYTES,
     PLAINTEXT_META,
@@ -30,9 +31,9 @@ from secagg.ckks.public import (
     from_bytes,
     inflate,
     parms_id_bytes,
+    seal_header,
     to_bytes,
     uncompressed_blob,
-    zstd_header,
 )
 from secagg.ckks.release import ExpandedAggregate
 from secagg.errors import ClientInputError, KeySetupError, MalformedCiphertext, ValueRangeError
@@ -89,7 +90,7 @@ def compressed(blob: bytes) -> bytes:
     """An uncompressed SEAL object as SEAL writes it with zstd (its header, then one zstd
     frame); the server inflates it with a bound (``public.raw_body``)."""
     body = zstandard.ZstdCompressor().compress(memoryview(blob)[HEADER_BYTES:])
-    return zstd_header(HEADER_BYTES + len(body)) + body
+    return seal_header(HEADER_BYTES + len(body), COMPR_ZSTD) + body
 
 
 class SecretKeyHolder:
