@@ -228,6 +228,13 @@ def test_a_native_open_decrypts_what_tenseal_decrypts(monkeypatch):
     assert 0.8 * sigma < float(np.std(flooded - ours)) < 1.2 * sigma
 
 
+def test_expanding_natively_with_the_extension_off_is_refused(monkeypatch):
+    keys, level, polys, d, first, seeds, _ = _expanded_aggregate(monkeypatch)
+    monkeypatch.setenv(native.ENV, "off")
+    with pytest.raises(ConfigError, match="off or not built"):
+        polys.expanded(d, [seeds], first, keys.public.scale)
+
+
 def test_a_native_open_refuses_a_coefficient_outside_its_prime(monkeypatch):
     from secagg.ckks.release import ExpandedAggregate
     from secagg.errors import MalformedCiphertext

@@ -36,6 +36,7 @@ from secagg.backends.consenting import (
     restored_keys,
     restored_uploads,
 )
+from secagg.ckks import native
 from secagg.ckks.first_polys import FreshLevel, checked_first_sums, load_first_sums
 from secagg.ckks.flooding import error_bound, flooding_sigma
 from secagg.ckks.keywrap import KeyWrapper
@@ -346,10 +347,9 @@ class CKKSClient(ClientBackend):
             # the server sent its summed first polynomials only: the second polynomial this
             # client decrypts with is the one it expands from the seeds itself
             level = FreshLevel(self.keys.public)
-            first, scale = checked_first_sums(level, parts, d.n_values)
-            expanded = self._second_polys.expanded(d, seeds, first, scale)
-            if expanded is not None:  # the native path opens it in one call
-                return d, expanded
+            if native.module() is not None:  # the native path opens it in one call
+                first, scale = checked_first_sums(level, parts, d.n_values)
+                return d, self._second_polys.expanded(d, seeds, first, scale)
             firsts = load_first_sums(level, parts, d.n_values)
             return d, self._second_polys.build(d, seeds, firsts)
         cts = self.keys.load_aggregate(parts, d.n_values)

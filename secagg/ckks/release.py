@@ -60,7 +60,7 @@ from secagg.ckks.public import (
     seal_header,
     uncompressed_blob,
 )
-from secagg.errors import ReleaseRefused
+from secagg.errors import ConfigError, ReleaseRefused
 
 KINDS = ("reveal", "open")
 SIGNATURE_BYTES = 64
@@ -290,23 +290,20 @@ class SecondPolynomials:
         if len(cts) != d.chunks:
             raise ReleaseRefused(f"{d.name}: {len(cts)} ciphertexts for {d.chunks} chunks")
         sums = self._native_sums(d, seeds, [k for _, k, _ in d.entries])
-        if sums is not None:
-            for j, ct in enumerate(cts):
-                if self._second(ct) != sums[j].astype("<u8", copy=False).tobytes():
-                    raise ReleaseRefused(
-                        f"{d.name}: chunk {j} is not the weighted sum of the listed uploads"
-                    )
-            return
-        wscale = 2.0**self.public.preset.weight_bits
-        by_k: dict[int, seal.Plaintext] = {}
-        for _, k, _ in d.entries:
-            if k not in by_k:  # k / 2^wb · 2^wb = k exactly: what the server multiplied by
-                by_k[k] = seal.Plaintext()
-                self.public.encoder.encode(k / wscale, cts[0].parms_id(), wscale, by_k[k])
-        factors = [by_k[k] for _, k, _ in d.entries]
+        if sums is None:
+            wscale = 2.0**self.public.preset.weight_bits
+            by_k: dict[int, seal.Plaintext] = {}
+            for _, k, _ in d.entries:
+                if k not in by_k:  # k / 2^wb · 2^wb = k exactly: what the server multiplied by
+                    by_k[k] = seal.Plaintext()
+                    self.public.encoder.encode(k / wscale, cts[0].parms_id(), wscale, by_k[k])
+            factors = [by_k[k] for _, k, _ in d.entries]
         for j, ct in enumerate(cts):
-            expected = self._expanded(self._template, seeds, j, factors)
-            if self._second(expected) != self._second(ct):
+            if sums is None:
+                expected = self._second(self._expanded(self._template, seeds, j, factors))
+            else:
+                expected = sums[j].astype("<u8", copy=False).tobytes()
+            if self._second(ct) != expected:
                 raise ReleaseRefused(
                     f"{d.name}: chunk {j} is not the weighted sum of the listed uploads"
                 )
@@ -319,10 +316,7 @@ class SecondPolynomials:
         this opener expands from the entries' seeds itself. Each a_i enters once (the server
         only added); the template's first polynomial is zeroed, so the loaded (0, a_i) add
         up to (0, Σ a_i), and SEAL's ``add_plain`` puts C0 in."""
-        if not self.public.preset.weighted_by_clients:
-            raise ReleaseRefused(f"{d.name}: {self.public.preset.name} weights on the server")
-        if len(firsts) != d.chunks:
-            raise ReleaseRefused(f"{d.name}: {len(firsts)} chunks for {d.chunks}")
+        self._check_client_weighted(d, len(firsts))
         sums = self._native_sums(d, seeds)
         out = []
         for j, first in enumerate(firsts):
@@ -337,16 +331,22 @@ class SecondPolynomials:
 
     def expanded(
         self, d: Descriptor, seeds: Sequence[bytes], first: np.ndarray, scale: float
-    ) -> ExpandedAggregate | None:
-        """:meth:`build` on the native path: the server's checked C0 (``checked_first_sums``)
-        with the Σ a_i expanded here, left for ``SecretKeyHolder`` to open in one native call;
-        None on the TenSEAL path."""
+    ) -> ExpandedAggregate:
+        """:meth:`build` on the native path (the caller chose it: ``native.module()``): the
+        server's checked C0 (``checked_first_sums``) with the Σ a_i expanded here, left for
+        ``SecretKeyHolder`` to open in one native call."""
+        self._check_client_weighted(d, len(first))
+        sums = self._native_sums(d, seeds)
+        if sums is None:
+            raise ConfigError(f"{native.ENV}: the native extension is off or not built")
+        return ExpandedAggregate(first, sums, scale)
+
+    def _check_client_weighted(self, d: Descriptor, chunks: int) -> None:
+        """A client-weighted release of the descriptor's chunk count, or ReleaseRefused."""
         if not self.public.preset.weighted_by_clients:
             raise ReleaseRefused(f"{d.name}: {self.public.preset.name} weights on the server")
-        if len(first) != d.chunks:
-            raise ReleaseRefused(f"{d.name}: {len(first)} chunks for {d.chunks}")
-        sums = self._native_sums(d, seeds)
-        return None if sums is None else ExpandedAggregate(first, sums, scale)
+        if chunks != d.chunks:
+            raise ReleaseRefused(f"{d.name}: {chunks} chunks for {d.chunks}")
 
     def _expanded(
         self,
