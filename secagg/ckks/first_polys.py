@@ -26,7 +26,6 @@ honest sum and nothing more.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import partial
 
 import numpy as np
 import tenseal.sealapi as seal
@@ -42,10 +41,10 @@ from secagg.ckks.public import (
     PublicCKKS,
     check_ciphertext_layout,
     check_header,
-    checked_blob,
     ciphertext_raw_bytes,
     from_bytes,
     parms_id_bytes,
+    raw_body,
     read_header,
     seal_header,
     uncompressed_blob,
@@ -95,13 +94,9 @@ def first_polynomials(
     seeds = []
     for i, data in enumerate(parts):
         what = f"ciphertext {i}"
-        blob = checked_blob(
-            data,
-            public.max_raw_bytes,
-            partial(check_ciphertext_layout, n=n, primes=primes, what=what),
-            what,
-        )
-        raw = memoryview(blob)[SEAL_HEADER.size :]
+        # checked_blob's checks, without the SEAL blob it would rebuild: SEAL never loads it
+        raw = raw_body(data, public.max_raw_bytes, what)
+        check_ciphertext_layout(raw, n, primes, what)
         if len(raw) != seeded:
             raise MalformedCiphertext(
                 f"{what} is not seeded: an upload's second polynomial travels as a seed, "

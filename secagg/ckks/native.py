@@ -32,7 +32,10 @@ _BUILD_HINT = "build it with `bash scripts/build_native.sh` (or set SECAGG_NATIV
 
 
 def mode() -> str:
-    value = os.environ.get(ENV, "auto").strip().lower() or "auto"
+    return _checked_mode(os.environ.get(ENV, "auto").strip().lower() or "auto")
+
+
+def _checked_mode(value: str) -> str:
     if value not in MODES:
         raise ConfigError(f"{ENV}={value!r}: choose one of {', '.join(MODES)}")
     return value
@@ -100,9 +103,7 @@ def threads() -> int:
 def chosen(value: str, threads: int | None = None) -> Iterator[None]:
     """``SECAGG_NATIVE=value`` (and ``SECAGG_NATIVE_THREADS=threads``) inside the block, as
     they were after: the benchmarks run one configuration on both paths in one process."""
-    if value not in MODES:
-        raise ConfigError(f"{ENV}={value!r}: choose one of {', '.join(MODES)}")
-    settings = {ENV: value, THREADS_ENV: None if threads is None else str(threads)}
+    settings = {ENV: _checked_mode(value), THREADS_ENV: None if threads is None else str(threads)}
     previous = {name: os.environ.get(name) for name in settings}
     try:
         for name, setting in settings.items():
