@@ -99,17 +99,17 @@ public:
         encryptor_ = std::make_unique<seal::Encryptor>(context_, secret_);
         seal::Plaintext zero;
         encoder_.encode(0.0, 1.0, zero);
+        // every seeded ciphertext of these parameters has one size: that of an encrypted zero
+        // (save_size is only an upper bound)
+        auto probe = encryptor_->encrypt_symmetric(zero);
+        std::vector<seal::seal_byte> buf(
+            static_cast<std::size_t>(probe.save_size(seal::compr_mode_type::none)));
         ct_bytes_ = static_cast<std::size_t>(
-            encryptor_->encrypt_symmetric(zero).save_size(seal::compr_mode_type::none));
-        // save_size is an upper bound; the actual size of a seeded ciphertext is fixed
-        std::vector<seal::seal_byte> buf(ct_bytes_);
-        ct_bytes_ = static_cast<std::size_t>(encryptor_->encrypt_symmetric(zero).save(
-            buf.data(), buf.size(), seal::compr_mode_type::none));
+            probe.save(buf.data(), buf.size(), seal::compr_mode_type::none));
     }
 
     py::bytes first_parms_id() const { return parms_id_bytes(context_.first_parms_id()); }
     std::size_t ciphertext_bytes() const { return ct_bytes_; }
-    std::size_t values_per_ciphertext() const { return encoder_.slot_count() * 2; }
 
     // values: float64, any length; chunk j carries values[j*per : (j+1)*per] (zero-padded),
     // slot i of a chunk = values[i] + 1j * values[half + i]. Returns the chunks' uncompressed
@@ -320,7 +320,6 @@ PYBIND11_MODULE(_seal_native, m) {
              py::arg("secret_key"))
         .def_property_readonly("first_parms_id", &SecretKeyCKKS::first_parms_id)
         .def_property_readonly("ciphertext_bytes", &SecretKeyCKKS::ciphertext_bytes)
-        .def_property_readonly("values_per_ciphertext", &SecretKeyCKKS::values_per_ciphertext)
         .def("encrypt", &SecretKeyCKKS::encrypt, py::arg("values"), py::arg("scale"),
              py::arg("threads") = 1)
         .def("open", &SecretKeyCKKS::open, py::arg("c0"), py::arg("c1"), py::arg("scale"),
