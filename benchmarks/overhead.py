@@ -287,6 +287,17 @@ def plan(
     return unique
 
 
+def earlier_rows(path: Path) -> list[dict[str, Any]]:
+    """An earlier run's rounds (``--reuse``), with the configuration keys that rows written
+    before a key existed lack: the protocol (FedAdam, the only one then) and the native path
+    (rows from before it ran on TenSEAL's binding alone)."""
+    rows = pd.read_csv(path).to_dict("records")
+    for r in rows:
+        r.setdefault("protocol", "fedadam")
+        r.setdefault("native", False)
+    return rows
+
+
 def summarise(rounds: pd.DataFrame) -> pd.DataFrame:
     keys = CONFIG_KEYS
     numeric = [
@@ -1104,9 +1115,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     if args.reuse:
         for threshold, files in reports.items():
             if (args.out / files[0]).exists():
-                rows[threshold] = pd.read_csv(args.out / files[0]).to_dict("records")
-                for r in rows[threshold]:  # rows from before the native path ran without it
-                    r.setdefault("native", False)
+                rows[threshold] = earlier_rows(args.out / files[0])
                 done |= {(*(r[k] for k in CONFIG_KEYS), r["label"]) for r in rows[threshold]}
     spent = {threshold: 0.0 for threshold in reports}
     for i, (sweep, workload, opts) in enumerate(configs, 1):

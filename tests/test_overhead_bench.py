@@ -6,9 +6,11 @@ import pytest
 
 from benchmarks.overhead import (
     CLIENTS,
+    CONFIG_KEYS,
     SIZES,
     SWEEPS,
     Workload,
+    earlier_rows,
     linear_fit,
     main,
     mlp_width,
@@ -164,3 +166,18 @@ def test_paired_ratios_keep_the_native_path_and_the_before_apart():
     ]
     pairs = paired_ratios(pd.DataFrame(rows))
     assert pairs == {"mlp": [1.3, 1.3], "mlp tenseal-only": [1.8, 1.8]}
+
+
+def test_rows_from_before_the_protocol_and_native_keys_reuse_as_what_they_were(tmp_path):
+    """--reuse of a rounds file written before the protocol and native columns (the
+    committed threshold report): the rows read as FedAdam on TenSEAL's binding alone, so every
+    configuration key is there (reading them raised KeyError: 'protocol')."""
+    old = {k: 1 for k in CONFIG_KEYS if k not in ("protocol", "native")}
+    new = {**old, "protocol": "larc", "native": True}
+    pd.DataFrame([{**old, "label": "sizes"}]).to_csv(tmp_path / "old.csv", index=False)
+    pd.DataFrame([{**new, "label": "sizes"}]).to_csv(tmp_path / "new.csv", index=False)
+    (row,) = earlier_rows(tmp_path / "old.csv")
+    assert (row["protocol"], row["native"]) == ("fedadam", False)
+    assert all(k in row for k in CONFIG_KEYS)
+    (row,) = earlier_rows(tmp_path / "new.csv")  # columns present: kept as written
+    assert (row["protocol"], row["native"]) == ("larc", True)
