@@ -28,6 +28,7 @@ Deviations, chosen:
 from __future__ import annotations
 
 import numpy as np
+from scipy.optimize import linear_sum_assignment
 
 ALPHA = 1.0
 
@@ -78,6 +79,18 @@ def kmeans_centroids(sums: np.ndarray, counts: np.ndarray, previous: np.ndarray)
     filled = counts > 0.5  # counts arrive as (possibly noisy) sums: at least one point
     out[filled] = sums[filled] / counts[filled, None]
     return out
+
+
+def clustering_accuracy(labels: np.ndarray, clusters: np.ndarray) -> float:
+    """DEC's unsupervised accuracy: the share of points whose cluster, under the one-to-one
+    map of clusters to labels that agrees most (the Hungarian algorithm), is their label."""
+    labels, clusters = np.asarray(labels), np.asarray(clusters)
+    label_ids, label_of = np.unique(labels, return_inverse=True)
+    cluster_ids, cluster_of = np.unique(clusters, return_inverse=True)
+    counts = np.zeros((len(cluster_ids), len(label_ids)))
+    np.add.at(counts, (cluster_of, label_of), 1)
+    rows, cols = linear_sum_assignment(counts, maximize=True)
+    return float(counts[rows, cols].sum() / len(labels))
 
 
 def _kernel(z: np.ndarray, mu: np.ndarray, alpha: float) -> np.ndarray:

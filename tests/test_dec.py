@@ -83,3 +83,12 @@ def test_a_cluster_no_point_chose_keeps_its_centroid():
     sums, counts = dec.kmeans_sums(Z, far)
     assert counts[3] == 0 and counts.sum() == len(Z)
     np.testing.assert_array_equal(dec.kmeans_centroids(sums, counts, far)[3], far[3])
+
+
+def test_clustering_accuracy_ignores_the_cluster_names_but_not_the_mistakes():
+    labels = np.array([0, 0, 1, 1, 2, 2, 2, 2])
+    assert dec.clustering_accuracy(labels, np.array([5, 5, 3, 3, 9, 9, 9, 9])) == 1.0
+    # one point in the wrong cluster; the best map is still 5->0, 3->1, 9->2
+    assert dec.clustering_accuracy(labels, np.array([5, 3, 3, 3, 9, 9, 9, 9])) == 7 / 8
+    # two clusters for three labels: at most the two largest groups match
+    assert dec.clustering_accuracy(labels, np.array([1, 1, 1, 1, 2, 2, 2, 2])) == 6 / 8
