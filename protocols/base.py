@@ -412,6 +412,16 @@ class Protocol(ABC):
         None: go on."""
         return None
 
+    def initial_reveals(self) -> int:
+        """Aggregates ``initialise`` decrypts for the server before round 0 (DEC's k-means
+        sums): added to the decryption budget the clients consent to."""
+        return 0
+
+    def initialise(self, ctx: RoundAPI, params: np.ndarray) -> np.ndarray:
+        """The initial global model, from federated phases before round 0 (DEC's k-means
+        centroids from the pre-trained embedding); by default the task's initial model."""
+        return params
+
     def use_pretrained(self, params: np.ndarray, layout: Mapping[str, Any]) -> None:
         """The final model of the pre-stage ``capabilities.pretrain`` names, and its layout."""
         raise ConfigError(f"{self.name} has no pre-stage")

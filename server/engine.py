@@ -33,7 +33,7 @@ import numpy as np
 from secagg import wire
 from secagg.backends.base import ServerBackend
 from secagg.dp import ClientDP, joint_noise_multiplier, realised_noise_multiplier
-from secagg.errors import ClientInputError, ConsentRefused, RoundAborted
+from secagg.errors import ClientInputError, ConsentRefused, ProtocolStateError, RoundAborted
 from secagg.protocols.base import Protocol, RoundAPI, Upload
 from secagg.protocols.optimizers import ServerOptimizer, StepSchedule
 from secagg.server.audit import AuditLog
@@ -268,16 +268,31 @@ class Server:
         )
 
     def setup(self, rounds: int) -> dict[str, str]:
-        """Run the backend's one-off phases (key setup) before round 0, and the enrolment.
+        """Run the backend's one-off phases (key setup) before round 0, the enrolment and
+        the protocol's initialisation of the model (``Protocol.initialise``).
 
-        The decryption budget is what the run will release: rounds × reveals per round.
+        The decryption budget is what the run will release: rounds × reveals per round, and
+        the reveals of the initialisation.
         Returns the clients excluded during setup, with reasons.
         """
         ctx = self._context(0)
-        self.backend.setup(ctx, rounds * self.protocol.capabilities.reveals_per_round)
+        budget = rounds * self.protocol.capabilities.reveals_per_round
+        self.backend.setup(ctx, budget + self.protocol.initial_reveals())
         if self.streaming:
             self.enrolment.run(ctx)
+        self._initialise(ctx)
         return dict(ctx.excluded)
+
+    def _initialise(self, ctx: RoundContext) -> None:
+        """The protocol's own initialisation of the global model (DEC's centroids)."""
+        start = self.params.copy()
+        initial = np.asarray(self.protocol.initialise(ctx, start), dtype=np.float64)
+        if initial.shape != start.shape or not np.all(np.isfinite(initial)):
+            raise ProtocolStateError(
+                f"{self.protocol.name} initialised a model of shape {initial.shape} "
+                f"(finite: {bool(np.all(np.isfinite(initial)))}); the model has {start.shape}"
+            )
+        self.updates.params = initial
 
     def run_round(self, number: int) -> RoundReport:
         if self.server_lr is not None:

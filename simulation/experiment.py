@@ -54,6 +54,7 @@ from secagg.protocols import (
     make_protocol,
     register_protocol,
 )
+from secagg.protocols.dec import DEC, data_layout
 from secagg.protocols.optimizers import StepSchedule, make_optimizer
 from secagg.server.audit import AuditLog
 from secagg.server.engine import Server
@@ -157,6 +158,23 @@ def vae_task(config: ExperimentConfig, data: FederatedData) -> Task:
         partial(vae_loss, beta=config.vae_beta),
         reconstruction_score,
         "-MSE",
+    )
+
+
+def autoencoder_task(config: ExperimentConfig, data: FederatedData) -> Task:
+    """DEC's pre-stage task: the stacked denoising autoencoder on the same clients' samples."""
+    from secagg.clients.tasks.dec import make_autoencoder, reconstruction_error
+
+    shape = data_layout(data)
+    return Task(
+        "autoencoder",
+        "stacked denoising autoencoder on the task's samples (DEC's step 1)",
+        lambda: autoencoding(data),
+        lambda: make_autoencoder(shape["sizes"][0], shape["k"]),
+        reconstruction_error,
+        reconstruction_score,
+        "-MSE",
+        optimizer=torch.optim.Adam,
     )
 
 
@@ -331,27 +349,47 @@ def check_unit_features(config: ExperimentConfig, data: FederatedData) -> None:
         )
 
 
+def pre_stage_config(config: ExperimentConfig, rounds: int, lr: float) -> ExperimentConfig:
+    """A pre-stage runs FedAvg on the run's clients for ``rounds`` at client rate ``lr``."""
+    return replace(
+        config,
+        protocol="fedavg",
+        # the stage's clients are the run's: the run's preset, not fedavg's default
+        backend_options=config.resolved_backend_options(),
+        server_opt={},
+        protocol_options={},
+        rounds=rounds,
+        client_lr=str(lr),
+        server_lr_schedule=None,
+        client_split=None,
+        dp_sgd=None,
+        client_dp=None,
+        scalar_dp=None,
+    )
+
+
+def pretrain_settings(config: ExperimentConfig) -> tuple[int, float]:
+    """DEC's autoencoder stage: its rounds and client rate are protocol options."""
+    protocol = make_protocol(config.protocol, **config.protocol_options)
+    if not isinstance(protocol, DEC):
+        raise ConfigError(f"the autoencoder pre-stage is DEC's, not {config.protocol}'s")
+    return protocol.pretrain_rounds, protocol.pretrain_lr
+
+
 STAGES: dict[str, Stage] = {
     "beta-vae": Stage(
         vae_task,
         "fedavg",
-        lambda c: replace(
-            c,
-            protocol="fedavg",
-            # the stage's clients are the run's: the run's preset, not fedavg's default
-            backend_options=c.resolved_backend_options(),
-            server_opt={},
-            protocol_options={},
-            rounds=c.vae_rounds,
-            client_lr=str(c.vae_lr),
-            server_lr_schedule=None,
-            client_split=None,
-            dp_sgd=None,
-            client_dp=None,
-            scalar_dp=None,
-        ),
+        lambda c: pre_stage_config(c, c.vae_rounds, c.vae_lr),
         lambda data: {"n_in": int(data.train[0].x.shape[1]), "hidden": 32, "latent": 4},
         check_unit_features,
+    ),
+    "autoencoder": Stage(
+        autoencoder_task,
+        "fedavg",
+        lambda c: pre_stage_config(c, *pretrain_settings(c)),
+        data_layout,
+        lambda config, data: None,
     ),
 }
 
@@ -557,13 +595,15 @@ def _rounds(
                 "no pooled test set"
             )
         protocol.use_evaluation_set(data.pooled_test.x.numpy().astype(np.float64))
-    rows = [{**base, "round": 0, **evaluate(task, data, server.params)}]
-    if on_round:
-        on_round(seed, rows[0])
     try:
         excluded = server.setup(config.rounds)
     except RoundAborted as exc:
+        rows = [{**base, "round": 0, **evaluate(task, data, server.params)}]
         return _aborted(audit, rows, server.params, exc, progress, seed)
+    # after the set-up: a protocol's initialisation (DEC's centroids) is part of round 0's model
+    rows = [{**base, "round": 0, **evaluate(task, data, server.params)}]
+    if on_round:
+        on_round(seed, rows[0])
     if excluded and progress:
         progress(f"  key setup excluded {excluded}")
     scalar_releases: Counter = Counter()  # protected scalars each client revealed so far
@@ -656,7 +696,9 @@ def release_budgets(
     others = tuple(n for n in protocol.release_lengths(data) if n != n_params)
     return {
         "share_budget": shares if caps.distinct_opens else None,
-        "decryption_budget": 0 if config.server_blind else config.rounds * caps.reveals_per_round,
+        "decryption_budget": 0
+        if config.server_blind
+        else config.rounds * caps.reveals_per_round + protocol.initial_reveals(),
         "reveal_length": (n_params, *others) if others else n_params,
         "open_budget": config.rounds * opens_per_round,
         # one upload enters at most one reveal (none server-blind) and the round's opens

@@ -54,6 +54,13 @@ def small(protocol: str, **changes) -> ExperimentConfig:
         cfg = replace(cfg, task="bayes-breast-cancer-label")
     if protocol == "xgboost":  # boosted trees over binned features
         cfg = replace(cfg, task="xgb-breast-cancer-label")
+    if protocol == "dec":  # clusters a table after its autoencoder pre-stage
+        cfg = replace(
+            cfg,
+            task="dec-breast-cancer-iid",
+            batch_size=32,
+            protocol_options={"pretrain_rounds": 2, "kmeans_iters": 2, "restarts": 2},
+        )
     return cfg
 
 
@@ -81,6 +88,13 @@ def test_ckks_audit_lists_only_declared_items(protocol):
     rounds = SMALL.rounds + (small(protocol).vae_rounds if protocol == "feddisco" else 0)
     if protocol == "xgboost":  # a reveal per tree level and one of the leaves, per round
         assert sum(vectors.values()) == rounds * proto.capabilities.reveals_per_round, vectors
+    elif protocol == "dec":  # k-means before round 0; the pre-stage's updates are revealed too
+        assert vectors == {
+            "embedding_moments": 1,
+            "kmeans_sums": 2,
+            "cluster_frequencies": rounds,
+            "global_update": rounds + 2,
+        }, vectors
     else:
         assert all(
             count == rounds * per_round for name, count in vectors.items() if name not in ONCE

@@ -92,3 +92,135 @@ def test_clustering_accuracy_ignores_the_cluster_names_but_not_the_mistakes():
     assert dec.clustering_accuracy(labels, np.array([5, 3, 3, 3, 9, 9, 9, 9])) == 7 / 8
     # two clusters for three labels: at most the two largest groups match
     assert dec.clustering_accuracy(labels, np.array([1, 1, 1, 1, 2, 2, 2, 2])) == 6 / 8
+
+
+# ---- the encoder, the refinement and the protocol ---------------------------------------------
+def test_the_numpy_encoder_and_soft_assignment_are_the_torch_dec_models():
+    """The clients refine in numpy from the flat [encoder | centroids] the engine evaluates
+    with torch: the parameter order must agree (centroids last, not first)."""
+    import torch
+
+    from secagg.clients.tasks import dec as tasks_dec
+    from secagg.clients.training import flat_params
+
+    torch.manual_seed(0)
+    model = tasks_dec.make_model("breast-cancer").double()
+    with torch.no_grad():
+        model.clustering.centroids.normal_()
+    params, shape = flat_params(model), dec.layout(30, 2)
+    x = np.random.default_rng(0).normal(size=(9, 30))
+    encoder, mu = dec.split_model(params, shape)
+    z, _ = dec.encode(dec.encoder_layers(encoder, shape["sizes"]), x)
+    with torch.no_grad():
+        q = model(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(q, dec.soft_assignment(z, mu), atol=1e-12)
+
+
+def test_the_back_propagated_gradient_is_the_kl_objectives():
+    shape = {"sizes": [6, 5, 4, 2], "k": 3, "n_encoder": 6 * 5 + 5 + 5 * 4 + 4 + 4 * 2 + 2}
+    rng = np.random.default_rng(1)
+    theta, x = rng.normal(size=shape["n_encoder"] + 6), rng.normal(size=(7, 6))
+    encoder, mu = dec.split_model(theta, shape)
+    z, _ = dec.encode(dec.encoder_layers(encoder, shape["sizes"]), x)
+    p = dec.target_distribution(dec.soft_assignment(z, mu))
+    _, grad = dec.kl_objective_gradient(theta, shape, x, p)
+    eps, step = 1e-6, np.eye(theta.size)
+    numeric = [
+        (
+            dec.kl_objective_gradient(theta + eps * step[i], shape, x, p)[0]
+            - dec.kl_objective_gradient(theta - eps * step[i], shape, x, p)[0]
+        )
+        / (2 * eps)
+        for i in range(theta.size)
+    ]
+    np.testing.assert_allclose(grad, numeric, atol=1e-9)
+    assert np.abs(grad[: shape["n_encoder"]]).max() > 1e-4  # the encoder does get a gradient
+
+
+def test_summed_lloyd_shares_step_every_restart_as_pooled_k_means():
+    z = np.concatenate([RNG.normal(c, 0.3, size=(30, 3)) for c in (-2.0, 0.0, 2.0)])
+    parts = np.array_split(RNG.permutation(len(z)), 4)
+    centroids = dec.starting_centroids(dec.moment_sums(z), 3, 4, np.random.default_rng(0))
+    summed = sum(dec.lloyd_shares(z[p], centroids) for p in parts)
+    new, inertia = dec.lloyd_step(summed, centroids)
+    for r in range(4):
+        sums, counts = dec.kmeans_sums(z, centroids[r])
+        np.testing.assert_allclose(new[r], dec.kmeans_centroids(sums, counts, centroids[r]))
+        dist = ((z[:, None] - centroids[r][None]) ** 2).sum(axis=2).min(axis=1).sum()
+        assert inertia[r] == pytest.approx(dist)
+    moments = dec.moment_sums(z)
+    np.testing.assert_allclose(moments[:3] / moments[-1], z.mean(axis=0))
+
+
+def test_a_model_of_another_layout_and_bad_settings_are_refused():
+    from secagg.errors import ConfigError, ProtocolStateError
+
+    with pytest.raises(ProtocolStateError, match="has .* values"):
+        dec.split_model(np.zeros(10), dec.layout(30, 2))
+    with pytest.raises(ConfigError, match="two clusters"):
+        dec.layout(30, 1)
+    with pytest.raises(ConfigError, match="momentum"):
+        dec.DEC(momentum=1.0)
+    with pytest.raises(ConfigError, match=">= 1"):
+        dec.DEC(restarts=0)
+
+
+def _dec_run(backend: str):
+    from secagg.server.audit import AuditLog
+    from secagg.simulation.config import ExperimentConfig
+    from secagg.simulation.experiment import run_seed
+
+    config = ExperimentConfig(
+        task="dec-breast-cancer-iid",
+        protocol="dec",
+        backend=backend,
+        rounds=2,
+        local_steps=5,
+        batch_size=32,
+        protocol_options={"pretrain_rounds": 2, "kmeans_iters": 3, "restarts": 2},
+    )
+    audit = AuditLog()
+    return run_seed(config.validate(), 0, audit), audit
+
+
+def test_dec_on_ckks_is_dec_on_plain_and_reveals_only_sums():
+    """The whole pipeline (autoencoder FedAvg, federated k-means, refinement) on ckks gives
+    plain's model; the server learns what DEC declares, each sum the stated number of times."""
+    plain, _ = _dec_run("plain")
+    ckks, audit = _dec_run("ckks")
+    assert plain.aborted is None and ckks.aborted is None
+    np.testing.assert_allclose(ckks.final_params, plain.final_params, atol=1e-5)
+    assert [r["train_pooled"] for r in ckks.rows] == [r["train_pooled"] for r in plain.rows]
+    summary = audit.summary()
+    assert summary["undeclared_plaintext_items"] == []
+    learned = {
+        name: kinds["plaintext vector"]
+        for name, kinds in summary["learned_in_plaintext"].items()
+        if "plaintext vector" in kinds
+    }
+    # two rounds of the autoencoder's FedAvg and two of DEC's refinement
+    assert learned == {
+        "embedding_moments": 1,
+        "kmeans_sums": 3,
+        "cluster_frequencies": 2,
+        "global_update": 4,
+    }, learned
+
+
+def test_the_dec_task_registry_matches_the_data():
+    from secagg.clients.tasks import DEC_SPLITS, get_task
+    from secagg.clients.tasks import dec as tasks_dec
+    from secagg.protocols.dec import data_layout
+
+    assert {d: tuple(s for dd, s in DEC_SPLITS if dd == d) for d, _ in DEC_SPLITS} == (
+        tasks_dec.DATASETS
+    )
+    for dataset, split in DEC_SPLITS:
+        data = get_task(f"dec-{dataset}-{split}").load()
+        shape = data_layout(data)
+        assert (shape["sizes"][0], shape["k"]) == tasks_dec.SHAPES[dataset]
+    pooled = tasks_dec.load("breast-cancer", "label", only=-1)
+    alone = tasks_dec.load("breast-cancer", "label", only=1)
+    assert pooled.n_clients == alone.n_clients == 1
+    parts = tasks_dec.load("breast-cancer", "label").train
+    assert len(pooled.train[0]) == sum(len(p) for p in parts)

@@ -60,6 +60,7 @@ _TABULAR = "secagg.clients.tasks.tabular"
 _SURVIVAL = "secagg.clients.tasks.survival"
 _BAYES = "secagg.clients.tasks.bayes"
 _TREES = "secagg.clients.tasks.trees"
+_DEC = "secagg.clients.tasks.dec"
 #: the digits splits (``secagg.clients.tasks.digits.SPLITS``; a test keeps them equal)
 DIGITS_SPLITS = ("niid1", "niid2", "dir8")
 #: the survival sets and their centre scenarios (``secagg.clients.tasks.survival``)
@@ -67,6 +68,8 @@ SURVIVAL_DATASETS = ("tcga", "gbsg2")
 SURVIVAL_SCENARIOS = ("balanced", "hub", "times", "feature")
 #: the diabetes / breast-cancer splits (``secagg.clients.tasks.tabular.SPLITS``; kept equal)
 TABULAR_SPLITS = ("iid", "label", "feature")
+#: the DEC clustering sets (``secagg.clients.tasks.dec.DATASETS``; a test keeps them equal)
+DEC_SPLITS = (("digits", "niid1"), ("breast-cancer", "iid"), ("breast-cancer", "label"))
 
 
 def deepcox_task(
@@ -93,6 +96,22 @@ def deepcox_task(
         penalty=Ref(_SURVIVAL, "first_layer_penalty"),
         schedule=Ref("secagg.clients.training", "DecayOnIncrease"),
         optimizer=Ref("torch.optim", "Adam"),
+    )
+
+
+def dec_task(dataset: str, split: str, only: int | None = None) -> Task:
+    """DEC clustering on a split (``only``: one client alone, or -1 for all pooled on one)."""
+    name = f"dec-{dataset}-{split}"
+    name += "" if only is None else ("-pooled" if only == -1 else f"-c{only}")
+    where = "" if only is None else (", pooled" if only == -1 else f", client {only} alone")
+    return Task(
+        name,
+        f"deep embedded clustering of {dataset} ({split} split{where}); labels score clusters",
+        Ref(_DEC, "load", (dataset, split, only)),
+        Ref(_DEC, "make_model", (dataset,)),
+        Ref(_DEC, "kl_to_target"),
+        Ref(_DEC, "cluster_accuracy"),
+        "cluster_accuracy",
     )
 
 
@@ -213,6 +232,11 @@ TASKS = {
         )
         for split in TABULAR_SPLITS
     },
+    # deep embedded clustering (protocol dec): see clients/tasks/dec.py
+    **{
+        f"dec-{dataset}-{split}": dec_task(dataset, split)
+        for dataset, split in DEC_SPLITS
+    },
     # the linear Cox model on the same splits (protocol coxph: the exact federated Cox model)
     **{
         f"coxph-{dataset}-{scenario}": coxph_task(dataset, scenario)
@@ -271,6 +295,7 @@ __all__ = [
     "Task",
     "custom_tasks",
     "coxph_task",
+    "dec_task",
     "deepcox_task",
     "get_task",
     "register_task",
