@@ -504,8 +504,10 @@ class DEC(Protocol):
 
 
 def data_layout(data: Any) -> dict[str, Any]:
-    """The DEC layout of a task's data: its features and as many clusters as label values."""
-    labels = np.concatenate([np.asarray(part.y).ravel() for part in data.train])
+    """The DEC layout of a task's data: its features and as many clusters as label values
+    in the task (its training parts and its test set: one client alone may lack a class)."""
+    parts = [*data.train, *([data.pooled_test] if data.pooled_test is not None else [])]
+    labels = np.concatenate([np.asarray(part.y).ravel() for part in parts])
     return layout(int(data.train[0].x.shape[1]), int(np.unique(labels).size))
 
 
