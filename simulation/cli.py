@@ -37,6 +37,10 @@ BENCHMARKS = {
     "centrally, over splits and backends",
     "pvi_posterior": "partitioned variational inference against the centralised variational "
     "posterior, over splits and backends",
+    "dec": "federated DEC clustering against centralised and per-client DEC (ACC/NMI/ARI), "
+    "plain and ckks",
+    "radialgan": "RadialGAN augmentation of a noisy bad node's digits against the isolated "
+    "good/bad bounds",
 }
 
 
