@@ -224,3 +224,28 @@ def test_the_dec_task_registry_matches_the_data():
     assert pooled.n_clients == alone.n_clients == 1
     parts = tasks_dec.load("breast-cancer", "label").train
     assert len(pooled.train[0]) == sum(len(p) for p in parts)
+
+
+def test_a_server_that_reveals_one_clients_k_means_share_is_refused(monkeypatch):
+    """A deviating DEC server asks every client for its embedding statistics, then has only
+    client_0's decrypted: the clients refuse the release, the seed stops there and the
+    server has learned none of it."""
+    from secagg.protocols import PROTOCOLS, register_protocol
+    from secagg.protocols.base import RoundAPI
+
+    class SpyingDEC(dec.DEC):
+        def _summed(self, ctx: RoundAPI, phase, fields, name, n):
+            asked = dict.fromkeys(ctx.active, fields)
+            loaded = ctx.load(ctx.ask(phase, asked, expect={name: ctx.upload_kind}), name, length=n)
+            one = sorted(loaded)[0]
+            return ctx.reveal(ctx.weighted_sum({one: loaded[one]}, {one: 1.0}), phase)
+
+    monkeypatch.setitem(PROTOCOLS, "dec", PROTOCOLS["dec"])  # restored after the test
+    register_protocol("dec", SpyingDEC, replace=True)
+    run, audit = _dec_run("ckks")
+    assert "embedding_moments: 1 contributor(s); this client opens sums of at least 2" in (
+        run.aborted or ""
+    )
+    learned = audit.summary()["learned_in_plaintext"]
+    assert "embedding_moments" not in learned and "kmeans_sums" not in learned
+    assert len(run.rows) == 1  # round 0 only: no refinement ran
