@@ -29,6 +29,7 @@ from typing import Protocol as TypingProtocol
 import numpy as np
 
 from secagg.errors import ConfigError, StateError
+from secagg.options import Option
 from secagg.wire import Envelope, Field
 
 
@@ -338,6 +339,9 @@ class Protocol(ABC):
     name: str = "abstract"
     #: what the protocol needs from the engine and shows the server
     capabilities: Capabilities = Capabilities()
+    #: its settings with a CLI flag of their own, each stored as the attribute of its key
+    #: (:meth:`option_values` reads them back)
+    options: ClassVar[tuple[Option, ...]] = ()
     #: the client half (phase handlers on the clients); the base half answers nothing
     client: ClassVar[type[ClientHalf]] = ClientHalf
 
@@ -345,6 +349,10 @@ class Protocol(ABC):
     def make_client(cls, **options: Any) -> ClientHalf:
         """The client half for a run with these protocol options (most ignore them)."""
         return cls.client()
+
+    def option_values(self) -> dict[str, Any]:
+        """The value of each of its ``options``, by key (for ``describe`` and requests)."""
+        return {option.key: getattr(self, option.key) for option in self.options}
 
     def seed(self, seed: int) -> None:
         """Protocols with randomness of their own draw it from the run's seed."""

@@ -406,10 +406,7 @@ class DEC(Protocol):
         self.rng = np.random.default_rng(0)
 
     def describe(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            **{o.key: getattr(self, o.key) for o in self.options},
-        }
+        return {"name": self.name, **self.option_values()}
 
     def seed(self, seed: int) -> None:
         self.rng = np.random.default_rng(seed)

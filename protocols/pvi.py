@@ -296,24 +296,14 @@ class PVI(Protocol):
         self.damping, self.scale = damping, scale
         self.hidden, self.steps, self.samples, self.lr = hidden, steps, samples, lr
 
-    def _options(self) -> dict[str, Any]:
-        return {
-            "damping": self.damping,
-            "scale": self.scale,
-            "hidden": self.hidden,
-            "steps": self.steps,
-            "samples": self.samples,
-            "lr": self.lr,
-        }
-
     def describe(self) -> dict[str, Any]:
-        return {"name": self.name, **self._options()}
+        return {"name": self.name, **self.option_values()}
 
     def begin_round(self, ctx: RoundAPI) -> float:
         return self.scale  # the server step: λ_q ← λ_q + scale · Σ_i (Δλ_i / scale)
 
     def train_fields(self, ctx: RoundAPI, client: str) -> dict[str, Field]:
-        return {"pvi": wire.config({**self._options(), "round": ctx.round})}
+        return {"pvi": wire.config({**self.option_values(), "round": ctx.round})}
 
     def aggregate(self, ctx: RoundAPI, uploads: Mapping[str, Upload]) -> Any:
         weights = dict.fromkeys(uploads, 1.0)

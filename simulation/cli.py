@@ -39,6 +39,10 @@ BENCHMARKS = {
     "posterior, over splits and backends",
     "dec": "federated DEC clustering against centralised and per-client DEC (ACC/NMI/ARI), "
     "plain and ckks",
+    "savae": "SAVAE (survival VAE) on a good and a bad node: isolated bounds, FedAvg, the joint "
+    "pseudo-point prior (c-index, 10 split seeds)",
+    "dgd": "deep generative decoder imputing missing entries: federated vs centralised vs "
+    "per-client, column mean and k-NN",
     "radialgan": "RadialGAN augmentation of a noisy bad node's digits against the isolated "
     "good/bad bounds",
 }

@@ -54,6 +54,10 @@ def small(protocol: str, **changes) -> ExperimentConfig:
         cfg = replace(cfg, task="bayes-breast-cancer-label")
     if protocol == "xgboost":  # boosted trees over binned features
         cfg = replace(cfg, task="xgb-breast-cancer-label")
+    if protocol == "savae_prior":  # shares pseudo-points of a survival VAE's prior
+        cfg = replace(cfg, task="savae-prior-gbsg2", batch_size=32)
+    if protocol == "dgd":  # imputes missing values: a decoder and mixture over [values | mask]
+        cfg = replace(cfg, task="dgd-breast-cancer-label")
     if protocol == "dec":  # clusters a table after its autoencoder pre-stage
         cfg = replace(
             cfg,
@@ -88,6 +92,8 @@ def test_ckks_audit_lists_only_declared_items(protocol):
     rounds = SMALL.rounds + (small(protocol).vae_rounds if protocol == "feddisco" else 0)
     if protocol == "xgboost":  # a reveal per tree level and one of the leaves, per round
         assert sum(vectors.values()) == rounds * proto.capabilities.reveals_per_round, vectors
+    elif protocol == "savae_prior":  # each node's own pseudo-points, every round
+        assert vectors == {"global_update": rounds, "pseudo_points": 2 * rounds}, vectors
     elif protocol == "dec":  # k-means before round 0; the pre-stage's updates are revealed too
         assert vectors == {
             "embedding_moments": 1,

@@ -60,7 +60,16 @@ _TABULAR = "secagg.clients.tasks.tabular"
 _SURVIVAL = "secagg.clients.tasks.survival"
 _BAYES = "secagg.clients.tasks.bayes"
 _TREES = "secagg.clients.tasks.trees"
+_SAVAE = "secagg.clients.tasks.savae"
 _DEC = "secagg.clients.tasks.dec"
+_DGD = "secagg.clients.tasks.dgd"
+#: the deep generative decoder's sets and splits (``secagg.clients.tasks.dgd.DATASETS``)
+DGD_SPLITS = (
+    ("digits", "dir8"),
+    ("digits", "niid2"),
+    ("breast-cancer", "iid"),
+    ("breast-cancer", "label"),
+)
 #: the digits splits (``secagg.clients.tasks.digits.SPLITS``; a test keeps them equal)
 DIGITS_SPLITS = ("niid1", "niid2", "dir8")
 #: the survival sets and their centre scenarios (``secagg.clients.tasks.survival``)
@@ -112,6 +121,52 @@ def dec_task(dataset: str, split: str, only: int | None = None) -> Task:
         Ref(_DEC, "kl_to_target"),
         Ref(_DEC, "cluster_accuracy"),
         "cluster_accuracy",
+    )
+
+
+def savae_task(
+    dataset: str, seed: int = 0, only: int | None = None, prior: str | None = None
+) -> Task:
+    """SAVAE (GenoMed4All D6.2 §6.4) on a good node and a bad node of split seed ``seed``
+    (``only``: 0, the good node alone, or 1, the bad node alone; ``prior``: the joint
+    pseudo-point prior of §6.5.1, the nodes' mixtures combined as a "product" (the report's)
+    or a "mixture", for protocol savae_prior)."""
+    name = {None: "savae", "product": "savae-prior", "mixture": "savae-moe"}[prior]
+    name += f"-{dataset}" + ("" if seed == 0 else f"-s{seed}")
+    name += "" if only is None else ("-good" if only == 0 else "-bad")
+    where = "" if only is None else (", good node alone" if only == 0 else ", bad node alone")
+    return Task(
+        name,
+        f"survival VAE, Weibull times, on {dataset}: good and bad node, split seed {seed}{where}"
+        + (f", joint pseudo-point prior ({prior} of the nodes')" if prior else ""),
+        Ref(_SAVAE, "load", (dataset, seed, only)),
+        Ref(_SAVAE, "make_model", (dataset, 8 if prior else 0, prior or "product")),
+        Ref(_SAVAE, "negative_elbo"),
+        Ref(_SAVAE, "time_c_index"),
+        "c_index",
+        optimizer=Ref("torch.optim", "Adam"),
+    )
+
+
+def dgd_task(
+    dataset: str, split: str, missing: float = 0.2, seed: int = 0, only: int | None = None
+) -> Task:
+    """The deep generative decoder imputing entries missing at random (share ``missing``,
+    mask seed ``seed``; ``only``: one client alone, or -1 for all pooled on one)."""
+    name = f"dgd-{dataset}-{split}" + ("" if missing == 0.2 else f"-m{round(missing * 100)}")
+    name += ("" if seed == 0 else f"-s{seed}") + (
+        "" if only is None else ("-pooled" if only == -1 else f"-c{only}")
+    )
+    where = "" if only is None else (", pooled" if only == -1 else f", client {only} alone")
+    return Task(
+        name,
+        f"DGD imputation of {dataset} ({split} split{where}), {missing:.0%} of entries missing "
+        f"at random, mask seed {seed}",
+        Ref(_DGD, "load", (dataset, split, missing, seed, only)),
+        Ref(_DGD, "make_model", (dataset,)),
+        Ref(_DGD, "masked_squared_error"),
+        Ref(_DGD, "negative_rmse"),
+        "-RMSE",
     )
 
 
@@ -233,16 +288,27 @@ TASKS = {
         for split in TABULAR_SPLITS
     },
     # deep embedded clustering (protocol dec): see clients/tasks/dec.py
-    **{
-        f"dec-{dataset}-{split}": dec_task(dataset, split)
-        for dataset, split in DEC_SPLITS
-    },
+    **{f"dec-{dataset}-{split}": dec_task(dataset, split) for dataset, split in DEC_SPLITS},
     # the linear Cox model on the same splits (protocol coxph: the exact federated Cox model)
     **{
         f"coxph-{dataset}-{scenario}": coxph_task(dataset, scenario)
         for dataset in SURVIVAL_DATASETS
         for scenario in SURVIVAL_SCENARIOS
     },
+    # SAVAE on a good and a bad node (GenoMed4All D6.2 §6.4-6.6): see clients/tasks/savae.py
+    **{
+        task.name: task
+        for dataset in SURVIVAL_DATASETS
+        for task in (
+            savae_task(dataset),
+            savae_task(dataset, only=0),
+            savae_task(dataset, only=1),
+            savae_task(dataset, prior="product"),
+            savae_task(dataset, prior="mixture"),
+        )
+    },
+    # the deep generative decoder imputing missing values (protocol dgd): clients/tasks/dgd.py
+    **{f"dgd-{dataset}-{split}": dgd_task(dataset, split) for dataset, split in DGD_SPLITS},
     # DeepCox on 8 artificial centres (GenoMed4All D6.2 §8.3): see clients/tasks/survival.py
     **{
         f"deepcox-{dataset}-{scenario}": deepcox_task(dataset, scenario)
@@ -297,6 +363,8 @@ __all__ = [
     "coxph_task",
     "dec_task",
     "deepcox_task",
+    "dgd_task",
     "get_task",
     "register_task",
+    "savae_task",
 ]
