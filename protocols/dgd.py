@@ -69,12 +69,10 @@ from secagg.options import Option
 from secagg.protocols.base import (
     Capabilities,
     ClientAPI,
-    Protocol,
     RoundAPI,
-    Upload,
     VectorStateHalf,
 )
-from secagg.protocols.fedavg import sample_size_weights
+from secagg.protocols.fedavg import FedAvg
 from secagg.protocols.registry import register_protocol
 from secagg.wire import Envelope, Field
 
@@ -468,7 +466,7 @@ class DGDClient(VectorStateHalf):
         return new - theta
 
 
-class DGD(Protocol):
+class DGD(FedAvg):
     name = "dgd"
     # FedAvg's weights n_i / Σn, known before the uploads: the server folds them as they come
     capabilities = Capabilities(streams=True)
@@ -513,13 +511,6 @@ class DGD(Protocol):
 
     def train_fields(self, ctx: RoundAPI, client: str) -> dict[str, Field]:
         return {"dgd": wire.config({**self.option_values(), "seed": self._seed})}
-
-    def planned_weights(self, ctx: RoundAPI, n_samples: Mapping[str, float]) -> dict[str, float]:
-        return sample_size_weights(n_samples)
-
-    def aggregate(self, ctx: RoundAPI, uploads: Mapping[str, Upload]) -> Any:
-        weights = self.planned_weights(ctx, {c: u.n_samples for c, u in uploads.items()})
-        return ctx.weighted_sum({c: u.handle for c, u in uploads.items()}, weights)
 
 
 register_protocol(
