@@ -302,12 +302,17 @@ def inapplicable(config: ExperimentConfig) -> list[str]:
             f"local_steps {config.local_steps} and local_epochs {config.local_epochs} both "
             "set the clients' work per round: give one of them"
         )
-    if capabilities.pretrain is None:
+    if capabilities.pretrain != "beta-vae":
         stray = sorted(changed & {"vae_rounds", "vae_lr", "vae_beta"})
         if stray:
             out.append(
                 f"{', '.join(stray)} configure the beta-VAE pre-stage of feddisco; "
-                f"{config.protocol} has no pre-stage"
+                f"{config.protocol} has no beta-VAE pre-stage"
+                + (
+                    " (dec's autoencoder: --dec-pretrain-rounds, --dec-pretrain-lr)"
+                    if capabilities.pretrain == "autoencoder"
+                    else ""
+                )
             )
     if config.dp_sgd is None and config.client_dp is None and config.scalar_dp is None:
         stray = sorted(changed & {"dp_delta", "dp_noise"})

@@ -36,6 +36,7 @@ from secagg.backends import (
     public_signers,
 )
 from secagg.clients.tasks import (
+    TASKS,
     ClientData,
     FederatedData,
     Task,
@@ -349,6 +350,20 @@ def check_unit_features(config: ExperimentConfig, data: FederatedData) -> None:
         )
 
 
+def check_dec_task(config: ExperimentConfig, data: FederatedData) -> None:
+    """DEC's model is its encoder and k centroids for this data: a dec-* task's."""
+    shape = data_layout(data)
+    expected = shape["n_encoder"] + shape["k"] * shape["sizes"][-1]
+    n_params = flat_params(get_task(config.task).make_model()).size
+    if n_params != expected:
+        dec_tasks = ", ".join(name for name in TASKS if name.startswith("dec-"))
+        raise ConfigError(
+            f"{config.protocol} clusters with DEC's encoder and centroids ({expected} values "
+            f"for this data), but task {config.task}'s model has {n_params}; use a DEC task "
+            f"({dec_tasks})"
+        )
+
+
 def pre_stage_config(config: ExperimentConfig, rounds: int, lr: float) -> ExperimentConfig:
     """A pre-stage runs FedAvg on the run's clients for ``rounds`` at client rate ``lr``."""
     return replace(
@@ -389,7 +404,7 @@ STAGES: dict[str, Stage] = {
         "fedavg",
         lambda c: pre_stage_config(c, *pretrain_settings(c)),
         data_layout,
-        lambda config, data: None,
+        check_dec_task,
     ),
 }
 

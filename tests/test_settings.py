@@ -154,6 +154,11 @@ BAD = [
     (["--seeds", "61-42"], "runs backwards; write 42-61"),
     (["--protocol", "fedavg", "--protocol-option", "alpha=0.5"], "has no setting 'alpha'"),
     (["--protocol", "larc", "--vae-rounds", "3"], "feddisco"),
+    (
+        ["--protocol", "dec", "--task", "dec-breast-cancer-iid", "--vae-rounds", "3"],
+        "--dec-pretrain-rounds",
+    ),
+    (["--protocol", "dec", "--task", "breast-cancer-iid"], "use a DEC task (dec-digits-niid1"),
     (["--dp-delta", "1e-6"], "apply only with differential privacy"),
     (["--protocol", "larc", "--no-streaming"], "changes nothing for larc"),
     (["--protocol", "fedavg", "--larc-q", "3"], "setting of protocol larc"),
