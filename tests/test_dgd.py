@@ -22,6 +22,28 @@ from secagg.wire import Envelope
 SMALL = dgd.Layout(latent=2, hidden=3, features=5, components=3)
 
 
+def test_the_task_models_parameters_are_in_the_layouts_order():
+    # the protocol reads the flat vector with Layout; the model's initial values must land
+    # where Layout says (torch puts a module's own parameters before its children's)
+    model = dgd_task.DGDModel(features=5, latent=2, hidden=3, components=3)
+    parts = SMALL.unpack(model.theta())
+    torch_names = {
+        "w1": "hidden.weight",
+        "b1": "hidden.bias",
+        "w2": "out.weight",
+        "b2": "out.bias",
+        "log_beta_out": "output.log_beta_out",
+        "means": "mixture.means",
+        "log_precisions": "mixture.log_precisions",
+        "logits": "mixture.logits",
+    }
+    named = dict(model.named_parameters())
+    for part, name in torch_names.items():
+        np.testing.assert_array_equal(parts[part], named[name].detach().double().numpy())
+    np.testing.assert_allclose(parts["log_precisions"], dgd.Priors().log_precision_mean, rtol=1e-7)
+    assert np.all(parts["logits"] == 0.0)
+
+
 def random_problem(seed: int = 0, n: int = 4):
     rng = np.random.default_rng(seed)
     theta = rng.normal(scale=0.7, size=SMALL.size)

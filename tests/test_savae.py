@@ -12,6 +12,7 @@ from scipy import stats
 
 import secagg
 from secagg.clients.tasks import savae
+from secagg.clients.training import flat_params, set_flat_params
 from secagg.errors import ConfigError
 from secagg.protocols import savae_prior
 from secagg.server.audit import AuditLog
@@ -155,6 +156,21 @@ def test_bad_input_is_a_typed_error():
         savae_prior.pseudo_block(40, 2, 8, 39)
 
 
+def test_the_block_the_joint_prior_rewrites_is_the_models_pseudo_inputs_and_nothing_else():
+    model = savae.make_model("gbsg2", 8)
+    params = flat_params(model)
+    features = model.n_features
+    block = savae_prior.pseudo_block(params.size, len(savae.NODES), 8, features)
+    assert model.prior is not None
+    points = model.prior.points.detach().double().numpy()
+    np.testing.assert_array_equal(params[block], points.ravel())
+    own, other = np.split(params[block], 2)  # [own | the other node's], as the protocol sends
+    np.testing.assert_array_equal(own, points[0].ravel())
+    np.testing.assert_array_equal(other, points[1].ravel())
+    networks = [p for name, p in model.named_parameters() if not name.startswith("prior.")]
+    assert sum(p.numel() for p in networks) == block.start
+
+
 def run(task: str, protocol: str, backend: str, rounds: int = 2, **options):
     config = ExperimentConfig(
         task=task, protocol=protocol, backend=backend, rounds=rounds, **FAST, **options
@@ -193,7 +209,15 @@ def test_the_joint_prior_declares_the_pseudo_points_and_averages_only_the_networ
     block = slice(initial.size - 2 * 8 * 8, initial.size)
     # zero in every upload: only the CKKS noise moves them (measured 5e-6)
     np.testing.assert_allclose(result.final_params[block], initial[block], atol=1e-4)
-    assert np.abs(result.final_params[: block.start] - initial[: block.start]).max() > 1e-3
+    # and every network tensor is averaged and moves, the time decoder's last layer included
+    # (the block once sat there: the protocol overwrote it and the c-index fell to chance)
+    model = savae.make_model("gbsg2", 8)
+    set_flat_params(model, result.final_params)
+    moved = {name: p.detach().double().numpy() for name, p in model.named_parameters()}
+    set_flat_params(model, initial)
+    for name, p in model.named_parameters():
+        if not name.startswith("prior."):
+            assert np.abs(moved[name] - p.detach().double().numpy()).max() > 1e-4, name
 
 
 def test_the_joint_prior_is_refused_where_it_cannot_run():

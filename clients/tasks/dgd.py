@@ -94,10 +94,38 @@ def load(
     return FederatedData(name=name, train=parts, test=None, pooled_test=test)
 
 
+class OutputPrecision(nn.Module):
+    """log β_out, the decoder's output log-precision."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.log_beta_out = nn.Parameter(torch.zeros(1))
+
+
+class MixturePrior(nn.Module):
+    """The Gaussian mixture over representations: means uniform in the soft ball (a random
+    direction, radius r·u^(1/L)), log-precisions at their prior's mean, equal logits."""
+
+    def __init__(self, latent: int, components: int):
+        super().__init__()
+        priors = dgd.Priors()
+        direction = torch.randn(components, latent)
+        direction = direction / direction.norm(dim=1, keepdim=True)
+        radius = priors.radius * torch.rand(components, 1) ** (1.0 / latent)
+        self.means = nn.Parameter(direction * radius)
+        self.log_precisions = nn.Parameter(
+            torch.full((components, latent), priors.log_precision_mean)
+        )
+        self.logits = nn.Parameter(torch.zeros(components))
+
+
 class DGDModel(nn.Module):
     """The decoder f(z) = W2 tanh(W1 z + b1) + b2, its output log-precision and the Gaussian
     mixture over representations (means, log-precisions, logits), parameters in the order of
-    ``secagg.protocols.dgd.Layout``. ``forward`` imputes the missing entries of its input."""
+    ``secagg.protocols.dgd.Layout``: every parameter lives in a child module, registered in
+    that order (torch lists a module's own parameters before its children's, so a parameter
+    of this module itself would lead the flat vector). ``forward`` imputes the missing
+    entries of its input."""
 
     def __init__(
         self,
@@ -112,17 +140,8 @@ class DGDModel(nn.Module):
         self.starts, self.fit_steps, self.fit_lr = fit
         self.hidden = nn.Linear(latent, hidden)
         self.out = nn.Linear(hidden, features)
-        priors = dgd.Priors()
-        self.log_beta_out = nn.Parameter(torch.zeros(1))
-        # means uniform in the soft ball (a random direction, radius r·u^(1/L))
-        direction = torch.randn(components, latent)
-        direction = direction / direction.norm(dim=1, keepdim=True)
-        radius = priors.radius * torch.rand(components, 1) ** (1.0 / latent)
-        self.means = nn.Parameter(direction * radius)
-        self.log_precisions = nn.Parameter(
-            torch.full((components, latent), priors.log_precision_mean)
-        )
-        self.logits = nn.Parameter(torch.zeros(components))
+        self.output = OutputPrecision()
+        self.mixture = MixturePrior(latent, components)
 
     def theta(self) -> np.ndarray:
         return torch.cat([p.detach().reshape(-1) for p in self.parameters()]).double().numpy()

@@ -186,11 +186,23 @@ def time_c_index(truth: np.ndarray, output: np.ndarray) -> float:
 
 
 # ---- the model ------------------------------------------------------------------------------
+class PseudoInputs(nn.Module):
+    """The joint prior's pseudo-inputs, ``points`` (nodes × K × features; block 0 is this
+    node's own). A module of its own because torch lists a module's own parameters before
+    its children's: as a child registered last, ``points`` ends the flat parameter vector,
+    where ``protocols/savae_prior.pseudo_block`` rewrites it (a parameter of ``SAVAE`` itself
+    would lead the vector, and the protocol would overwrite the time decoder instead)."""
+
+    def __init__(self, n_nodes: int, n_pseudo: int, n_features: int):
+        super().__init__()
+        self.points = nn.Parameter(torch.rand(n_nodes, n_pseudo, n_features))
+
+
 class SAVAE(nn.Module):
     """Encoder q_φ(z|x), covariate decoder p_θ1(x|z), Weibull time decoder p_θ2(t|z).
 
-    ``n_pseudo`` > 0: the joint prior of ``n_nodes`` nodes' pseudo-inputs, the parameter
-    ``pseudo`` (nodes × K × features, registered last so it ends the flat parameter vector):
+    ``n_pseudo`` > 0: the joint prior of ``n_nodes`` nodes' pseudo-inputs, ``prior``
+    (:class:`PseudoInputs`, registered last so that they end the flat parameter vector):
     block 0 is this node's own (trained), the others are held fixed (detached)."""
 
     def __init__(
@@ -226,7 +238,7 @@ class SAVAE(nn.Module):
         self.time_decoder = nn.Sequential(
             nn.Linear(latent, hidden), nn.ReLU(), nn.Linear(hidden, 2)
         )
-        self.pseudo = nn.Parameter(torch.rand(n_nodes, n_pseudo, n_features)) if n_pseudo else None
+        self.prior = PseudoInputs(n_nodes, n_pseudo, n_features) if n_pseudo else None
 
     def posterior(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(mean, log variance) of q_φ(z|x)."""
@@ -235,9 +247,10 @@ class SAVAE(nn.Module):
 
     def prior_mixture(self) -> Mixture:
         """The joint prior p_λ(z) from the pseudo-inputs (own block trained, others fixed)."""
-        if self.pseudo is None:
+        if self.prior is None:
             raise ConfigError("this SAVAE has the standard normal prior (n_pseudo = 0)")
-        blocks = [self.pseudo[0], *self.pseudo[1:].detach()]
+        points = self.prior.points
+        blocks = [points[0], *points[1:].detach()]
         mixtures = []
         for block in blocks:
             mean, log_var = self.posterior(block)
@@ -250,7 +263,7 @@ class SAVAE(nn.Module):
             raise ConfigError(f"SAVAE takes n × {self.n_features} covariates, got {tuple(x.shape)}")
         mean, log_var = self.posterior(x)
         z = mean + torch.randn_like(mean) * torch.exp(0.5 * log_var) if self.training else mean
-        if self.pseudo is None:
+        if self.prior is None:
             kl = gaussian_kl(mean, log_var)
         else:  # one-draw estimate: no closed form against a mixture
             kl = gaussian_log_density(z, mean, log_var) - mixture_log_density(
