@@ -163,7 +163,32 @@ def finding(runs: pd.DataFrame) -> str:
         )
     return (
         "**Finding (§6.6.1: the federated bad node should lie between the bounds, near the "
-        "upper one), on the bad node's test set:** " + "; ".join(parts) + "."
+        "upper one), on the bad node's test set:** "
+        + "; ".join(parts)
+        + ".\n\n"
+        + prior_finding(runs)
+    )
+
+
+def prior_finding(runs: pd.DataFrame) -> str:
+    """The joint prior (§6.5.1) against plain weight averaging, paired by split seed on the
+    bad node's test set: better, worse, or no clear difference (interval across 0)."""
+    parts = []
+    for dataset, g in runs.groupby("dataset", sort=False):
+        by_arm = {arm: a.set_index("seed").c_index_bad_test for arm, a in g.groupby("arm")}
+        fed = by_arm["federated (fedavg)"]
+        for arm in (a for a in ARMS if ARMS[a][1] is not None and a in by_arm):
+            diff = paired_difference(by_arm[arm], fed.loc[by_arm[arm].index])
+            verdict = (
+                "better than"
+                if diff["ci_low"] > 0
+                else ("worse than" if diff["ci_high"] < 0 else "no clear difference from")
+            )
+            combine = ARMS[arm][1]
+            parts.append(f"{dataset}, {combine}: {verdict} FedAvg, {format_difference(diff)}")
+    return (
+        "**The joint prior (§6.5.1) against weight averaging alone** (federated + joint prior "
+        "− federated, bad node's test set): " + "; ".join(parts) + "."
     )
 
 
