@@ -236,10 +236,17 @@ def test_the_metric_scores_only_the_masked_entries():
 
 
 def test_federated_dgd_on_ckks_is_plains_and_the_server_learns_only_the_average_change():
-    settings = dict(task="dgd-breast-cancer-label", protocol="dgd", rounds=2, seeds=[0])
-    plain = secagg.run(backend="plain", **settings)
-    encrypted = secagg.run(backend="ckks", **settings)
-    assert np.abs(encrypted.final_params[0] - plain.final_params[0]).max() < 1e-3  # ~2e-5
+    settings = dict(task="dgd-breast-cancer-label", protocol="dgd", seeds=[0])
+    # One round: both backends aggregate the same uploads, so they differ by CKKS's error
+    # alone (measured ~8e-6). After that the parameters are compared through the metric
+    # only: local Adam from starts 1e-5 apart lands, in about 1 run in 25 (measured 3 of
+    # 80), on a second branch where ~75 decoder weights differ by up to 3e-3 with the same
+    # RMSE (to 3e-6) -- CKKS's noise is fresh per run, so an element-wise bound would flake.
+    one_plain = secagg.run(backend="plain", rounds=1, **settings)
+    one_encrypted = secagg.run(backend="ckks", rounds=1, **settings)
+    assert np.abs(one_encrypted.final_params[0] - one_plain.final_params[0]).max() < 1e-4
+    plain = secagg.run(backend="plain", rounds=2, **settings)
+    encrypted = secagg.run(backend="ckks", rounds=2, **settings)
     np.testing.assert_allclose(
         encrypted.metrics["test_pooled"], plain.metrics["test_pooled"], atol=1e-4
     )
