@@ -202,7 +202,8 @@ def test_the_joint_prior_declares_the_pseudo_points_and_averages_only_the_networ
     result, audit = run("savae-prior-gbsg2", "savae_prior", "ckks")
     plain, _ = run("savae-prior-gbsg2", "savae_prior", "plain")
     # the same run as on plain, to CKKS's precision (the lean preset's: fedavg's default)
-    assert np.abs(result.final_params - plain.final_params).max() < 1e-4  # measured 8.8e-6
+    # measured over 160 ckks runs: median 1.2e-5, max 3.6e-5 (CKKS noise is fresh per run)
+    assert np.abs(result.final_params - plain.final_params).max() < 1e-4
     summary = audit.summary()
     assert summary["undeclared_plaintext_items"] == []
     assert "pseudo_points" in summary["declared_plaintext_items"]
