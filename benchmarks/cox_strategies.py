@@ -38,7 +38,13 @@ import numpy as np
 import pandas as pd
 
 from benchmarks.options import output_folder, positive
-from benchmarks.stats import format_difference, markdown_table, mean_std, paired_difference
+from benchmarks.stats import (
+    clear_sign,
+    format_difference,
+    markdown_table,
+    mean_std,
+    paired_difference,
+)
 
 OUTPUTS = (
     "cox_strategies.md",
@@ -247,12 +253,12 @@ def findings(scores: pd.DataFrame) -> str:
             better = [
                 STRATEGIES[o]
                 for o in ("sequential", "ensemble")
-                if paired_difference(wide["fedavg"], wide[o])["ci_low"] > 0
+                if clear_sign(paired_difference(wide["fedavg"], wide[o])) > 0
             ]
             worse = [
                 STRATEGIES[o]
                 for o in ("sequential", "ensemble")
-                if paired_difference(wide["fedavg"], wide[o])["ci_high"] < 0
+                if clear_sign(paired_difference(wide["fedavg"], wide[o])) < 0
             ]
             verdicts.append(
                 f"non-IID {scenario}: Weights Averaging is significantly better than "

@@ -29,7 +29,13 @@ import numpy as np
 import pandas as pd
 
 from benchmarks.options import output_folder, positive
-from benchmarks.stats import format_difference, markdown_table, mean_std, paired_difference
+from benchmarks.stats import (
+    clear_sign,
+    format_difference,
+    markdown_table,
+    mean_std,
+    paired_difference,
+)
 
 OUTPUTS = ("dec.md", "dec_runs.csv")
 DATASETS = (("digits", "niid1"), ("breast-cancer", "label"))
@@ -193,7 +199,7 @@ def report(frame: pd.DataFrame, seeds: int) -> str:
         )
         verdict = (
             "no significant loss against centralised DEC (the report's finding holds)"
-            if loss["ci_low"] <= 0 <= loss["ci_high"]
+            if clear_sign(loss) == 0
             else f"a {'loss' if loss['mean_diff'] < 0 else 'gain'} of "
             f"{abs(loss['mean_diff']):.3f} against centralised DEC (its interval excludes 0)"
         )

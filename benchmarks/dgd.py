@@ -33,6 +33,7 @@ import pandas as pd
 
 from benchmarks.options import output_folder, positive
 from benchmarks.stats import (
+    clear_sign,
     format_difference,
     markdown_table,
     mean_std,
@@ -289,11 +290,12 @@ def finding(data: str, by: pd.DataFrame) -> str:
     fed, central, local = by["federated DGD"], by["centralised DGD"], by["per-client DGD"]
     beats = int((fed < by["column mean"]).sum())
 
-    def verdict(other: pd.Series) -> str:
-        d = paired_difference(fed, other)
-        if d["ci_low"] < 0 < d["ci_high"]:
-            return "about as well as (no clear difference from)"
-        return "better than" if d["mean_diff"] < 0 else "worse than"
+    def verdict(other: pd.Series) -> str:  # of RMSE differences: below 0 is better
+        return {
+            -1: "better than",
+            0: "about as well as (no clear difference from)",
+            1: "worse than",
+        }[clear_sign(paired_difference(fed, other))]
 
     against_central = verdict(central)
     if against_central.startswith("about"):

@@ -32,7 +32,13 @@ import numpy as np
 import pandas as pd
 
 from benchmarks.options import output_folder, positive
-from benchmarks.stats import format_difference, markdown_table, mean_std, paired_difference
+from benchmarks.stats import (
+    clear_sign,
+    format_difference,
+    markdown_table,
+    mean_std,
+    paired_difference,
+)
 
 OUTPUTS = ("radialgan.md", "radialgan.csv")
 SHARES = (0.5, 0.7, 0.9)
@@ -205,9 +211,7 @@ def finding(frame: pd.DataFrame) -> str:
         said = []
         for arm in ("bad_radialgan", "bad_real_good"):
             d = paired_difference(part[arm], part["bad_isolated"])
-            verdict = (
-                "lifts" if d["ci_low"] > 0 else ("lowers" if d["ci_high"] < 0 else "does not lift")
-            )
+            verdict = {1: "lifts", 0: "does not lift", -1: "lowers"}[clear_sign(d)]
             said.append(
                 f"{ARMS[arm]} {verdict} it ({format_difference(d)}, "
                 f"{d['mean_diff'] / gap:.0%} of the way to the good node)"

@@ -31,7 +31,13 @@ import numpy as np
 import pandas as pd
 
 from benchmarks.options import output_folder, positive
-from benchmarks.stats import format_difference, markdown_table, mean_std, paired_difference
+from benchmarks.stats import (
+    clear_sign,
+    format_difference,
+    markdown_table,
+    mean_std,
+    paired_difference,
+)
 
 OUTPUTS = ("savae.md", "savae.csv", "savae_runs.csv")
 DATASETS = ("tcga", "gbsg2")
@@ -152,7 +158,7 @@ def finding(runs: pd.DataFrame) -> str:
         fed = by_arm["federated (fedavg)"]
         up = paired_difference(fed, by_arm[UPPER].loc[fed.index])
         low = paired_difference(fed, by_arm[LOWER].loc[fed.index])
-        lifted = low["ci_low"] > 0
+        lifted = clear_sign(low) > 0
         reaches = up["ci_high"] >= 0
         verdict = (
             "holds" if lifted and reaches else ("holds in part" if lifted else "does not hold")
@@ -179,11 +185,9 @@ def prior_finding(runs: pd.DataFrame) -> str:
         fed = by_arm["federated (fedavg)"]
         for arm in (a for a in ARMS if ARMS[a][1] is not None and a in by_arm):
             diff = paired_difference(by_arm[arm], fed.loc[by_arm[arm].index])
-            verdict = (
-                "better than"
-                if diff["ci_low"] > 0
-                else ("worse than" if diff["ci_high"] < 0 else "no clear difference from")
-            )
+            verdict = {1: "better than", 0: "no clear difference from", -1: "worse than"}[
+                clear_sign(diff)
+            ]
             combine = ARMS[arm][1]
             parts.append(f"{dataset}, {combine}: {verdict} FedAvg, {format_difference(diff)}")
     return (

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
-from secagg.simulation.stats import format_difference, mean_std, paired_difference
+from secagg.simulation.stats import clear_sign, format_difference, mean_std, paired_difference
 
-__all__ = ["format_difference", "markdown_table", "mean_std", "paired_difference", "run_complete"]
+__all__ = [
+    "clear_sign",
+    "format_difference",
+    "markdown_table",
+    "mean_std",
+    "paired_difference",
+    "run_complete",
+]
 
 
 def markdown_table(frame, floatfmt: str = ".6g") -> str:

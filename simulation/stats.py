@@ -69,6 +69,14 @@ def paired_difference(
     }
 
 
+def clear_sign(d: dict[str, float]) -> int:
+    """+1 if a paired_difference() interval lies above 0, -1 if below, 0 if it holds 0 (no
+    clear difference): the one reading of "significant" behind the benchmarks' verdicts."""
+    if d["ci_low"] > 0:
+        return 1
+    return -1 if d["ci_high"] < 0 else 0
+
+
 def format_difference(d: dict[str, float]) -> str:
     """``+0.0123 [+0.0045, +0.0201]``: a paired_difference() result for a table cell."""
     return f"{d['mean_diff']:+.4f} [{d['ci_low']:+.4f}, {d['ci_high']:+.4f}]"

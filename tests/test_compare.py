@@ -186,3 +186,15 @@ def test_out_writes_table_figure_and_markdown(tmp_path):
     text = format_table(table)
     assert "(reference)" in text and "per seed" in text
     assert f"{table.loc[1, 'diff_mean']:+.4f} [{table.loc[1, 'diff_ci_low']:+.4f}," in text
+
+
+def test_clear_sign_reads_an_interval_off_zero_as_a_direction():
+    from secagg.simulation.stats import clear_sign, paired_difference
+
+    control = np.array([0.5, 0.6, 0.7, 0.8])
+    above = paired_difference(control + [0.09, 0.11, 0.10, 0.12], control)
+    below = paired_difference(control - [0.09, 0.11, 0.10, 0.12], control)
+    # a positive mean whose interval holds 0: no clear difference, not "better"
+    across = paired_difference(control + [0.3, -0.2, 0.25, -0.15], control)
+    assert across["mean_diff"] > 0 and across["ci_low"] < 0
+    assert [clear_sign(above), clear_sign(below), clear_sign(across)] == [1, -1, 0]
