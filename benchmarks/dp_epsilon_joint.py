@@ -49,7 +49,11 @@ def main(argv: list[str] | None = None) -> None:
     for protocol in ("fedadam", "larc"):
         for z in NOISES:
             config = replace(
-                BASE, protocol=protocol, seeds=args.seeds, client_dp={"clip": CLIP, "noise": z}
+                BASE,
+                protocol=protocol,
+                seeds=args.seeds,
+                client_dp={"clip": CLIP, "noise": z},
+                dp_noise="seeded",  # the same noise, so the same runs, as dp_tcga's
             )
             result = run_complete(config)
             for seed, events in result.privacy_events.items():

@@ -40,6 +40,14 @@ import numpy as np
 
 from secagg import wire
 from secagg.backends import ClientBackend
+from secagg.clients.policy import (
+    ENGINE_PHASES,
+    ClientPolicy,
+    PolicyGuard,
+    model_identity,
+    stepped_identity,
+    upload_basis,
+)
 from secagg.clients.state import (
     STATE_VERSION,
     check_meta,
@@ -53,10 +61,13 @@ from secagg.clients.tasks import ClientData
 from secagg.clients.training import LocalTrainer
 from secagg.dp import noised_update, privatize_scalar
 from secagg.errors import (
+    ClientRefused,
     ConfigError,
     MalformedMessage,
+    PolicyRefused,
     ProtocolStateError,
     StateError,
+    error_code,
 )
 from secagg.protocols.base import ClientHalf
 from secagg.protocols.optimizers import ServerOptimizer, make_optimizer
@@ -67,16 +78,21 @@ if TYPE_CHECKING:  # opacus is imported only by clients that train with DP-SGD
     from secagg.clients.privacy import PrivateTrainer
 
 SERVER = "server"
-#: phases the engine itself runs; a protocol's client half may not answer them
-ENGINE_PHASES = ("enroll", "train", "validate", "apply", "plaintext_update", "observe")
+__all__ = ["ENGINE_PHASES", "Client", "SERVER"]
 
 
 class Client:
     """One client: its trainer (data, model), backend half and protocol half.
 
+    ``policy``: what this client answers, from its own provisioning (its phases, training
+    settings, DP, budgets: ``secagg.clients.policy``); every request is checked against it
+    before anything is computed.
     ``observer_public``: the X25519 public key of the experimenter, from the client's own
     configuration; with it the client answers ``observe`` requests with its global model
     sealed for the experimenter (server-blind runs, where the server must not see W).
+
+    A request it cannot answer raises :class:`~secagg.errors.ClientRefused`, which carries
+    a fixed code only; the detail stays in ``refusals`` (this client's own log).
     """
 
     def __init__(
@@ -85,6 +101,7 @@ class Client:
         trainer: LocalTrainer | PrivateTrainer,
         backend: ClientBackend,
         *,
+        policy: ClientPolicy,
         protocol: ClientHalf | None = None,
         validation: ClientData | None = None,
         seed: int = 0,
@@ -97,8 +114,17 @@ class Client:
         self.validation = validation  # held-out local samples (Auto-FedRL's reward)
         self.observer_public = observer_public
         self.rng = np.random.default_rng(seed)  # this client's DP noise
-        self._scalar_dp: dict | None = None  # the run's scalar DP settings, once received
+        self.policy = policy
+        self.guard = PolicyGuard(policy)
+        #: the scalar DP this client applies: its own provisioning's, never a request's
+        self._scalar_dp: dict | None = None if policy.scalar_dp is None else dict(policy.scalar_dp)
+        #: why each refused request was refused (kept here, never sent: it can hold data)
+        self.refusals: list[tuple[int, str, str]] = []
+        self._request: Envelope | None = None  # the request being answered (for the basis)
+        self._basis: str | None = None  # what this request's uploads were made from
+        self._plaintext_sent = -1  # the round whose update went out in plaintext
         self._w: np.ndarray | None = None  # global model of the current round
+        self._model_id: str | None = None  # what names it (``policy.model_identity``)
         self._g: np.ndarray | None = None  # this client's pseudo-gradient of the current round
         self._optimizer: ServerOptimizer | None = None  # server-blind runs only
         #: where this client's time goes (for overhead benchmarks; never sent): "train"
@@ -127,16 +153,35 @@ class Client:
         return lambda env: handler(self, env)
 
     def handle(self, request: bytes) -> bytes:
+        """The reply to one request, or :class:`ClientRefused` with a fixed code."""
         start = time.perf_counter()
-        env = Envelope.from_bytes(request)
+        phase, round_number = "?", -1
+        try:
+            env = Envelope.from_bytes(request)
+            phase, round_number = env.phase, env.round
+            reply = self._answer(env)
+        except Exception as exc:  # noqa: BLE001 - whatever failed, only a code leaves
+            self.refusals.append((round_number, phase, f"{type(exc).__name__}: {exc}"))
+            raise ClientRefused(self.id, phase, error_code(exc)) from None
+        self.seconds[f"phase:{env.phase}"] += time.perf_counter() - start
+        return reply
+
+    def _answer(self, env: Envelope) -> bytes:
         if env.recipient != self.id or env.sender != SERVER:
             raise MalformedMessage(f"{self.id} got a message for {env.recipient} from {env.sender}")
         handler = self._handlers.get(env.phase)
         if handler is None:
             raise MalformedMessage(f"{self.id} has no handler for phase {env.phase!r}")
-        reply = Envelope(self.id, SERVER, env.round, env.phase, handler(env)).to_bytes()
-        self.seconds[f"phase:{env.phase}"] += time.perf_counter() - start
-        return reply
+        self.policy.check_phase(env.phase)
+        self.guard.check_round(env.round)
+        self._request, self._basis = env, None
+        try:
+            fields = handler(env)
+            if self._basis is not None:  # what its uploads were made from (the server lists it)
+                fields["basis"] = wire.config({"basis": self._basis})
+        finally:
+            self._request = None
+        return Envelope(self.id, SERVER, env.round, env.phase, fields).to_bytes()
 
     def _timed(self, key: str, fn: Callable, *args, **kwargs):
         start = time.perf_counter()
@@ -196,8 +241,9 @@ class Client:
             "client": {
                 "w": copied(self._w),
                 "g": copied(self._g),
-                "scalar_dp": self._scalar_dp,
                 "rng": self.rng.bit_generator.state,
+                "guard": self.guard.state_dict(),
+                "model_id": self._model_id,
             },
             "optimizer": (
                 None if opt is None else {"config": opt.config, "state": opt.state_dict()}
@@ -210,11 +256,19 @@ class Client:
     def _load_state(self, state: dict[str, Any]) -> None:
         """Check and build this client's own parts first, then hand each half its part."""
         parts = ("client", "optimizer", "trainer", "protocol", "backend")
-        if set(state) != set(parts) or set(state["client"]) != {"w", "g", "scalar_dp", "rng"}:
+        if set(state) != set(parts) or set(state["client"]) != {
+            "w",
+            "g",
+            "rng",
+            "guard",
+            "model_id",
+        }:
             raise StateError(f"a client state holds {list(parts)}, got {sorted(state)}")
         own = state["client"]
         w, g = (model_sized(own[k], self.n_params, k) for k in ("w", "g"))
         rng = restored_generator(self.rng, own["rng"], "the DP noise")
+        guard = PolicyGuard(self.policy)
+        guard.load_state_dict(own["guard"])
         opt = state["optimizer"]
         optimizer = None if opt is None else make_optimizer(opt["config"], opt["state"])
         if optimizer is not None and optimizer.dim != self.n_params:
@@ -225,8 +279,14 @@ class Client:
         self.backend.load_state_dict(state["backend"])
         self.trainer.load_state_dict(state["trainer"])
         self.protocol.load_state_dict(state["protocol"])
-        self._w, self._g, self._scalar_dp = w, g, own["scalar_dp"]
+        model_id = own["model_id"]
+        if model_id is not None and not isinstance(model_id, str):
+            raise StateError("a client state's model identity is not a digest")
+        self._w, self._g, self.guard, self._model_id = w, g, guard, model_id
         self.rng, self._optimizer = rng, optimizer
+
+    def _set_model(self, w: np.ndarray) -> None:
+        self._w, self._model_id = w, model_identity(w)
 
     # ---- what a protocol's client half sees (ClientAPI) -----------------------------------
     @property
@@ -261,11 +321,20 @@ class Client:
     def open(self, envelope: Envelope, name: str) -> np.ndarray:
         return self._timed("open", self.backend.open, envelope, name, self.n_params)
 
-    def protect(self, values: np.ndarray) -> Field:
-        return self._timed("protect", self.backend.protect, values)
+    def protect(self, values: np.ndarray, weight: float | None = None) -> Field:
+        """Protect ``values`` for upload, tagged with what they were made from (the basis:
+        ``secagg.clients.policy.upload_basis``), which this client's consent then binds."""
+        request = self._request
+        if request is None:
+            raise ProtocolStateError(f"{self.id} protects values only while answering a request")
+        basis = upload_basis(request.round, request.phase, request.fields, self._model_id)
+        self._basis = basis
+        return self._timed("protect", self.backend.protect, values, weight, basis=basis)
 
     def report(self, value: float) -> Field:
-        """A scalar for the server: clipped and noised when the run asks for scalar DP."""
+        """A scalar for the server: counted against this client's scalar budget, and
+        clipped and noised when its provisioning has scalar DP."""
+        self.guard.scalar()
         if self._scalar_dp is not None:
             d = self._scalar_dp
             value = privatize_scalar(
@@ -280,28 +349,31 @@ class Client:
         return {"n_samples": wire.scalar(len(self.trainer.data))}
 
     def on_train(self, env: Envelope) -> dict[str, Field]:
-        cfg = env.config("train")
+        # what the request may ask is fixed by this client's provisioning: checked first
+        cfg = self.policy.training(env.config("train"), env.round)
+        self.guard.train(env.round)
         if "model" in env.fields:
-            self._w = env.vector("model", self.n_params)
+            self._set_model(env.vector("model", self.n_params))
         elif self._w is None:
             raise ProtocolStateError(f"{self.id} has no global model to train from")
         if "server_opt" in env.fields:  # server-blind run: keep a copy of the optimizer
-            opt_cfg = env.config("server_opt")
+            opt_cfg = self.policy.server_optimizer_config(env.config("server_opt"))
             if self._optimizer is None:
                 self._optimizer = make_optimizer(opt_cfg)
             if "lr" in opt_cfg:  # phase-wise server rates (a proximal step has none)
                 self._optimizer.hyper["lr"] = opt_cfg["lr"]
         # a protocol with its own local solver (ADMM's x-update) answers first; else SGD
         own = self._timed("train", self.protocol.local_update, self, env)
-        self._g = np.asarray(own, dtype=np.float64) if own is not None else self.train(self._w, cfg)
-        if "client_dp" in cfg:  # clip and noise before protecting: nobody sees the raw update
-            dp = cfg["client_dp"]
+        self._g = (
+            np.asarray(own, dtype=np.float64) if own is not None else self.train(self.model, cfg)
+        )
+        dp = self.policy.client_dp  # its own DP, never the request's (checked equal above)
+        if dp is not None:  # clip and noise before protecting: nobody sees the raw update
             self._g = noised_update(self._g, float(dp["clip"]), float(dp["sigma"]), self.rng)
-        self._scalar_dp = cfg.get("scalar_dp", self._scalar_dp)
         # a client-weighted CKKS preset: the planned weight this upload enters the sum with
         weight = env.scalar("upload_weight") if "upload_weight" in env.fields else None
         reply = {
-            "pseudo_gradient": self._timed("protect", self.backend.protect, self._g, weight),
+            "pseudo_gradient": self.protect(self._g, weight),
             "n_samples": wire.scalar(len(self.trainer.data)),
             **self._reports(cfg.get("reports", {})),
         }
@@ -313,7 +385,10 @@ class Client:
 
     def train(self, start: np.ndarray, settings: dict[str, Any]) -> np.ndarray:
         """Local training from ``start`` with a ``train`` config's settings (lr, steps or
-        epochs, prox_mu); returns the pseudo-gradient, new − ``start``."""
+        epochs, prox_mu), if this client's provisioning allows them for the request's round;
+        returns the pseudo-gradient, new − ``start``."""
+        if self._request is not None:  # a protocol's own phase asks too (Sequential's hops)
+            settings = self.policy.training(settings, self._request.round)
         steps = (
             int(settings["epochs"]) * -(-len(self.trainer.data) // self.trainer.batch_size)
             if "epochs" in settings
@@ -352,21 +427,29 @@ class Client:
             raise ProtocolStateError(f"{self.id} cannot apply an update: no model or optimizer")
         g_global = self.open(env, "global_update")
         self._w = self._w + self._optimizer.step(g_global, self._w)
+        self._model_id = stepped_identity(self._model_id or "", env.fields)
         return {"applied": wire.config({"round": env.round})}
 
     def on_plaintext_update(self, env: Envelope) -> dict[str, Field]:
-        """Only for aggregators that cannot work on sums, in runs that allowed it."""
+        """Only for aggregators that cannot work on sums, where this client's own
+        provisioning allows plaintext updates (its policy refuses the phase otherwise), and
+        only this round's update, once."""
+        if self._plaintext_sent == env.round or env.round not in self.guard.trained:
+            raise PolicyRefused(f"{self.id} gives its update of round {env.round} at most once")
+        self._plaintext_sent = env.round
         return {"pseudo_gradient": wire.vector(self.update)}
 
     def on_validate(self, env: Envelope) -> dict[str, Field]:
-        """Auto-FedRL: the loss of the global model on this client's validation samples.
-        A request that carries the model also makes it this client's global model."""
+        """Auto-FedRL: the loss of the global model on this client's validation samples,
+        at most once a round (twice in round 0). A request that carries the model also
+        makes it this client's global model, which it then trains from."""
         if self.validation is None:
             raise ProtocolStateError(f"{self.id} holds no validation samples")
+        if "scalar_dp" in env.fields and env.config("scalar_dp") != self._scalar_dp:
+            raise PolicyRefused(f"{self.id}: the request's scalar DP is not its own")
+        self.guard.validate(env.round)
         if "model" in env.fields:
-            self._w = env.vector("model", self.n_params)
-        if "scalar_dp" in env.fields:
-            self._scalar_dp = env.config("scalar_dp")
+            self._set_model(env.vector("model", self.n_params))
         return {"val_loss": self.report(self.trainer.loss_at(self.model, data=self.validation))}
 
     def on_observe(self, env: Envelope) -> dict[str, Field]:

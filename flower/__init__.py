@@ -5,6 +5,8 @@
 - :mod:`~secagg.flower.node`: a SuperNode's client, rebuilt from its own directory for every
   message (keys, model, optimizer copy and data position stay on the node);
 - :mod:`~secagg.flower.apps`: the ServerApp and the ClientApp;
+- :mod:`~secagg.flower.guard`: a SuperNode that runs the deployment's own App only
+  (``secagg flower node``);
 - :mod:`~secagg.flower.deployment`: keys, certificates and node directories for a
   deployment, and :mod:`~secagg.flower.launch` a local one (SuperLink and SuperNodes as
   separate processes).

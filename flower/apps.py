@@ -33,8 +33,8 @@ def answer(message: Message, context: Context) -> Message:
     node_dir = context.node_config.get("node-dir")
     if not node_dir:
         raise RuntimeError(
-            "this SuperNode has no node-dir: start it with --node-config "
-            "'node-dir=\"/path/to/nodes/client_0\"' (secagg flower prepare writes the folder)"
+            "this SuperNode has no node-dir: start it with `secagg flower node "
+            "/path/to/nodes/client_0 ...` (secagg flower prepare writes the folder)"
         )
     envelope, run = messages.read_request(message)
     node = NodeClient(Path(str(node_dir)))

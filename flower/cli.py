@@ -64,6 +64,23 @@ def add_parser(sub: Any, add_settings: Any) -> None:
     )
     demo.add_argument("folder", type=Path, metavar="DIR", help="a prepared deployment")
     demo.add_argument("--wait", type=float, default=7200.0, help="give up after this many seconds")
+    node = verbs.add_parser(
+        "node",
+        help="start a SuperNode for a node folder that runs only the deployment's own App",
+        description="Start Flower's SuperNode for the node folder DIR (its --node-config is "
+        "the folder), guarded: it runs only the Flower App whose digest `prepare` pinned in "
+        "DIR/node.json and answers every other App's run with Flower's 'invalid FAB' error, "
+        "before any of its code runs or sees the folder. Every other option is "
+        "flower-supernode's (--superlink, --root-certificates, "
+        "--auth-supernode-private-key, ...).",
+    )
+    node.add_argument("folder", type=Path, metavar="DIR", help="a node folder")
+    node.add_argument(
+        "flower_args",
+        nargs=argparse.REMAINDER,
+        metavar="...",
+        help="flower-supernode's options",
+    )
     commands = verbs.add_parser(
         "commands",
         help="print the commands that start a prepared deployment on separate machines",
@@ -79,6 +96,11 @@ def run(args: argparse.Namespace, resolve: Any) -> int:
         return _prepare(args, resolve)
     if args.verb == "demo":
         return _demo(args)
+    if args.verb == "node":
+        from secagg.flower.guard import run_supernode
+
+        run_supernode(args.folder, list(args.flower_args))
+        return 0
     return _commands(args)
 
 
@@ -158,11 +180,13 @@ def _commands(args: argparse.Namespace) -> int:
     ]
     if spec["auth"]:
         lines += [f"flwr supernode register {folder}/auth/{c}.pub secagg" for c in spec["clients"]]
-    lines += ["", "# on each client's machine, in a copy of its node folder"]
+    lines += [
+        "",
+        "# on each client's machine, in a copy of its node folder: Flower's SuperNode, guarded",
+        "# to run only the App pinned in node.json (never start it as plain flower-supernode)",
+    ]
     for cid in spec["clients"]:
-        node = (
-            f'flower-supernode --superlink {host}:9092 {trust} --node-config "node-dir=\\"$PWD\\""'
-        )
+        node = f"secagg flower node . --superlink {host}:9092 {trust}"
         if spec["auth"]:
             node += " --auth-supernode-private-key auth.key"
         lines.append(f"cd {cid} && {node}")

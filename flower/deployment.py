@@ -6,15 +6,18 @@
     DIR/server/signers.json      the clients' public signing keys (the server's roster)
     DIR/app/pyproject.toml       the Flower App that ``flwr run`` submits
     DIR/nodes/<client>/          one folder per SuperNode: copy each to its machine
-        node.json, experiment.toml, identity.json (mode 0600)
-    DIR/deployment.json          the experiment's name, the clients, TLS and auth on or off
+        node.json (its client, and the digest of the App it runs: guard.py),
+        experiment.toml, identity.json (mode 0600)
+    DIR/deployment.json          the experiment's name, the App's digest, the clients, TLS and
+                                 auth on or off
     DIR/tls/                     a local demo CA and the SuperLink's certificate (``--tls``)
     DIR/auth/<client>.pub        the SuperNodes' public authentication keys (``--auth``);
                                  each private key is in its node folder (auth.key)
 
 Across machines nothing changes but where the folders go: ``nodes/<client>`` to that
-client's machine (its identity file must not leave it afterwards), ``server`` and ``app``
-to the machine that submits the run, and the CA certificate to every SuperNode.
+client's machine (its identity file must not leave it afterwards; the node starts with
+``secagg flower node``, which runs the App pinned in its ``node.json`` only), ``server``
+and ``app`` to the machine that submits the run, and the CA certificate to every SuperNode.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from pathlib import Path
 from secagg.backends import new_identities
 from secagg.errors import ConfigError
 from secagg.flower.certificates import make_node_key, make_tls
+from secagg.flower.guard import app_digest, build_app
 from secagg.flower.keystore import experiment_name, write_identity, write_signers
 from secagg.flower.node import check_runs_on_flower
 from secagg.simulation.config import ExperimentConfig
@@ -103,11 +107,14 @@ def prepare(
     (folder / "app" / "pyproject.toml").write_text(
         APP_TOML.format(deployment=folder, timeout=float(timeout))
     )
+    # the only App the nodes will run: what `flwr run app/` builds from this folder
+    app = app_digest(build_app(folder / "app"))
     nodes = {}
     for cid in ids:
         node = folder / "nodes" / cid
         node.mkdir(parents=True, mode=0o700)
-        (node / "node.json").write_text(f'{{"client": "{cid}", "experiment": "experiment.toml"}}\n')
+        layout = {"client": cid, "experiment": "experiment.toml", "app": app}
+        (node / "node.json").write_text(json.dumps(layout, indent=1) + "\n")
         (node / "experiment.toml").write_text(settings)
         write_identity(node / "identity.json", identities[cid])
         nodes[cid] = node
@@ -122,7 +129,13 @@ def prepare(
             (folder / "auth" / f"{cid}.pub").write_bytes(public.read_bytes())
     (folder / "deployment.json").write_text(
         json.dumps(
-            {"experiment": experiment_name(config), "clients": ids, "tls": tls, "auth": auth}
+            {
+                "experiment": experiment_name(config),
+                "app": app,
+                "clients": ids,
+                "tls": tls,
+                "auth": auth,
+            }
         )
     )
     return nodes

@@ -1,6 +1,7 @@
 """A prepared deployment on this machine: a SuperLink and one SuperNode per client as
 separate processes on loopback (ports chosen free at run time), the run submitted with
-``flwr run``, every wait bounded, every process stopped at the end.
+``flwr run``, every wait bounded, every process stopped at the end. Each SuperNode is
+Flower's, guarded to run the deployment's own App only (``secagg.flower.guard``).
 
 Each process gets its own ``FLWR_HOME`` (Flower installs the submitted App there and keeps
 the CLI's connection settings there). Flower 1.30 starts a fresh ClientApp process for every
@@ -184,19 +185,23 @@ class LocalFederation:
             "unknown",
         )
 
-    def start_node(self, cid: str) -> None:
-        """Start (or restart) the SuperNode of ``cid`` with its node folder."""
+    def node_command(self, cid: str) -> list[str]:
+        """The command that starts ``cid``'s SuperNode: Flower's, guarded so that it runs
+        only the App pinned in its node folder (``secagg.flower.guard``)."""
         node = self.folder / "nodes" / cid
         command = [
-            str(BIN / "flower-supernode"),
+            sys.executable, "-m", "secagg.flower.guard", str(node),
             "--superlink", f"127.0.0.1:{self.ports['fleet']}",
             "--clientappio-api-address", f"127.0.0.1:{self._node_ports[cid]}",
-            "--node-config", f'node-dir="{node}"',
         ]  # fmt: skip
         command += ["--root-certificates", str(node / "ca.crt")] if self.tls else ["--insecure"]
         if self.auth:
             command += ["--auth-supernode-private-key", str(node / "auth.key")]
-        self.nodes[cid] = self._start(f"supernode-{cid}", command, f"node-{cid}")
+        return command
+
+    def start_node(self, cid: str) -> None:
+        """Start (or restart) the SuperNode of ``cid`` with its node folder."""
+        self.nodes[cid] = self._start(f"supernode-{cid}", self.node_command(cid), f"node-{cid}")
 
     def kill_node(self, cid: str) -> None:
         """SIGKILL the SuperNode of ``cid`` and its ClientApp (a machine that died)."""

@@ -8,9 +8,18 @@ position), answers, and writes its state back (mode 0600, replaced whole) before
 leaves. The state lives under ``state/<Flower run>/`` so a new run never picks up an old
 one's keys. Nothing of it ever goes to the server.
 
+A node answers only what its own experiment file allows (:meth:`NodeClient.check_request`):
+the experiment it names (a digest of the complete settings), one of the file's seeds, the
+run itself or its protocol's pre-stage, and each (seed, stage) in one Flower run only: a
+request for anything else is refused with :class:`RequestRefused` before any client, key or
+budget is made for it. A node whose experiment derives DP noise from the run's seed
+(``dp_noise = "seeded"``, which the server names) refuses to run at all
+(:class:`SeededNoiseRefused`).
+
 Node directory::
 
-    node.json         {"client": "client_0", "experiment": "experiment.toml"}
+    node.json         {"client": "client_0", "experiment": "experiment.toml",
+                       "app": the digest of the only Flower App this node runs (guard.py)}
     experiment.toml   the run's settings (the node's own copy)
     identity.json     its private keys and the rosters (mode 0600)
     state/<run>/<seed>-<stage>.bin
@@ -24,13 +33,34 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from secagg.errors import ConfigError, MalformedMessage
+from secagg.errors import ConfigError, MalformedMessage, SecaggError
 from secagg.flower.keystore import experiment_name, read_identity, write_private_bytes
 from secagg.simulation.config import ExperimentConfig
 from secagg.simulation.settings import read_file, to_config
 
 
+class RequestRefused(SecaggError):
+    """A node refuses a request its own experiment file does not allow: another seed, a
+    stage its protocol does not have, or a (seed, stage) another Flower run already had.
+    Nothing is computed for it and no key is made."""
+
+
+class SeededNoiseRefused(ConfigError):
+    """An experiment whose DP noise comes from the run's seed cannot run over Flower: the
+    server names the seed, so it could compute every client's noise and remove it."""
+
+
+def uses_dp(config: ExperimentConfig) -> bool:
+    return any(x is not None for x in (config.client_dp, config.dp_sgd, config.scalar_dp))
+
+
 def check_runs_on_flower(config: ExperimentConfig) -> ExperimentConfig:
+    if config.dp_noise == "seeded" and uses_dp(config):
+        raise SeededNoiseRefused(
+            "dp_noise = \"seeded\" derives every client's DP noise from the run's seed, "
+            "which the server names over Flower, so the server could remove the noise: set "
+            'dp_noise = "os" (--dp-noise os) for a deployment'
+        )
     if config.server_blind:
         raise ConfigError(
             "server-blind runs are not available over Flower yet: the experimenter, who "
@@ -81,10 +111,7 @@ class NodeClient:
             )
         if envelope is None:
             return self._hello(str(run.get("hello", "")), node_id)
-        try:
-            seed, stage = int(run["seed"]), run.get("stage") or None
-        except (KeyError, TypeError, ValueError):
-            raise MalformedMessage("a request names no seed") from None
+        seed, stage = self.check_request(run, flower_run)
         client = self._client(seed, stage)
         path = self.state_path(flower_run, seed, stage)
         if path.exists():
@@ -92,6 +119,41 @@ class NodeClient:
         reply = client.handle(envelope)
         write_private_bytes(path, client.export_state())
         return reply
+
+    @property
+    def stages(self) -> set[str | None]:
+        """What this node's experiment runs per seed: the run (None) and its protocol's
+        pre-stage, if it has one."""
+        from secagg.protocols import make_protocol
+
+        protocol = make_protocol(self.config.protocol, **self.config.protocol_options)
+        return {None, protocol.capabilities.pretrain}
+
+    def check_request(self, run: dict[str, Any], flower_run: int) -> tuple[int, str | None]:
+        """(seed, stage) of a request, if this node's own experiment file allows it:
+        RequestRefused otherwise (nothing is built for it)."""
+        seed, stage = run.get("seed"), run.get("stage") or None
+        if type(seed) is not int:
+            raise MalformedMessage("a request names no seed")
+        if seed not in self.config.seeds:
+            raise RequestRefused(
+                f"{self.client_id} serves the seeds of its experiment file "
+                f"{sorted(self.config.seeds)}, not seed {seed}"
+            )
+        if stage not in self.stages:
+            raise RequestRefused(
+                f"{self.client_id}'s experiment ({self.config.protocol}) has no stage {stage!r}"
+            )
+        label = f"{seed}-{stage or 'run'}.bin"
+        for other in sorted((self.dir / "state").glob(f"*/{label}")):
+            if other.parent.name != str(int(flower_run)):
+                raise RequestRefused(
+                    f"{self.client_id} served seed {seed} ({stage or 'run'}) in Flower run "
+                    f"{other.parent.name} already: a node serves each seed of its experiment "
+                    "in one Flower run (another would get fresh keys and budgets); prepare a "
+                    "new deployment to run it again"
+                )
+        return seed, stage
 
     def _hello(self, nonce: str, node_id: int) -> bytes:
         from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -110,10 +172,8 @@ class NodeClient:
         return self.dir / "state" / str(int(flower_run)) / f"{seed}-{stage or 'run'}.bin"
 
     def _client(self, seed: int, stage: str | None):
-        from secagg.simulation.experiment import STAGES, ClientFactory
+        from secagg.simulation.experiment import ClientFactory
 
-        if stage is not None and stage not in STAGES:
-            raise MalformedMessage(f"no pre-stage called {stage!r}")
         factory = ClientFactory(self.config, seed, stage=stage)
         budgets = factory.release_budgets()
         factory = replace(factory, provisions={self.client_id: self.identity.provision(**budgets)})

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from secagg.errors import ConfigError
-from secagg.protocols.base import Capabilities, Protocol, RoundAPI, Upload
+from secagg.protocols.base import Allowed, Capabilities, Protocol, RoundAPI, Upload
 from secagg.protocols.hpo_agents import ContinuousAgent, DiscreteAgent, MLPAgent, SearchSpace
 from secagg.protocols.registry import register_protocol
 
@@ -203,6 +203,15 @@ class AutoFedRL(Protocol):
             settings.pop("epochs", None)
             settings["steps"] = int(self.plan["local_steps"])
         return settings
+
+    def varied_settings(self) -> dict[str, Allowed]:
+        """The searched client lr and local steps, within their ranges."""
+        names = {"client_lr": "lr", "local_steps": "steps"}
+        return {
+            names[key]: Allowed(low=self.ranges[key][0], high=self.ranges[key][1])
+            for key in names
+            if key in self.searched
+        }
 
     def planned_weights(self, ctx: RoundAPI, n_samples: Mapping[str, float]) -> dict[str, float]:
         """n_k·exp(aw_k) / Σ with this round's aw drawn in ``begin_round``: known before the

@@ -20,6 +20,7 @@ What a protocol needs from the engine and shows the server is one value,
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
@@ -103,6 +104,25 @@ class Capabilities:
             else:
                 merged[f.name] = a or b
         return Capabilities(**merged)
+
+
+@dataclass(frozen=True)
+class Allowed:
+    """The values a protocol may choose for one training setting, round by round: a closed
+    range ``[low, high]``, or a finite set ``values``."""
+
+    low: float | None = None
+    high: float | None = None
+    values: tuple[float, ...] = ()
+
+    def admits(self, value: Any) -> bool:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return False
+        if not math.isfinite(value):
+            return False
+        if self.values:
+            return value in self.values
+        return self.low is not None and self.high is not None and self.low <= value <= self.high
 
 
 @dataclass(frozen=True)
@@ -367,6 +387,12 @@ class Protocol(ABC):
         """A client's training settings (``lr``, ``steps`` or ``epochs``, ``prox_mu``) for
         this round; the engine's defaults unless the protocol chooses them."""
         return settings
+
+    def varied_settings(self) -> Mapping[str, Allowed]:
+        """Training settings (``lr``, ``steps``) this protocol chooses round by round in
+        ``train_settings``, with the values it may choose: a client's provisioning admits
+        them (and refuses any other value); by default none varies."""
+        return {}
 
     def observe_validation(self, ctx: RoundAPI, losses: Mapping[str, float]) -> None:
         """The clients' validation losses of the current global model."""

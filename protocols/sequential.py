@@ -35,6 +35,7 @@ import numpy as np
 
 from secagg import wire
 from secagg.protocols.base import (
+    Allowed,
     Capabilities,
     ClientAPI,
     ClientHalf,
@@ -84,6 +85,11 @@ class Sequential(Protocol):
     def begin_round(self, ctx: RoundAPI) -> None:
         self.order = visiting_order(sorted(ctx.active), self.rng)
         return None
+
+    def varied_settings(self) -> dict[str, Allowed]:
+        """Every centre but the round's first trains 0 steps in the training phase (its
+        upload is not used: it trains in its hop), so a client admits 0 steps."""
+        return {"steps": Allowed(values=(0,))}
 
     def train_settings(
         self, ctx: RoundAPI, client: str, settings: dict[str, Any]

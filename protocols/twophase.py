@@ -20,7 +20,14 @@ from typing import Any
 import numpy as np
 
 from secagg.errors import ConfigError
-from secagg.protocols.base import ClientHalf, ComposedClientHalf, Protocol, RoundAPI, Upload
+from secagg.protocols.base import (
+    Allowed,
+    ClientHalf,
+    ComposedClientHalf,
+    Protocol,
+    RoundAPI,
+    Upload,
+)
 from secagg.protocols.fedavg import FedAvg
 from secagg.protocols.registry import make_protocol, protocol_spec, register_protocol
 from secagg.wire import Field
@@ -88,6 +95,10 @@ class TwoPhase(Protocol):
     # ---- one round: that round's protocol ------------------------------------------------
     def begin_round(self, ctx: RoundAPI) -> float | None:
         return self.current(ctx).begin_round(ctx)
+
+    def varied_settings(self) -> dict[str, Allowed]:
+        """What either phase varies (a client admits both phases' values)."""
+        return {**self.first.varied_settings(), **self.then.varied_settings()}
 
     def train_settings(
         self, ctx: RoundAPI, client: str, settings: dict[str, Any]

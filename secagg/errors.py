@@ -115,3 +115,42 @@ class StateError(ConfigError):
     """A client's exported state cannot be restored here: another client's, truncated or
     garbled, written by another state version, or made for another task, backend or
     protocol. The client that refused it keeps the state it had."""
+
+
+class PolicyRefused(ProtocolStateError):
+    """A client refuses a request its own provisioning does not allow (a phase the run does
+    not use, training settings or DP other than its own, a round gone back, a budget
+    spent): nothing is computed (``secagg.clients.policy``)."""
+
+
+#: what a failed reply may say about why: a fixed code per kind of failure, never a value
+#: from the client's data (``ClientRefused``); the first matching class wins
+ERROR_CODES: tuple[tuple[type[BaseException], str], ...] = (
+    (PolicyRefused, "refused_by_policy"),
+    (ReleaseRefused, "release_refused"),
+    (ValueRangeError, "value_out_of_range"),
+    (KeySetupError, "key_setup_failed"),
+    (StateError, "state_refused"),
+    (ProtocolStateError, "out_of_order"),
+    (ClientInputError, "malformed_request"),
+    (ConfigError, "bad_configuration"),
+)
+
+
+def error_code(error: BaseException) -> str:
+    """The fixed code a reply carries for ``error`` (``internal_error`` if unforeseen)."""
+    for kind, code in ERROR_CODES:
+        if isinstance(error, kind):
+            return code
+    return "internal_error"
+
+
+class ClientRefused(SecaggError):
+    """A client did not answer a request: what crosses the wire is the client, the phase and
+    a fixed code (:data:`ERROR_CODES`), never the detail, which can carry values from the
+    client's data (a ``ValueRangeError`` names the value). The client keeps the detail in
+    its own log."""
+
+    def __init__(self, client: str, phase: str, code: str):
+        super().__init__(f"{client} refused {phase!r}: {code}")
+        self.client, self.phase, self.code = client, phase, code

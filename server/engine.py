@@ -219,7 +219,10 @@ class Server:
         self.audit.declared |= (
             set(ENGINE_DECLARED) | set(caps.reveals) | set(backend.declares) | reports
         )
-        self.audit.infrastructure |= set(backend.declares) | {"applied"} | reports
+        # "basis": the digest of what an upload was made from (the request and the model),
+        # which the clients' consents bind; nothing the server did not send
+        self.audit.declared.add("basis")
+        self.audit.infrastructure |= set(backend.declares) | {"applied", "basis"} | reports
         self.audit.key_model = backend.key_model
         if self.policy.server_blind:
             self.audit.declared.add("applied")  # clients' receipts for the apply phase
@@ -265,6 +268,7 @@ class Server:
             optimizer,
             self.policy.allow_plaintext_updates,
             model=None if self.updates.blind else self.params.copy(),
+            max_weight_share=self.policy.max_weight_share,
         )
 
     def setup(self, rounds: int) -> dict[str, str]:

@@ -143,7 +143,8 @@ class Exchange:
             reply.get(name, kind)
             if kind == wire.SCALAR:
                 reply.scalar(name)
-        extra = set(reply.fields) - set(expect)
+        # ``basis``: what a client's protected upload was made from (its consent binds it)
+        extra = set(reply.fields) - set(expect) - {"basis"}
         if expect and extra:
             raise UnexpectedField(f"{client} sent undeclared fields {sorted(extra)}")
         return reply

@@ -12,6 +12,7 @@ for their headroom, and a protocol whose weights exceed it is wrong on plain too
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -45,8 +46,38 @@ def check_weights(weights: Mapping[str, float]) -> dict[str, float]:
     return out
 
 
+def capped_weights(weights: Mapping[str, float], max_share: float) -> dict[str, float]:
+    """The weights with no |w_i| above ``max_share`` of Σ|w| (the clients' release policy,
+    ``max_weight_share``), by water-filling: the largest are lowered to the cap, the rest
+    keep their ratios, and Σ|w| is kept. Unchanged when already within the cap, for one
+    weight, or where no weighting of this many can meet it (the clients then refuse)."""
+    out = dict(weights)
+    size = {c: abs(w) for c, w in out.items()}
+    total = sum(size.values())
+    n = len(out)
+    if n < 2 or max_share >= 1 or total == 0 or max(size.values()) <= max_share * total:
+        return out
+    if max_share * n < 1:
+        return out
+    order = sorted(size, key=lambda c: -size[c])
+    for h in range(1, n):
+        rest = sum(size[c] for c in order[h:])
+        level = max_share * rest / (1 - max_share * h)  # each capped weight, before rescaling
+        if size[order[h]] <= level:
+            scale = total / (rest + h * level)
+            for c in order[:h]:
+                out[c] = math.copysign(level * scale, out[c])
+            for c in order[h:]:
+                out[c] = out[c] * scale
+            return out
+    return out
+
+
 class RoundContext:
-    """A round for a protocol: the exchange, the backend, and what was released."""
+    """A round for a protocol: the exchange, the backend, and what was released.
+
+    ``max_weight_share``: the clients' cap on one upload's share of a sum's weight; every
+    sum of two or more is capped to it (:func:`capped_weights`) so the clients consent."""
 
     def __init__(
         self,
@@ -56,8 +87,10 @@ class RoundContext:
         optimizer: ServerOptimizer | None,
         allow_plaintext_updates: bool = False,
         model: np.ndarray | None = None,
+        max_weight_share: float = 1.0,
     ):
         self.exchange = exchange
+        self.max_weight_share = max_weight_share
         self.model = model  # the global model the round starts from (None: server-blind)
         self.round = exchange.round
         self.n_params = n_params
@@ -113,7 +146,9 @@ class RoundContext:
                 phase="aggregate",
                 exclusions=self.excluded,
             )
-        used = check_weights({c: weights[c] for c in clients})
+        used = capped_weights(
+            check_weights({c: weights[c] for c in clients}), self.max_weight_share
+        )
         start = time.perf_counter()
         total = self.backend.weighted_sum([handles[c] for c in clients], [used[c] for c in clients])
         self.seconds["aggregate"] += time.perf_counter() - start
@@ -191,7 +226,7 @@ class StreamedSum:
 
     def __init__(self, ctx: RoundContext, weights: Mapping[str, float]):
         self._ctx = ctx
-        self.weights = check_weights(weights)
+        self.weights = capped_weights(check_weights(weights), ctx.max_weight_share)
         self.folded: dict[str, float] = {}
         self._sum = ctx.backend.running_sum(ctx.n_params)
 

@@ -75,9 +75,10 @@ class ExperimentConfig:
     #: revealed scalars clipped to [low, high] and noised: {"low", "high", "noise"}
     scalar_dp: dict[str, float] | None = None
     dp_delta: float = 1e-5
-    #: where clients' DP noise comes from: "seeded" (from the run's seed: a reproducible
-    #: simulation, not for deployment) or "os" (generators seeded from the OS CSPRNG)
-    dp_noise: str = "seeded"
+    #: where clients' DP noise comes from: "os" (generators seeded from the OS CSPRNG, the
+    #: default) or "seeded" (from the run's seed: only to reproduce a simulation bit for
+    #: bit; insecure, since anyone who knows the seed can predict and remove the noise)
+    dp_noise: str = "os"
     #: fold uploads into a running sum as they arrive, where the protocol's weights allow it
     streaming: bool = True
     #: run the clients in this many worker processes (in parallel); 0: in this process
@@ -223,10 +224,12 @@ class ExperimentConfig:
         return cfg
 
     def policy(self) -> RunPolicy:
+        options = self.resolved_backend_options()
         return RunPolicy(
             server_blind=self.server_blind,
             allow_plaintext_updates=self.allow_plaintext_updates,
             streaming=self.streaming,
+            max_weight_share=float(options.get("max_weight_share", 1.0)),
         )
 
     def plan(self, n_clients: int) -> TrainingPlan:

@@ -66,6 +66,7 @@ from secagg.simulation.workers import WorkerPoolTransport
 
 if TYPE_CHECKING:  # client-side and key code: imported where a client or key is made, so
     # that a server process running this driver (secagg.flower's ServerApp) loads none of it
+    from secagg.clients.policy import ClientPolicy
     from secagg.clients.privacy import PrivateTrainer
     from secagg.clients.runtime import Client
     from secagg.sealing import Observer
@@ -224,10 +225,21 @@ class ClientFactory:
         if self.stage is not None:
             task = STAGES[self.stage].task(config, data)
             data, validation = task.load(), [None] * data.n_clients
+        policy = self.client_policy(flat_params(task.make_model()).size, data.n_clients)
         return {
-            cid: self._build(task, data.train[k], validation[k], k, cid)
+            cid: self._build(task, data.train[k], validation[k], k, cid, policy)
             for cid, k in ((c, int(c.rsplit("_", 1)[1])) for c in ids)
         }
+
+    def client_policy(self, n_params: int, n_clients: int) -> ClientPolicy:
+        """What each client of this seed (or pre-stage) answers, from this factory's own
+        configuration: what a deployment's node provisions itself with (:func:`client_policy`)."""
+        config = self.config
+        protocol = make_protocol(config.protocol, **config.protocol_options)
+        if self.stage is not None:
+            spec = STAGES[self.stage]
+            config, protocol = spec.configure(config), make_protocol(spec.protocol)
+        return client_policy(config, protocol, n_params, n_clients)
 
     def release_budgets(self) -> dict[str, Any]:
         """The budgets the driver provisions for this seed's (or pre-stage's) run, computed
@@ -251,7 +263,13 @@ class ClientFactory:
         return reproducible if self.config.dp_noise == "seeded" else secrets.randbits(63)
 
     def _build(
-        self, task: Task, part: ClientData, validation: ClientData | None, k: int, cid: str
+        self,
+        task: Task,
+        part: ClientData,
+        validation: ClientData | None,
+        k: int,
+        cid: str,
+        policy: ClientPolicy,
     ) -> Client:
         """Client k: its data, a trainer whose batch order the seed fixes, its halves of the
         backend and of the protocol."""
@@ -292,6 +310,7 @@ class ClientFactory:
                 config.resolved_backend_options(),
                 (self.provisions or {}).get(cid, Provision()),
             ),
+            policy=policy,
             protocol=make_client_half(protocol, **options),
             validation=validation,
             seed=self._noise_seed(seed * 1000 + k + 500),
@@ -711,6 +730,9 @@ def release_budgets(
     others = tuple(n for n in protocol.release_lengths(data) if n != n_params)
     return {
         "share_budget": shares if caps.distinct_opens else None,
+        # every reveal of the run, not ×2 for the check's second decryptor: a client
+        # decrypts one release at most once (CKKSServer.reveal asks distinct clients), and
+        # the flooding's t = roster × budget covers two (or three) decryptions per reveal
         "decryption_budget": 0
         if config.server_blind
         else config.rounds * caps.reveals_per_round + protocol.initial_reveals(),
@@ -722,6 +744,44 @@ def release_budgets(
             "open": opens_per_round,
         },
     }
+
+
+def client_policy(
+    config: ExperimentConfig, protocol, n_params: int, n_clients: int
+) -> ClientPolicy:
+    """What a client of a run of ``config`` answers (``secagg.clients.policy``): the engine
+    phases the run uses, the training settings and DP of ``config`` (as the server's plan
+    has them), what ``protocol`` varies per round, its scalar and validation budgets, and
+    the server optimizer it steps or evaluates itself. A deployment's nodes compute the same
+    from their own copy of the configuration; nothing of it comes from the server."""
+    from secagg.clients.policy import ClientPolicy
+
+    caps = protocol.capabilities
+    plan = config.plan(n_clients)
+    phases = {"enroll", "train"}
+    if caps.observes_validation:
+        phases.add("validate")
+    if config.server_blind:
+        phases |= {"apply", "observe"}
+    if config.allow_plaintext_updates:
+        phases.add("plaintext_update")
+    validations = config.rounds + 1 if caps.observes_validation else 0
+    return ClientPolicy(
+        phases=frozenset(phases),
+        rounds=config.rounds,
+        client_lr=plan.client_lr,
+        local_steps=plan.local_steps,
+        local_epochs=plan.local_epochs,
+        prox_mu=plan.prox_mu,
+        client_dp=None if plan.client_dp is None else plan.client_dp.config(),
+        scalar_dp=None if plan.scalar_dp is None else plan.scalar_dp.config(),
+        reports=plan.reports,
+        varies=protocol.varied_settings(),
+        # each declared scalar once a round, and the initial validation
+        scalar_budget=(config.rounds + 1) * len(caps.client_scalars),
+        max_validations=validations,
+        server_optimizer={**server_step(config, protocol, n_clients), "dim": n_params},
+    )
 
 
 def local_steps_of(config: ExperimentConfig, part: ClientData) -> int:

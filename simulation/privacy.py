@@ -15,10 +15,14 @@ imports torch, which the server package never does).
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from collections import Counter
 from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
 
 from secagg.dp import RDP_ORDERS
 
@@ -57,3 +61,66 @@ def scalar_release_counts(records: Iterable[Mapping], run: str, names: set[str])
 
 def scalar_epsilons(counts: Mapping[str, int], sigma: float, delta: float) -> dict[str, float]:
     return {c: gaussian_epsilon([(sigma, 1.0, n)], delta) for c, n in counts.items()}
+
+
+@functools.lru_cache(maxsize=1024)
+def _unit_rdp(noise_multiplier: float, sample_rate: float) -> tuple[float, ...]:
+    """The RDP curve (at ``RDP_ORDERS``) of one step: Opacus' ``compute_rdp``, which takes
+    about 0.3 s at a sampling rate below 1, kept per (z, q); RDP grows linearly in steps."""
+    from opacus.accountants.analysis.rdp import compute_rdp
+
+    return tuple(
+        compute_rdp(q=sample_rate, noise_multiplier=noise_multiplier, steps=1, orders=RDP_ORDERS)
+    )
+
+
+def _rdp_epsilon(rdp, delta: float) -> float:
+    from opacus.accountants.analysis.rdp import get_privacy_spent
+
+    with warnings.catch_warnings():  # "optimal order at the edge": a loose, valid bound
+        warnings.simplefilter("ignore")
+        return float(get_privacy_spent(orders=RDP_ORDERS, rdp=rdp, delta=delta)[0])
+
+
+def composed_epsilon(steps: Iterable[tuple[float, float, int]], delta: float) -> float:
+    """:func:`gaussian_epsilon` by adding the RDP curves of every (z, q, count) entry, each
+    step's curve computed once per (z, q): what Opacus' accountant fed them all gives."""
+    rdp: Any = 0
+    for z, q, count in steps:
+        if count <= 0:
+            continue
+        if z <= 0:
+            return math.inf
+        rdp = rdp + np.asarray(_unit_rdp(float(z), float(q))) * int(count)
+    if isinstance(rdp, int):
+        return 0.0
+    return _rdp_epsilon(rdp, delta)
+
+
+def dp_sgd_steps(
+    noise_multiplier: float, sample_rate: float, epsilon: float, delta: float
+) -> int | None:
+    """The number of DP-SGD steps at (z, q) whose ε at δ is ``epsilon``: what a client's Opacus
+    accountant counted, recovered from the ε the client reported (its accountant keeps one
+    (z, q, steps) entry while z and q stay the same, and RDP grows linearly in the steps).
+    None where no whole number of steps gives ``epsilon`` back (to 1e-9 relative)."""
+    z, q = float(noise_multiplier), float(sample_rate)
+    if not (z > 0 and 0 < q <= 1 and math.isfinite(epsilon) and epsilon >= 0):
+        return None
+    if epsilon == 0:
+        return 0
+    unit = np.asarray(_unit_rdp(z, q))
+
+    def eps(n: int) -> float:
+        return _rdp_epsilon(unit * n, delta)
+
+    lo, hi = 0, 1  # eps(lo) < epsilon <= eps(hi)
+    while eps(hi) < epsilon:
+        lo, hi = hi, hi * 2
+        if hi > 2**40:
+            return None
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if eps(mid) < epsilon else (lo, mid)
+    best = min((lo, hi), key=lambda n: abs(eps(n) - epsilon))
+    return best if best > 0 and abs(eps(best) - epsilon) <= 1e-9 * epsilon else None

@@ -4,14 +4,24 @@ the figures (``secagg.simulation.figures``)."""
 from __future__ import annotations
 
 import json
+import math
+from collections import Counter
 from pathlib import Path
 
 import pandas as pd
 
 from secagg.clients.tasks import get_task
+from secagg.protocols import make_protocol
 from secagg.server.audit import AuditLog
 from secagg.simulation.config import ExperimentConfig
 from secagg.simulation.figures import write_figures
+from secagg.simulation.privacy import (
+    client_level_epsilon,
+    composed_epsilon,
+    dp_sgd_steps,
+    scalar_epsilons,
+    scalar_release_counts,
+)
 
 
 def traffic_table(audit: AuditLog) -> pd.DataFrame:
@@ -37,14 +47,20 @@ ASSUMPTIONS = [
 ]
 
 
+PER_SEED = "each seed alone; seeds on the same data compose (see epsilon_composed_over_seeds)"
+
+
 def privacy_report(config: ExperimentConfig, metrics: pd.DataFrame, audit: AuditLog) -> dict:
-    """ε per mechanism (final round, per seed), the settings, and what DP does not cover."""
+    """ε per mechanism: composed over every seed of the run (they all train on the same
+    clients' data, so their privacy losses add up) and, labelled so, per seed (final round);
+    the settings, and what DP does not cover."""
     final = (
         metrics[metrics["round"] == config.rounds].set_index("seed")
         if "round" in metrics
         else pd.DataFrame()
     )
     summary = audit.summary()
+    seeds = seeds_on_the_same_data(config, metrics)
 
     def per_seed(col):
         return {int(s): float(v) for s, v in final[col].items()} if col in final else None
@@ -52,11 +68,24 @@ def privacy_report(config: ExperimentConfig, metrics: pd.DataFrame, audit: Audit
     report = {
         "delta": config.dp_delta,
         "noise_source": (
-            "seeded from the run's seed: reproducible simulation, predictable noise (not for "
-            "deployment)"
+            "seeded from the run's seed: a reproducible simulation only; INSECURE, whoever "
+            "knows the seed can predict each client's noise and remove it"
             if config.dp_noise == "seeded"
             else "generators seeded from the OS CSPRNG"
         ),
+        "seeds_composed": None
+        if not (config.client_dp or config.dp_sgd or config.scalar_dp)
+        else {
+            "seeds": seeds,
+            "why": (
+                "every seed trains on the same clients' data (with client_split each seed "
+                "trains on a random share of each client's samples, so the seeds' training "
+                "sets overlap and a client, or a sample, can be in all of them): their "
+                "privacy losses add up. epsilon_composed_over_seeds adds the RDP curves of "
+                "every mechanism of these seeds (Opacus' RDP accountant) and is the run's "
+                "guarantee; the *_per_seed figures are each seed alone"
+            ),
+        },
         "assumptions": ASSUMPTIONS,
         "dp_protected_items": summary["dp_protected_items"],
         "not_dp_protected_items": summary["not_dp_protected_items"],
@@ -64,6 +93,13 @@ def privacy_report(config: ExperimentConfig, metrics: pd.DataFrame, audit: Audit
     if config.client_dp:
         report["client_level"] = {
             **config.client_dp,
+            "epsilon_composed_over_seeds": client_level_composed(
+                metrics, seeds, "noise_multiplier_realised", config.dp_delta
+            ),
+            "epsilon_against_sums_only_composed_over_seeds": client_level_composed(
+                metrics, seeds, "noise_multiplier_realised_sums", config.dp_delta
+            ),
+            "per_seed_figures": PER_SEED,
             "epsilon_per_seed": per_seed("eps_client_level"),
             "accounted_against": (
                 "each noised upload (the server reads them on plain)"
@@ -86,18 +122,81 @@ def privacy_report(config: ExperimentConfig, metrics: pd.DataFrame, audit: Audit
                 for s, (_, row) in zip(final.index, final.iterrows())
             }  # index: the seeds
 
+        composed = dp_sgd_composed(metrics, seeds, config.dp_delta)
         report["dp_sgd"] = {
             **config.dp_sgd,
+            "worst_client_epsilon_composed_over_seeds": max(composed.values(), default=None),
+            "epsilon_composed_over_seeds_per_client": composed,
+            "per_seed_figures": PER_SEED,
             "epsilon_per_seed_and_client": per_client("eps_dp_sgd_"),
             "noise_multiplier_per_seed_and_client": per_client("dp_sgd_noise_multiplier_"),
             "sample_rate_per_seed_and_client": per_client("dp_sgd_sample_rate_"),
         }
     if config.scalar_dp:
+        names = audit.dp_protected & set(
+            make_protocol(config.protocol, **config.protocol_options).capabilities.client_scalars
+        )
+        counts: Counter = Counter()
+        for s in seeds:
+            counts += scalar_release_counts(audit.records, str(s), names)
+        composed = scalar_epsilons(counts, config.scalar_dp["noise"], config.dp_delta)
         report["scalars"] = {
             **config.scalar_dp,
+            "worst_client_epsilon_composed_over_seeds": max(composed.values(), default=0.0),
+            "per_seed_figures": PER_SEED,
             "worst_client_epsilon_per_seed": per_seed("eps_scalars_max"),
         }
     return report
+
+
+def seeds_on_the_same_data(config: ExperimentConfig, metrics: pd.DataFrame) -> list[int]:
+    """The seeds whose privacy losses compose: every seed that trained so far (aborted ones
+    too: what they released counts). With or without ``client_split`` they all train on the
+    same clients' samples (a split only holds out a share of each client's samples for
+    testing), so none of them is on other data."""
+    if "round" not in metrics:
+        return []
+    trained = set(metrics.loc[metrics["round"] > 0, "seed"].astype(int))
+    return [s for s in config.seeds if s in trained]
+
+
+def client_level_composed(
+    metrics: pd.DataFrame, seeds: list[int], column: str, delta: float
+) -> float | None:
+    """Client-level ε of every round of ``seeds`` together: each round is one Gaussian
+    mechanism with the realised multiplier in ``column`` (one privacy event per round)."""
+    if column not in metrics:
+        return None
+    rows = metrics[metrics["seed"].isin(seeds) & (metrics["round"] > 0)]
+    events = [{"noise_multiplier": float(z)} for z in rows[column] if not math.isnan(z)]
+    return client_level_epsilon(events, delta)
+
+
+def dp_sgd_composed(metrics: pd.DataFrame, seeds: list[int], delta: float) -> dict[str, float]:
+    """Each client's DP-SGD ε over every seed: its accountant's steps in each seed (from the
+    ε, multiplier and sampling rate it last reported there), composed in one accountant."""
+    prefix = "eps_dp_sgd_"
+    clients = sorted(
+        c[len(prefix) :] for c in metrics.columns if c.startswith(prefix) and c != "eps_dp_sgd_max"
+    )
+    out: dict[str, float] = {}
+    for c in clients:
+        cols = [f"{prefix}{c}", f"dp_sgd_noise_multiplier_{c}", f"dp_sgd_sample_rate_{c}"]
+        if not all(col in metrics for col in cols):
+            continue
+        history = []
+        for s in seeds:
+            rows = metrics[(metrics["seed"] == s) & (metrics["round"] > 0)][cols].dropna()
+            if rows.empty:
+                continue
+            eps, z, q = (float(v) for v in rows.iloc[-1])
+            steps = dp_sgd_steps(z, q, eps, delta)
+            if steps is None:  # not one (z, q) entry: no composed figure for this client
+                break
+            history.append((z, q, steps))
+        else:
+            out[c] = composed_epsilon(history, delta)
+    return out
 
 
 def write_tables(

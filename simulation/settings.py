@@ -261,12 +261,13 @@ CORE = (
     ),
     _s(
         "dp_noise",
-        "clients' DP noise from the run's seed (a reproducible simulation) or from "
-        "generators seeded by the OS CSPRNG (what a deployment needs)",
+        "where clients' DP noise comes from: os, generators seeded by the OS CSPRNG (what "
+        "a deployment needs); seeded, from the run's seed, only to reproduce a simulation "
+        "bit for bit: INSECURE, whoever knows the seed can predict the noise and remove it",
         str,
         (str,),
-        "seeded",
-        choices=("seeded", "os"),
+        "os",
+        choices=("os", "seeded"),
         group="differential privacy",
     ),
     _s(

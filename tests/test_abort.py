@@ -92,7 +92,12 @@ def test_the_driver_records_an_aborted_seed_and_runs_the_next(monkeypatch):
     monkeypatch.setattr(Client, "__init__", remember_seed)
     monkeypatch.setattr(Client, "on_train", failing)
     config = ExperimentConfig(
-        task="tcga-brca", protocol="larc", rounds=3, seeds=[1, 2], local_steps=2
+        task="tcga-brca",
+        protocol="larc",
+        rounds=3,
+        seeds=[1, 2],
+        local_steps=2,
+        dp_noise="seeded",  # the clients' noise seeds then name the run's seed
     )
     result = run_experiment(config)
     assert (

@@ -200,6 +200,7 @@ def test_a_split_that_leaves_a_client_nothing_to_train_on_is_refused():
 
 def test_a_client_without_validation_samples_is_excluded_with_the_reason():
     from secagg.backends import make_backends
+    from secagg.clients.policy import ENGINE_PHASES, ClientPolicy
     from secagg.clients.runtime import Client
     from secagg.protocols.optimizers import SGD, StepSchedule
     from secagg.server.audit import AuditLog
@@ -217,6 +218,14 @@ def test_a_client_without_validation_samples_is_excluded_with_the_reason():
             cid,
             LocalTrainer(task.make_model(), data.train[k], task.loss, 32, seed=k),
             backends[cid],
+            policy=ClientPolicy(
+                phases=frozenset(ENGINE_PHASES),
+                client_lr=StepSchedule.parse("0.1"),
+                local_steps=2,
+                varies=AutoFedRL().varied_settings(),
+                scalar_budget=4,
+                max_validations=2,
+            ),
             validation=data.train[k] if cid == "c0" else None,
         )
         for k, cid in enumerate(ids)
@@ -232,7 +241,9 @@ def test_a_client_without_validation_samples_is_excluded_with_the_reason():
         audit=AuditLog(),
     )
     report = server.run_round(0)
-    assert "c1" in report.excluded and "no validation samples" in report.excluded["c1"]
+    # the server gets a fixed code; the reason stays in the client's own log
+    assert "c1" in report.excluded and "out_of_order" in report.excluded["c1"]
+    assert "no validation samples" in clients["c1"].refusals[-1][2]
     assert report.clients == ["c0"]
 
 

@@ -88,18 +88,20 @@ def test_ckks_audit_lists_only_declared_items(protocol):
         if "plaintext vector" in v
     }
     assert vectors and set(vectors) <= set(proto.capabilities.reveals) | {"global_update"}
-    per_round = 6 if allow else 1  # one reveal per round, or every client's update
+    # every client's update, or one reveal per round decrypted by two clients whose flooded
+    # results must agree (a checked reveal)
+    per_round = 6 if allow else 2
     rounds = SMALL.rounds + (small(protocol).vae_rounds if protocol == "feddisco" else 0)
     if protocol == "xgboost":  # a reveal per tree level and one of the leaves, per round
-        assert sum(vectors.values()) == rounds * proto.capabilities.reveals_per_round, vectors
+        assert sum(vectors.values()) == 2 * rounds * proto.capabilities.reveals_per_round, vectors
     elif protocol == "savae_prior":  # each node's own pseudo-points, every round
-        assert vectors == {"global_update": rounds, "pseudo_points": 2 * rounds}, vectors
+        assert vectors == {"global_update": 2 * rounds, "pseudo_points": 2 * rounds}, vectors
     elif protocol == "dec":  # k-means before round 0; the pre-stage's updates are revealed too
         assert vectors == {
-            "embedding_moments": 1,
-            "kmeans_sums": 2,
-            "cluster_frequencies": rounds,
-            "global_update": rounds + 2,
+            "embedding_moments": 2,
+            "kmeans_sums": 4,
+            "cluster_frequencies": 2 * rounds,
+            "global_update": 2 * (rounds + 2),
         }, vectors
     else:
         assert all(

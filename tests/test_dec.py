@@ -198,12 +198,13 @@ def test_dec_on_ckks_is_dec_on_plain_and_reveals_only_sums():
         for name, kinds in summary["learned_in_plaintext"].items()
         if "plaintext vector" in kinds
     }
-    # two rounds of the autoencoder's FedAvg and two of DEC's refinement
+    # two rounds of the autoencoder's FedAvg and two of DEC's refinement; each reveal is
+    # decrypted by two clients whose flooded results must agree (a checked reveal)
     assert learned == {
-        "embedding_moments": 1,
-        "kmeans_sums": 3,
-        "cluster_frequencies": 2,
-        "global_update": 4,
+        "embedding_moments": 2,
+        "kmeans_sums": 6,
+        "cluster_frequencies": 4,
+        "global_update": 8,
     }, learned
 
 

@@ -287,13 +287,15 @@ def test_make_private_needs_exactly_one_noise_setting():
         make_private(trainer, max_grad_norm=1.0, total_steps=10, noise_multiplier=0.0)
 
 
-def test_dp_noise_from_the_os_differs_between_identical_runs_and_says_so(tmp_path):
-    """Seeded noise repeats exactly (a reproducible simulation); OS-seeded noise does not,
-    and privacy.json says which one a run used."""
+def test_dp_noise_is_from_the_os_by_default_and_seeded_only_when_asked(tmp_path):
+    """OS-seeded noise is the default and differs between identical runs; seeded noise
+    (asked for explicitly) repeats exactly, a reproducible simulation, and privacy.json
+    says which one a run used, and that seeded noise is insecure."""
     import json
 
     from secagg.simulation.api import run
 
+    assert ExperimentConfig().dp_noise == "os"
     base = dict(
         task="tcga-brca",
         protocol="fedavg",
@@ -302,9 +304,128 @@ def test_dp_noise_from_the_os_differs_between_identical_runs_and_says_so(tmp_pat
         local_steps=1,
         client_dp={"clip": 1.0, "noise": 1.0},
     )
-    seeded = [run(**base).final_params[2] for _ in range(2)]
+    seeded = [
+        run(**base, dp_noise="seeded", out=tmp_path / f"seeded{i}").final_params[2]
+        for i in range(2)
+    ]
     np.testing.assert_array_equal(seeded[0], seeded[1])
-    fresh = [run(**base, dp_noise="os", out=tmp_path / str(i)) for i in range(2)]
+    fresh = [run(**base, out=tmp_path / str(i)) for i in range(2)]
     assert np.abs(fresh[0].final_params[2] - fresh[1].final_params[2]).max() > 1e-6
     report = json.loads((tmp_path / "0" / "privacy.json").read_text())
     assert "OS CSPRNG" in report["noise_source"]
+    report = json.loads((tmp_path / "seeded0" / "privacy.json").read_text())
+    assert "INSECURE" in report["noise_source"]
+
+
+def _accountant_epsilon(history, delta=1e-5):
+    """ε straight from Opacus' RDP accountant fed ``history`` [(z, q, steps), ...]."""
+    from opacus.accountants import RDPAccountant
+
+    accountant = RDPAccountant()
+    accountant.history = [(float(z), float(q), int(n)) for z, q, n in history]
+    return accountant.get_epsilon(1e-5, alphas=RDP_ORDERS)
+
+
+@pytest.mark.slow
+def test_privacy_json_composes_epsilon_over_every_seed(tmp_path):
+    """Every seed trains on the same clients' data, so privacy.json gives each mechanism's ε
+    composed over all of them (the accountant fed every seed's steps), beside each seed's
+    own ε, labelled so."""
+    import json
+
+    import secagg
+
+    seeds, rounds, steps = [1, 2, 3], 2, 2
+    sigma_s = 2.0
+    config = ExperimentConfig(
+        task="tcga-brca",
+        protocol="larc",
+        rounds=rounds,
+        seeds=seeds,
+        local_steps=steps,
+        client_dp={"clip": 1.0, "noise": 1.0},
+        scalar_dp={"low": -1.0, "high": 1.0, "noise": sigma_s},
+        dp_sgd={"clip": 1.0, "noise": 1.0},
+    )
+    result = secagg.run(config, out=tmp_path)
+    report = json.loads((tmp_path / "privacy.json").read_text())
+    assert report["seeds_composed"]["seeds"] == seeds
+    # the engine's own record of every round's releases, per seed (run.json)
+    events = json.loads((tmp_path / "run.json").read_text())["finished"]
+    assert sorted(int(s) for s in events) == seeds
+
+    client = report["client_level"]
+    for key, per_seed, multiplier in [
+        ("epsilon_composed_over_seeds", "epsilon_per_seed", "noise_multiplier"),
+        (
+            "epsilon_against_sums_only_composed_over_seeds",
+            "epsilon_against_sums_only_per_seed",
+            "sums_multiplier",
+        ),
+    ]:
+        each = {
+            s: [(e[multiplier], 1.0, 1) for e in events[str(s)]["privacy_events"]] for s in seeds
+        }
+        assert sum(len(h) for h in each.values()) == rounds * len(seeds)
+        expected = _accountant_epsilon([step for s in seeds for step in each[s]])
+        assert client[key] == pytest.approx(expected, rel=1e-12)
+        assert set(client[per_seed]) == {str(s) for s in seeds}
+        for s in seeds:
+            assert client[per_seed][str(s)] == pytest.approx(_accountant_epsilon(each[s]))
+            assert client[key] > 1.2 * client[per_seed][str(s)]
+    assert "each seed alone" in client["per_seed_figures"]
+
+    # DP-SGD: each client's accountant took rounds × steps steps in every seed
+    dp_sgd = report["dp_sgd"]
+    final = result.metrics[result.metrics["round"] == rounds].set_index("seed")
+    composed = dp_sgd["epsilon_composed_over_seeds_per_client"]
+    assert sorted(composed) == [f"client_{k}" for k in range(6)]
+    for cid, eps in composed.items():
+        rates = [final.loc[s, f"dp_sgd_sample_rate_{cid}"] for s in seeds]
+        expected = _accountant_epsilon([(1.0, q, rounds * steps) for q in rates])
+        assert eps == pytest.approx(expected, rel=1e-9)
+        assert all(eps > dp_sgd["epsilon_per_seed_and_client"][str(s)][cid] for s in seeds)
+    assert dp_sgd["worst_client_epsilon_composed_over_seeds"] == max(composed.values())
+    assert "each seed alone" in dp_sgd["per_seed_figures"]
+
+    # scalar DP: LARC's ΔL, one per client per round, in every seed
+    scalars = report["scalars"]
+    expected = _accountant_epsilon([(sigma_s, 1.0, rounds * len(seeds))])
+    assert scalars["worst_client_epsilon_composed_over_seeds"] == pytest.approx(expected)
+    for s in seeds:
+        eps = scalars["worst_client_epsilon_per_seed"][str(s)]
+        assert eps == pytest.approx(_accountant_epsilon([(sigma_s, 1.0, rounds)]))
+        assert scalars["worst_client_epsilon_composed_over_seeds"] > eps
+
+
+def test_a_client_split_per_seed_still_composes_over_every_seed():
+    """client_split gives each seed its own split, but a split only holds out a share of
+    each client's samples for testing: the same clients, and most of the same samples,
+    train in every seed, so ε composes over all of them."""
+    from secagg.simulation.report import privacy_report
+
+    seeds = [1, 2, 3]
+    config = ExperimentConfig(
+        task="tcga-brca",
+        protocol="fedavg",
+        rounds=1,
+        seeds=seeds,
+        local_steps=1,
+        client_split=0.25,
+        client_dp={"clip": 1.0, "noise": 1.0},
+    )
+    result = run_experiment(config)
+    report = privacy_report(config, result.metrics, result.audit)
+    assert report["seeds_composed"]["seeds"] == seeds
+    history = [(e["noise_multiplier"], 1.0, 1) for s in seeds for e in result.privacy_events[s]]
+    assert len(history) == len(seeds)
+    composed = report["client_level"]["epsilon_composed_over_seeds"]
+    assert composed == pytest.approx(_accountant_epsilon(history), rel=1e-12)
+    assert all(composed > e for e in report["client_level"]["epsilon_per_seed"].values())
+    # a run folder written after its first seed covers that seed only
+    first = result.metrics[result.metrics["seed"] == seeds[0]]
+    partial = privacy_report(config, first, result.audit)
+    assert partial["seeds_composed"]["seeds"] == seeds[:1]
+    assert partial["client_level"]["epsilon_composed_over_seeds"] == pytest.approx(
+        report["client_level"]["epsilon_per_seed"][seeds[0]]
+    )

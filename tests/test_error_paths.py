@@ -119,51 +119,65 @@ def test_a_client_without_a_key_refuses_to_encrypt():
 
 def _client(task_name="tcga-brca"):
     from secagg.backends.plain import PlainClient
+    from secagg.clients.policy import ENGINE_PHASES, ClientPolicy
     from secagg.clients.runtime import Client
     from secagg.clients.tasks import get_task
     from secagg.clients.training import LocalTrainer
+    from secagg.protocols.optimizers import StepSchedule
 
     task = get_task(task_name)
     trainer = LocalTrainer(task.make_model(), task.load().train[5], task.loss, 8, seed=0)
-    return Client("client_5", trainer, PlainClient(), protocol=make_client_half("larc"))
+    policy = ClientPolicy(
+        phases=frozenset(ENGINE_PHASES),
+        rounds=3,
+        client_lr=StepSchedule.parse("0.1"),
+        local_steps=1,
+        scalar_budget=3,
+        server_optimizer={"name": "sgd", "dim": 40},
+    )
+    return Client(
+        "client_5", trainer, PlainClient(), policy=policy, protocol=make_client_half("larc")
+    )
+
+
+def refused(client, envelope: Envelope) -> tuple[str, str]:
+    """A request the client refuses: (the code the server gets, the client's own detail)."""
+    from secagg.errors import ClientRefused
+
+    with pytest.raises(ClientRefused) as info:
+        client.handle(envelope.to_bytes())
+    assert str(info.value) == f"{client.id} refused {envelope.phase!r}: {info.value.code}"
+    return info.value.code, client.refusals[-1][2]
 
 
 def test_client_rejects_misaddressed_unknown_and_out_of_order_requests():
-    from secagg.errors import MalformedMessage, ProtocolStateError
-
     client = _client()
-    with pytest.raises(MalformedMessage, match="for client_9"):
-        client.handle(Envelope("server", "client_9", 0, "train").to_bytes())
-    with pytest.raises(MalformedMessage, match="no handler for phase 'dance'"):
-        client.handle(Envelope("server", "client_5", 0, "dance").to_bytes())
-    with pytest.raises(ProtocolStateError, match="holds no global model"):
-        client.handle(
-            Envelope(
-                "server",
-                "client_5",
-                0,
-                "larc_probe",
-                {
-                    "g_hat": wire.vector(np.zeros(40)),
-                    "alpha": wire.scalar(1.0),
-                    "loss_check": wire.config({"mode": "full"}),
-                    **optimizer_fields(make_optimizer({"name": "sgd", "dim": 40})),
-                },
-            ).to_bytes()
-        )
-    with pytest.raises(ProtocolStateError, match="no global model"):
-        client.handle(
-            Envelope(
-                "server", "client_5", 0, "train", {"train": wire.config({"lr": 0.1, "steps": 1})}
-            ).to_bytes()
-        )
-    with pytest.raises(ProtocolStateError, match="cannot apply an update"):
-        client.handle(Envelope("server", "client_5", 0, "apply").to_bytes())
+    code, detail = refused(client, Envelope("server", "client_9", 0, "train"))
+    assert code == "malformed_request" and "for client_9" in detail
+    code, detail = refused(client, Envelope("server", "client_5", 0, "dance"))
+    assert code == "malformed_request" and "no handler for phase 'dance'" in detail
+    probe = Envelope(
+        "server",
+        "client_5",
+        0,
+        "larc_probe",
+        {
+            "g_hat": wire.vector(np.zeros(40)),
+            "alpha": wire.scalar(1.0),
+            "loss_check": wire.config({"mode": "full"}),
+            **optimizer_fields(make_optimizer({"name": "sgd", "dim": 40})),
+        },
+    )
+    code, detail = refused(client, probe)
+    assert code == "out_of_order" and "holds no global model" in detail
+    train = {"train": wire.config({"lr": 0.1, "steps": 1})}
+    code, detail = refused(client, Envelope("server", "client_5", 0, "train", train))
+    assert code == "out_of_order" and "no global model" in detail
+    code, detail = refused(client, Envelope("server", "client_5", 0, "apply"))
+    assert code == "out_of_order" and "cannot apply an update" in detail
 
 
 def test_larc_probe_without_any_optimizer_state_is_refused():
-    from secagg.errors import ProtocolStateError
-
     client = _client()
     client.handle(
         Envelope(
@@ -188,5 +202,5 @@ def test_larc_probe_without_any_optimizer_state_is_refused():
             "loss_check": wire.config({"mode": "full"}),
         },
     )
-    with pytest.raises(ProtocolStateError, match="without optimizer state"):
-        client.handle(probe.to_bytes())
+    code, detail = refused(client, probe)
+    assert code == "out_of_order" and "without optimizer state" in detail

@@ -21,7 +21,7 @@ import pytest
 
 import secagg
 from secagg.flower.deployment import prepare
-from secagg.flower.launch import BIN, LocalFederation, free_port
+from secagg.flower.launch import BIN, CONNECTION, LocalFederation, free_port, json_of
 from secagg.simulation.config import ExperimentConfig
 from tests.test_layering import SECRET_MODULES
 
@@ -60,6 +60,11 @@ def test_larc_on_ckks_over_superlink_and_supernodes_gives_the_in_process_run(
         if secure:  # a SuperNode whose key the SuperLink does not know is turned away
             code, said = _intruder(federation, folder, tmp_path)
             assert code != 0 and "No SuperNode found with the given public key" in said
+            # another App submitted to the same SuperLink reaches every node and runs on
+            # none: each answers with Flower's "invalid FAB" error, nothing of the node's
+            replies = _foreign_app(federation, tmp_path)
+            assert len(replies) == 6 and all(r.get("error") == 7 for r in replies), replies
+            assert all("runs only the secagg App" in r["reason"] for r in replies)
     deadline = time.monotonic() + 15
     while not all(gone(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -126,6 +131,66 @@ def _intruder(federation, folder, tmp_path) -> tuple[int, str]:
             except ProcessLookupError:
                 pass
     return code, log.read_text()
+
+
+FOREIGN_APP = """
+import json
+import time
+from pathlib import Path
+
+from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import ServerApp
+
+server = ServerApp()
+client = ClientApp()
+
+
+@client.query()
+def steal(message, context):
+    loot = (Path(context.node_config["node-dir"]) / "identity.json").read_text()
+    return Message(RecordDict({"loot": ConfigRecord({"identity": loot})}), reply_to=message)
+
+
+@server.main()
+def main(grid, context):
+    deadline = time.monotonic() + 120
+    while len(grid.get_node_ids()) < context.run_config["nodes"] and time.monotonic() < deadline:
+        time.sleep(1)
+    asks = [
+        Message(RecordDict({"q": ConfigRecord({"a": 1})}), node, "query")
+        for node in grid.get_node_ids()
+    ]
+    said = []
+    for reply in grid.send_and_receive(asks, timeout=120):
+        if reply.has_error():
+            said.append({"error": reply.error.code, "reason": reply.error.reason})
+        else:
+            said.append({"loot": reply.content.config_records["loot"]["identity"]})
+    Path(context.run_config["out"]).write_text(json.dumps(said))
+"""
+
+
+def _foreign_app(federation, tmp_path) -> list[dict]:
+    """Someone else's App (its ClientApp returns the node's identity file), submitted to
+    the deployment's SuperLink: what each node answered."""
+    app = tmp_path / "foreign-app"
+    app.mkdir()
+    (app / "foreign.py").write_text(FOREIGN_APP)
+    (app / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["hatchling"]\nbuild-backend = "hatchling.build"\n\n'
+        '[project]\nname = "innocent-app"\nversion = "1.0.0"\ndependencies = []\n\n'
+        '[tool.hatch.build.targets.wheel]\npackages = ["."]\n\n'
+        '[tool.flwr.app]\npublisher = "someone-else"\n\n'
+        '[tool.flwr.app.components]\nserverapp = "foreign:server"\n'
+        'clientapp = "foreign:client"\n\n[tool.flwr.app.config]\nout = ""\nnodes = 0\n'
+    )
+    said = tmp_path / "foreign.json"
+    config = f"out={json.dumps(str(said))} nodes={len(federation.nodes)}"
+    done = federation.flwr("run", str(app), CONNECTION, "--format", "json", "--run-config", config)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert federation.wait(int(json_of(done.stdout)["run-id"]), 300) == "finished:completed"
+    return json.loads(said.read_text())
 
 
 def test_a_supernode_killed_mid_run_is_excluded_and_rejoins_after_restart(tmp_path):

@@ -136,14 +136,21 @@ def test_two_phase_result_equals_the_one_shot_formula(backend, protocol):
 
 def test_loss_ratios_reported_by_a_real_client():
     from secagg.backends.plain import PlainClient
+    from secagg.clients.policy import ClientPolicy
     from secagg.clients.runtime import Client
     from secagg.clients.tasks import tcga_brca
     from secagg.clients.training import LocalTrainer
+    from secagg.protocols.optimizers import StepSchedule
 
     trainer = LocalTrainer(
         tcga_brca.make_model(), tcga_brca.load().train[3], tcga_brca.cox_loss, 8, seed=0
     )
-    client = Client("client_3", trainer, PlainClient(), protocol=make_client_half("costwagg"))
+    policy = ClientPolicy(
+        rounds=3, client_lr=StepSchedule.parse("0.05"), local_steps=5, scalar_budget=3
+    )
+    client = Client(
+        "client_3", trainer, PlainClient(), policy=policy, protocol=make_client_half("costwagg")
+    )
     w0 = np.zeros(40)
 
     def train(rnd, w, ratio):

@@ -105,7 +105,8 @@ def test_a_run_with_worker_processes_gives_the_in_process_model(backend):
             "protocol": "fedadam",
             "server_opt": {"tau": 1e-3},
         },
-        {"dp_sgd": {"clip": 1.0, "noise": 1.0}},
+        # seeded noise and sampling: the two runs' DP-SGD draws must be the same
+        {"dp_sgd": {"clip": 1.0, "noise": 1.0}, "dp_noise": "seeded"},
         {
             "protocol": "feddisco",
             "task": "digits-niid2",

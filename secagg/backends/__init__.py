@@ -217,6 +217,7 @@ def _ckks_client(client_id: str, options: dict[str, Any], provision: Provision) 
         signers=provision.signers,
         min_contributors=options["min_contributors"],
         min_weight_share=options["min_weight_share"],
+        max_weight_share=options["max_weight_share"],
         releases_per_upload=provision.releases_per_upload,
     )
 
@@ -269,6 +270,7 @@ def _threshold_client(
         reveal_length=provision.reveal_length,
         min_contributors=options["min_contributors"],
         min_weight_share=options["min_weight_share"],
+        max_weight_share=options["max_weight_share"],
         releases_per_upload=provision.releases_per_upload,
     )
 
@@ -291,6 +293,15 @@ def _release_policy_options() -> tuple[BackendOption, ...]:
             "a client reveals or opens only sums where every upload's weight is at "
             "least this fraction of the mean weight (refuses sums one upload dominates)",
         ),
+        BackendOption(
+            "max_weight_share",
+            "max-weight-share",
+            float,
+            0.5,
+            "a client reveals or opens only sums where no upload has more than this "
+            "fraction of the total weight (0.5: the others together weigh at least as much "
+            "as the largest; 1 turns the cap off); the server caps its weights to it",
+        ),
     )
 
 
@@ -299,6 +310,8 @@ def _check_policy(options: dict[str, Any]) -> None:
         raise ConfigError(f"min_contributors must be >= 1, got {options['min_contributors']}")
     if not 0.0 <= options["min_weight_share"] <= 1.0:
         raise ConfigError(f"min_weight_share must lie in [0, 1], got {options['min_weight_share']}")
+    if not 0.0 < options["max_weight_share"] <= 1.0:
+        raise ConfigError(f"max_weight_share must lie in (0, 1], got {options['max_weight_share']}")
 
 
 BACKENDS: dict[str, BackendSpec] = {

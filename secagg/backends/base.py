@@ -57,7 +57,7 @@ class ClientBackend(ABC):
     name: str
 
     @abstractmethod
-    def protect(self, values: np.ndarray, weight: float | None = None) -> Field:
+    def protect(self, values: np.ndarray, weight: float | None = None, *, basis: str = "") -> Field:
         """Encode (and, if the backend encrypts, encrypt) a flat vector for upload.
         ``weight``: the planned weight the server asks the client to apply itself (only a
         client-weighted CKKS preset does; the others refuse one, :func:`no_client_weight`)."""

@@ -32,6 +32,7 @@ from secagg.backends.consenting import (
     public_bytes,
     read_release,
     release_identity,
+    restored_bases,
     restored_count,
     restored_keys,
     restored_uploads,
@@ -77,6 +78,7 @@ class CKKSClient(ClientBackend):
         signers: Mapping[str, bytes] | None = None,
         min_contributors: int = 2,
         min_weight_share: float = 0.01,
+        max_weight_share: float = 0.5,
         releases_per_upload: Mapping[str, int] | None = None,
     ):
         """``identity``: this client's X25519 key; ``roster``: every client's public key
@@ -85,8 +87,8 @@ class CKKSClient(ClientBackend):
         may return (the model's size: a server asking for a whole chunk of a 40-value
         aggregate gets nothing). Without a roster the client knows only itself.
         ``signing_key``: this client's Ed25519 key for consents; ``signers``: every
-        client's Ed25519 public key; ``min_contributors`` and ``min_weight_share``: what
-        sums it opens (:class:`~secagg.ckks.release.ReleasePolicy`);
+        client's Ed25519 public key; ``min_contributors``, ``min_weight_share`` and
+        ``max_weight_share``: what sums it opens (:class:`~secagg.ckks.release.ReleasePolicy`);
         ``releases_per_upload``: how many releases of each kind ("reveal", "open") one of
         its uploads may enter (default one of each)."""
         self.id = client_id
@@ -113,11 +115,19 @@ class CKKSClient(ClientBackend):
             raise KeySetupError(f"open_budget must be a count, got {open_budget!r}")
         self.open_budget, self.opens = open_budget, 0
         self._signer, self.signers, self.policy = release_identity(
-            client_id, signing_key, signers, min_contributors, min_weight_share, reveal_length
+            client_id,
+            signing_key,
+            signers,
+            min_contributors,
+            min_weight_share,
+            reveal_length,
+            max_weight_share,
         )
         self.releases_per_upload = dict(releases_per_upload or {"reveal": 1, "open": 1})
         #: digest of each upload this client made -> releases it consented to, by kind
         self.uploads: dict[str, dict[str, int]] = {}
+        #: digest of each upload -> what it was made from (``secagg.clients.policy``)
+        self.bases: dict[str, str] = {}
         #: on a client-weighted preset, digest of each upload -> the integer weight applied
         self.applied: dict[str, int] = {}
         self._keys: SecretKeyHolder | None = None
@@ -157,6 +167,7 @@ class CKKSClient(ClientBackend):
         "signing_key",
         "uploads",
         "applied",
+        "bases",
     )
 
     def state_dict(self) -> dict[str, Any]:
@@ -173,6 +184,7 @@ class CKKSClient(ClientBackend):
             "last_flooding_sigma": self.last_flooding_sigma,
             "signing_key": self._signer.private_bytes_raw(),
             "uploads": {d: dict(kinds) for d, kinds in self.uploads.items()},
+            "bases": dict(self.bases),
             "applied": dict(self.applied),
         }
 
@@ -193,6 +205,7 @@ class CKKSClient(ClientBackend):
         sigma = state["last_flooding_sigma"]
         wrapper, signer = restored_keys(self.id, state, self.roster, self.signers)
         uploads = restored_uploads(self.id, state["uploads"])
+        bases = restored_bases(self.id, state["bases"])
         applied = state["applied"]
         if not isinstance(applied, dict) or not all(
             isinstance(d, str) and isinstance(k, int) and k > 0 for d, k in applied.items()
@@ -205,7 +218,7 @@ class CKKSClient(ClientBackend):
         )
         self._wrapper, self._keys, self._signer = wrapper, keys, signer
         self._second_polys = None
-        self.uploads, self.applied = uploads, dict(applied)
+        self.uploads, self.applied, self.bases = uploads, dict(applied), bases
         self.decryptions, self.opens = decryptions, opens
         self.last_flooding_sigma = None if sigma is None else float(sigma)
 
@@ -275,7 +288,7 @@ class CKKSClient(ClientBackend):
         return {"installed": wire.config({"params": self.fingerprint})}
 
     # ---- data path -------------------------------------------------------------------------
-    def protect(self, values: np.ndarray, weight: float | None = None) -> Field:
+    def protect(self, values: np.ndarray, weight: float | None = None, *, basis: str = "") -> Field:
         """Encrypt ``values``; on a client-weighted preset, ``weight`` (the planned weight
         the server sent with the training request) times ``values``, and the integer weight
         applied is remembered: this client consents only to sums listing that weight."""
@@ -304,7 +317,7 @@ class CKKSClient(ClientBackend):
         )
         seeds = b"".join(raw_body(p, most, "own upload")[-SEED_INFO_BYTES:] for p in parts)
         digest = seed_digest(seeds)
-        self.uploads[digest] = {}
+        self.uploads[digest], self.bases[digest] = {}, basis
         if applied is not None:
             self.applied[digest] = applied
         return wire.ciphertext(parts)
@@ -318,6 +331,7 @@ class CKKSClient(ClientBackend):
             Descriptor.from_config(env.config("release")),
             policy=self.policy,
             uploads=self.uploads,
+            bases=self.bases,
             releases_per_upload=self.releases_per_upload,
             signer=self._signer,
             applied=self.applied if self.preset.weighted_by_clients else None,
@@ -390,7 +404,10 @@ class CKKSClient(ClientBackend):
         return values
 
     def on_reveal(self, env: Envelope) -> dict[str, Field]:
-        """Decrypt a checked aggregate for the server, flooded."""
+        """Decrypt a checked aggregate for the server, flooded; with the flooding σ per
+        value, by which the server checks this decryption against another decryptor's
+        (``CKKSServer.reveal``). A second decryptor of the same release decrypts it as the
+        first did: each counts in its own budget."""
         budget = self.decryption_budget
         if self.decryptions >= budget:
             raise ProtocolStateError(
@@ -402,7 +419,10 @@ class CKKSClient(ClientBackend):
             cts, d.n_values, self._coeff_sigma(d)
         )
         self.decryptions += 1
-        return {d.name: wire.vector(values)}
+        return {
+            d.name: wire.vector(values),
+            "flooding_sigma": wire.scalar(self.last_flooding_sigma),
+        }
 
 
 def _b64(data: bytes) -> str:

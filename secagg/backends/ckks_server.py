@@ -1,8 +1,9 @@
 """Server half of the CKKS backend: a public context, homomorphic sums, a decryptor protocol.
 
 The server holds no key. It runs the clients' key setup (relaying wrapped keys it cannot
-open), sums uploads homomorphically, and has aggregates revealed by a decryptor client that
-floods the decryption before returning it (see ``secagg/ckks/flooding.py``).
+open), sums uploads homomorphically, and has aggregates revealed by two decryptor clients
+that each flood their decryption before returning it (see ``secagg/ckks/flooding.py``); it
+applies their mean only if the two agree within the flooding (``CKKSServer.reveal``).
 
 Every sum remembers what it is made of (each upload's client, integer weight and seeds), and
 every release — revealed to the server or sent to clients to open — goes out with that
@@ -12,8 +13,9 @@ descriptor, the seeds, and each contributor's signed consent, which the server g
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -36,14 +38,70 @@ from secagg.ckks.public import (
     quantise,
     to_bytes,
 )
-from secagg.ckks.release import Descriptor, Entry
+from secagg.ckks.release import Descriptor, Entry, common_basis, upload_basis_of
 from secagg.errors import (
+    ClientInputError,
     ConfigError,
     KeySetupError,
     MalformedCiphertext,
     RoundAborted,
+    UnexpectedField,
 )
 from secagg.wire import Envelope, Field
+
+
+class WrongDecryption(ClientInputError):
+    """A decryptor's flooded decryption of a release disagrees, beyond the flooding bound,
+    with two other decryptors' decryptions of the same release that agree with each other
+    (``CKKSServer.reveal``): it is excluded from the round and named in the audit."""
+
+
+#: each comparison of two honest decryptions raises a false alarm with probability at most
+#: 2^-CHECK_BITS per test (two tests: per value and norm), whatever the number of values
+CHECK_BITS = 40
+#: the float64 decoding of two different decryptions differs by at most about N·2^-53 of
+#: the largest value (N ≤ 8192 here: 2^-40); this leaves a factor of 16
+DECODE_SLACK = 2.0**-36
+#: the reply field in which a decryptor reports the flooding σ per revealed value
+SIGMA_FIELD = "flooding_sigma"
+
+
+def decryptions_agree(
+    a: np.ndarray, sigma_a: float, b: np.ndarray, sigma_b: float, rounding: float = 0.0
+) -> bool:
+    """Whether two flooded decryptions of one release can both be honest.
+
+    Both decrypt the same ciphertext, so the sum's own encryption error is the same in both
+    and cancels: a − b = g + ρ, where g is the difference of the two floodings (each value
+    an independent N(0, σ²) draw per decryptor: g_j ~ N(0, σ_a² + σ_b²), i.i.d.) and ρ the
+    difference of their rounding (the noise's encoding to integer coefficients, at most
+    ``rounding`` = N/scale per value, and float64 decoding, at most ``DECODE_SLACK`` times
+    the largest value). Honest decryptors of one run report the same σ (it is computed
+    from the descriptor and the run's provisioning, the same at every client). With
+    s = sqrt(σ_a² + σ_b²), M values and x = CHECK_BITS·ln 2, a pair agrees when
+
+    - every |a_j − b_j| ≤ τ·s + slack with τ = sqrt(2·(ln M + x)): since
+      P(|Z| > τ) ≤ exp(−τ²/2), an honest pair fails with probability ≤ M·exp(−τ²/2) =
+      2^-CHECK_BITS (τ = 7.7 for 8 values, 9.1 for 10^6);
+    - ‖a − b‖ ≤ s·sqrt(M + 2·sqrt(M·x) + 2x) + slack·sqrt(M): ‖g‖²/s² is χ² with M degrees
+      of freedom, which exceeds M + 2·sqrt(M·x) + 2x with probability ≤ exp(−x)
+      (Laurent–Massart), so an honest pair fails with probability ≤ 2^-CHECK_BITS.
+
+    A deviation that passes both is within the flooding's own size: at most τ·s on any
+    value, and of norm at most about s·sqrt(2·sqrt(M·x)), against the flooding's own
+    s·sqrt(M)."""
+    if a.shape != b.shape or not math.isclose(sigma_a, sigma_b, rel_tol=1e-9, abs_tol=0.0):
+        return False
+    m = max(a.size, 1)
+    s = math.hypot(sigma_a, sigma_b)
+    largest = float(max(np.max(np.abs(a), initial=0.0), np.max(np.abs(b), initial=0.0)))
+    slack = rounding + DECODE_SLACK * (1.0 + largest)
+    x = CHECK_BITS * math.log(2.0)
+    diff = a - b
+    if float(np.max(np.abs(diff), initial=0.0)) > math.sqrt(2 * (math.log(m) + x)) * s + slack:
+        return False
+    bound = s * math.sqrt(m + 2 * math.sqrt(m * x) + 2 * x) + slack * math.sqrt(m)
+    return float(np.linalg.norm(diff)) <= bound
 
 
 @dataclass
@@ -80,8 +138,9 @@ class CKKSServer(ServerBackend):
     upload_kind = wire.CIPHERTEXT
     can_read = False
     key_model = "shared"
-    # clients' public keys, key-install receipts, signed consents to releases
-    declares = ("x25519_public", "installed", "consent")
+    # clients' public keys, key-install receipts, signed consents to releases, the flooding
+    # σ a decryptor reports (from the descriptor and its provisioning, no client data)
+    declares = ("x25519_public", "installed", "consent", SIGMA_FIELD)
 
     def __init__(self, preset: CKKSPreset, *, signers: Mapping[str, bytes] | None = None):
         """``signers``: the clients' public signing keys, if provisioned to the server: it
@@ -153,10 +212,11 @@ class CKKSServer(ServerBackend):
         parts = envelope.ciphertext_parts(name)
         if self._level is not None:  # the server only adds: first polynomials, seeds
             first, seeds = first_polynomials(self._level, parts, length)
-            entry = (Entry(envelope.sender, 0, seeds),)
+            entry = (Entry(envelope.sender, 0, seeds, upload_basis_of(envelope)),)
             return FirstPolysHandle(first, length, self.public.scale, entry)
         cts, seeds = self.public.load_upload(parts, length)
-        return CKKSHandle(cts, length, self.public.scale, (Entry(envelope.sender, 0, seeds),))
+        entries = (Entry(envelope.sender, 0, seeds, upload_basis_of(envelope)),)
+        return CKKSHandle(cts, length, self.public.scale, entries)
 
     def weighted_sum(self, handles: Sequence[CKKSHandle], weights: Sequence[float]) -> CKKSHandle:
         if self.weights_at_client:
@@ -204,6 +264,7 @@ class CKKSServer(ServerBackend):
             handle.n_values,
             handle.chunks,
             tuple((e.client, e.k, e.digest) for e in handle.entries),
+            common_basis(handle.entries),
         )
         consents = self._consents(ctx, d)
         return {
@@ -218,30 +279,98 @@ class CKKSServer(ServerBackend):
         return gather_consents(ctx, d, self.signers)
 
     def reveal(self, ctx, handle: CKKSHandle, name: str) -> tuple[np.ndarray, str]:
-        """Ask a decryptor (rotating over the active clients) for a flooded decryption."""
+        """A checked reveal: two decryptors (rotating over the active clients) each decrypt
+        the same checked release (one descriptor, one consent round), flooded
+        independently, and report their σ; if the two agree within the flooding
+        (:func:`decryptions_agree`) the result is their mean. If they disagree a third is
+        asked: the pair that agrees is kept and the decryptor left out is excluded as
+        :class:`WrongDecryption` (named in the audit); if no two agree, or no third
+        decryptor answers, the round is aborted.
+
+        Each decryptor is asked at most once per release and counts its decryption in its
+        own budget (``CKKSClient.on_reveal``), which is the run's number of reveals: an
+        honest run never asks a client beyond it, and the flooding's t (roster × budget)
+        covers every decryption the clients can make, the check's included."""
         request = self._release_fields(ctx, handle, name, "reveal", "aggregate")
-        errors = {}
-        candidates = list(ctx.active)
-        for attempt in range(len(candidates)):
-            decryptor = candidates[(self._reveals + attempt) % len(candidates)]
-            # decoded inside ``ask``: a reply of the wrong length or with a NaN excludes the
-            # decryptor (and the next one is asked) instead of ending the run
-            reply = ctx.ask(
-                "reveal",
-                {decryptor: request},
-                expect={name: wire.VECTOR},
-                on_reply=lambda _, env: env.vector(name, handle.n_values),
+        active = list(ctx.active)
+        queue = [active[(self._reveals + i) % len(active)] for i in range(len(active))]
+        got: dict[str, tuple[np.ndarray, float]] = {}
+        errors: dict[str, str | None] = {}
+
+        def read(client: str, env) -> tuple[np.ndarray, float]:
+            # decoded inside ``ask``: a reply of the wrong length, with a NaN or a negative
+            # σ excludes the decryptor (and the next one is asked) instead of ending the run
+            sigma = env.scalar(SIGMA_FIELD)
+            if sigma < 0:
+                raise UnexpectedField(f"{client} reports a negative flooding σ")
+            return env.vector(name, handle.n_values), sigma
+
+        def ask(wanted: int) -> None:
+            while wanted > 0 and queue:
+                batch = [c for c in queue[:wanted] if c in ctx.active]
+                del queue[:wanted]
+                replies = ctx.ask(
+                    "reveal",
+                    dict.fromkeys(batch, request),
+                    expect={name: wire.VECTOR, SIGMA_FIELD: wire.SCALAR},
+                    on_reply=read,
+                )
+                for c in batch:
+                    if c in replies:
+                        got[c] = replies[c]
+                        wanted -= 1
+                    else:
+                        errors[c] = ctx.excluded.get(c)
+
+        def abort(why: str) -> RoundAborted:
+            return RoundAborted(
+                f"{name}: {why}", round=ctx.round, phase="reveal", exclusions=ctx.excluded
             )
-            if decryptor in reply:
-                self._reveals += 1
-                return reply[decryptor], decryptor
-            errors[decryptor] = ctx.excluded.get(decryptor)
-        raise RoundAborted(
-            f"no decryptor could reveal {name}: {errors}",
-            round=ctx.round,
-            phase="reveal",
-            exclusions=ctx.excluded,
-        )
+
+        rounding = self.preset.poly_modulus_degree / handle.scale
+
+        def agree(x: str, y: str) -> bool:
+            return decryptions_agree(*got[x], *got[y], rounding=rounding)
+
+        def mean(x: str, y: str) -> np.ndarray:
+            return (got[x][0] + got[y][0]) / 2
+
+        ask(2)
+        self._reveals += 2
+        if len(got) < 2:
+            raise abort(
+                f"a reveal is checked by two decryptors; {len(got)} could decrypt ({errors})"
+            )
+        first, second = got
+        if agree(first, second):
+            return mean(first, second), first
+        ask(1)
+        if len(got) < 3:
+            raise abort(
+                f"the decryptions by {first} and {second} disagree beyond the flooding "
+                f"and no third decryptor could settle which is wrong ({errors})"
+            )
+        third = list(got)[2]
+        with_first, with_second = agree(first, third), agree(second, third)
+        if with_first and with_second:
+            # both are within the flooding of the third: either may be the wrong one (or the
+            # first pair was a false alarm); keep the closer pair, exclude nobody
+            closer = min(
+                (first, second), key=lambda c: float(np.linalg.norm(got[c][0] - got[third][0]))
+            )
+            return mean(closer, third), closer
+        if with_first or with_second:
+            honest, wrong = (first, second) if with_first else (second, first)
+            ctx.exclude(
+                wrong,
+                "reveal",
+                WrongDecryption(
+                    f"{wrong}'s decryption of {name} disagrees beyond the flooding with "
+                    f"{honest}'s and {third}'s, which agree"
+                ),
+            )
+            return mean(honest, third), honest
+        raise abort(f"no two of the decryptions by {first}, {second} and {third} agree")
 
 
 class CKKSRunningSum(RunningSum):
@@ -292,7 +421,7 @@ class ClientWeightedSum(RunningSum):
         k = applied_weight(weight, self.level.public.preset)
         self._sum.add(handle.first)
         (entry,) = handle.entries
-        self._entries.append(Entry(entry.client, k, entry.seeds))
+        self._entries.append(replace(entry, k=k))
 
     def _result(self, normaliser: float) -> FirstPolysHandle:
         if self._sum.total is None:
@@ -314,5 +443,5 @@ def _weighted(
         k = quantise(w, preset.weight_bits)
         if k != 0:
             (entry,) = h.entries
-            out.append(Entry(entry.client, k, entry.seeds))
+            out.append(replace(entry, k=k))
     return tuple(out)

@@ -18,10 +18,12 @@ def gather_consents(ctx, d: Descriptor, signers: Mapping[str, bytes] | None) -> 
         {c: {"release": wire.config(d.to_config())} for c in contributors},
         expect={"consent": wire.CONFIG},
         reach_excluded=True,
+        # read inside ``ask``: a consent that is not a JSON object excludes its sender
+        on_reply=lambda _, env: env.config("consent"),
     )
     consents = {}
-    for c, env in replies.items():
-        signature = env.config("consent").get("signature")
+    for c, consent in replies.items():
+        signature = consent.get("signature")
         if signers is not None and not (
             isinstance(signature, str)
             and verify_consent(signers.get(c, b""), c, d, signature_bytes(signature))

@@ -29,6 +29,7 @@ def release_identity(
     min_contributors: int,
     min_weight_share: float,
     reveal_length: int | tuple[int, ...] | None,
+    max_weight_share: float = 0.5,
 ) -> tuple[Ed25519PrivateKey, dict[str, bytes], ReleasePolicy]:
     """The client's Ed25519 key (a fresh one without ``signing_key``), the signers' roster
     (only itself without ``signers``; its own entry must be its key) and its policy."""
@@ -41,7 +42,7 @@ def release_identity(
     if roster.get(client_id) != public_bytes(signer):
         raise KeySetupError(f"{client_id}'s signing key is not its key in the roster")
     try:
-        policy = ReleasePolicy(min_contributors, min_weight_share, reveal_length)
+        policy = ReleasePolicy(min_contributors, min_weight_share, reveal_length, max_weight_share)
     except ValueError as exc:
         raise KeySetupError(f"{client_id}: {exc}") from None
     return signer, roster, policy
@@ -53,12 +54,14 @@ def consent(
     *,
     policy: ReleasePolicy,
     uploads: dict[str, dict[str, int]],
+    bases: Mapping[str, str],
     releases_per_upload: Mapping[str, int],
     signer: Ed25519PrivateKey,
     applied: Mapping[str, int] | None = None,
 ) -> dict[str, Field]:
     """Sign ``d`` if it holds one of this client's ``uploads`` (digest -> releases so far,
-    by kind; counted here), within ``releases_per_upload`` and ``policy``; with ``applied``
+    by kind; counted here) made from ``d``'s basis (``bases``: digest -> what the upload was
+    made from), within ``releases_per_upload`` and ``policy``; with ``applied``
     (a client-weighted preset: digest -> the integer weight the client multiplied that
     upload by), only if ``d`` lists its upload with that weight."""
     policy.check(d)
@@ -67,6 +70,11 @@ def consent(
         raise ReleaseRefused(
             f"{client_id}: release {d.name!r} lists no upload this client made as its own "
             "(replayed or reattributed)"
+        )
+    if bases.get(mine[0], "") != d.basis:
+        raise ReleaseRefused(
+            f"{client_id}: release {d.name!r} sums uploads made from another model, settings "
+            "or request than its own upload (a client sums only what it itself did)"
         )
     if applied is not None:
         listed = [k for client, k, _ in d.entries if client == client_id][0]
@@ -154,3 +162,12 @@ def restored_uploads(client_id: str, uploads: object) -> dict[str, dict[str, int
     ):
         raise KeySetupError(f"{client_id}: the state's upload record is garbled")
     return {d: dict(kinds) for d, kinds in uploads.items()}
+
+
+def restored_bases(client_id: str, bases: object) -> dict[str, str]:
+    """The record of what each upload was made from (``consent``'s ``bases``)."""
+    if not isinstance(bases, dict) or not all(
+        isinstance(d, str) and isinstance(b, str) for d, b in bases.items()
+    ):
+        raise KeySetupError(f"{client_id}: the state's record of upload bases is garbled")
+    return dict(bases)

@@ -29,6 +29,7 @@ from secagg.backends.consenting import (
     public_bytes,
     read_release,
     release_identity,
+    restored_bases,
     restored_count,
     restored_keys,
     restored_uploads,
@@ -82,6 +83,7 @@ class ThresholdClient(ClientBackend):
         min_contributors: int = 2,
         share_budget: int | None = None,
         min_weight_share: float = 0.01,
+        max_weight_share: float = 0.5,
         releases_per_upload: Mapping[str, int] | None = None,
     ):
         """``identity``: this client's X25519 key and ``roster`` every client's X25519
@@ -110,13 +112,21 @@ class ThresholdClient(ClientBackend):
         self.open_budget, self.open_shares, self.opens = open_budget, 0, 0
         self.share_budget = open_budget if share_budget is None else share_budget
         self._signer, self.signers, self.policy = release_identity(
-            client_id, signing_key, signers, min_contributors, min_weight_share, reveal_length
+            client_id,
+            signing_key,
+            signers,
+            min_contributors,
+            min_weight_share,
+            reveal_length,
+            max_weight_share,
         )
         if not isinstance(decryption_budget, int) or decryption_budget < 0:
             raise KeySetupError(f"decryption_budget must be a count, got {decryption_budget!r}")
         self.decryption_budget, self.decryptions = decryption_budget, 0
         self.releases_per_upload = dict(releases_per_upload or {"reveal": 1, "open": 1})
         self.uploads: dict[str, dict[str, int]] = {}
+        #: digest of each upload -> what it was made from (``secagg.clients.policy``)
+        self.bases: dict[str, str] = {}
         self._share: KeyShare | None = None
         self._link: dict[str, Any] | None = None
         self._joint: Any = None
@@ -150,6 +160,7 @@ class ThresholdClient(ClientBackend):
         "opens",
         "open_shares",
         "uploads",
+        "bases",
     )
 
     def state_dict(self) -> dict[str, Any]:
@@ -172,6 +183,7 @@ class ThresholdClient(ClientBackend):
             "opens": self.opens,
             "open_shares": self.open_shares,
             "uploads": {d: dict(kinds) for d, kinds in self.uploads.items()},
+            "bases": dict(self.bases),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -193,6 +205,7 @@ class ThresholdClient(ClientBackend):
             k: restored_count(self.id, state[k], k) for k in ("decryptions", "opens", "open_shares")
         }
         uploads = restored_uploads(self.id, state["uploads"])
+        bases = restored_bases(self.id, state["bases"])
         raw_share, link, joint, holders = (
             state[k] for k in ("share", "link", "joint_key", "holders")
         )
@@ -216,6 +229,7 @@ class ThresholdClient(ClientBackend):
         if holders:
             self._holders({"holders": holders})  # distinct, in the roster, itself among them
         self._identity, self._signer, self.uploads = identity, signer, uploads
+        self.bases = bases
         self._share, self._link, self._joint, self.holders = share, link, joint_key, holders
         self.decryptions, self.opens = counts["decryptions"], counts["opens"]
         self.open_shares = counts["open_shares"]
@@ -323,7 +337,7 @@ class ThresholdClient(ClientBackend):
         return {"installed": wire.config({"params": self.context.fingerprint})}
 
     # ---- data path -----------------------------------------------------------------------------
-    def protect(self, values: np.ndarray, weight: float | None = None) -> Field:
+    def protect(self, values: np.ndarray, weight: float | None = None, *, basis: str = "") -> Field:
         no_client_weight(self.name, weight)
         if self._joint is None:
             raise ProtocolStateError(f"{self.id} has no joint key yet: key setup comes first")
@@ -331,7 +345,8 @@ class ThresholdClient(ClientBackend):
             self._joint, values, bound=self.preset.headroom / len(self.holders)
         )
         chunks = self.context.load_ciphertexts(parts, np.asarray(values).size)
-        self.uploads[c1_digest([self.context.c1_half(ct) for ct in chunks])] = {}
+        digest = c1_digest([self.context.c1_half(ct) for ct in chunks])
+        self.uploads[digest], self.bases[digest] = {}, basis
         return wire.ciphertext(parts)
 
     def open(self, envelope: Envelope, name: str, length: int) -> np.ndarray:
@@ -409,6 +424,7 @@ class ThresholdClient(ClientBackend):
             Descriptor.from_config(env.config("release")),
             policy=self.policy,
             uploads=self.uploads,
+            bases=self.bases,
             releases_per_upload=self.releases_per_upload,
             signer=self._signer,
         )

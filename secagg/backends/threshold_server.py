@@ -17,7 +17,7 @@ reveal, and the run (re-keying without it is future work).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -25,8 +25,8 @@ import numpy as np
 from secagg import wire
 from secagg.backends.base import RunningSum, ServerBackend
 from secagg.backends.consent import gather_consents
-from secagg.ckks.release import Descriptor, Entry
-from secagg.errors import KeySetupError, MalformedCiphertext, RoundAborted
+from secagg.ckks.release import Descriptor, Entry, common_basis, upload_basis_of
+from secagg.errors import KeySetupError, MalformedCiphertext, RoundAborted, UnexpectedField
 from secagg.threshold.params import ThresholdContext, ThresholdPreset, c1_digest, quantise
 from secagg.wire import Envelope, Field
 
@@ -85,6 +85,7 @@ class ThresholdServer(ServerBackend):
                 "key_chain",
                 {holder: request},
                 expect={"public_key": wire.CIPHERTEXT, "key_link": wire.CONFIG},
+                on_reply=_chain_reply,
             )
             if holder not in reply:
                 raise aborted(
@@ -93,8 +94,8 @@ class ThresholdServer(ServerBackend):
                     f"key holder {holder} did not add its share to the threshold key "
                     f"({ctx.excluded.get(holder)}); every holder must",
                 )
-            (previous,) = (bytes(p) for p in reply[holder].ciphertext_parts("public_key"))
-            links.append(reply[holder].config("key_link"))
+            previous, link = reply[holder]
+            links.append(link)
         install = {
             c: {
                 "setup": setup,
@@ -122,7 +123,7 @@ class ThresholdServer(ServerBackend):
         parts = [bytes(p) for p in envelope.ciphertext_parts(name)]
         chunks = self.context.load_ciphertexts(parts, length)
         halves = [self.context.c1_half(ct) for ct in chunks]
-        entry = Entry(envelope.sender, 0, b"".join(halves))
+        entry = Entry(envelope.sender, 0, b"".join(halves), upload_basis_of(envelope))
         return ThresholdHandle(chunks, length, (entry,), {envelope.sender: halves})
 
     def weighted_sum(
@@ -138,7 +139,7 @@ class ThresholdServer(ServerBackend):
         return ThresholdHandle(
             chunks,
             handles[0].n_values,
-            tuple(Entry(h.entries[0].client, k, h.entries[0].seeds) for h, k in kept),
+            tuple(replace(h.entries[0], k=k) for h, k in kept),
             {c: v for h, _ in kept for c, v in h.halves.items()},
             summed=True,
         )
@@ -162,6 +163,7 @@ class ThresholdServer(ServerBackend):
             handle.n_values,
             len(handle.chunks),
             tuple((e.client, e.k, c1_digest(handle.halves[e.client])) for e in handle.entries),
+            common_basis(handle.entries),
         )
 
     def _shares(
@@ -276,7 +278,7 @@ class ThresholdRunningSum(RunningSum):
             for acc, term in zip(self._acc, terms):
                 context.cc.EvalAddInPlace(acc, term)
         (entry,) = handle.entries
-        self._entries.append(Entry(entry.client, k, entry.seeds))
+        self._entries.append(replace(entry, k=k))
         self._halves.update(handle.halves)
 
     def _result(self, normaliser: float) -> ThresholdHandle:
@@ -290,3 +292,11 @@ class ThresholdRunningSum(RunningSum):
             summed=True,
             divisor=normaliser,
         )
+
+
+def _chain_reply(holder: str, env: Envelope) -> tuple[bytes, dict[str, Any]]:
+    """A key-chain reply: one public key and its link (UnexpectedField excludes the holder)."""
+    parts = env.ciphertext_parts("public_key")
+    if len(parts) != 1:
+        raise UnexpectedField(f"{holder} sent {len(parts)} public keys in its key-chain reply")
+    return bytes(parts[0]), env.config("key_link")

@@ -79,10 +79,30 @@ class Entry:
     client: str
     k: int
     seeds: bytes  # chunks × (PRNG type byte + 64-byte seed)
+    #: what the upload was made from, as its client says (``secagg.clients.policy``)
+    basis: str = ""
 
     @property
     def digest(self) -> str:
         return seed_digest(self.seeds)
+
+
+def upload_basis_of(envelope: Any) -> str:
+    """The basis a client listed with its upload (a ``basis`` config field), or ""."""
+    if "basis" not in envelope.fields:
+        return ""
+    value = envelope.config("basis").get("basis")
+    return value if isinstance(value, str) and len(value) <= 128 else ""
+
+
+def common_basis(entries: Sequence[Entry]) -> str:
+    """The basis most contributors list (ties: the first listed). Contributors whose upload
+    was made from another one refuse the release and leave the run (a client that lies about
+    its basis costs the round, not the run)."""
+    counts: dict[str, int] = {}
+    for e in entries:
+        counts[e.basis] = counts.get(e.basis, 0) + 1
+    return max(counts, key=lambda b: counts[b]) if counts else ""
 
 
 @dataclass(frozen=True)
@@ -93,9 +113,13 @@ class Descriptor:
     n_values: int
     chunks: int
     entries: tuple[tuple[str, int, str], ...]  # (client, k, digest)
+    #: what every contributing upload was made from (round, phase, model, settings): a
+    #: client consents only if it is its own upload's (``secagg.clients.policy``)
+    basis: str = ""
 
     def to_config(self) -> dict[str, Any]:
         return {
+            "basis": self.basis,
             "kind": self.kind,
             "name": self.name,
             "round": self.round,
@@ -117,6 +141,7 @@ class Descriptor:
     def from_config(cls, cfg: Any) -> Descriptor:
         """A descriptor from a server's message; ReleaseRefused for anything malformed."""
         if not isinstance(cfg, dict) or set(cfg) != {
+            "basis",
             "kind",
             "name",
             "round",
@@ -144,7 +169,13 @@ class Descriptor:
         clients = [e[0] for e in entries]
         if len(set(clients)) != len(clients):
             raise ReleaseRefused(f"a release names a client twice: {clients}")
-        return cls(kind, name, *counts, tuple((c, k, d) for c, k, d in entries))
+        digests = [e[2] for e in entries]
+        if len(set(digests)) != len(digests):
+            raise ReleaseRefused("a release lists one upload twice (under two senders)")
+        basis = cfg["basis"]
+        if not isinstance(basis, str) or len(basis) > 128:
+            raise ReleaseRefused("a release's basis must be a digest")
+        return cls(kind, name, *counts, tuple((c, k, d) for c, k, d in entries), basis)
 
 
 def _keys(cfg: Any) -> list[str]:
@@ -193,15 +224,21 @@ class ReleasePolicy:
         n_values: the only number of values a release may have (the model's size), or the
             only numbers (the model's size and what the protocol releases besides, such as
             Ensemble's scores of an evaluation set), or None: any.
+        max_share: no contributor's |k_i| may exceed this fraction of Σ|k| (sums of two or
+            more): at the default 1/2 the others together weigh at least as much as the
+            largest, so the sum is never mostly one upload.
     """
 
     min_contributors: int = 2
     min_share: float = 0.01
     n_values: int | tuple[int, ...] | None = None
+    max_share: float = 0.5
 
     def __post_init__(self):
         if self.min_contributors < 1 or not 0.0 <= self.min_share <= 1.0:
             raise ValueError("min_contributors must be >= 1 and min_share in [0, 1]")
+        if not 0.0 < self.max_share <= 1.0:
+            raise ValueError("max_share must lie in (0, 1]")
 
     def check(self, d: Descriptor) -> None:
         ks = [abs(k) for _, k, _ in d.entries]
@@ -219,6 +256,15 @@ class ReleasePolicy:
                 f"{d.name}: weights {small} are below {self.min_share:g} of the mean "
                 f"{sum(ks) / len(ks):.0f} (a sum one upload dominates); this client's "
                 "min_weight_share refuses it"
+            )
+        # a dominant contributor: the others must weigh at least as much as it does together
+        # (default 1/2 of Σ|k|), or the sum is nearly its update alone (review: five uploads
+        # at the floor gave the sixth's to 0.35 %); a one-upload release is min_contributors'
+        top = max(ks)
+        if len(ks) > 1 and top > self.max_share * sum(ks) * (1 + 1e-9):
+            raise ReleaseRefused(
+                f"{d.name}: one weight is {top / sum(ks):.3f} of the total; this client's "
+                f"max_weight_share allows {self.max_share:g}"
             )
         allowed = (self.n_values,) if isinstance(self.n_values, int) else self.n_values
         if allowed is not None and d.n_values not in allowed:

@@ -2,13 +2,16 @@
 
 Sums released in one round from the same noised uploads share their noise and are one
 mechanism; LARC's two sums can expose one client's noised upload outright. On plain the server
-reads every noised upload, so that is what ε is accounted against.
+reads every noised upload, so that is what ε is accounted against. The noise itself comes
+from the OS CSPRNG unless a run asks for reproducible ("seeded") noise, which a server that
+knows the seed removes.
 """
 
 import math
 
 import numpy as np
 import pytest
+import torch
 
 from secagg.backends import make_backends
 from secagg.dp import ClientDP, joint_noise_multiplier, realised_noise_multiplier
@@ -78,3 +81,47 @@ def test_on_plain_epsilon_is_against_each_noised_upload():
     plain = run_experiment(config).metrics.iloc[-1]
     assert plain["noise_multiplier_realised"] == pytest.approx(1.0 / math.sqrt(6))
     assert plain["eps_client_level"] > 1.5 * plain["eps_client_level_sums"]
+
+
+def _noise_removed_by_a_server_that_knows_the_seed(dp_noise: str) -> tuple[float, float]:
+    """Review finding (issue 31, item 6): each client's DP noise came from the run's seed,
+    which the server knows (it names it over Flower). The server redraws every client's noise
+    from the seed and subtracts it from the revealed FedAvg update of clients whose own
+    updates are ~0 (client lr 1e-12). Returns (‖what is left‖, ‖the noise‖)."""
+    from secagg.clients.tasks import get_task
+    from secagg.clients.training import flat_params
+    from secagg.simulation.experiment import ExperimentConfig, run_experiment
+
+    seed, clip, z = 3, 0.5, 1.5
+    config = ExperimentConfig(
+        task="digits-dir8",
+        protocol="fedavg",
+        rounds=1,
+        seeds=[seed],
+        local_steps=1,
+        batch_size=32,
+        client_lr="1e-12",
+        client_dp={"clip": clip, "noise": z},
+        dp_noise=dp_noise,
+    )
+    result = run_experiment(config)
+    task = get_task(config.task)
+    torch.manual_seed(seed)
+    revealed = result.final_params[seed] - flat_params(task.make_model())
+    sizes = np.array([len(p) for p in task.load().train], dtype=float)
+    weights, sigma_c = sizes / sizes.sum(), z / math.sqrt(len(sizes))
+    predicted = sum(  # each client's generator as the driver seeds it from the run's seed
+        w * np.random.default_rng(seed * 1000 + k + 500).normal(0.0, sigma_c * clip, revealed.size)
+        for k, w in enumerate(weights)
+    )
+    return float(np.linalg.norm(revealed - predicted)), float(np.linalg.norm(revealed))
+
+
+def test_a_server_that_knows_the_seed_cannot_remove_the_default_dp_noise():
+    """By default (dp_noise "os") the clients' noise comes from the OS CSPRNG: redrawing it
+    from the seed leaves all of it (√2 times, two independent draws). Only a run that asks
+    for "seeded" noise (a reproducible simulation) gives it away."""
+    left, noise = _noise_removed_by_a_server_that_knows_the_seed("os")
+    assert left > 1.2 * noise, (left, noise)
+    left, noise = _noise_removed_by_a_server_that_knows_the_seed("seeded")
+    assert left < 1e-6 * noise, (left, noise)  # the attack works on seeded noise

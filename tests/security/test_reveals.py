@@ -213,7 +213,8 @@ def test_flooding_is_sized_from_the_sum_and_every_decryption_of_the_key(n_client
         coeff, PRESET.poly_modulus_degree, 2.0 ** (PRESET.scale_bits + PRESET.weight_bits)
     )
     sigmas = [c.last_flooding_sigma for c in run.clients.values() if c.last_flooding_sigma]
-    assert sigmas == [pytest.approx(expected, rel=1e-9)]
+    # two decryptors, each flooding for itself (a checked reveal)
+    assert sigmas == [pytest.approx(expected, rel=1e-9)] * 2
 
 
 def test_a_client_that_refuses_consent_cannot_end_the_run():

@@ -1,0 +1,213 @@
+"""A SuperNode that runs secagg's own App and no other: ``secagg flower node DIR``.
+
+A plain ``flower-supernode`` runs whatever App the SuperLink serves, and hands every App's
+ClientApp the node's ``node_config``: a foreign App submitted to the SuperLink runs its own
+code on the node, as the node's user, and reads the node's identity file. Flower 1.30's
+``--trusted-entities`` does not close this for a secagg deployment: it accepts only FABs
+that carry a signature from the Flower Hub (``valid_license``), and a FAB that ``flwr run``
+submits from a folder never does, so a node with trusted entities refuses secagg's own App
+too (``flwr/supernode/start_client_internal.py``, ``_verify_fab``).
+
+So the node enforces it itself. ``secagg flower prepare`` builds the deployment's App with
+Flower's own builder (the FAB ``flwr run`` submits) and pins its digest in every node's
+``node.json`` (:func:`app_digest`: the FAB's file names, sizes and SHA-256s). This module
+runs Flower's SuperNode with one change: before the node accepts a run it has not seen, it
+checks that the run's FAB is the pinned App (:func:`check_app`). A run with any other FAB
+is answered with Flower's own "invalid FAB" error reply, and nothing of it is stored: no
+run, no context (so no ``node_config``, no ``node-dir``), no ClientApp task, so none of its
+code ever runs on the node. A run with the pinned FAB goes on exactly as in Flower.
+
+What this does not stop: anything already running on the node's machine as the node's OS
+user (it can read every file that user can read, identity file included), or a person who
+starts the node with plain ``flower-supernode``. File modes (0600, folder 0700) keep other
+OS users out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import logging
+import sys
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from secagg.errors import ConfigError, SecaggError
+
+#: the most files and bytes a FAB may hold to be looked at (secagg's App is one small file)
+MAX_FILES, MAX_BYTES = 16, 1 << 20
+
+
+class ForeignApp(SecaggError):
+    """A run's Flower App is not the secagg App this node was provisioned with."""
+
+
+def app_digest(fab: bytes) -> str:
+    """The digest a node pins: SHA-256 over the FAB's members (name, size, SHA-256 of the
+    bytes), in order. It names the App's content, not the zip's bytes, so the same App
+    built with another zlib still matches. ForeignApp for what is not a small zip."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(fab)) as archive:
+            members = archive.infolist()
+            if len(members) > MAX_FILES or sum(m.file_size for m in members) > MAX_BYTES:
+                raise ForeignApp(
+                    f"a FAB of {len(members)} files and "
+                    f"{sum(m.file_size for m in members)} bytes is not secagg's App"
+                )
+            listing = [
+                [m.filename, m.file_size, hashlib.sha256(archive.read(m)).hexdigest()]
+                for m in members
+            ]
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError, RuntimeError):
+        raise ForeignApp("the FAB is not a zip archive") from None
+    return hashlib.sha256(json.dumps(listing, separators=(",", ":")).encode()).hexdigest()
+
+
+def build_app(app: Path) -> bytes:
+    """The FAB ``flwr run APP`` builds and submits (Flower's own builder)."""
+    from flwr.cli.build import build_fab_from_disk
+
+    return build_fab_from_disk(Path(app))
+
+
+def check_app(fab: bytes, pin: str) -> None:
+    """ForeignApp unless ``fab`` is the App whose digest is ``pin``."""
+    found = app_digest(fab)
+    if found != pin:
+        raise ForeignApp(f"App {found[:16]} is not the pinned App {pin[:16]}")
+
+
+def pinned_app(node_dir: Path) -> str:
+    """The App digest in a node folder's ``node.json`` (ConfigError if there is none)."""
+    try:
+        pin = json.loads((Path(node_dir) / "node.json").read_text())["app"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise ConfigError(
+            f"{node_dir}/node.json pins no App: this node folder was made before secagg "
+            "pinned its App; prepare the deployment again (`secagg flower prepare`)"
+        ) from None
+    if not isinstance(pin, str) or len(pin) != 64:
+        raise ConfigError(f"{node_dir}/node.json: 'app' is not an App digest")
+    return pin
+
+
+def guard_pull(pin: str, pull: Callable[..., int | None]) -> Callable[..., int | None]:
+    """Flower's ``_pull_and_store_message`` (``pull``), refusing runs of another App: the
+    FAB of a run the node has not accepted is checked as it arrives; a foreign one gets
+    Flower's "invalid FAB" error reply and nothing is stored."""
+    from flwr.app import Error, Message
+    from flwr.common.constant import ErrorCode
+    from flwr.supernode import start_client_internal as supernode
+
+    def guarded(*, state: Any, object_store: Any, receive: Any, get_fab: Any, **rest: Any):
+        received: list[Message] = []
+
+        def receive_and_remember():
+            got = receive()
+            if got is not None:
+                received.append(got[0])
+            return got
+
+        def get_pinned_fab(fab_hash: str, run_id: int):
+            fab = get_fab(fab_hash, run_id)
+            check_app(fab.content, pin)
+            return fab
+
+        try:
+            return pull(
+                state=state,
+                object_store=object_store,
+                receive=receive_and_remember,
+                get_fab=get_pinned_fab,
+                **rest,
+            )
+        except ForeignApp as exc:
+            message = received[-1]
+            why = f"this SuperNode runs only the secagg App it was provisioned with: {exc}"
+            supernode.log(logging.ERROR, "secagg: refused run %s: %s", message.metadata.run_id, why)
+            reply = Message(Error(ErrorCode.INVALID_FAB, why), reply_to=message)
+            # Flower sends a reply with the time its ClientApp took; without one on record
+            # the reply is dropped (flwr 1.30's own FAB-verification error is, for this)
+            mid = message.metadata.message_id
+            state.record_message_processing_start(mid)
+            state.record_message_processing_end(mid)
+            supernode._insert_message(reply, state, object_store)
+            return message.metadata.run_id
+
+    guarded.secagg_pin = pin  # type: ignore[attr-defined]
+    return guarded
+
+
+def install(pin: str) -> None:
+    """Make this process's Flower SuperNode run the pinned App only."""
+    from flwr.supernode import start_client_internal as supernode
+
+    current = supernode._pull_and_store_message
+    original = getattr(current, "secagg_original", current)
+    guarded = guard_pull(pin, original)
+    guarded.secagg_original = original  # type: ignore[attr-defined]
+    supernode._pull_and_store_message = guarded
+
+
+def node_config(node_dir: Path) -> str:
+    """What the guarded SuperNode passes as ``--node-config``."""
+    return f'node-dir="{Path(node_dir).resolve()}"'
+
+
+#: where the SuperNode hands runs to its ClientApp processes. Flower's default is
+#: 0.0.0.0:9094, and in its default (subprocess) isolation that API has no authentication:
+#: anyone who reaches the port can claim a pending task and pull its message and context
+CLIENTAPPIO = "127.0.0.1:9094"
+
+
+def supernode_argv(node_dir: Path, flower_args: list[str]) -> list[str]:
+    """``flower-supernode``'s arguments for a node folder (ConfigError where they would
+    replace what the guard sets). The ClientAppIo API listens on loopback unless the
+    arguments say otherwise."""
+    names = [arg.split("=", 1)[0] for arg in flower_args]
+    for name in names:
+        if name in ("--node-config", "--trusted-entities"):
+            raise ConfigError(
+                f"{name} is set by `secagg flower node` (the node's folder and the App it "
+                "pins); leave it out"
+            )
+    local = (
+        [] if "--clientappio-api-address" in names else ["--clientappio-api-address", CLIENTAPPIO]
+    )
+    return ["flower-supernode", *flower_args, *local, "--node-config", node_config(node_dir)]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m secagg.flower.guard DIR [flower-supernode options]``: Flower's SuperNode
+    for the node folder DIR, running its pinned App only."""
+    parser = argparse.ArgumentParser(
+        prog="secagg flower node",
+        description="Start a Flower SuperNode for a secagg node folder that runs only the "
+        "App pinned in the folder; every other option is flower-supernode's.",
+    )
+    parser.add_argument("folder", type=Path, metavar="DIR")
+    args, rest = parser.parse_known_args(argv)
+    run_supernode(args.folder, rest)
+
+
+def run_supernode(node_dir: Path, flower_args: list[str]) -> None:
+    from secagg.flower.node import NodeClient
+
+    NodeClient(node_dir)  # the folder is a node's, its experiment one this node may run
+    pin = pinned_app(node_dir)
+    argv = supernode_argv(node_dir, flower_args)
+    install(pin)
+    from flwr.supernode.cli.flower_supernode import flower_supernode
+
+    sys.argv = argv
+    flower_supernode()
+
+
+if __name__ == "__main__":  # one copy of this module's classes: the package's
+    from secagg.flower import guard
+
+    guard.main()

@@ -1,0 +1,323 @@
+"""The client is the trust anchor: a deviating server that asks a client for anything its own
+provisioning does not allow gets a refusal, and nothing the server learns is an individual
+update (issue 31's attacks, through the real engine, driver and client classes).
+
+Each attack is a :class:`~secagg.server.engine.Server` subclass that changes what an honest
+server sends, run through ``run_experiment`` (the driver provisions every client with its own
+policy, as a deployment's node does from its own file). Each one handed the server an
+individual update, or an un-noised one, on the code before the client policy.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+import secagg.simulation.experiment as experiment
+from secagg import wire
+from secagg.ckks.release import Descriptor, ReleasePolicy
+from secagg.errors import ClientRefused, ReleaseRefused
+from secagg.server.engine import Server
+from secagg.server.round import capped_weights
+from secagg.simulation.config import ExperimentConfig
+from secagg.simulation.experiment import ClientFactory, run_experiment
+from secagg.wire import Envelope
+
+VICTIM = "client_2"
+CKKS = ExperimentConfig(
+    task="tcga-brca", protocol="fedavg", backend="ckks", rounds=2, seeds=[3], local_steps=3
+)
+CODE = re.compile(r"refused '[a-z_]+': [a-z_]+")
+
+
+def deviating(monkeypatch, edit):
+    """Run the driver with a server whose training requests ``edit(client, request)``
+    changes (in place), as a server that deviates would."""
+
+    class Deviating(Server):
+        def _requests(self, ctx):
+            requests = super()._requests(ctx)
+            for client, request in requests.items():
+                edit(client, request, ctx.round)
+            return requests
+
+    monkeypatch.setattr(experiment, "Server", Deviating)
+
+
+def revealed_updates(result) -> int:
+    learned = result.audit.summary()["learned_in_plaintext"]
+    return sum(learned.get("global_update", {}).values())
+
+
+def exclusions(result) -> dict[tuple[int, str], str]:
+    return {(e["round"], e["peer"]): e["reason"] for e in result.audit.summary()["exclusions"]}
+
+
+def set_train(request, **changes):
+    """The request's training settings with ``changes`` (None removes a setting)."""
+    current = Envelope("s", "c", 0, "t", {"train": request["train"]}).config("train")
+    current.update(changes)
+    for key, value in list(current.items()):
+        if value is None:
+            del current[key]
+    request["train"] = wire.config(current)
+
+
+# ---- 1. plaintext_update after an honest round ----------------------------------------------
+@pytest.mark.parametrize("preset", ["lean", "compact"])
+def test_plaintext_update_after_an_honest_round_is_refused(preset):
+    """The gate on plaintext updates is the client's own: asked after an honest round, every
+    client refuses and the server gets a code, not the update."""
+    kept = {}
+
+    def transport(factory, ids):
+        kept["clients"] = factory(ids)
+        return experiment.InProcessTransport({c: k.handle for c, k in kept["clients"].items()})
+
+    config = replace(CKKS, rounds=1, backend_options={"preset": preset})
+    result = run_experiment(config, transport_factory=transport)
+    assert not result.aborted and revealed_updates(result) == 2  # one checked reveal
+    for cid, client in kept["clients"].items():
+        request = Envelope("server", cid, 0, "plaintext_update")
+        with pytest.raises(ClientRefused) as info:
+            client.handle(request.to_bytes())
+        assert info.value.code == "refused_by_policy"
+        assert "plaintext_update" in client.refusals[-1][2]
+
+
+def test_plaintext_updates_are_answered_only_where_the_client_allows_them():
+    """A client provisioned for a median (``allow_plaintext_updates``) gives this round's
+    update once, and nothing for a round it did not train."""
+    config = replace(CKKS, protocol="trimmedmean", allow_plaintext_updates=True, rounds=1)
+    factory = ClientFactory(config, 3, provisions=experiment.provision([VICTIM], 2))
+    client = factory([VICTIM])[VICTIM]
+    assert "plaintext_update" in client.policy.phases
+    with pytest.raises(ClientRefused):  # it has not trained in round 0
+        client.handle(Envelope("server", VICTIM, 0, "plaintext_update").to_bytes())
+    assert "at most once" in client.refusals[-1][2]
+
+
+# ---- 2. training settings come from the client ----------------------------------------------
+def test_lr_zero_to_every_client_but_one_reveals_nothing(monkeypatch):
+    """lr = 0 everywhere but the victim would make the others' uploads encryptions of zero:
+    they refuse to train with it, so no sum holds the victim's update with enough others."""
+
+    def edit(client, request, _round):
+        if client != VICTIM:
+            set_train(request, lr=0.0)
+
+    deviating(monkeypatch, edit)
+    result = run_experiment(CKKS)
+    assert revealed_updates(result) == 0
+    reasons = exclusions(result)
+    assert all(
+        "refused_by_policy" in reasons[(0, c)]
+        for c in (f"client_{k}" for k in range(6))
+        if c != VICTIM
+    )
+    assert result.aborted  # the victim alone: too few contributors for any release
+
+
+@pytest.mark.parametrize("change", [{"steps": 0}, {"lr": 1e3}, {"epochs": 3, "steps": None}])
+def test_any_other_training_setting_is_refused(monkeypatch, change):
+    deviating(monkeypatch, lambda client, request, _: set_train(request, **change))
+    result = run_experiment(replace(CKKS, rounds=1))
+    assert revealed_updates(result) == 0
+    assert all("refused_by_policy" in reason for reason in exclusions(result).values())
+
+
+def test_dp_dropped_from_the_request_is_refused(monkeypatch):
+    """Without the client's DP in the request, the victim would upload un-noised while
+    privacy.json still booked ε: it refuses; its DP is its own."""
+    config = replace(CKKS, client_dp={"clip": 1.0, "noise": 1.0})
+
+    def edit(client, request, _round):
+        if client == VICTIM:
+            set_train(request, client_dp=None)
+
+    deviating(monkeypatch, edit)
+    result = run_experiment(config)
+    assert "refused_by_policy" in exclusions(result)[(0, VICTIM)]
+    sent = [
+        r
+        for r in result.audit.records
+        if r["event"] == "message" and r["direction"] == "received" and r["peer"] == VICTIM
+    ]
+    assert not any(f["name"] == "pseudo_gradient" for r in sent for f in r["fields"])
+
+
+# ---- 2. consents bind the model and settings the client trained from --------------------------
+def test_different_models_to_different_clients_get_no_release(monkeypatch):
+    """Pasquini et al. (CCS 2022): the victim trains from the real model, the others from
+    another one. Every consent binds the model a client trained from, so no sum of both
+    kinds of upload is opened."""
+
+    def edit(client, request, _round):
+        if client == VICTIM:
+            w = Envelope("s", "c", 0, "t", {"model": request["model"]}).vector("model")
+            request["model"] = wire.vector((w + 0.01).astype(np.float32))
+
+    deviating(monkeypatch, edit)
+    result = run_experiment(replace(CKKS, rounds=1))
+    assert revealed_updates(result) == 0
+    assert "release_refused" in exclusions(result)[(0, VICTIM)]
+
+
+def test_a_release_listing_one_upload_twice_is_refused():
+    entries = [["client_0", 5, "ab"], ["client_1", 5, "ab"]]
+    config = {
+        "basis": "",
+        "kind": "reveal",
+        "name": "g",
+        "round": 0,
+        "n_values": 3,
+        "chunks": 1,
+        "entries": entries,
+    }
+    with pytest.raises(ReleaseRefused, match="one upload twice"):
+        Descriptor.from_config(config)
+
+
+# ---- 3. a dominant weight ----------------------------------------------------------------------
+def test_a_dominant_weight_is_refused_and_the_honest_server_caps_it():
+    def descriptor(ks):
+        entries = tuple((f"c{i}", k, f"d{i}") for i, k in enumerate(ks))
+        return Descriptor("reveal", "g", 0, 3, 1, entries)
+
+    policy = ReleasePolicy()
+    with pytest.raises(ReleaseRefused, match="max_weight_share"):
+        policy.check(descriptor([990, 2, 2, 2, 2, 2]))  # the review's lean attack
+    with pytest.raises(ReleaseRefused, match="max_weight_share"):
+        policy.check(descriptor([1001, 200, 200, 200, 200, 200]))  # just over half
+    policy.check(descriptor([1000, 200, 200, 200, 200, 200]))  # half: the others weigh as much
+    capped = capped_weights({"a": 0.9, "b": 0.05, "c": 0.05}, 0.5)
+    assert capped == pytest.approx({"a": 0.5, "b": 0.25, "c": 0.25})
+    assert capped_weights({"a": 0.3, "b": 0.7}, 0.5) == pytest.approx({"a": 0.5, "b": 0.5})
+
+
+def test_a_client_claiming_a_million_samples_does_not_stop_the_run(monkeypatch):
+    """Its planned weight is capped to half the sum's; the honest weights stay within the
+    policy, every round makes an update."""
+    from secagg.clients.runtime import Client
+
+    original = Client.on_enroll
+
+    def inflated(self, env):
+        fields = original(self, env)
+        if self.id == VICTIM:
+            fields["n_samples"] = wire.scalar(1e6)
+        return fields
+
+    original_train = Client.on_train
+
+    def inflated_train(self, env):
+        fields = original_train(self, env)
+        if self.id == VICTIM:
+            fields["n_samples"] = wire.scalar(1e6)
+        return fields
+
+    monkeypatch.setattr(Client, "on_enroll", inflated)
+    monkeypatch.setattr(Client, "on_train", inflated_train)
+    result = run_experiment(CKKS)
+    assert not result.aborted
+    assert revealed_updates(result) == 2 * CKKS.rounds
+    assert result.metrics["skipped"].fillna(0).sum() == 0
+
+
+# ---- 5. errors carry codes --------------------------------------------------------------------
+def test_a_failed_reply_carries_a_code_not_the_value(monkeypatch):
+    """A client whose update overflows the preset says so with a code; the value it would
+    have named (a ValueRangeError) stays in its own log."""
+    from secagg.clients.runtime import Client
+
+    original = Client.train
+
+    def huge(self, start, settings):
+        g = original(self, start, settings)
+        return g * 0 + (-13729.8 if self.id == VICTIM else 0.0) + g
+
+    monkeypatch.setattr(Client, "train", huge)
+    result = run_experiment(replace(CKKS, rounds=1, backend_options={"preset": "lean"}))
+    reason = exclusions(result)[(0, VICTIM)]
+    assert "value_out_of_range" in reason
+    assert "13729" not in reason and "13729" not in str(result.audit.records)
+
+
+# ---- 6. no free oracles -------------------------------------------------------------------------
+def test_validation_answers_once_a_round():
+    config = replace(
+        CKKS,
+        protocol="autofedrl",
+        backend="plain",
+        rounds=2,
+        validation_split=0.2,
+    )
+    factory = ClientFactory(config, 3)
+    client = factory([VICTIM])[VICTIM]
+    model = wire.vector(np.zeros(client.n_params, dtype=np.float32))
+
+    def validate(round_number, w=model):
+        return client.handle(
+            Envelope("server", VICTIM, round_number, "validate", {"model": w}).to_bytes()
+        )
+
+    validate(0)
+    validate(0)  # round 0: the initial model, then the first update
+    with pytest.raises(ClientRefused):  # a third model in round 0: a query, refused
+        validate(0, wire.vector(np.ones(client.n_params, dtype=np.float32)))
+    validate(1)
+    with pytest.raises(ClientRefused):
+        validate(1)
+    with pytest.raises(ClientRefused) as info:  # rounds never go back
+        validate(0)
+    assert info.value.code == "refused_by_policy"
+
+
+# ---- 9. no client can stop the run --------------------------------------------------------------
+def test_a_consent_that_is_a_json_list_excludes_only_that_client(monkeypatch):
+    from secagg.backends.ckks_client import CKKSClient
+
+    original = CKKSClient.on_consent
+
+    def listed(self, env):
+        fields = original(self, env)
+        if self.id == VICTIM:
+            fields["consent"] = wire.Field(wire.CONFIG, b'["not", "a", "mapping"]')
+        return fields
+
+    monkeypatch.setattr(CKKSClient, "on_consent", listed)
+    result = run_experiment(replace(CKKS, rounds=2))
+    assert not result.aborted
+    assert (0, VICTIM) in exclusions(result)
+    assert revealed_updates(result) == 2  # round 0 had no update (its upload was in the sum)
+
+
+def test_every_client_phase_refuses_garbage_with_a_code():
+    """A small fuzzer: every phase a client answers, with random fields, gets an answer or a
+    ClientRefused carrying a fixed code, never another exception or a value."""
+    config = replace(CKKS, protocol="larc", rounds=1)
+    factory = ClientFactory(config, 3, provisions=experiment.provision([VICTIM], 2))
+    client = factory([VICTIM])[VICTIM]
+    rng = np.random.default_rng(0)
+    junk = [
+        wire.scalar(1e300),
+        wire.vector(rng.normal(size=7)),
+        wire.config({"lr": 0.0, "steps": -1}),
+        wire.Field(wire.CONFIG, b"[1, 2]"),
+        wire.ciphertext([b"\x00" * 9]),
+    ]
+    names = ["model", "train", "g_hat", "alpha", "release", "aggregate", "setup", "consent"]
+    for phase in sorted(client._handlers):
+        for trial in range(20):
+            fields = {
+                names[i]: junk[int(rng.integers(len(junk)))]
+                for i in rng.choice(len(names), size=int(rng.integers(0, 4)), replace=False)
+            }
+            request = Envelope("server", VICTIM, int(rng.integers(0, 2)), phase, fields)
+            try:
+                client.handle(request.to_bytes())
+            except ClientRefused as exc:
+                assert CODE.search(str(exc)), str(exc)
