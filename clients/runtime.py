@@ -31,6 +31,7 @@ config field with the JSON-able parts, ``array:<path>`` float64 vector fields an
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -70,7 +71,11 @@ from secagg.errors import (
     error_code,
 )
 from secagg.protocols.base import ClientHalf
-from secagg.protocols.optimizers import ServerOptimizer, make_optimizer
+from secagg.protocols.optimizers import (
+    ServerOptimizer,
+    make_optimizer,
+    optimizer_from_envelope,
+)
 from secagg.sealing import seal
 from secagg.wire import Envelope, Field
 
@@ -78,6 +83,8 @@ if TYPE_CHECKING:  # opacus is imported only by clients that train with DP-SGD
     from secagg.clients.privacy import PrivateTrainer
 
 SERVER = "server"
+#: where a client writes why it refused a request (never sent to the server)
+LOG = logging.getLogger("secagg.clients")
 __all__ = ["ENGINE_PHASES", "Client", "SERVER"]
 
 
@@ -161,7 +168,10 @@ class Client:
             phase, round_number = env.phase, env.round
             reply = self._answer(env)
         except Exception as exc:  # noqa: BLE001 - whatever failed, only a code leaves
-            self.refusals.append((round_number, phase, f"{type(exc).__name__}: {exc}"))
+            detail = f"{type(exc).__name__}: {exc}"
+            self.refusals.append((round_number, phase, detail))
+            # the client's own log (its node's stderr; in simulation, the experimenter's)
+            LOG.warning("%s refused %r of round %s: %s", self.id, phase, round_number, detail)
             raise ClientRefused(self.id, phase, error_code(exc)) from None
         self.seconds[f"phase:{env.phase}"] += time.perf_counter() - start
         return reply
@@ -330,6 +340,15 @@ class Client:
         basis = upload_basis(request.round, request.phase, request.fields, self._model_id)
         self._basis = basis
         return self._timed("protect", self.backend.protect, values, weight, basis=basis)
+
+    def check_own_weight(self, envelope: Envelope, name: str, weight: float) -> None:
+        self.backend.check_own_weight(envelope, name, weight)
+
+    def server_optimizer_in(self, envelope: Envelope) -> ServerOptimizer | None:
+        if "server_opt" not in envelope.fields:
+            return self._optimizer
+        config = self.policy.server_optimizer_config(envelope.config("server_opt"))
+        return optimizer_from_envelope(envelope, config=config)
 
     def report(self, value: float) -> Field:
         """A scalar for the server: counted against this client's scalar budget, and

@@ -130,9 +130,12 @@ def guard_pull(pin: str, pull: Callable[..., int | None]) -> Callable[..., int |
             why = f"this SuperNode runs only the secagg App it was provisioned with: {exc}"
             supernode.log(logging.ERROR, "secagg: refused run %s: %s", message.metadata.run_id, why)
             reply = Message(Error(ErrorCode.INVALID_FAB, why), reply_to=message)
-            # Flower sends a reply with the time its ClientApp took; without one on record
-            # the reply is dropped (flwr 1.30's own FAB-verification error is, for this)
+            # Flower sends a reply with the time its ClientApp took, kept for messages in
+            # its state only: without both the reply is never sent (flwr 1.30's own
+            # FAB-verification error reply is lost so). The message, as received, has no
+            # content; no task is made for it, so nothing ever pulls it.
             mid = message.metadata.message_id
+            state.store_message(message)
             state.record_message_processing_start(mid)
             state.record_message_processing_end(mid)
             supernode._insert_message(reply, state, object_store)

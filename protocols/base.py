@@ -174,6 +174,10 @@ class RoundAPI(TypingProtocol):
     def weighted_sum(self, handles: Mapping[str, Any], weights: Mapping[str, float]) -> Any:
         """Σ_i weights[i] · handles[i] over the clients present in both mappings."""
 
+    def weights_of(self, handle: Any) -> dict[str, float]:
+        """The weights a sum formed this round was made with: the protocol's, unless the
+        clients' cap on one weight's share lowered them (``max_weight_share``)."""
+
     def running_sum(self, weights: Mapping[str, float]) -> Any:
         """An empty sum with these weights that uploads are folded into as they arrive."""
 
@@ -249,6 +253,13 @@ class ClientAPI(TypingProtocol):
 
     def protect(self, values: np.ndarray) -> Field:
         """Encode (encrypt) a model-length vector for upload."""
+
+    def check_own_weight(self, envelope: Envelope, name: str, weight: float) -> None:
+        """Refuse unless the release ``name`` lists this client's upload with ``weight``."""
+
+    def server_optimizer_in(self, envelope: Envelope) -> Any:
+        """The server optimizer a request carries (its config checked against this client's
+        provisioning), or this client's own copy (server-blind); None: neither."""
 
     def report(self, value: float) -> Field:
         """A scalar for the server; clipped and noised when the run asks for scalar DP."""

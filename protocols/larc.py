@@ -39,7 +39,7 @@ from secagg.protocols.base import (
     RoundAPI,
     Upload,
 )
-from secagg.protocols.optimizers import optimizer_fields, optimizer_from_envelope
+from secagg.protocols.optimizers import optimizer_fields
 from secagg.protocols.registry import register_protocol
 from secagg.wire import Envelope, Field
 
@@ -77,10 +77,14 @@ class LARCClient(ClientHalf):
 
     @staticmethod
     def probe(client: ClientAPI, env: Envelope) -> dict[str, Field]:
+        # α_i must be the weight Ĝ's signed descriptor lists for this client's upload (a
+        # server could otherwise probe the loss at any multiple of it); checked before opening
+        alpha = env.scalar("alpha")
+        client.check_own_weight(env, "g_hat", alpha)
         g_hat = client.open(env, "g_hat")
-        # the optimizer's state comes from whoever holds it: the server, or in server-blind
-        # runs this client's own copy
-        optimizer = optimizer_from_envelope(env) if "server_opt" in env.fields else client.optimizer
+        # the optimizer comes from whoever holds it: the server (its config checked against
+        # this client's provisioning; its state is not checked), or this client's own copy
+        optimizer = client.server_optimizer_in(env)
         if optimizer is None:
             raise ProtocolStateError(f"{client.id} got a LARC probe without optimizer state")
         drop_bias = env.config("loss_check")["mode"] == "weights_only"
@@ -89,7 +93,7 @@ class LARCClient(ClientHalf):
             client.model,
             client.update,
             g_hat,
-            env.scalar("alpha"),
+            alpha,
             optimizer.peek,
         )
         return {"delta_loss": client.report(dl)}
@@ -146,8 +150,10 @@ class LARC(Protocol):
 
     def aggregate(self, ctx: RoundAPI, uploads: Mapping[str, Upload]) -> Any:
         handles = {c: u.handle for c, u in uploads.items()}
-        alpha_prev = {c: self.alpha_prev.get(c, 1.0) for c in uploads}
-        g_hat = ctx.as_fields(ctx.weighted_sum(handles, alpha_prev), "g_hat")
+        planned = {c: self.alpha_prev.get(c, 1.0) for c in uploads}
+        total = ctx.weighted_sum(handles, planned)
+        alpha_prev = ctx.weights_of(total)  # as summed: each client checks its own
+        g_hat = ctx.as_fields(total, "g_hat")
         probe = {**g_hat, "loss_check": wire.config({"mode": self.loss_check})}
         if ctx.server_optimizer is not None:  # server-blind runs: clients hold the optimizer
             probe.update(optimizer_fields(ctx.server_optimizer))

@@ -242,8 +242,11 @@ def optimizer_fields(opt: ServerOptimizer, prefix: str = "server_opt") -> dict[s
     return fields
 
 
-def optimizer_from_envelope(env: Envelope, prefix: str = "server_opt") -> ServerOptimizer:
-    cfg = env.config(prefix)
+def optimizer_from_envelope(
+    env: Envelope, prefix: str = "server_opt", config: dict[str, Any] | None = None
+) -> ServerOptimizer:
+    """The optimizer an envelope carries; ``config``: its config, already read (and checked)."""
+    cfg = env.config(prefix) if config is None else config
     opt = make_optimizer(cfg)
     opt.load_state_dict({k: env.vector(f"{prefix}.{k}", opt.dim) for k in opt.state_names})
     return opt

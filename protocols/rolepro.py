@@ -165,9 +165,10 @@ class RegAggClient(ClientHalf):
     @staticmethod
     def terms(client: ClientAPI, env: Envelope) -> dict[str, Field]:
         centre = client.open(env, "centre")
-        numerator, denominator = regagg_terms(
-            client.update, centre, env.scalar("nu"), env.scalar("tau")
-        )
+        # ν_c is the server's weight of this client's terms in the sums (in their release
+        # descriptor, where the clients' policy checks it), not a request field: a server
+        # that sent the others ν = 0 would have A/B be this client's update alone
+        numerator, denominator = regagg_terms(client.update, centre, 1.0, env.scalar("tau"))
         return {"numerator": client.protect(numerator), "denominator": client.protect(denominator)}
 
 
@@ -280,13 +281,15 @@ class RegAgg(Protocol):
         )
         replies = ctx.ask(
             "regagg_terms",
-            {c: {**mean, "nu": wire.scalar(nu[c]), "tau": wire.scalar(self.tau)} for c in clients},
+            dict.fromkeys(clients, {**mean, "tau": wire.scalar(self.tau)}),
             expect={"numerator": ctx.upload_kind, "denominator": ctx.upload_kind},
         )
-        ones = {c: 1.0 for c in replies}
-        a = ctx.reveal(ctx.weighted_sum(ctx.load(replies, "numerator"), ones), "regagg_numerator")
+        weights = {c: nu[c] for c in replies}
+        a = ctx.reveal(
+            ctx.weighted_sum(ctx.load(replies, "numerator"), weights), "regagg_numerator"
+        )
         b = ctx.reveal(
-            ctx.weighted_sum(ctx.load(replies, "denominator"), ones), "regagg_denominator"
+            ctx.weighted_sum(ctx.load(replies, "denominator"), weights), "regagg_denominator"
         )
         return a / b, [c for c in clients if c in replies]
 

@@ -88,11 +88,6 @@ def with_pseudo_points(
     return start
 
 
-def others_in_order(shared: Mapping[str, np.ndarray], roster: list[str], client: str) -> np.ndarray:
-    """Every other node's pseudo-inputs, in roster order."""
-    return np.concatenate([shared[c] for c in roster if c != client])
-
-
 # ---- the protocol ---------------------------------------------------------------------------
 class SAVAEPriorClient(VectorStateHalf):
     """Node i's own pseudo-inputs α_i (kept between rounds) and its training against the joint
@@ -118,7 +113,13 @@ class SAVAEPriorClient(VectorStateHalf):
         n_features = client.features().shape[1]
         block = pseudo_block(client.n_params, nodes, n_pseudo, n_features)
         own = self._own(client, settings)
-        others = request.vector("others", (nodes - 1) * own.size)
+        # every node's pseudo-inputs in roster order, the same request for every node (a
+        # client consents only to sums of uploads made from the same request): drop its own
+        roster = settings.get("roster")
+        if not isinstance(roster, list) or len(roster) != nodes or client.id not in roster:
+            raise ProtocolStateError(f"{client.id}: the request's roster does not hold it")
+        every = request.vector("pseudo_points", nodes * own.size).reshape(nodes, own.size)
+        others = np.delete(every, roster.index(client.id), axis=0).ravel()
         start = with_pseudo_points(client.model, block, own, others)
         delta = client.train(start, request.config("train"))
         self.pseudo = own + delta[block][: own.size]
@@ -152,9 +153,12 @@ class SAVAEPrior(FedAvg):
     def seed(self, seed: int) -> None:
         self.run_seed = seed
 
-    def _settings(self) -> Field:
+    def _config(self) -> dict[str, Any]:
         nodes = len(self.roster or [])
-        return wire.config({"n_pseudo": self.n_pseudo, "nodes": nodes, "seed": self.run_seed})
+        return {"n_pseudo": self.n_pseudo, "nodes": nodes, "seed": self.run_seed}
+
+    def _settings(self) -> Field:
+        return wire.config(self._config())
 
     def begin_round(self, ctx: RoundAPI) -> None:
         if self.roster is None:  # the nodes of the prior: the clients at the first round
@@ -172,8 +176,9 @@ class SAVAEPrior(FedAvg):
         missing = [c for c in roster if c != client and c not in self.shared]
         if missing:  # a node that never answered: its part of the prior is unknown
             raise ProtocolStateError(f"savae_prior holds no pseudo-points of {missing} yet")
-        others = others_in_order(self.shared, roster, client)
-        return {"savae_prior": self._settings(), "others": wire.vector(others)}
+        every = np.concatenate([self.shared[c] for c in roster])
+        settings = {**self._config(), "roster": list(roster)}
+        return {"savae_prior": wire.config(settings), "pseudo_points": wire.vector(every)}
 
 
 register_protocol(

@@ -73,7 +73,8 @@ class RunPolicy:
         min_clients: a round with fewer usable uploads is aborted.
         max_message_bytes: the largest reply the server decodes.
         max_weight_share: the clients' cap on one upload's share of a sum's weight (their
-            release policy's): the server caps every sum to it so they consent.
+            release policy's; 1: no cap, as on plain): the server caps every sum to it so
+            they consent.
     """
 
     server_blind: bool = False
@@ -81,7 +82,7 @@ class RunPolicy:
     streaming: bool = True
     min_clients: int = 1
     max_message_bytes: int = wire.DEFAULT_MAX_BYTES
-    max_weight_share: float = 1.0
+    max_weight_share: float = 0.5
 
     def __post_init__(self):
         if not isinstance(self.min_clients, int) or self.min_clients < 1:

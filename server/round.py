@@ -49,13 +49,14 @@ def check_weights(weights: Mapping[str, float]) -> dict[str, float]:
 def capped_weights(weights: Mapping[str, float], max_share: float) -> dict[str, float]:
     """The weights with no |w_i| above ``max_share`` of Σ|w| (the clients' release policy,
     ``max_weight_share``), by water-filling: the largest are lowered to the cap, the rest
-    keep their ratios, and Σ|w| is kept. Unchanged when already within the cap, for one
-    weight, or where no weighting of this many can meet it (the clients then refuse)."""
+    keep their ratios, and Σ|w| is kept. Unchanged when already within the cap, for fewer
+    than three weights (the clients cap sums of three or more), or where no weighting of this
+    many can meet it (the clients then refuse)."""
     out = dict(weights)
     size = {c: abs(w) for c, w in out.items()}
     total = sum(size.values())
     n = len(out)
-    if n < 2 or max_share >= 1 or total == 0 or max(size.values()) <= max_share * total:
+    if n < 3 or max_share >= 1 or total == 0 or max(size.values()) <= max_share * total:
         return out
     if max_share * n < 1:
         return out
@@ -76,8 +77,9 @@ def capped_weights(weights: Mapping[str, float], max_share: float) -> dict[str, 
 class RoundContext:
     """A round for a protocol: the exchange, the backend, and what was released.
 
-    ``max_weight_share``: the clients' cap on one upload's share of a sum's weight; every
-    sum of two or more is capped to it (:func:`capped_weights`) so the clients consent."""
+    ``max_weight_share``: the clients' cap on one upload's share of a sum's weight (their
+    default: 1/2); every sum of two or more is capped to it (:func:`capped_weights`) so the
+    clients consent."""
 
     def __init__(
         self,
@@ -87,7 +89,7 @@ class RoundContext:
         optimizer: ServerOptimizer | None,
         allow_plaintext_updates: bool = False,
         model: np.ndarray | None = None,
-        max_weight_share: float = 1.0,
+        max_weight_share: float = 0.5,
     ):
         self.exchange = exchange
         self.max_weight_share = max_weight_share
@@ -101,6 +103,7 @@ class RoundContext:
         #: server's protected state (revealed, or sent to clients): client-level DP accounts
         #: each release with its realised weights
         self._sums: list[tuple[Any, dict[str, float]]] = []
+        self._used: dict[int, dict[str, float]] = {}  # id(sum) -> its weights, this round
         self.releases: list[tuple[str, dict[str, float]]] = []
 
     # ---- the exchange's view ---------------------------------------------------------------
@@ -153,7 +156,14 @@ class RoundContext:
         total = self.backend.weighted_sum([handles[c] for c in clients], [used[c] for c in clients])
         self.seconds["aggregate"] += time.perf_counter() - start
         self._sums.append((total, used))
+        self._used[id(total)] = used
         return total
+
+    def weights_of(self, handle: Any) -> dict[str, float]:
+        """The weights a sum of this round was formed with (after the clients' cap)."""
+        if id(handle) not in self._used:
+            raise ProtocolStateError("weights_of: not a sum formed this round")
+        return dict(self._used[id(handle)])
 
     def running_sum(self, weights: Mapping[str, float]) -> StreamedSum:
         return StreamedSum(self, weights)

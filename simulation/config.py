@@ -229,7 +229,8 @@ class ExperimentConfig:
             server_blind=self.server_blind,
             allow_plaintext_updates=self.allow_plaintext_updates,
             streaming=self.streaming,
-            max_weight_share=float(options.get("max_weight_share", 1.0)),
+            # plain caps the same weights as the encrypted backends: the same model on both
+            max_weight_share=float(options.get("max_weight_share", 0.5)),
         )
 
     def plan(self, n_clients: int) -> TrainingPlan:

@@ -267,6 +267,7 @@ def test_federated_dgd_on_ckks_is_plains_and_the_server_learns_only_the_average_
     assert {f["name"] for r in train for f in r["fields"]} == {
         "pseudo_gradient",
         "n_samples",
+        "basis",  # the digest of what the upload was made from (its consent binds it)
         "<envelope>",
     }
     sizes = {f["bytes"] for r in train for f in r["fields"] if f["name"] == "pseudo_gradient"}

@@ -103,7 +103,7 @@ def scripted(cid, backend):
             fields = {"pseudo_gradient": backend.protect(g), "n_samples": wire.scalar(NS[cid])}
         elif req.phase == "regagg_terms":
             centre = backend.open(req, "centre", g.size)
-            a, b = regagg_terms(g, centre, req.scalar("nu"), req.scalar("tau"))
+            a, b = regagg_terms(g, centre, 1.0, req.scalar("tau"))  # ν weighs the sums
             fields = {"numerator": backend.protect(a), "denominator": backend.protect(b)}
         return Envelope(cid, "server", req.round, req.phase, fields).to_bytes()
 

@@ -5,6 +5,8 @@ says, encrypted runs give plain's, and the audit declares exactly what the serve
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 import torch
@@ -224,7 +226,7 @@ def test_the_joint_prior_declares_the_pseudo_points_and_averages_only_the_networ
             assert np.abs(moved[name] - p.detach().double().numpy()).max() > 1e-4, name
 
 
-def test_the_joint_prior_is_refused_where_it_cannot_run():
+def test_the_joint_prior_is_refused_where_it_cannot_run(caplog):
     with pytest.raises(ConfigError, match="(?i)dp"):
         ExperimentConfig(
             task="savae-prior-gbsg2",
@@ -232,6 +234,9 @@ def test_the_joint_prior_is_refused_where_it_cannot_run():
             client_dp={"clip": 1.0, "noise": 1.0},
             **FAST,
         ).validate()
-    # a model without pseudo-inputs: every client refuses, the round aborts with the reason
-    result = secagg.run(task="tcga-brca", protocol="savae_prior", rounds=1, **FAST)
-    assert result.aborted and "savae-prior" in str(result.aborted)
+    # a model without pseudo-inputs: every client refuses, the round aborts with their code
+    # (the reason, naming the savae-prior-* tasks, is in each client's own log)
+    with caplog.at_level(logging.WARNING, logger="secagg.clients"):
+        result = secagg.run(task="tcga-brca", protocol="savae_prior", rounds=1, **FAST)
+    assert result.aborted and "bad_configuration" in str(result.aborted)
+    assert "savae-prior" in caplog.text

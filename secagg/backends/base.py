@@ -66,6 +66,11 @@ class ClientBackend(ABC):
     def open(self, envelope: Envelope, name: str, length: int) -> np.ndarray:
         """Read an aggregate field the server sent; decrypt it if needed."""
 
+    def check_own_weight(self, envelope: Envelope, name: str, weight: float) -> None:
+        """Refuse (ReleaseRefused) unless the release ``name`` in ``envelope`` lists this
+        client's upload with ``weight`` (LARC's α: what the server claims it weighted the
+        client with must be what the signed descriptor says). Plain sends no descriptor."""
+
     def handlers(self) -> dict[str, Callable[[Envelope], dict[str, Field]]]:
         """Phases the backend itself answers (key setup, reveals); none for plain."""
         return {}

@@ -28,6 +28,7 @@ from secagg import wire
 from secagg.backends.base import ClientBackend
 from secagg.backends.consenting import (
     as_bytes,
+    check_listed_weight,
     consent,
     public_bytes,
     read_release,
@@ -386,6 +387,11 @@ class CKKSClient(ClientBackend):
             self.flooding_bits,
         )
         return flooding_sigma(error, max(total, 1), self.flooding_bits)
+
+    def check_own_weight(self, envelope: Envelope, name: str, weight: float) -> None:
+        check_listed_weight(
+            self.id, envelope.config(f"{name}.release"), weight, self.preset.weight_bits
+        )
 
     def open(self, envelope: Envelope, name: str, length: int) -> np.ndarray:
         """An aggregate the server sent this client (LARC's Ĝ, RegAgg's centre, a

@@ -6,6 +6,7 @@ backends' client halves use it; it takes the signing key, so only client code im
 from __future__ import annotations
 
 import base64
+import math
 from collections.abc import Mapping
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -171,3 +172,18 @@ def restored_bases(client_id: str, bases: object) -> dict[str, str]:
     ):
         raise KeySetupError(f"{client_id}: the state's record of upload bases is garbled")
     return dict(bases)
+
+
+def check_listed_weight(client_id: str, info: object, weight: float, weight_bits: int) -> None:
+    """The release ``info`` (as a server sent it) lists ``client_id`` with the integer weight
+    ``weight`` quantises to at ``weight_bits`` (ReleaseRefused otherwise)."""
+    if not isinstance(info, dict) or "descriptor" not in info:
+        raise ReleaseRefused(f"{client_id}: a release comes without its descriptor")
+    d = Descriptor.from_config(info["descriptor"])
+    listed = [k for client, k, _ in d.entries if client == client_id]
+    k = int(math.floor(abs(float(weight)) * 2.0**weight_bits + 0.5))
+    if not listed or listed[0] != (-k if weight < 0 else k):
+        raise ReleaseRefused(
+            f"{client_id}: the request's weight for its upload is not the one the release "
+            f"{d.name!r} lists"
+        )

@@ -25,6 +25,7 @@ from secagg import wire
 from secagg.backends.base import ClientBackend, no_client_weight
 from secagg.backends.consenting import (
     as_bytes,
+    check_listed_weight,
     consent,
     public_bytes,
     read_release,
@@ -348,6 +349,11 @@ class ThresholdClient(ClientBackend):
         digest = c1_digest([self.context.c1_half(ct) for ct in chunks])
         self.uploads[digest], self.bases[digest] = {}, basis
         return wire.ciphertext(parts)
+
+    def check_own_weight(self, envelope: Envelope, name: str, weight: float) -> None:
+        check_listed_weight(
+            self.id, envelope.config(f"{name}.release"), weight, self.preset.weight_bits
+        )
 
     def open(self, envelope: Envelope, name: str, length: int) -> np.ndarray:
         """A sum the server sent this client to open (LARC's Ĝ, RegAgg's centre, a

@@ -224,9 +224,10 @@ class ReleasePolicy:
         n_values: the only number of values a release may have (the model's size), or the
             only numbers (the model's size and what the protocol releases besides, such as
             Ensemble's scores of an evaluation set), or None: any.
-        max_share: no contributor's |k_i| may exceed this fraction of Σ|k| (sums of two or
-            more): at the default 1/2 the others together weigh at least as much as the
-            largest, so the sum is never mostly one upload.
+        max_share: no contributor's |k_i| may exceed this fraction of Σ|k| (sums of three
+            or more; two-upload sums have the floor only): at the default 1/2 the others
+            together weigh at least as much as the largest, so the sum is never mostly one
+            upload.
     """
 
     min_contributors: int = 2
@@ -259,9 +260,10 @@ class ReleasePolicy:
             )
         # a dominant contributor: the others must weigh at least as much as it does together
         # (default 1/2 of Σ|k|), or the sum is nearly its update alone (review: five uploads
-        # at the floor gave the sixth's to 0.35 %); a one-upload release is min_contributors'
+        # at the floor gave the sixth's to 0.35 %). Sums of three or more: with two, the cap
+        # would force equal weights, and a dropout would end the seed (the floor applies)
         top = max(ks)
-        if len(ks) > 1 and top > self.max_share * sum(ks) * (1 + 1e-9):
+        if len(ks) > 2 and top > self.max_share * sum(ks) * (1 + 1e-9):
             raise ReleaseRefused(
                 f"{d.name}: one weight is {top / sum(ks):.3f} of the total; this client's "
                 f"max_weight_share allows {self.max_share:g}"

@@ -195,7 +195,9 @@ def test_a_dominant_weight_is_refused_and_the_honest_server_caps_it():
     policy.check(descriptor([1000, 200, 200, 200, 200, 200]))  # half: the others weigh as much
     capped = capped_weights({"a": 0.9, "b": 0.05, "c": 0.05}, 0.5)
     assert capped == pytest.approx({"a": 0.5, "b": 0.25, "c": 0.25})
-    assert capped_weights({"a": 0.3, "b": 0.7}, 0.5) == pytest.approx({"a": 0.5, "b": 0.5})
+    # two-upload sums have the floor only (the cap would force equal weights)
+    assert capped_weights({"a": 0.3, "b": 0.7}, 0.5) == {"a": 0.3, "b": 0.7}
+    policy.check(descriptor([700, 300]))
 
 
 def test_a_client_claiming_a_million_samples_does_not_stop_the_run(monkeypatch):
@@ -321,3 +323,47 @@ def test_every_client_phase_refuses_garbage_with_a_code():
                 client.handle(request.to_bytes())
             except ClientRefused as exc:
                 assert CODE.search(str(exc)), str(exc)
+
+
+# ---- 6. LARC's probe: α and the optimizer as the client can check them --------------------------
+def probe_edited(monkeypatch, edit):
+    """A server whose LARC probe requests ``edit(client, fields)`` changes."""
+    from secagg.server.round import RoundContext
+
+    original = RoundContext.ask
+
+    def ask(self, phase, messages, expect=None, **kwargs):
+        if phase == "larc_probe":
+            messages = {c: edit(c, dict(fields)) for c, fields in messages.items()}
+        return original(self, phase, messages, expect, **kwargs)
+
+    monkeypatch.setattr(RoundContext, "ask", ask)
+
+
+def test_a_larc_probe_with_another_alpha_is_refused(monkeypatch):
+    """ΔL at 10·α_i would let the server probe the loss along the client's update: α must
+    be the weight Ĝ's signed descriptor lists for the client."""
+
+    def edit(client, fields):
+        if client == VICTIM:
+            alpha = Envelope("s", "c", 0, "p", fields).scalar("alpha")
+            fields["alpha"] = wire.scalar(10 * alpha)
+        return fields
+
+    probe_edited(monkeypatch, edit)
+    result = run_experiment(replace(CKKS, protocol="larc", rounds=1))
+    assert "release_refused" in exclusions(result)[(0, VICTIM)]
+    learned = result.audit.summary()["learned_in_plaintext"]
+    assert learned["delta_loss"]["plaintext scalar"] == 5  # every client but the victim
+
+
+def test_a_larc_probe_with_another_optimizer_is_refused(monkeypatch):
+    def edit(client, fields):
+        if client == VICTIM:
+            config = Envelope("s", "c", 0, "p", fields).config("server_opt")
+            fields["server_opt"] = wire.config({**config, "beta1": 0.0})
+        return fields
+
+    probe_edited(monkeypatch, edit)
+    result = run_experiment(replace(CKKS, protocol="larc", rounds=1))
+    assert "refused_by_policy" in exclusions(result)[(0, VICTIM)]

@@ -49,8 +49,10 @@ def test_the_clients_weight_and_the_server_only_adds(run):
 
 
 def test_a_client_that_drops_out_is_renormalised_away(run):
-    ctx, total = streamed(run, PLAN, PLAN, clients=["client_0", "client_2"])
-    expected = (0.5 * 0.1 + 0.25 * 0.6) / 0.75
+    # client_0 drops out: the other two are renormalised to halves each (a pair where one
+    # had 2/3 would exceed the clients' max_weight_share of 1/2 and get no consent)
+    ctx, total = streamed(run, PLAN, PLAN, clients=["client_1", "client_2"])
+    expected = (0.25 * VALUES["client_1"] + 0.25 * VALUES["client_2"]) / 0.5
     np.testing.assert_allclose(ctx.reveal(total, "global_update"), expected, atol=1e-4)
 
 

@@ -228,4 +228,7 @@ def test_server_blind_clients_answer_no_reveal():
         },
     ).to_bytes()
     ((peer, reply),) = list(transport.exchange(iter([("client_1", request)])))
-    assert isinstance(reply, Exception) and "refuses decryption 1" in str(reply)
+    # the server gets a code; the client's own log says why
+    assert isinstance(reply, Exception) and "refused 'reveal': out_of_order" in str(reply)
+    client = transport._handlers["client_1"].__self__
+    assert "refuses decryption 1" in client.refusals[-1][2]

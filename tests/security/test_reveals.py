@@ -138,9 +138,29 @@ def test_a_replayed_or_reattributed_upload_gets_no_consent(run):
         new["client_2"].scale,
         (type(entry)("client_1", 0, entry.seeds),),
     )
+    # the same upload under two senders: every client refuses the descriptor itself
+    with pytest.raises(RoundAborted, match="lists one upload twice"):
+        ctx.reveal(
+            ctx.weighted_sum(
+                {**new, "client_1": swapped, "client_2": new["client_2"]},
+                dict.fromkeys(IDS, 1 / 3),
+            ),
+            "global_update",
+        )
+    ctx = run.ctx()
+    new = fresh(run)
+    entry = new["client_2"].entries[0]
+    alone = type(new["client_2"])(  # client_2's upload presented as client_1's, client_2 left out
+        new["client_2"].ciphertexts,
+        8,
+        new["client_2"].scale,
+        (type(entry)("client_1", 0, entry.seeds),),
+    )
     with pytest.raises(ConsentRefused, match="client_1") as refused:
         ctx.reveal(
-            ctx.weighted_sum({**new, "client_1": swapped}, dict.fromkeys(IDS, 1 / 3)),
+            ctx.weighted_sum(
+                {"client_0": new["client_0"], "client_1": alone}, dict.fromkeys(IDS, 1 / 2)
+            ),
             "global_update",
         )
     assert refused.value.culprits == ["client_1"]  # the engine would take it out: a lie it
