@@ -104,6 +104,9 @@ class Workload:
     #: every client's identity, the roster and the budgets, made once in the parent (each
     #: worker builds only its share of the clients, all with the one roster)
     provisions: dict[str, Provision] | None = field(default=None, compare=False, hash=False)
+    #: what every client answers (``secagg.clients.policy``): the plan the server runs, as
+    #: each client's own provisioning
+    policy: Any = field(default=None, compare=False, hash=False)
 
     def model_params(self) -> int:
         if self.kind == "synthetic":
@@ -132,6 +135,7 @@ class Workload:
                 cid,
                 trainer,
                 backends[cid],
+                policy=self.policy,
                 protocol=make_client_half(self.protocol),
                 seed=self.seed * 1000 + k + 500,
             )
@@ -193,6 +197,21 @@ def client_seconds(stats: list[dict]) -> dict[str, float]:
     return total
 
 
+def plan_policy(plan: TrainingPlan, protocol: Any, rounds: int, optimizer: dict[str, Any]) -> Any:
+    """Each client's own policy for the plan the benchmark's server runs."""
+    from secagg.clients.policy import ClientPolicy
+
+    caps = protocol.capabilities
+    return ClientPolicy(
+        rounds=rounds,
+        client_lr=plan.client_lr,
+        local_steps=plan.local_steps,
+        client_dp=None if plan.client_dp is None else plan.client_dp.config(),
+        scalar_budget=(rounds + 1) * len(caps.client_scalars),
+        server_optimizer=optimizer,
+    )
+
+
 def measure_rounds(
     workload: Workload,
     initial: np.ndarray,
@@ -222,22 +241,26 @@ def measure_rounds(
         preset_option(workload.backend, workload.preset),
         public_signers(workload.provisions or {}),
     )
+    protocol = make_protocol(workload.protocol)
+    step = protocol.server_step(len(ids)) or (
+        {"name": "adam", "lr": 0.01} if workload.protocol == "fedadam" else {"name": "sgd"}
+    )
+    plan = TrainingPlan(
+        client_lr=StepSchedule.parse("0.05"), local_steps=workload.local_steps, client_dp=dp
+    )
+    workload = replace(
+        workload, policy=plan_policy(plan, protocol, rounds, {**step, "dim": initial.size})
+    )
     rows = []
     with WorkerPoolTransport(workload, ids, workers) as transport:
         audit = AuditLog()
-        protocol = make_protocol(workload.protocol)
-        step = protocol.server_step(len(ids)) or (
-            {"name": "adam", "lr": 0.01} if workload.protocol == "fedadam" else {"name": "sgd"}
-        )
         server = Server(
             protocol,
             server_backend,
             make_optimizer({**step, "dim": initial.size}),
             transport,
             initial,
-            plan=TrainingPlan(
-                client_lr=StepSchedule.parse("0.05"), local_steps=workload.local_steps, client_dp=dp
-            ),
+            plan=plan,
             policy=RunPolicy(streaming=streaming),
             audit=audit,
         )

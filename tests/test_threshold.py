@@ -406,11 +406,14 @@ def test_known_gap_a_holder_cannot_tell_a_crafted_public_key_upload_from_an_hone
     honest = r.clients[IDS[2]]
     probe = context.encrypt_chunks(honest._joint, np.zeros(1))[0]
     zero = context.cc.EvalSub(probe, probe)
-    constant = context.cc.EvalAdd(zero, context.cc.MakeCKKSPackedPlaintext([2.0**10] * 4096))
-    t_poly = constant.GetElements()[0]
-    crafted = canonical_ciphertext(context._boxed(constant, [context._zero, t_poly]))
     handles = {}
-    for colluder in IDS[:2]:
+    # two different constants: a release listing one upload twice is refused, so each
+    # colluder crafts its own (which nothing else tells from an honest upload)
+    for shift, colluder in enumerate(IDS[:2]):
+        plain = context.cc.MakeCKKSPackedPlaintext([2.0**10 + shift] * 4096)
+        constant = context.cc.EvalAdd(zero, plain)
+        t_poly = constant.GetElements()[0]
+        crafted = canonical_ciphertext(context._boxed(constant, [context._zero, t_poly]))
         upload = Envelope(
             colluder, "server", 0, "train", {"pseudo_gradient": wire.ciphertext([crafted])}
         )
