@@ -34,13 +34,14 @@ splits, gains and node sizes, and the histograms no more; the leaves still come 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from secagg import wire
-from secagg.errors import ConfigError, MalformedMessage
+from secagg.errors import ConfigError, MalformedMessage, UnexpectedField
 from secagg.options import Option
 from secagg.protocols.base import (
     Capabilities,
@@ -163,6 +164,36 @@ def leaf_weights(sums: np.ndarray, lam: float, eta: float) -> np.ndarray:
     g, h = sums[:, 0], sums[:, 1]
     g = np.where(np.abs(g) < G_TOL, 0.0, g)
     return np.where(h > HESS_TOL, -eta * g / (h + lam), 0.0)
+
+
+def checked_proposal(client: str, proposal: dict[str, Any], n_nodes: int) -> dict[str, Any]:
+    """A client's top-S proposal, if it has the layout ``top_splits`` gives (n and splits per
+    node, each split [feature, threshold, finite gain]); UnexpectedField otherwise."""
+    n, splits = proposal.get("n"), proposal.get("splits")
+
+    def number(x: Any) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+    ok = (
+        isinstance(n, list)
+        and isinstance(splits, list)
+        and len(n) == len(splits) == n_nodes
+        and all(number(v) and v >= 0 for v in n)
+        and all(
+            isinstance(node, list)
+            and all(
+                isinstance(s, list)
+                and len(s) == 3
+                and all(isinstance(v, int) and not isinstance(v, bool) for v in s[:2])
+                and number(s[2])
+                for s in node
+            )
+            for node in splits
+        )
+    )
+    if not ok:
+        raise UnexpectedField(f"{client}'s top-S split proposal is malformed")
+    return proposal
 
 
 def top_splits(hist: np.ndarray, lam: float, min_child_weight: float, s: int) -> list[list]:
@@ -298,18 +329,24 @@ class XGBoost(Protocol):
         levels = () if self.top_s else tuple(2**k * p * self.bins * 2 for k in range(self.depth))
         return (*levels, 2**self.depth * 2)
 
-    def _ask(self, ctx: RoundAPI, clients, phase: str, fields: dict, expect: dict):
+    def _ask(self, ctx: RoundAPI, clients, phase: str, fields: dict, expect: dict, **kwargs):
         # sums are sent divided by N (every value then lies within ±1: the headroom)
         settings = {**self._settings(), "scale": 1.0 / self._n_total}
         common = {"xgb": wire.config(settings), **fields}
-        return ctx.ask(phase, dict.fromkeys(clients, common), expect=expect)
+        return ctx.ask(phase, dict.fromkeys(clients, common), expect=expect, **kwargs)
 
     def _split_level(self, ctx: RoundAPI, clients, tree: np.ndarray, level: int, leaf: np.ndarray):
         first, n_nodes = 2**level - 1, 2**level
         fields = {"tree": wire.vector(tree), "level": wire.scalar(level)}
         if self.top_s:
             replies = self._ask(
-                ctx, clients, "xgb_histograms", fields, {"top_s_splits": wire.CONFIG}
+                ctx,
+                clients,
+                "xgb_histograms",
+                fields,
+                {"top_s_splits": wire.CONFIG},
+                # read inside ``ask``: a malformed proposal excludes its sender, not the run
+                on_reply=lambda c, env: checked_proposal(c, env.config("top_s_splits"), n_nodes),
             )
             choices = [self._top_s_choice(replies, k) for k in range(n_nodes)]
         else:
@@ -341,10 +378,11 @@ class XGBoost(Protocol):
                 continue
             tree[node], tree[self.internal + node] = feature + 1, threshold
 
-    def _top_s_choice(self, replies: Mapping[str, Envelope], k: int) -> tuple[int, int, float]:
+    def _top_s_choice(
+        self, replies: Mapping[str, dict[str, Any]], k: int
+    ) -> tuple[int, int, float]:
         score: dict[tuple[int, int], float] = {}
-        for env in replies.values():
-            proposal = env.config("top_s_splits")
+        for proposal in replies.values():
             n = float(proposal["n"][k])
             for feature, threshold, gain in proposal["splits"][k]:
                 key = (int(feature), int(threshold))

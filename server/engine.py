@@ -285,6 +285,10 @@ class Server:
         if self.streaming:
             self.enrolment.run(ctx)
         self._initialise(ctx)
+        # a client that failed key setup or enrolment holds no key or no planned weight: it
+        # leaves the run (every later request would fail or find no weight for it)
+        for client, why in ctx.excluded.items():
+            self.left[client] = f"excluded at set-up: {why}"
         return dict(ctx.excluded)
 
     def _initialise(self, ctx: RoundContext) -> None:
@@ -399,6 +403,7 @@ class Server:
             self._enough(ctx, len(uploads))
             return self.protocol.aggregate(ctx, uploads), reports
         total: StreamedSum = ctx.running_sum(plan)
+        requests = {c: r for c, r in requests.items() if c in total.weights}  # enrolled only
         if self.backend.weights_at_client:  # each client applies its own planned weight
             for c, request in requests.items():
                 request["upload_weight"] = wire.scalar(total.weights[c])

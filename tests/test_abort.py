@@ -74,7 +74,7 @@ def test_the_driver_records_an_aborted_seed_and_runs_the_next(monkeypatch):
     """Seed 1's clients all fail in round 1 (the second round): the driver keeps the rounds it
     measured, records why in the result and the audit, and runs seed 2 in full."""
     from secagg.clients.runtime import Client
-    from secagg.simulation.experiment import ExperimentConfig, run_experiment
+    from secagg.simulation.experiment import ClientFactory, ExperimentConfig, run_experiment
 
     original = Client.on_train
 
@@ -83,13 +83,14 @@ def test_the_driver_records_an_aborted_seed_and_runs_the_next(monkeypatch):
             raise RuntimeError("disk full")
         return original(self, env)
 
-    original_init = Client.__init__
+    original_build = ClientFactory._build
 
-    def remember_seed(self, *args, seed=0, **kwargs):
-        original_init(self, *args, seed=seed, **kwargs)
-        self._seed = (seed - 500) // 1000
+    def remember_seed(self, *args, **kwargs):
+        client = original_build(self, *args, **kwargs)
+        client._seed = self.seed  # the run's seed, which the factory builds for
+        return client
 
-    monkeypatch.setattr(Client, "__init__", remember_seed)
+    monkeypatch.setattr(ClientFactory, "_build", remember_seed)
     monkeypatch.setattr(Client, "on_train", failing)
     config = ExperimentConfig(
         task="tcga-brca",
@@ -97,7 +98,6 @@ def test_the_driver_records_an_aborted_seed_and_runs_the_next(monkeypatch):
         rounds=3,
         seeds=[1, 2],
         local_steps=2,
-        dp_noise="seeded",  # the clients' noise seeds then name the run's seed
     )
     result = run_experiment(config)
     assert (

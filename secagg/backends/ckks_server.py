@@ -201,10 +201,15 @@ class CKKSServer(ServerBackend):
             }
             for c in others
         }
-        done = ctx.ask("key_install", install, expect={"installed": wire.CONFIG})
-        for c, env in done.items():
-            receipt = env.config("installed")
-            if not isinstance(receipt, dict) or receipt.get("params") != self.fingerprint:
+        # receipts read inside ``ask``: one that is not a JSON object excludes its sender
+        done = ctx.ask(
+            "key_install",
+            install,
+            expect={"installed": wire.CONFIG},
+            on_reply=lambda _, env: env.config("installed"),
+        )
+        for c, receipt in done.items():
+            if receipt.get("params") != self.fingerprint:
                 ctx.exclude(c, "key_install", KeySetupError("installed other parameters"))
 
     # ---- aggregation -----------------------------------------------------------------------

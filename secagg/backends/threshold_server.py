@@ -104,7 +104,12 @@ class ThresholdServer(ServerBackend):
             }
             for c in holders
         }
-        done = ctx.ask("key_install", install, expect={"installed": wire.CONFIG})
+        done = ctx.ask(
+            "key_install",
+            install,
+            expect={"installed": wire.CONFIG},
+            on_reply=lambda _, env: env.config("installed"),  # a JSON list excludes its sender
+        )
         refused = [c for c in holders if c not in done]
         if refused:
             raise aborted(
@@ -113,8 +118,8 @@ class ThresholdServer(ServerBackend):
                 f"holders {refused} refused the joint key: "
                 + "; ".join(f"{c}: {ctx.excluded.get(c)}" for c in refused),
             )
-        for c, env in done.items():
-            if env.config("installed") != {"params": self.context.fingerprint}:
+        for c, receipt in done.items():
+            if receipt != {"params": self.context.fingerprint}:
                 raise KeySetupError(f"{c} installed other parameters")
         self.holders = holders
 

@@ -367,3 +367,77 @@ def test_a_larc_probe_with_another_optimizer_is_refused(monkeypatch):
     probe_edited(monkeypatch, edit)
     result = run_experiment(replace(CKKS, protocol="larc", rounds=1))
     assert "refused_by_policy" in exclusions(result)[(0, VICTIM)]
+
+
+def test_a_key_install_receipt_that_is_a_json_list_excludes_only_that_client(monkeypatch):
+    from secagg.backends.ckks_client import CKKSClient
+
+    original = CKKSClient.on_install
+
+    def listed(self, env):
+        fields = original(self, env)
+        if self.id == VICTIM:
+            fields["installed"] = wire.Field(wire.CONFIG, b"[]")
+        return fields
+
+    monkeypatch.setattr(CKKSClient, "on_install", listed)
+    result = run_experiment(replace(CKKS, rounds=1))
+    assert not result.aborted and (0, VICTIM) in exclusions(result)
+    assert revealed_updates(result) == 2
+
+
+def test_a_threshold_key_chain_reply_with_extra_parts_is_a_typed_abort(monkeypatch):
+    """n-of-n: a holder whose key-chain reply is malformed stops the key setup (every holder
+    must add its share), with a typed, recorded abort instead of an untyped ValueError."""
+    from secagg.backends.threshold_client import ThresholdClient
+
+    original = ThresholdClient.handlers
+
+    def handlers(self):
+        out = original(self)
+        chain = out["key_chain"]
+
+        def doubled(env):
+            fields = chain(env)
+            if self.id == VICTIM:
+                part = bytes(fields["public_key"].data)
+                fields["public_key"] = wire.ciphertext([part, part])
+            return fields
+
+        return {**out, "key_chain": doubled}
+
+    monkeypatch.setattr(ThresholdClient, "handlers", handlers)
+    result = run_experiment(replace(CKKS, backend="threshold", rounds=1, backend_options={}))
+    assert "key_chain" in result.aborted[3] and VICTIM in result.aborted[3]
+    assert revealed_updates(result) == 0
+
+
+def test_a_malformed_top_s_proposal_excludes_only_that_client(monkeypatch):
+    from secagg.protocols.xgboost import XGBoostClient
+
+    original = XGBoostClient.handlers
+
+    def handlers(self):
+        out = original(self)
+        answer = out["xgb_histograms"]
+
+        def garbled(client, env):
+            fields = answer(client, env)
+            if client.id == VICTIM:
+                fields["top_s_splits"] = wire.config({"splits": "x", "n": [1]})
+            return fields
+
+        return {**out, "xgb_histograms": garbled}
+
+    monkeypatch.setattr(XGBoostClient, "handlers", handlers)
+    config = ExperimentConfig(
+        task="xgb-breast-cancer-iid",
+        protocol="xgboost",
+        backend="plain",
+        rounds=2,
+        seeds=[3],
+        protocol_options={"top_s": 3},
+    )
+    result = run_experiment(config)
+    assert not result.aborted
+    assert (0, VICTIM) in exclusions(result)

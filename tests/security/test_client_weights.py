@@ -28,10 +28,12 @@ def run():
     return BackendRound(IDS, 8, decryption_budget=4, reveal_length=8, preset="lean")
 
 
-def streamed(run, sent, listed, clients=IDS):
+def streamed(run, sent, listed, clients=IDS, cap=0.5):
     """The clients apply the weights ``sent``; the server folds their uploads into a
-    running sum planned with the weights ``listed`` (an honest server: the same)."""
+    running sum planned with the weights ``listed`` (an honest server: the same), capped at
+    ``cap`` of their total (an honest server caps at the clients' max_weight_share)."""
     ctx = run.ctx()
+    ctx.max_weight_share = cap
     handles = run.uploads({c: np.full(8, VALUES[c]) for c in clients}, sent)
     total = ctx.running_sum(listed)
     for c in clients:
@@ -60,7 +62,7 @@ def test_a_near_one_hot_plan_is_refused(run):
     """The server asks one client to weigh almost everything: each client applies what it
     was sent, but no client consents to a sum one upload dominates."""
     one_hot = {"client_0": 1e-4, "client_1": 0.9998, "client_2": 1e-4}
-    ctx, total = streamed(run, one_hot, one_hot)
+    ctx, total = streamed(run, one_hot, one_hot, cap=1.0)  # a deviating server: no cap
     with pytest.raises(RoundAborted, match="a sum one upload dominates"):
         ctx.reveal(total, "global_update")
     assert all(c.decryptions == 0 for c in run.clients.values())
