@@ -204,9 +204,7 @@ def plan_policy(plan: TrainingPlan, protocol: Any, rounds: int, optimizer: dict[
     caps = protocol.capabilities
     return ClientPolicy(
         rounds=rounds,
-        client_lr=plan.client_lr,
-        local_steps=plan.local_steps,
-        client_dp=None if plan.client_dp is None else plan.client_dp.config(),
+        plan=plan,
         scalar_budget=(rounds + 1) * len(caps.client_scalars),
         server_optimizer=optimizer,
     )

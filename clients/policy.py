@@ -51,7 +51,7 @@ import numpy as np
 
 from secagg.errors import PolicyRefused, StateError
 from secagg.protocols.base import Allowed
-from secagg.protocols.optimizers import StepSchedule
+from secagg.protocols.plan import TrainingPlan
 from secagg.wire import Field
 
 #: the engine's own phases; which of them a client answers is its policy's business
@@ -69,13 +69,9 @@ class ClientPolicy:
     Parameters:
         phases: the engine phases this client answers (see :data:`ENGINE_PHASES`).
         rounds: the rounds it trains at most.
-        client_lr: its learning-rate schedule.
-        local_steps: its SGD steps per round (unless ``local_epochs``).
-        local_epochs: its local epochs per round instead of steps.
-        prox_mu: FedProx's μ (0: none).
-        client_dp: its client-level DP (``{"clip", "sigma"}``), or None.
-        scalar_dp: its scalar DP (``{"low", "high", "sigma"}``), or None.
-        reports: the data-independent numbers it reports with its upload.
+        plan: its training plan: learning-rate schedule, local steps or epochs, FedProx's
+            μ, client-level and scalar DP, the data-independent numbers it reports (the
+            server's engine sends the same plan's settings).
         varies: training settings its protocol chooses per round, with what it allows
             (Auto-FedRL's searched lr and local steps).
         scalar_budget: how many scalars computed from its data it reports in all.
@@ -87,13 +83,7 @@ class ClientPolicy:
 
     phases: frozenset[str] = frozenset({"enroll", "train"})
     rounds: int = 1
-    client_lr: StepSchedule = field(default_factory=StepSchedule)
-    local_steps: int = 100
-    local_epochs: int | None = None
-    prox_mu: float = 0.0
-    client_dp: Mapping[str, float] | None = None
-    scalar_dp: Mapping[str, float] | None = None
-    reports: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    plan: TrainingPlan = field(default_factory=TrainingPlan)
     varies: Mapping[str, Allowed] = field(default_factory=dict)
     scalar_budget: int = 0
     max_validations: int = 0
@@ -118,19 +108,15 @@ class ClientPolicy:
             raise PolicyRefused("the request's server optimizer is not this client's own")
         return dict(requested)
 
-    def expected(self, round_number: int) -> dict[str, Any]:
-        """The ``train`` config its provisioning gives for a round (before variation)."""
-        work = {"epochs": self.local_epochs} if self.local_epochs else {"steps": self.local_steps}
-        out: dict[str, Any] = {"lr": self.client_lr.at(round_number), **work}
-        if self.prox_mu:
-            out["prox_mu"] = self.prox_mu
-        if self.client_dp is not None:
-            out["client_dp"] = dict(self.client_dp)
-        if self.scalar_dp is not None:
-            out["scalar_dp"] = dict(self.scalar_dp)
-        if self.reports:
-            out["reports"] = {k: dict(v) for k, v in self.reports.items()}
-        return out
+    @property
+    def client_dp(self) -> dict[str, float] | None:
+        """Its client-level DP as the client applies it (``{"clip", "sigma"}``), or None."""
+        return None if self.plan.client_dp is None else self.plan.client_dp.config()
+
+    @property
+    def scalar_dp(self) -> dict[str, float] | None:
+        """Its scalar DP (``{"low", "high", "sigma"}``), or None."""
+        return None if self.plan.scalar_dp is None else self.plan.scalar_dp.config()
 
     def training(self, requested: Any, round_number: int) -> dict[str, Any]:
         """The settings to train with: the request's, if they are exactly what this client's
@@ -138,10 +124,10 @@ class ClientPolicy:
         provisioned range); else PolicyRefused, before any work."""
         if not isinstance(requested, dict):
             raise PolicyRefused("a training request's settings are not a mapping")
-        expected = self.expected(round_number)
+        expected = self.plan.settings(round_number)
         if "steps" in self.varies and "steps" in requested:
             expected.pop("epochs", None)  # a protocol that searches the steps replaces epochs
-            expected.setdefault("steps", self.local_steps)
+            expected.setdefault("steps", self.plan.local_steps)
         for key in set(expected) | set(requested):
             if key in self.varies:
                 value = requested.get(key, _ABSENT)

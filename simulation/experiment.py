@@ -757,7 +757,6 @@ def client_policy(
     from secagg.clients.policy import ClientPolicy
 
     caps = protocol.capabilities
-    plan = config.plan(n_clients)
     phases = {"enroll", "train"}
     if caps.observes_validation:
         phases.add("validate")
@@ -769,13 +768,7 @@ def client_policy(
     return ClientPolicy(
         phases=frozenset(phases),
         rounds=config.rounds,
-        client_lr=plan.client_lr,
-        local_steps=plan.local_steps,
-        local_epochs=plan.local_epochs,
-        prox_mu=plan.prox_mu,
-        client_dp=None if plan.client_dp is None else plan.client_dp.config(),
-        scalar_dp=None if plan.scalar_dp is None else plan.scalar_dp.config(),
-        reports=plan.reports,
+        plan=config.plan(n_clients),
         varies=protocol.varied_settings(),
         # each declared scalar once a round, and the initial validation
         scalar_budget=(config.rounds + 1) * len(caps.client_scalars),

@@ -220,8 +220,7 @@ def test_a_client_without_validation_samples_is_excluded_with_the_reason():
             backends[cid],
             policy=ClientPolicy(
                 phases=frozenset(ENGINE_PHASES),
-                client_lr=StepSchedule.parse("0.1"),
-                local_steps=2,
+                plan=TrainingPlan(client_lr=StepSchedule.parse("0.1"), local_steps=2),
                 varies=AutoFedRL().varied_settings(),
                 scalar_budget=4,
                 max_validations=2,

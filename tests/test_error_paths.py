@@ -130,8 +130,7 @@ def _client(task_name="tcga-brca"):
     policy = ClientPolicy(
         phases=frozenset(ENGINE_PHASES),
         rounds=3,
-        client_lr=StepSchedule.parse("0.1"),
-        local_steps=1,
+        plan=TrainingPlan(client_lr=StepSchedule.parse("0.1"), local_steps=1),
         scalar_budget=3,
         server_optimizer={"name": "sgd", "dim": 40},
     )

@@ -146,7 +146,9 @@ def test_loss_ratios_reported_by_a_real_client():
         tcga_brca.make_model(), tcga_brca.load().train[3], tcga_brca.cox_loss, 8, seed=0
     )
     policy = ClientPolicy(
-        rounds=3, client_lr=StepSchedule.parse("0.05"), local_steps=5, scalar_budget=3
+        rounds=3,
+        plan=TrainingPlan(client_lr=StepSchedule.parse("0.05"), local_steps=5),
+        scalar_budget=3,
     )
     client = Client(
         "client_3", trainer, PlainClient(), policy=policy, protocol=make_client_half("costwagg")

@@ -205,24 +205,17 @@ def test_a_client_claiming_a_million_samples_does_not_stop_the_run(monkeypatch):
     policy, every round makes an update."""
     from secagg.clients.runtime import Client
 
-    original = Client.on_enroll
+    def inflated(original):
+        def answer(self, env):
+            fields = original(self, env)
+            if self.id == VICTIM:
+                fields["n_samples"] = wire.scalar(1e6)
+            return fields
 
-    def inflated(self, env):
-        fields = original(self, env)
-        if self.id == VICTIM:
-            fields["n_samples"] = wire.scalar(1e6)
-        return fields
+        return answer
 
-    original_train = Client.on_train
-
-    def inflated_train(self, env):
-        fields = original_train(self, env)
-        if self.id == VICTIM:
-            fields["n_samples"] = wire.scalar(1e6)
-        return fields
-
-    monkeypatch.setattr(Client, "on_enroll", inflated)
-    monkeypatch.setattr(Client, "on_train", inflated_train)
+    for phase in ("on_enroll", "on_train"):  # the enrolment and every upload say 10^6
+        monkeypatch.setattr(Client, phase, inflated(getattr(Client, phase)))
     result = run_experiment(CKKS)
     assert not result.aborted
     assert revealed_updates(result) == 2 * CKKS.rounds
