@@ -341,7 +341,13 @@ class CKKSClient(ClientBackend):
     def _checked(self, env: Envelope, field: str, kind: str, name: str | None = None):
         """The release in ``field`` of ``env``, checked: (descriptor, ciphertexts)."""
         d, signatures = read_release(
-            self.id, env.config(f"{field}.release"), kind, self.policy, field, name
+            self.id,
+            env.config(f"{field}.release"),
+            kind,
+            self.policy,
+            field,
+            name,
+            uploads=self.uploads,
         )
         seeds = [bytes(p) for p in env.ciphertext_parts(f"{field}.seeds")]
         check_entries(d, signatures, seeds, self.signers)

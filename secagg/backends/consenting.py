@@ -66,6 +66,7 @@ def consent(
     (a client-weighted preset: digest -> the integer weight the client multiplied that
     upload by), only if ``d`` lists its upload with that weight."""
     policy.check(d)
+    check_not_reattributed(client_id, d, uploads)
     mine = [digest for client, _, digest in d.entries if client == client_id]
     if not mine or mine[0] not in uploads:
         raise ReleaseRefused(
@@ -97,6 +98,17 @@ def consent(
     return {"consent": wire.config({"signature": base64.b64encode(signature).decode()})}
 
 
+def check_not_reattributed(client_id: str, d: Descriptor, uploads: Mapping[str, object]) -> None:
+    """Refuse a release that lists one of this client's own uploads under another sender: a
+    colluding client that re-uploads a victim's ciphertext as its own (and a server that
+    drops the victim's) is stopped by the victim, whichever role it has in the release."""
+    for client, _, digest in d.entries:
+        if client != client_id and digest in uploads:
+            raise ReleaseRefused(
+                f"{client_id}: release {d.name!r} lists one of its own uploads under {client}"
+            )
+
+
 def read_release(
     client_id: str,
     info: object,
@@ -104,6 +116,7 @@ def read_release(
     policy: ReleasePolicy,
     what: str,
     name: str | None = None,
+    uploads: Mapping[str, object] | None = None,
 ) -> tuple[Descriptor, dict[str, bytes]]:
     """A release as a server sent it ({"descriptor", "consents"}), read and checked against
     ``kind`` (and ``name``) and ``policy``: (descriptor, the consents' signature bytes).
@@ -117,6 +130,7 @@ def read_release(
             f"{d.kind!r} for {d.name!r}"
         )
     policy.check(d)
+    check_not_reattributed(client_id, d, uploads or {})
     consents = info["consents"]
     if not isinstance(consents, dict):
         raise ReleaseRefused(f"{client_id}: consents must map clients to signatures")

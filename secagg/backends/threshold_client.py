@@ -441,7 +441,12 @@ class ThresholdClient(ClientBackend):
         if self._share is None or self._joint is None:
             raise ProtocolStateError(f"{self.id} holds no installed key share")
         d, signatures = read_release(
-            self.id, env.config("release"), kind, self.policy, "a decryption request"
+            self.id,
+            env.config("release"),
+            kind,
+            self.policy,
+            "a decryption request",
+            uploads=self.uploads,
         )
         blobs = [bytes(p) for p in env.ciphertext_parts("halves")]
         if d.chunks != self.context.chunks(d.n_values) or len(blobs) != d.chunks * len(d.entries):

@@ -434,3 +434,28 @@ def test_a_malformed_top_s_proposal_excludes_only_that_client(monkeypatch):
     result = run_experiment(config)
     assert not result.aborted
     assert (0, VICTIM) in exclusions(result)
+
+
+# ---- 2. a release listing a client's own upload under another sender ----------------------------
+def test_a_victims_upload_reuploaded_by_a_colluder_is_refused_by_the_victim():
+    """The review's threshold attack: a colluding client re-uploads the victim's ciphertext as
+    its own (its modified software consents), the server drops the victim's own upload and
+    asks for the sum with the colluder's copy. Every key holder must give a partial
+    decryption, the victim among them, and it refuses a release that lists one of its own
+    uploads under another sender: nothing is decrypted."""
+    from secagg.errors import RoundAborted
+    from secagg.threshold.params import c1_digest
+    from tests.harness import BackendRound
+
+    ids = ["client_0", "client_1", "client_2"]
+    victim, colluder, honest = ids
+    r = BackendRound(ids, 8, backend="threshold", decryption_budget=4)
+    field = r.protect(victim, np.full(8, 0.3))
+    copy = Envelope(colluder, "server", 0, "train", {"pseudo_gradient": field})
+    stolen = r.server.load(Envelope.from_bytes(copy.to_bytes()), "pseudo_gradient", 8)
+    r.clients[colluder].uploads[c1_digest(stolen.halves[colluder])] = {}  # it "made" it
+    own = r.upload(honest, np.full(8, 0.1))
+    total = r.server.weighted_sum([stolen, own], [0.5, 0.5])
+    with pytest.raises(RoundAborted, match=victim):
+        r.server.reveal(r.ctx(), total, "global_update")
+    assert r.clients[victim].decryptions == 0
