@@ -459,3 +459,44 @@ def test_a_victims_upload_reuploaded_by_a_colluder_is_refused_by_the_victim():
     with pytest.raises(RoundAborted, match=victim):
         r.server.reveal(r.ctx(), total, "global_update")
     assert r.clients[victim].decryptions == 0
+
+
+def test_a_protocol_setting_changed_for_every_client_but_one_gets_no_release(monkeypatch):
+    """ADMM's own request field: local steps 0 for the others would leave the change of the
+    revealed sum the victim's alone. Their uploads are made from another request than the
+    victim's, so no sum of both is opened."""
+
+    def edit(client, request, _round):
+        if client != VICTIM:
+            config = Envelope("s", "c", 0, "t", {"admm": request["admm"]}).config("admm")
+            request["admm"] = wire.config({**config, "steps": 0})
+
+    deviating(monkeypatch, edit)
+    config = ExperimentConfig(
+        task="breast-cancer-iid",
+        protocol="admm",
+        backend="ckks",
+        rounds=2,
+        seeds=[3],
+        protocol_options={"problem": "logistic"},
+    )
+    result = run_experiment(config)
+    assert "release_refused" in exclusions(result)[(0, VICTIM)]
+    # round 0 opened nothing; the victim refused and left, so no later sum holds its upload
+    reveals = {
+        r["round"]
+        for r in result.audit.records
+        if r["event"] == "message"
+        and r["direction"] == "received"
+        and any(f["name"] == "global_update" for f in r["fields"])
+    }
+    assert reveals == {1}
+    received = {
+        r["round"]
+        for r in result.audit.records
+        if r["event"] == "message"
+        and r["direction"] == "received"
+        and r["peer"] == VICTIM
+        and r["phase"] == "train"
+    }
+    assert received == {0}
