@@ -26,14 +26,19 @@ reports                       the provisioned ones; the client applies its own
 validation                    :class:`PolicyGuard`: at most once a round (twice in round 0:
                               the initial model and the first update)
 reported scalars              :class:`PolicyGuard`: at most ``scalar_budget`` in all
-what it consents to           the backend's release policy, and the *basis* below
+server optimizer              :meth:`ClientPolicy.server_optimizer_config`: its own (any
+                              positive lr); LARC's α: the weight Ĝ's descriptor lists
+what it consents to           the backend's release policy (contributors, weight floor and
+                              cap), the *basis* below, and no upload of its own listed
+                              under another sender
 ============================  ============================================================
 
 **Basis.** Every protected upload is tagged with the digest of what it was made from
 (:func:`upload_basis`): the round, the phase, the model the client held and every field of
 the request except the model and its own planned weight. A client consents only to a
 release whose every contributor lists the same basis as its own upload, so a sum of uploads
-made from different models or different settings is never opened.
+made from different models, different settings or different protocol fields (ADMM's local
+steps) is never opened.
 
 A refusal raises :class:`~secagg.errors.PolicyRefused` before any work.
 """

@@ -26,6 +26,7 @@ import threading
 import traceback
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
@@ -134,6 +135,33 @@ def _serve(
             _send(outbox, "reset", None)
 
 
+@contextmanager
+def sigint_deferred() -> Iterator[None]:
+    """Hold a Ctrl-C until the block is done, then act on it as usual.
+
+    Starting a spawned worker writes its pickled arguments down a pipe; a KeyboardInterrupt
+    in the middle leaves the child reading half of them, and its EOFError traceback ends the
+    user's terminal output instead of the "interrupted; continue with --resume" line. SIGINT
+    is also blocked for the children while they start (they inherit the mask across exec;
+    ``_serve`` then ignores it: the parent handles Ctrl-C for the pool)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        if callable(previous):
+            previous(signal.SIGINT, None)
+        elif previous != signal.SIG_IGN:
+            raise KeyboardInterrupt
+
+
 class WorkerPoolTransport:
     """A transport whose clients live in ``workers`` processes (client k in worker k % workers)."""
 
@@ -154,24 +182,36 @@ class WorkerPoolTransport:
         ctx = mp.get_context("spawn")
         self._inboxes, self._outboxes, self._procs = [], [], []
         self._dead: set[int] = set()
-        for w in range(workers):
-            req_read, req_write = ctx.Pipe(duplex=False)
-            rep_read, rep_write = ctx.Pipe(duplex=False)
-            ids = [p for p in self._peers if self._owner[p] == w]
-            proc = ctx.Process(
-                target=_serve, args=(build, ids, req_read, rep_write, torch_threads), daemon=True
-            )
-            proc.start()
-            req_read.close()
-            rep_write.close()
-            self._inboxes.append(req_write)
-            self._outboxes.append(rep_read)
-            self._procs.append(proc)
+        try:
+            self._start(ctx, build, workers, torch_threads)
+        except BaseException:  # a deferred Ctrl-C: the started workers stop with the run
+            self.close()
+            raise
         for w, box in enumerate(self._outboxes):
             kind, _, detail = self._receive(w)
             if kind != "ready":
                 self.close()
                 raise ConfigError(f"worker {w} could not build its clients:\n{detail}")
+
+    def _start(self, ctx: Any, build: Build, workers: int, torch_threads: int) -> None:
+        """Start the worker processes (a Ctrl-C mid-spawn would leave a child reading half a
+        pickle: it is held until every worker has its arguments)."""
+        with sigint_deferred():
+            for w in range(workers):
+                req_read, req_write = ctx.Pipe(duplex=False)
+                rep_read, rep_write = ctx.Pipe(duplex=False)
+                ids = [p for p in self._peers if self._owner[p] == w]
+                proc = ctx.Process(
+                    target=_serve,
+                    args=(build, ids, req_read, rep_write, torch_threads),
+                    daemon=True,
+                )
+                proc.start()
+                req_read.close()
+                rep_write.close()
+                self._inboxes.append(req_write)
+                self._outboxes.append(rep_read)
+                self._procs.append(proc)
 
     @property
     def peers(self) -> list[str]:

@@ -140,3 +140,23 @@ def test_workers_run_what_once_read_the_clients_state(settings):
 def test_workers_must_be_a_count(workers):
     with pytest.raises(ConfigError, match="workers must be an integer"):
         ExperimentConfig(workers=workers).validate()
+
+
+def test_a_ctrl_c_while_workers_start_is_held_until_they_have_their_arguments():
+    """A KeyboardInterrupt inside a spawned worker's start leaves the child reading half its
+    pickled arguments (an EOFError traceback after the "interrupted" line): the pool holds
+    Ctrl-C until every worker has started, then acts on it."""
+    import os
+    import signal
+    import time
+
+    from secagg.simulation.workers import sigint_deferred
+
+    done = []
+    with pytest.raises(KeyboardInterrupt):
+        with sigint_deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            done.append("the block ran to its end")
+    assert done == ["the block ran to its end"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

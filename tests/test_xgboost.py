@@ -10,7 +10,7 @@ import secagg
 from benchmarks.xgboost_trees import centralised
 from secagg import wire
 from secagg.clients.tasks import trees
-from secagg.errors import ConfigError
+from secagg.errors import ConfigError, UnexpectedField
 from secagg.protocols import xgboost as fed
 from secagg.wire import Envelope
 
@@ -83,17 +83,15 @@ def test_the_server_picks_the_split_with_the_largest_weighted_gain():
         "b": {"splits": [[[1, 1, 5.0]]], "n": [4]},
     }
 
-    class Env:
-        def __init__(self, cfg):
-            self.cfg = cfg
-
-        def config(self, name):
-            return self.cfg
-
     protocol = fed.XGBoost(top_s=2)
-    choice = protocol._top_s_choice({c: Env(v) for c, v in replies.items()}, 0)
+    checked = {c: fed.checked_proposal(c, v, 1) for c, v in replies.items()}
+    choice = protocol._top_s_choice(checked, 0)
     # Σ_p N_p L: (0, 3) → 20, (1, 1) → 10 + 20 = 30
     assert choice[:2] == (1, 1) and choice[2] == pytest.approx(30.0)
+    # a proposal of another layout excludes its sender (read inside ``ask``)
+    for bad in ({"splits": [[[0, 3]]], "n": [1]}, {"splits": "x", "n": [1]}, {"n": [1, 2]}):
+        with pytest.raises(UnexpectedField):
+            fed.checked_proposal("c", bad, 1)
 
 
 def test_best_split_is_the_brute_force_best():
