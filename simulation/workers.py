@@ -180,7 +180,9 @@ class WorkerPoolTransport:
         workers = min(workers, len(self._peers))
         self._owner = {p: k % workers for k, p in enumerate(self._peers)}
         ctx = mp.get_context("spawn")
-        self._inboxes, self._outboxes, self._procs = [], [], []
+        self._inboxes: list[Connection] = []
+        self._outboxes: list[Connection] = []
+        self._procs: list[Any] = []  # the spawn context's Process objects
         self._dead: set[int] = set()
         try:
             self._start(ctx, build, workers, torch_threads)
