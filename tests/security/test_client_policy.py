@@ -272,18 +272,24 @@ def test_validation_answers_once_a_round():
 
 
 # ---- 9. no client can stop the run --------------------------------------------------------------
+def victims_reply(monkeypatch, cls, method: str, name: str, field: wire.Field) -> None:
+    """The victim's ``cls.method`` replies carry ``field`` as ``name`` (a malicious client)."""
+    original = getattr(cls, method)
+
+    def answer(self, env):
+        fields = original(self, env)
+        if self.id == VICTIM:
+            fields[name] = field
+        return fields
+
+    monkeypatch.setattr(cls, method, answer)
+
+
 def test_a_consent_that_is_a_json_list_excludes_only_that_client(monkeypatch):
     from secagg.backends.ckks_client import CKKSClient
 
-    original = CKKSClient.on_consent
-
-    def listed(self, env):
-        fields = original(self, env)
-        if self.id == VICTIM:
-            fields["consent"] = wire.Field(wire.CONFIG, b'["not", "a", "mapping"]')
-        return fields
-
-    monkeypatch.setattr(CKKSClient, "on_consent", listed)
+    listed = wire.Field(wire.CONFIG, b'["not", "a", "mapping"]')
+    victims_reply(monkeypatch, CKKSClient, "on_consent", "consent", listed)
     result = run_experiment(replace(CKKS, rounds=2))
     assert not result.aborted
     assert (0, VICTIM) in exclusions(result)
@@ -365,15 +371,9 @@ def test_a_larc_probe_with_another_optimizer_is_refused(monkeypatch):
 def test_a_key_install_receipt_that_is_a_json_list_excludes_only_that_client(monkeypatch):
     from secagg.backends.ckks_client import CKKSClient
 
-    original = CKKSClient.on_install
-
-    def listed(self, env):
-        fields = original(self, env)
-        if self.id == VICTIM:
-            fields["installed"] = wire.Field(wire.CONFIG, b"[]")
-        return fields
-
-    monkeypatch.setattr(CKKSClient, "on_install", listed)
+    victims_reply(
+        monkeypatch, CKKSClient, "on_install", "installed", wire.Field(wire.CONFIG, b"[]")
+    )
     result = run_experiment(replace(CKKS, rounds=1))
     assert not result.aborted and (0, VICTIM) in exclusions(result)
     assert revealed_updates(result) == 2
