@@ -169,7 +169,11 @@ class PolicyGuard:
                 f"a request for round {round_number} after round {self.round} (rounds never "
                 "go back)"
             )
-        self.round = round_number
+
+    def answered(self, round_number: int) -> None:
+        """A request of this round was answered: no later one may name an earlier round
+        (a refused request moves nothing, so a garbled round number cannot lock it out)."""
+        self.round = max(self.round, round_number)
 
     def train(self, round_number: int) -> None:
         if round_number >= self.policy.rounds:

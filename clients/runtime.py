@@ -191,7 +191,9 @@ class Client:
                 fields["basis"] = wire.config({"basis": self._basis})
         finally:
             self._request = None
-        return Envelope(self.id, SERVER, env.round, env.phase, fields).to_bytes()
+        reply = Envelope(self.id, SERVER, env.round, env.phase, fields).to_bytes()
+        self.guard.answered(env.round)
+        return reply
 
     def _timed(self, key: str, fn: Callable, *args, **kwargs):
         start = time.perf_counter()

@@ -500,3 +500,18 @@ def test_a_protocol_setting_changed_for_every_client_but_one_gets_no_release(mon
         and r["phase"] == "train"
     }
     assert received == {0}
+
+
+def test_a_refused_request_with_a_far_round_does_not_lock_the_client_out():
+    """Rounds never go back after an answer; a garbled request naming round 999 is refused
+    and moves nothing, so the next honest round is still answered."""
+    config = replace(CKKS, backend="plain", rounds=2)
+    client = ClientFactory(config, 3)([VICTIM])[VICTIM]
+    with pytest.raises(ClientRefused):
+        client.handle(Envelope("server", VICTIM, 999, "train", {}).to_bytes())
+    model = wire.vector(np.zeros(client.n_params, dtype=np.float32))
+    train = client.policy.plan.settings(1)
+    request = {"model": model, "train": wire.config(train)}
+    client.handle(Envelope("server", VICTIM, 1, "train", request).to_bytes())  # answered
+    with pytest.raises(ClientRefused):
+        client.handle(Envelope("server", VICTIM, 0, "enroll").to_bytes())  # but not round 0
