@@ -9,10 +9,16 @@
 //    Ciphertext::load does for a seeded ciphertext) and k_i its weight (or 1).
 //  * SecretKeyCKKS.open (a decryptor's reveal on a client-weighted preset): per chunk the
 //    ciphertext (C0, Σ a_i), flooding noise encoded and added, decrypted and decoded.
+//  * Ring (the threshold backend's arithmetic in R_p = Z_p[X]/(X^N + 1), p an NTT prime of at
+//    most 60 bits): one-time ternary keys, key-additive RLWE masks b = a·k + e + m and their
+//    removal with a sum of keys (a expanded per block from a public seed, in the NTT domain),
+//    weighted sums mod p (the server's aggregate, the holders' share combinations) and Shamir
+//    shares of a polynomial, coefficient-wise.
 //
 // Nothing here is cryptography of our own: encoding, encryption, sampling, arithmetic mod q,
-// decryption and serialisation are SEAL's calls; this file only batches them. The bytes it
-// writes load in any SEAL 4.x (TenSEAL's included), which tests/test_native.py checks.
+// decryption, serialisation, the NTT, the samplers, the PRNGs and the hash deriving their seeds
+// are SEAL's calls; this file only batches them. The bytes it writes load in any SEAL 4.x
+// (TenSEAL's included), which tests/test_native.py checks.
 
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -28,6 +34,9 @@
 #include <vector>
 
 #include "seal/seal.h"
+#include "seal/util/blake2.h"
+#include "seal/util/ntt.h"
+#include "seal/util/numth.h"
 #include "seal/util/polyarithsmallmod.h"
 #include "seal/util/rlwe.h"
 #include "seal/util/uintarithsmallmod.h"
@@ -306,6 +315,425 @@ py::array_t<std::uint64_t> SeedExpander::sum(std::vector<py::bytes> seeds, std::
     return result;
 }
 
+// ---------------------------------------------------------------------------------------------
+// The threshold backend's ring R_p = Z_p[X]/(X^N + 1): N a power of two, p a prime ≡ 1 mod 2N
+// of at most 60 bits. Polynomials are uint64 coefficient vectors in [0, p).
+//
+// Every operation is SEAL's: NTTTables and the negacyclic Harvey NTT, dyadic products and the
+// poly/scalar arithmetic mod p, the ternary/CBD/uniform samplers of seal/util/rlwe.h (driven by
+// a fresh CSPRNG from SEAL's default factory for secrets and errors, by a Blake2xbPRNG for the
+// public polynomials), and blake2b to derive each block's PRNG seed from the round's seed.
+
+// A Python int in [0, 2^64) (refuses anything else with a ValueError naming `what`).
+// An integer (a Python int, numpy's, anything with __index__) as a Python int.
+py::object as_index(py::handle value, const std::string &what) {
+    if (PyFloat_Check(value.ptr())) throw std::invalid_argument(what + " must be an integer");
+    auto r = py::reinterpret_steal<py::object>(PyNumber_Index(value.ptr()));
+    if (!r) {
+        PyErr_Clear();
+        throw std::invalid_argument(what + " must be an integer");
+    }
+    return r;
+}
+
+std::uint64_t checked_u64(py::handle value, const std::string &what) {
+    py::object index = as_index(value, what);
+    unsigned long long r = PyLong_AsUnsignedLongLong(index.ptr());
+    if (r == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
+        PyErr_Clear();
+        throw std::invalid_argument(what + " must be an integer in [0, 2^64)");
+    }
+    return static_cast<std::uint64_t>(r);
+}
+
+using U64Array = py::array_t<std::uint64_t, py::array::c_style | py::array::forcecast>;
+using I64Array = py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>;
+
+std::string dtype_name(const py::array &a) { return py::str(a.dtype()).cast<std::string>(); }
+
+// An integer array as C-contiguous uint64 (a negative entry wraps past p and fails the range
+// checks); floats, booleans and objects are refused rather than silently truncated.
+U64Array as_u64(const py::array &a, const std::string &what) {
+    char kind = a.dtype().kind();
+    if (kind != 'u' && kind != 'i') {
+        throw std::invalid_argument(what + " must be an integer (uint64) array, not " +
+                                    dtype_name(a));
+    }
+    auto out = U64Array::ensure(a);
+    if (!out) throw std::invalid_argument(what + ": cannot be read as a uint64 array");
+    return out;
+}
+
+// An integer array as C-contiguous int64; uint64 entries above 2^63 - 1 are refused.
+I64Array as_i64(const py::array &a, const std::string &what) {
+    char kind = a.dtype().kind();
+    if (kind != 'u' && kind != 'i') {
+        throw std::invalid_argument(what + " must be an integer (int64) array, not " +
+                                    dtype_name(a));
+    }
+    if (kind == 'u' && a.itemsize() == 8) {
+        auto u = as_u64(a, what);
+        const std::uint64_t *d = u.data();
+        if (std::any_of(d, d + u.size(), [](std::uint64_t v) { return v >> 63; }))
+            throw std::invalid_argument(what + ": a value does not fit in int64");
+    }
+    auto out = I64Array::ensure(a);
+    if (!out) throw std::invalid_argument(what + ": cannot be read as an int64 array");
+    return out;
+}
+
+void check_shape(const py::array &a, std::initializer_list<py::ssize_t> want,
+                 const std::string &what, const std::string &expected) {
+    bool ok = a.ndim() == static_cast<py::ssize_t>(want.size());
+    std::size_t d = 0;
+    for (auto w : want) {
+        if (ok && w >= 0 && a.shape(d) != w) ok = false;
+        d++;
+    }
+    if (!ok) throw std::invalid_argument(what + " must have shape " + expected);
+}
+
+class Ring {
+public:
+    Ring(std::size_t n, std::uint64_t prime) : n_(n), parms_(seal::scheme_type::ckks) {
+        if (n < 1024 || n > 32768 || (n & (n - 1)) != 0) {
+            throw std::invalid_argument("n must be a power of two in [1024, 32768], not " +
+                                        std::to_string(n));
+        }
+        if (prime < 3 || (prime >> SEAL_USER_MOD_BIT_COUNT_MAX) != 0) {
+            throw std::invalid_argument("p must be a prime of 2 to 60 bits, not " +
+                                        std::to_string(prime));
+        }
+        modulus_ = seal::Modulus(prime);
+        if (!modulus_.is_prime()) {
+            throw std::invalid_argument("p = " + std::to_string(prime) + " is not prime");
+        }
+        if ((prime - 1) % (2 * n) != 0) {
+            throw std::invalid_argument("p = " + std::to_string(prime) +
+                                        " is not 1 mod 2n: no negacyclic NTT of size " +
+                                        std::to_string(n));
+        }
+        log_n_ = seal::util::get_power_of_two(n);
+        parms_.set_poly_modulus_degree(n);
+        parms_.set_coeff_modulus({modulus_});
+        tables_ = std::make_unique<seal::util::NTTTables>(log_n_, modulus_);
+    }
+
+    std::size_t n() const { return n_; }
+    std::uint64_t p() const { return modulus_.value(); }
+    int bits() const { return modulus_.bit_count(); }
+
+    py::array_t<std::uint64_t> key() const {
+        py::array_t<std::uint64_t> out(n_);
+        auto prng = seal::UniformRandomGeneratorFactory::DefaultFactory()->create();
+        seal::util::sample_poly_ternary(prng, parms_, out.mutable_data());
+        return out;
+    }
+
+    py::array_t<std::uint64_t> public_polys(py::bytes seed, std::size_t blocks,
+                                            std::size_t threads) const {
+        std::string s = checked_seed(seed);
+        py::array_t<std::uint64_t> out({blocks, n_});
+        std::uint64_t *dst = out.mutable_data();
+        {
+            py::gil_scoped_release release;
+            parallel_ranges(blocks, threads, [&](std::size_t begin, std::size_t end) {
+                for (std::size_t b = begin; b < end; b++) expand(s, b, dst + b * n_);
+            });
+        }
+        return out;
+    }
+
+    // b_b = INTT(a_b ⊙ NTT(key)) + e_b + (messages_b mod p)
+    py::array_t<std::uint64_t> mask(py::array key, py::bytes seed, py::array messages,
+                                    std::size_t threads) const {
+        std::vector<std::uint64_t> key_ntt = ntt_of(key, "key");
+        std::string s = checked_seed(seed);
+        auto msg = as_i64(messages, "messages");
+        check_shape(msg, {-1, static_cast<py::ssize_t>(n_)}, "messages", "(blocks, n)");
+        std::size_t blocks = static_cast<std::size_t>(msg.shape(0));
+        const std::int64_t *m = msg.data();
+        const std::uint64_t p = modulus_.value(), half = p / 2;  // |m| <= (p - 1) / 2
+        py::array_t<std::uint64_t> out({blocks, n_});
+        std::uint64_t *dst = out.mutable_data();
+        {
+            py::gil_scoped_release release;
+            parallel_ranges(blocks, threads, [&](std::size_t begin, std::size_t end) {
+                auto prng = seal::UniformRandomGeneratorFactory::DefaultFactory()->create();
+                std::vector<std::uint64_t> e(n_), mm(n_);
+                for (std::size_t b = begin; b < end; b++) {
+                    const std::int64_t *row = m + b * n_;
+                    for (std::size_t j = 0; j < n_; j++) {
+                        std::uint64_t mag = row[j] < 0 ? 0 - static_cast<std::uint64_t>(row[j])
+                                                       : static_cast<std::uint64_t>(row[j]);
+                        if (mag > half) {
+                            throw std::invalid_argument(
+                                "messages: |m| must be below p/2 (a value is " +
+                                std::to_string(row[j]) + ", p = " + std::to_string(p) + ")");
+                        }
+                        mm[j] = row[j] < 0 && mag ? p - mag : mag;
+                    }
+                    std::uint64_t *a = dst + b * n_;
+                    expand(s, b, a);
+                    seal::util::dyadic_product_coeffmod(a, key_ntt.data(), n_, modulus_, a);
+                    seal::util::inverse_ntt_negacyclic_harvey(a, *tables_);
+                    seal::util::sample_poly_cbd(prng, parms_, e.data());
+                    seal::util::add_poly_coeffmod(a, e.data(), n_, modulus_, a);
+                    seal::util::add_poly_coeffmod(a, mm.data(), n_, modulus_, a);
+                }
+                seal::util::seal_memzero(e.data(), n_ * sizeof(std::uint64_t));
+                seal::util::seal_memzero(mm.data(), n_ * sizeof(std::uint64_t));
+            });
+        }
+        seal::util::seal_memzero(key_ntt.data(), n_ * sizeof(std::uint64_t));
+        return out;
+    }
+
+    // total_b − INTT(a_b ⊙ NTT(key_sum)) mod p, centred into (−p/2, p/2]
+    py::array_t<std::int64_t> unmask(py::array total, py::array key_sum, py::bytes seed,
+                                     std::size_t threads) const {
+        auto tot = as_u64(total, "total");
+        check_shape(tot, {-1, static_cast<py::ssize_t>(n_)}, "total", "(blocks, n)");
+        std::vector<std::uint64_t> key_ntt = ntt_of(key_sum, "key_sum");
+        std::string s = checked_seed(seed);
+        std::size_t blocks = static_cast<std::size_t>(tot.shape(0));
+        const std::uint64_t *t = tot.data();
+        const std::uint64_t p = modulus_.value(), half = p / 2;
+        py::array_t<std::int64_t> out({blocks, n_});
+        std::int64_t *dst = out.mutable_data();
+        {
+            py::gil_scoped_release release;
+            parallel_ranges(blocks, threads, [&](std::size_t begin, std::size_t end) {
+                std::vector<std::uint64_t> a(n_);
+                for (std::size_t b = begin; b < end; b++) {
+                    const std::uint64_t *row = t + b * n_;
+                    check_below(row, n_, "total");
+                    expand(s, b, a.data());
+                    seal::util::dyadic_product_coeffmod(a.data(), key_ntt.data(), n_, modulus_,
+                                                        a.data());
+                    seal::util::inverse_ntt_negacyclic_harvey(a.data(), *tables_);
+                    seal::util::sub_poly_coeffmod(row, a.data(), n_, modulus_, a.data());
+                    std::int64_t *o = dst + b * n_;
+                    for (std::size_t j = 0; j < n_; j++) {
+                        o[j] = a[j] > half ? -static_cast<std::int64_t>(p - a[j])
+                                           : static_cast<std::int64_t>(a[j]);
+                    }
+                }
+            });
+        }
+        seal::util::seal_memzero(key_ntt.data(), n_ * sizeof(std::uint64_t));
+        return out;
+    }
+
+    // Σ_i weights[i]·polys[i] mod p; polys a (m, k) array or a sequence of m arrays of k
+    // values each (no stacking copy). Fused per tile: SEAL's Shoup multiply and add mod p.
+    py::array_t<std::uint64_t> combine(py::object polys, py::sequence weights,
+                                       std::size_t threads) const {
+        std::vector<U64Array> keep;
+        std::vector<const std::uint64_t *> rows;
+        std::size_t k = 0;
+        if (py::isinstance<py::list>(polys) || py::isinstance<py::tuple>(polys)) {
+            bool first = true;
+            for (auto item : py::reinterpret_borrow<py::sequence>(polys)) {
+                auto entry = py::array::ensure(item);
+                if (!entry) throw std::invalid_argument("polys: every entry must be an array");
+                auto arr = as_u64(entry, "polys");
+                if (first) k = static_cast<std::size_t>(arr.size());
+                first = false;
+                if (static_cast<std::size_t>(arr.size()) != k)
+                    throw std::invalid_argument("polys: every entry must have the same length");
+                rows.push_back(arr.data());
+                keep.push_back(std::move(arr));
+            }
+        } else {
+            auto whole = py::array::ensure(polys);
+            if (!whole) throw std::invalid_argument("polys must be an (m, k) array");
+            auto arr = as_u64(whole, "polys");
+            check_shape(arr, {-1, -1}, "polys", "(m, k)");
+            k = static_cast<std::size_t>(arr.shape(1));
+            for (py::ssize_t i = 0; i < arr.shape(0); i++) rows.push_back(arr.data() + i * k);
+            keep.push_back(std::move(arr));
+        }
+        if (rows.empty()) throw std::invalid_argument("polys: nothing to combine");
+        if (static_cast<std::size_t>(py::len(weights)) != rows.size()) {
+            throw std::invalid_argument("one weight per polynomial: " +
+                                        std::to_string(rows.size()) + " polynomials, " +
+                                        std::to_string(py::len(weights)) + " weights");
+        }
+        std::vector<seal::util::MultiplyUIntModOperand> w(rows.size());
+        py::int_ pmod(modulus_.value());
+        for (std::size_t i = 0; i < rows.size(); i++) {
+            py::object wi = as_index(weights[i], "each weight");
+            auto r = py::reinterpret_steal<py::object>(PyNumber_Remainder(wi.ptr(), pmod.ptr()));
+            if (!r) throw py::error_already_set();
+            w[i].set(checked_u64(r, "a weight mod p"), modulus_);
+        }
+        py::array_t<std::uint64_t> out(k);
+        std::uint64_t *dst = out.mutable_data();
+        constexpr std::size_t tile = 4096;
+        std::size_t tiles = (k + tile - 1) / tile;
+        {
+            py::gil_scoped_release release;
+            parallel_ranges(tiles, threads, [&](std::size_t begin, std::size_t end) {
+                for (std::size_t t = begin; t < end; t++) {
+                    std::size_t lo = t * tile, len = std::min(k, lo + tile) - lo;
+                    std::uint64_t *acc = dst + lo;
+                    std::fill(acc, acc + len, 0);
+                    for (std::size_t i = 0; i < rows.size(); i++) {
+                        const std::uint64_t *x = rows[i] + lo;
+                        check_below(x, len, "polys");
+                        const auto wi = w[i];
+                        if (wi.operand == 0) continue;
+                        if (wi.operand == 1) {
+                            seal::util::add_poly_coeffmod(acc, x, len, modulus_, acc);
+                            continue;
+                        }
+                        for (std::size_t j = 0; j < len; j++) {
+                            acc[j] = seal::util::add_uint_mod(
+                                acc[j], seal::util::multiply_uint_mod(x[j], wi, modulus_),
+                                modulus_);
+                        }
+                    }
+                }
+            });
+        }
+        return out;
+    }
+
+    // Shamir shares of each coefficient: f(x) = secret + Σ_{d=1}^{t-1} r_d·x^d, r_d uniform
+    // mod p (SEAL's sample_poly_uniform, fresh CSPRNG), f evaluated at each x by Horner.
+    py::array_t<std::uint64_t> shares(py::array secret, std::size_t t, py::sequence xs,
+                                      std::size_t threads) const {
+        auto sec = as_u64(secret, "secret");
+        check_shape(sec, {static_cast<py::ssize_t>(n_)}, "secret", "(n,)");
+        check_below(sec.data(), n_, "secret");
+        std::size_t count = static_cast<std::size_t>(py::len(xs));
+        if (t < 1 || t > count) {
+            throw std::invalid_argument("need 1 <= t <= len(xs) (t = " + std::to_string(t) +
+                                        ", " + std::to_string(count) + " points)");
+        }
+        std::vector<seal::util::MultiplyUIntModOperand> points(count);
+        for (std::size_t i = 0; i < count; i++) {
+            std::uint64_t x = checked_u64(xs[i], "each x");
+            if (x == 0 || x >= modulus_.value())
+                throw std::invalid_argument("each x must be in [1, p), not " + std::to_string(x));
+            for (std::size_t j = 0; j < i; j++)
+                if (points[j].operand == x)
+                    throw std::invalid_argument("the xs must be distinct (" + std::to_string(x) +
+                                                " twice)");
+            points[i].set(x, modulus_);
+        }
+        const std::uint64_t *s = sec.data();
+        py::array_t<std::uint64_t> out({count, n_});
+        std::uint64_t *dst = out.mutable_data();
+        {
+            py::gil_scoped_release release;
+            std::vector<std::uint64_t> r((t - 1) * n_);
+            auto prng = seal::UniformRandomGeneratorFactory::DefaultFactory()->create();
+            for (std::size_t d = 0; d + 1 < t; d++)
+                seal::util::sample_poly_uniform(prng, parms_, r.data() + d * n_);
+            parallel_ranges(count, threads, [&](std::size_t begin, std::size_t end) {
+                for (std::size_t i = begin; i < end; i++) {
+                    std::uint64_t *acc = dst + i * n_;
+                    std::fill(acc, acc + n_, 0);
+                    for (std::size_t d = t - 1; d >= 1; d--) {  // acc = (acc + r_d)·x
+                        seal::util::add_poly_coeffmod(acc, r.data() + (d - 1) * n_, n_, modulus_,
+                                                      acc);
+                        seal::util::multiply_poly_scalar_coeffmod(acc, n_, points[i], modulus_,
+                                                                  acc);
+                    }
+                    seal::util::add_poly_coeffmod(acc, s, n_, modulus_, acc);
+                }
+            });
+            if (!r.empty()) seal::util::seal_memzero(r.data(), r.size() * sizeof(std::uint64_t));
+        }
+        return out;
+    }
+
+    // SEAL's forward (inverse) negacyclic NTT of each row of a (n,) or (rows, n) array
+    py::array_t<std::uint64_t> ntt(py::array polys, bool inverse, std::size_t threads) const {
+        auto arr = as_u64(polys, "polys");
+        if (!((arr.ndim() == 1 || arr.ndim() == 2) &&
+              arr.shape(arr.ndim() - 1) == static_cast<py::ssize_t>(n_)))
+            throw std::invalid_argument("polys must have shape (n,) or (rows, n)");
+        std::size_t rows = arr.ndim() == 2 ? static_cast<std::size_t>(arr.shape(0)) : 1;
+        std::vector<py::ssize_t> shape(arr.shape(), arr.shape() + arr.ndim());
+        py::array_t<std::uint64_t> out(shape);
+        const std::uint64_t *src = arr.data();
+        std::uint64_t *dst = out.mutable_data();
+        {
+            py::gil_scoped_release release;
+            parallel_ranges(rows, threads, [&](std::size_t begin, std::size_t end) {
+                for (std::size_t r = begin; r < end; r++) {
+                    check_below(src + r * n_, n_, "polys");
+                    std::copy(src + r * n_, src + (r + 1) * n_, dst + r * n_);
+                    if (inverse)
+                        seal::util::inverse_ntt_negacyclic_harvey(dst + r * n_, *tables_);
+                    else
+                        seal::util::ntt_negacyclic_harvey(dst + r * n_, *tables_);
+                }
+            });
+        }
+        return out;
+    }
+
+    // x·y in R_p, both (n,) in coefficient form: INTT(NTT(x) ⊙ NTT(y))
+    py::array_t<std::uint64_t> multiply(py::array x, py::array y) const {
+        std::vector<std::uint64_t> a = ntt_of(x, "x"), b = ntt_of(y, "y");
+        py::array_t<std::uint64_t> out(n_);
+        seal::util::dyadic_product_coeffmod(a.data(), b.data(), n_, modulus_, out.mutable_data());
+        seal::util::inverse_ntt_negacyclic_harvey(out.mutable_data(), *tables_);
+        return out;
+    }
+
+private:
+    std::string checked_seed(py::bytes seed) const {
+        std::string s = seed;
+        if (s.size() != 32)
+            throw std::invalid_argument("seed must be 32 bytes, not " + std::to_string(s.size()));
+        return s;
+    }
+
+    void check_below(const std::uint64_t *d, std::size_t count, const char *what) const {
+        const std::uint64_t p = modulus_.value();
+        if (std::any_of(d, d + count, [p](std::uint64_t v) { return v >= p; }))
+            throw std::invalid_argument(std::string(what) + ": a coefficient is not below p");
+    }
+
+    // a_b: uniform mod p from a Blake2xbPRNG seeded with blake2b-512(seed || b, 8 bytes LE);
+    // read as NTT-domain values (uniform either way), as SEAL's seeded encryption does
+    void expand(const std::string &seed, std::uint64_t block, std::uint64_t *a) const {
+        unsigned char in[40];
+        std::memcpy(in, seed.data(), 32);
+        for (int i = 0; i < 8; i++) in[32 + i] = static_cast<unsigned char>(block >> (8 * i));
+        seal::prng_seed_type derived;
+        if (blake2b(derived.data(), seal::prng_seed_byte_count, in, sizeof(in), nullptr, 0) != 0)
+            throw std::runtime_error("blake2b failed");
+        auto prng = std::make_shared<seal::Blake2xbPRNG>(derived);
+        seal::util::sample_poly_uniform(prng, parms_, a);
+    }
+
+    // NTT(poly) for a (n,) polynomial with coefficients below p
+    std::vector<std::uint64_t> ntt_of(const py::array &poly, const std::string &what) const {
+        auto arr = as_u64(poly, what);
+        check_shape(arr, {static_cast<py::ssize_t>(n_)}, what, "(n,)");
+        check_below(arr.data(), n_, what.c_str());
+        std::vector<std::uint64_t> out(arr.data(), arr.data() + n_);
+        seal::util::ntt_negacyclic_harvey(out.data(), *tables_);
+        return out;
+    }
+
+    std::size_t n_;
+    int log_n_ = 0;
+    seal::Modulus modulus_;
+    seal::EncryptionParameters parms_;
+    std::unique_ptr<seal::util::NTTTables> tables_;
+};
+
+std::uint64_t ntt_prime(int bits, std::size_t n) {
+    return seal::CoeffModulus::Create(n, {bits})[0].value();
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_seal_native, m) {
@@ -328,4 +756,35 @@ PYBIND11_MODULE(_seal_native, m) {
         .def(py::init<const Parameters &>(), py::arg("parameters"))
         .def("sum", &SeedExpander::sum, py::arg("seeds"), py::arg("chunks"),
              py::arg("factors") = std::vector<std::int64_t>(), py::arg("threads") = 1);
+    py::class_<Ring>(m, "Ring")
+        .def(py::init<std::size_t, std::uint64_t>(), py::arg("n"), py::arg("prime"))
+        .def_property_readonly("n", &Ring::n)
+        .def_property_readonly("p", &Ring::p)
+        .def_property_readonly("bits", &Ring::bits)
+        .def("key", &Ring::key)
+        .def("public", &Ring::public_polys, py::arg("seed"), py::arg("blocks"),
+             py::arg("threads") = 1)
+        .def("mask", &Ring::mask, py::arg("key"), py::arg("seed"), py::arg("messages"),
+             py::arg("threads") = 1)
+        .def("unmask", &Ring::unmask, py::arg("total"), py::arg("key_sum"), py::arg("seed"),
+             py::arg("threads") = 1)
+        .def("combine", &Ring::combine, py::arg("polys"), py::arg("weights"),
+             py::arg("threads") = 1)
+        .def("shares", &Ring::shares, py::arg("secret"), py::arg("t"), py::arg("xs"),
+             py::arg("threads") = 1)
+        .def(
+            "ntt",
+            [](const Ring &r, py::array polys, std::size_t threads) {
+                return r.ntt(polys, false, threads);
+            },
+            py::arg("polys"), py::arg("threads") = 1)
+        .def(
+            "intt",
+            [](const Ring &r, py::array polys, std::size_t threads) {
+                return r.ntt(polys, true, threads);
+            },
+            py::arg("polys"), py::arg("threads") = 1)
+        .def("multiply", &Ring::multiply, py::arg("x"), py::arg("y"));
+    m.def("ntt_prime", &ntt_prime, py::arg("bits"), py::arg("n"),
+          "SEAL's CoeffModulus::Create(n, {bits})[0]: the largest NTT prime of that size");
 }

@@ -36,9 +36,9 @@ KIND_LABEL = {
 WHO_CAN_DECRYPT = {
     "none": "nothing is encrypted: the server reads every upload",
     "shared": "any one client (every client holds the one secret key); the server alone cannot",
-    "threshold": "only every key holder together (n-of-n): no client alone; the server with "
-    "fewer than all holders learns nothing more while their uploads are well-formed "
-    "(README, threat model: a crafted public-key upload is not detected)",
+    "threshold": "any t of the n key holders together, for one consented sum (one-time keys, "
+    "Shamir-shared t of n): no client alone; the server with fewer than t holders learns "
+    "nothing more",
 }
 
 

@@ -28,6 +28,8 @@ from secagg.protocols import (
 )
 from secagg.protocols.optimizers import OPTIMIZERS, StepSchedule, make_optimizer
 from secagg.server.plan import RunPolicy, TrainingPlan, check_run
+from secagg.threshold.params import DEFAULT_PRESET as THRESHOLD_DEFAULT
+from secagg.threshold.params import STREAMING_PRESET as THRESHOLD_STREAMING
 
 
 @dataclass
@@ -264,12 +266,17 @@ class ExperimentConfig:
         """The backend's options with defaults filled in. On ckks the default preset depends
         on the protocol: ``lean`` (client-weighted, one data prime) where the protocol fixes
         its weights before the uploads, the run streams and the protocol does not need
-        precise sums (``Capabilities.precise_sums``), else ``compact``."""
+        precise sums (``Capabilities.precise_sums``), else ``compact``; threshold's likewise
+        between ``lean`` and ``wide``."""
         options = dict(self.backend_options)
-        if self.backend == "ckks" and "preset" not in options:
+        if self.backend in ("ckks", "threshold") and "preset" not in options:
             caps = PROTOCOLS[self.protocol].protocol.capabilities
             lean = caps.streams and self.streaming and not caps.precise_sums
-            options["preset"] = CKKS_STREAMING if lean else CKKS_DEFAULT
+            streaming, default = {
+                "ckks": (CKKS_STREAMING, CKKS_DEFAULT),
+                "threshold": (THRESHOLD_STREAMING, THRESHOLD_DEFAULT),
+            }[self.backend]
+            options["preset"] = streaming if lean else default
         return resolve_options(self.backend, options)
 
     def to_dict(self) -> dict[str, Any]:

@@ -238,7 +238,7 @@ def _threshold_server(
     from secagg.backends.threshold_server import ThresholdServer
     from secagg.threshold.params import get_preset
 
-    return ThresholdServer(get_preset(options["preset"]), signers=signers)
+    return ThresholdServer(get_preset(options["preset"]), signers=signers, t=options["threshold_t"])
 
 
 def _threshold_client(
@@ -264,6 +264,7 @@ def _threshold_client(
         roster=provision.roster,
         signing_key=provision.signing_key,
         signers=provision.signers,
+        t=options["threshold_t"],
         decryption_budget=provision.decryption_budget,
         open_budget=provision.open_budget,
         share_budget=provision.share_budget,
@@ -312,6 +313,15 @@ def _check_policy(options: dict[str, Any]) -> None:
         raise ConfigError(f"min_weight_share must lie in [0, 1], got {options['min_weight_share']}")
     if not 0.0 < options["max_weight_share"] <= 1.0:
         raise ConfigError(f"max_weight_share must lie in (0, 1], got {options['max_weight_share']}")
+
+
+def _check_threshold(options: dict[str, Any]) -> None:
+    if options["threshold_t"] < 0:
+        raise ConfigError(
+            f"threshold_t must be 0 (a strict majority) or a count of holders, got "
+            f"{options['threshold_t']}"
+        )
+    _check_policy(options)
 
 
 BACKENDS: dict[str, BackendSpec] = {
@@ -365,7 +375,8 @@ BACKENDS: dict[str, BackendSpec] = {
     ),
     "threshold": BackendSpec(
         "threshold",
-        "CKKS under a joint key no single client holds (OpenFHE, n-of-n)",
+        "masks under one-time keys Shamir-shared t of n among the clients (no single "
+        "client can open anything)",
         _threshold_server,
         _threshold_client,
         (
@@ -373,15 +384,26 @@ BACKENDS: dict[str, BackendSpec] = {
                 "preset",
                 "threshold-preset",
                 str,
-                "n8192",
-                "parameter set: n8192 (N=8192, one 60-bit modulus, scale 2^36: 32 bytes per "
-                "value, error ~2e-6) or wide (60+59 bits, scale 2^59: 64 bytes per value, "
-                "error ~2e-13, for RegAgg/SimAgg); both 128-bit secure (OpenFHE checks it)",
-                ("n8192", "wide"),
+                "wide",
+                "parameter set: lean (N=4096, one 31-bit prime: the clients apply their "
+                "planned weights, the server only adds; 4 bytes per value, error ~2e-6; the "
+                "default for streaming protocols, as ckks's lean) or wide (N=4096, one 60-bit "
+                "prime: weights chosen after the uploads; 8 bytes per value, error ~1e-10); "
+                "both far inside the 128-bit bound for N=4096 (log q <= 109)",
+                ("lean", "wide"),
+            ),
+            BackendOption(
+                "threshold_t",
+                "threshold-t",
+                int,
+                0,
+                "how many of the roster's clients (the key holders) must answer to open a "
+                "sum; fewer learn nothing. 0: a strict majority (n//2 + 1), so two disjoint "
+                "holder sets can never both open; up to n - t holders may be offline",
             ),
             *_release_policy_options(),
         ),
-        _check_policy,
+        _check_threshold,
     ),
 }
 

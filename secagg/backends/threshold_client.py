@@ -1,30 +1,41 @@
-"""Client half of the threshold backend: one share of the key, the checks before using it.
+"""Client half of the threshold backend: one-time keys, sealed shares, and the holder's rules.
 
-A holder adds its share to the key chain only after checking the chain so far, accepts the
-joint key only if the complete chain is every listed holder's signed link in order ending in
-that key and its own link is the one it made, encrypts under the joint key, and gives a
-partial decryption only of a release it can check: kind ``reveal``, within its policy and
-budget, every contributor's consent valid, and the sum recomputed by itself from the
-contributors' c1 halves (whose digests the contributors signed). The server's own
-ciphertext never reaches the share.
+Every upload is masked under a fresh key that the client Shamir-shares among the roster's
+clients (t of n) inside the upload itself, each share sealed for its holder
+(``secagg.threshold.params`` has the construction). The client keeps no key: what it holds
+between messages is its long-term identity and the record of what it answered.
+
+As a holder it answers a request for its share of a release only if it can check it, from
+its own provisioning alone:
+
+- kind, policy (contributors, weight floor and cap, length) and budget, as on ckks;
+- every contributor signed the release's descriptor (its consent binds its own upload's
+  digest, which commits to the masked blocks and to every sealed share);
+- its own sealed share from each contributor is the one that digest names, and opens;
+- on ``lean``, the weights the clients applied add up to at most 1 (the headroom);
+- the holder set T has at least t of the roster's clients, itself among them;
+- **one contributor set per upload**: an upload that entered a release with the set S never
+  enters one with another set (two sums over sets that differ by one client give that
+  client's key, and so its upload, by difference);
+- **no second answer with another holder set**: a release it answered for T is answered
+  again only for T (a retried threshold decryption with another set is the attack of
+  Okada et al., eprint 2025/409; Lattigo's SECURITY.md forbids it).
+
+Its answer, s_j = Σ_i w_i·[k_i]_j, is one ring element, computed from its shares alone: no
+upload or server-chosen polynomial enters it, so a crafted upload can extract nothing.
 """
 
 from __future__ import annotations
 
-import base64
 import hashlib
-import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from secagg import wire
-from secagg.backends.base import ClientBackend, no_client_weight
+from secagg.backends.base import ClientBackend
 from secagg.backends.consenting import (
-    as_bytes,
     check_listed_weight,
     consent,
     public_bytes,
@@ -36,34 +47,32 @@ from secagg.backends.consenting import (
     restored_uploads,
 )
 from secagg.ckks.keywrap import KeyWrapper
-from secagg.ckks.release import (
-    Descriptor,
-    check_entries,
-    signature_bytes,
+from secagg.ckks.release import Descriptor, check_entries
+from secagg.errors import (
+    ConfigError,
+    KeySetupError,
+    MalformedCiphertext,
+    ProtocolStateError,
+    ReleaseRefused,
 )
-from secagg.errors import KeySetupError, MalformedCiphertext, ProtocolStateError, ReleaseRefused
+from secagg.threshold.combine import interpolate
 from secagg.threshold.params import (
-    ThresholdContext,
     ThresholdPreset,
-    c1_digest,
-    canonical_public_key,
+    Upload,
+    applied_weight,
+    check_t,
+    decode,
+    encode,
+    holders_of,
+    public_seed,
+    share_label,
+    upload_message,
 )
+from secagg.threshold.ring import ring
 from secagg.threshold.share_relay import release_label, seal, unseal
-from secagg.threshold.shares import KeyShare
 from secagg.wire import Envelope, Field
 
-_LINK_CONTEXT = b"secagg threshold key link v1"
-
-
-def link_message(params: str, holders: list[str], index: int, previous: str, public: str) -> bytes:
-    """What holder ``index`` signs: the parameters, the holders in order, its index, and the
-    digests of the key it received and of the key it made."""
-    body = json.dumps([params, holders, index, previous, public], separators=(",", ":"))
-    return _LINK_CONTEXT + body.encode()
-
-
-def digest(blob: bytes | None) -> str:
-    return hashlib.sha256(blob or b"").hexdigest()
+_PREFIX = len(b"secagg threshold upload v2") + 16  # context and fingerprint in a preimage
 
 
 class ThresholdClient(ClientBackend):
@@ -78,40 +87,52 @@ class ThresholdClient(ClientBackend):
         roster: Mapping[str, bytes] | None = None,
         signing_key: bytes | None = None,
         signers: Mapping[str, bytes] | None = None,
+        t: int = 0,
         decryption_budget: int = 1,
         open_budget: int = 0,
+        share_budget: int | None = None,
         reveal_length: int | tuple[int, ...] | None = None,
         min_contributors: int = 2,
-        share_budget: int | None = None,
         min_weight_share: float = 0.01,
         max_weight_share: float = 0.5,
         releases_per_upload: Mapping[str, int] | None = None,
     ):
-        """``identity``: this client's X25519 key and ``roster`` every client's X25519
-        public key (shares sealed end to end for the clients that open a sum);
-        ``signing_key``: this client's Ed25519 key (links and consents); ``signers``:
-        every client's Ed25519 public key, the roster of possible holders;
-        ``decryption_budget``: partial decryptions it gives the server at most;
-        ``open_budget``: sealed shares it gives, and sums it opens, at most (each);
-        ``share_budget``: sealed shares it gives, if not ``open_budget`` (when every client
-        opens a different aggregate);
-        ``min_contributors`` also bounds the holders a key must have; the rest as for
-        ckks."""
+        """Parameters:
+        client_id: this client.
+        preset: the parameter set (``secagg.threshold.params.PRESETS``).
+        identity: this client's X25519 key; ``roster`` every client's X25519 public key:
+            the key holders (shares are sealed for them, and their shares for this client).
+        signing_key: this client's Ed25519 key (uploads and consents); ``signers`` every
+            client's Ed25519 public key.
+        t: how many holders open a sum (0: a strict majority of the roster).
+        decryption_budget: shares of reveals to the server it gives at most.
+        open_budget: sums it opens itself at most; ``share_budget`` sealed shares of such
+            sums it gives at most (default ``open_budget``).
+        reveal_length, min_contributors, min_weight_share, max_weight_share,
+        releases_per_upload: its release policy, as on ckks.
+        """
         self.id = client_id
         self.preset = preset
-        self.context = ThresholdContext(preset)
+        self.ring = ring(preset.ring_dim, preset.prime)
         self._identity = identity if identity is not None else KeyWrapper()
         self.roster = (
             dict(roster) if roster is not None else {client_id: self._identity.public_bytes}
         )
         if self.roster.get(client_id) != self._identity.public_bytes:
             raise KeySetupError(f"{client_id}'s identity key is not its key in the roster")
-        if not isinstance(open_budget, int) or open_budget < 0:
-            raise KeySetupError(f"open_budget must be a count, got {open_budget!r}")
+        self.holders = holders_of(self.roster)
+        try:
+            self.t = check_t(t, len(self.holders))
+        except ConfigError as exc:
+            raise KeySetupError(f"{client_id}: {exc}") from None
+        for what, count in (("open_budget", open_budget), ("decryption_budget", decryption_budget)):
+            if not isinstance(count, int) or count < 0:
+                raise KeySetupError(f"{what} must be a count, got {count!r}")
         if share_budget is not None and (not isinstance(share_budget, int) or share_budget < 0):
             raise KeySetupError(f"share_budget must be a count, got {share_budget!r}")
         self.open_budget, self.open_shares, self.opens = open_budget, 0, 0
         self.share_budget = open_budget if share_budget is None else share_budget
+        self.decryption_budget, self.decryptions = decryption_budget, 0
         self._signer, self.signers, self.policy = release_identity(
             client_id,
             signing_key,
@@ -121,17 +142,18 @@ class ThresholdClient(ClientBackend):
             reveal_length,
             max_weight_share,
         )
-        if not isinstance(decryption_budget, int) or decryption_budget < 0:
-            raise KeySetupError(f"decryption_budget must be a count, got {decryption_budget!r}")
-        self.decryption_budget, self.decryptions = decryption_budget, 0
+        if set(self.signers) != set(self.roster) and signers is not None and roster is not None:
+            raise KeySetupError(f"{client_id}: its two rosters name different clients")
         self.releases_per_upload = dict(releases_per_upload or {"reveal": 1, "open": 1})
         self.uploads: dict[str, dict[str, int]] = {}
         #: digest of each upload -> what it was made from (``secagg.clients.policy``)
         self.bases: dict[str, str] = {}
-        self._share: KeyShare | None = None
-        self._link: dict[str, Any] | None = None
-        self._joint: Any = None
-        self.holders: list[str] = []
+        #: on ``lean``, digest of each upload -> the integer weight applied to it
+        self.applied: dict[str, int] = {}
+        #: release (descriptor hash, hex) -> the holder set it was answered for
+        self.answered: dict[str, list[str]] = {}
+        #: upload digest -> the contributor set of the releases it entered
+        self.sets: dict[str, list[str]] = {}
 
     @property
     def signing_public(self) -> bytes:
@@ -139,8 +161,6 @@ class ThresholdClient(ClientBackend):
 
     def handlers(self) -> dict[str, Callable[[Envelope], dict[str, Field]]]:
         return {
-            "key_chain": self.on_chain,
-            "key_install": self.on_install,
             "consent": self.on_consent,
             "decrypt_share": self.on_decrypt_share,
             "open_share": self.on_open_share,
@@ -153,38 +173,32 @@ class ThresholdClient(ClientBackend):
         "params",
         "x25519_private",
         "signing_key",
-        "share",
-        "link",
-        "joint_key",
-        "holders",
         "decryptions",
         "opens",
         "open_shares",
         "uploads",
         "bases",
+        "applied",
+        "answered",
+        "sets",
     )
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything key setup and releases leave behind. ``share`` (None before the chain
-        reached this client) holds this client's secret key share and public key;
-        ``x25519_private`` and ``signing_key`` are its identities: secret bytes all."""
-        share = self._share
+        """The identities (secret bytes) and the record of what this client answered; no
+        key of an upload outlives the upload."""
         return {
             "preset": self.preset.name,
-            "params": self.context.fingerprint,
+            "params": self.preset.fingerprint,
             "x25519_private": self._identity.private_bytes(),
             "signing_key": self._signer.private_bytes_raw(),
-            "share": None
-            if share is None
-            else {"secret": share.export(), "public": share.public_key},
-            "link": None if self._link is None else dict(self._link),
-            "joint_key": None if self._joint is None else canonical_public_key(self._joint),
-            "holders": list(self.holders),
             "decryptions": self.decryptions,
             "opens": self.opens,
             "open_shares": self.open_shares,
             "uploads": {d: dict(kinds) for d, kinds in self.uploads.items()},
             "bases": dict(self.bases),
+            "applied": dict(self.applied),
+            "answered": {r: list(t) for r, t in self.answered.items()},
+            "sets": {d: list(s) for d, s in self.sets.items()},
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -195,11 +209,11 @@ class ThresholdClient(ClientBackend):
                 f"{self.id}: a threshold client state holds {list(self.STATE_KEYS)}, got "
                 f"{sorted(state)}"
             )
-        if state["preset"] != self.preset.name or state["params"] != self.context.fingerprint:
+        if state["preset"] != self.preset.name or state["params"] != self.preset.fingerprint:
             raise KeySetupError(
                 f"{self.id}: the state was made under threshold preset {state['preset']} "
                 f"({state['params']}), this client runs {self.preset.name} "
-                f"({self.context.fingerprint})"
+                f"({self.preset.fingerprint})"
             )
         identity, signer = restored_keys(self.id, state, self.roster, self.signers)
         counts = {
@@ -207,148 +221,64 @@ class ThresholdClient(ClientBackend):
         }
         uploads = restored_uploads(self.id, state["uploads"])
         bases = restored_bases(self.id, state["bases"])
-        raw_share, link, joint, holders = (
-            state[k] for k in ("share", "link", "joint_key", "holders")
-        )
-        share = None
-        if raw_share is not None:
-            if not isinstance(raw_share, dict) or set(raw_share) != {"secret", "public"}:
-                raise KeySetupError(f"{self.id}: the state's key share is garbled")
-            share = KeyShare.from_bytes(
-                self.context, as_bytes(raw_share["secret"]), as_bytes(raw_share["public"])
-            )
-        if link is not None and (
-            not isinstance(link, dict)
-            or set(link) != {"previous", "public"}
-            or share is None
-            or link["public"] != digest(share.public_key)
+        applied, answered, sets = state["applied"], state["answered"], state["sets"]
+        if not isinstance(applied, dict) or not all(
+            isinstance(d, str) and isinstance(k, int) and k > 0 for d, k in applied.items()
         ):
-            raise KeySetupError(f"{self.id}: the state's key link is not its share's")
-        joint_key = None if joint is None else self.context.load_public_key(as_bytes(joint))
-        if not isinstance(holders, list) or (joint_key is not None) != bool(holders):
-            raise KeySetupError(f"{self.id}: the state's key holders are garbled")
-        if holders:
-            self._holders({"holders": holders})  # distinct, in the roster, itself among them
-        self._identity, self._signer, self.uploads = identity, signer, uploads
-        self.bases = bases
-        self._share, self._link, self._joint, self.holders = share, link, joint_key, holders
+            raise KeySetupError(f"{self.id}: the state's record of applied weights is garbled")
+        for what, record in (("answered releases", answered), ("contributor sets", sets)):
+            if not isinstance(record, dict) or not all(
+                isinstance(k, str)
+                and isinstance(v, list)
+                and all(isinstance(c, str) and c in self.roster for c in v)
+                for k, v in record.items()
+            ):
+                raise KeySetupError(f"{self.id}: the state's record of {what} is garbled")
+        self._identity, self._signer = identity, signer
+        self.uploads, self.bases, self.applied = uploads, bases, dict(applied)
+        self.answered = {r: list(v) for r, v in answered.items()}
+        self.sets = {d: list(v) for d, v in sets.items()}
         self.decryptions, self.opens = counts["decryptions"], counts["opens"]
         self.open_shares = counts["open_shares"]
 
-    # ---- key setup -----------------------------------------------------------------------------
-    def _accept_setup(self, env: Envelope) -> None:
-        setup = env.config("setup")
-        if setup != {"preset": self.preset.name, "params": self.context.fingerprint}:
-            raise KeySetupError(
-                f"{self.id}: the server proposes parameters {setup!r}, this client runs "
-                f"{self.preset.name} ({self.context.fingerprint})"
-            )
-
-    def _holders(self, chain: Any) -> list[str]:
-        holders = chain.get("holders") if isinstance(chain, dict) else None
-        if (
-            not isinstance(holders, list)
-            or not all(isinstance(h, str) and h in self.signers for h in holders)
-            or len(set(holders)) != len(holders)
-            or self.id not in holders
-        ):
-            raise KeySetupError(
-                f"{self.id}: the key's holders must be distinct clients of this client's "
-                f"roster including itself, got {holders!r}"
-            )
-        if len(holders) < self.policy.min_contributors:
-            raise KeySetupError(
-                f"{self.id}: a key of {len(holders)} holder(s); this client needs at least "
-                f"{self.policy.min_contributors}"
-            )
-        return holders
-
-    def _check_links(self, holders: list[str], links: Any, upto: int) -> str:
-        """The first ``upto`` links: each signed by its holder, chained; returns the digest
-        of the last key (the empty digest before the first)."""
-        if not isinstance(links, list) or len(links) != upto:
-            raise KeySetupError(f"{self.id}: expected {upto} key links, got {links!r:.80}")
-        previous = digest(None)
-        for index, link in enumerate(links):
-            holder = holders[index]
-            if not isinstance(link, dict) or link.get("previous") != previous:
-                raise KeySetupError(f"{self.id}: key link {index} does not follow the chain")
-            public = link.get("public")
-            signature = signature_bytes(str(link.get("signature", "")))
-            try:
-                Ed25519PublicKey.from_public_bytes(self.signers[holder]).verify(
-                    signature,
-                    link_message(self.context.fingerprint, holders, index, previous, str(public)),
-                )
-            except (InvalidSignature, ValueError):
-                raise KeySetupError(
-                    f"{self.id}: key link {index} is not signed by {holder}"
-                ) from None
-            previous = str(public)
-        return previous
-
-    def on_chain(self, env: Envelope) -> dict[str, Field]:
-        """Add this client's share to the chain so far, and sign the link."""
-        if self._share is not None:
-            raise KeySetupError(f"{self.id} already holds a share of this run's key")
-        self._accept_setup(env)
-        chain = env.config("chain")
-        holders = self._holders(chain)
-        index = chain.get("index")
-        if index != holders.index(self.id):
-            raise KeySetupError(f"{self.id}: asked to be link {index!r} of {holders}")
-        expected = self._check_links(holders, chain.get("links"), index)
-        previous = None
-        if index > 0:
-            (previous,) = (bytes(p) for p in env.ciphertext_parts("previous"))
-            if digest(previous) != expected:
-                raise KeySetupError(f"{self.id}: the key it got is not the chain's last")
-        share = KeyShare(self.context, previous)
-        public = digest(share.public_key)
-        signature = self._signer.sign(
-            link_message(self.context.fingerprint, holders, index, expected, public)
-        )
-        self._share = share
-        self._link = {"previous": expected, "public": public}
-        link = {**self._link, "signature": base64.b64encode(signature).decode()}
-        return {
-            "public_key": wire.ciphertext([share.public_key]),
-            "key_link": wire.config(link),
-        }
-
-    def on_install(self, env: Envelope) -> dict[str, Field]:
-        """Accept the joint key: the complete signed chain, this client's own link in it."""
-        if self._share is None or self._link is None:
-            raise KeySetupError(f"{self.id} holds no share: it was not part of the chain")
-        if self._joint is not None:
-            raise KeySetupError(f"{self.id} already installed this run's key")
-        self._accept_setup(env)
-        chain = env.config("chain")
-        holders = self._holders(chain)
-        links = chain.get("links")
-        last = self._check_links(holders, links, len(holders))  # a list of dicts, checked
-        mine = links[holders.index(self.id)]  # type: ignore[index]
-        if {k: mine.get(k) for k in ("previous", "public")} != self._link:
-            raise KeySetupError(f"{self.id}: the chain does not hold the link this client made")
-        (joint,) = (bytes(p) for p in env.ciphertext_parts("joint_key"))
-        if digest(joint) != last:
-            raise KeySetupError(f"{self.id}: the joint key is not the chain's last key")
-        self._joint = self.context.load_public_key(joint)
-        self.holders = holders
-        return {"installed": wire.config({"params": self.context.fingerprint})}
-
     # ---- data path -----------------------------------------------------------------------------
     def protect(self, values: np.ndarray, weight: float | None = None, *, basis: str = "") -> Field:
-        no_client_weight(self.name, weight)
-        if self._joint is None:
-            raise ProtocolStateError(f"{self.id} has no joint key yet: key setup comes first")
-        parts = self.context.encrypt(
-            self._joint, values, bound=self.preset.headroom / len(self.holders)
+        """Mask ``values`` under a fresh key and deal its shares, sealed, in the upload; on
+        ``lean`` ``weight`` (the planned weight) times ``values``, the integer applied
+        remembered: this client consents only to sums listing that weight."""
+        if self.preset.weighted_by_clients != (weight is not None):
+            raise ProtocolStateError(
+                f"{self.id}: threshold preset {self.preset.name!r} "
+                + (
+                    "needs the upload's planned weight (the client applies it)"
+                    if weight is None
+                    else "weights on the server; refusing a weight sent for the client to apply"
+                )
+            )
+        applied = None
+        if weight is not None:
+            try:
+                applied = applied_weight(weight, self.preset)
+            except ConfigError as exc:
+                raise ProtocolStateError(f"{self.id}: {exc}") from None
+        factor = 1.0 if applied is None else applied / self.preset.client_weight_unit
+        messages = encode(self.preset, values, self.preset.client_bound(len(self.holders)), factor)
+        key = self.ring.key()  # one-time: it leaves this method only as sealed shares
+        body = self.ring.to_bytes(self.ring.mask(key, public_seed(self.preset, basis), messages))
+        shares = self.ring.shares(key, self.t, [1 + j for j in range(len(self.holders))])
+        del key
+        label = share_label(self.preset, hashlib.sha256(body).digest())
+        sealed = tuple(
+            self._identity.wrap(self.ring.to_bytes(shares[j]), self.roster[h], self.id, h, label)
+            for j, h in enumerate(self.holders)
         )
-        chunks = self.context.load_ciphertexts(parts, np.asarray(values).size)
-        digest = c1_digest([self.context.c1_half(ct) for ct in chunks])
+        upload = Upload(body, sealed, b"")
+        digest = upload.digest(self.preset)
+        signature = self._signer.sign(upload_message(self.id, digest))
         self.uploads[digest], self.bases[digest] = {}, basis
-        return wire.ciphertext(parts)
+        if applied is not None:
+            self.applied[digest] = applied
+        return wire.ciphertext(Upload(body, sealed, signature).parts())
 
     def check_own_weight(self, envelope: Envelope, name: str, weight: float) -> None:
         check_listed_weight(
@@ -357,10 +287,10 @@ class ThresholdClient(ClientBackend):
 
     def open(self, envelope: Envelope, name: str, length: int) -> np.ndarray:
         """A sum the server sent this client to open (LARC's Ĝ, RegAgg's centre, a
-        server-blind update): its c0 halves fused with every holder's partial, each
-        unsealed with the pairwise key. The release was checked by every holder before it
-        gave its share, this client included: its own share, sealed by itself for this
-        descriptor, must be among them. At most ``open_budget`` times."""
+        server-blind update): at least t holders' shares of its key sum, each sealed for
+        this client and this release (so each holder checked the release, consents
+        included), checked for consistency, combined, and the sum unmasked. At most
+        ``open_budget`` times."""
         if self.opens >= self.open_budget:
             raise ProtocolStateError(
                 f"{self.id} refuses to open aggregate {self.opens + 1}: its configuration "
@@ -381,46 +311,46 @@ class ThresholdClient(ClientBackend):
                 f"kind {d.kind!r} for {d.name!r} of {d.n_values}"
             )
         self.policy.check(d)
+        self._check_applied(d)
         holders, recipients, divisor = info["holders"], info["recipients"], info["divisor"]
-        if holders != self.holders:
-            raise ReleaseRefused(f"{self.id}: {name}: shares from {holders!r:.80}, not the key's")
+        if (
+            not isinstance(holders, list)
+            or len(set(map(str, holders))) != len(holders)
+            or not all(h in self.roster for h in holders)
+        ):
+            raise ReleaseRefused(f"{self.id}: {name}: shares from {holders!r:.80}")
         if not isinstance(recipients, list) or self.id not in recipients:
             raise ReleaseRefused(f"{self.id}: {name} was not sealed for this client")
         if not isinstance(divisor, (int, float)) or not 0.0 < divisor <= 1.0:
             raise ReleaseRefused(f"{self.id}: {name}: divisor {divisor!r} is not in (0, 1]")
-        c0s = [self.context.load_half(b) for b in envelope.ciphertext_parts(name)]
+        (body,) = envelope.ciphertext_parts(name) or [b""]
         sealed = envelope.ciphertext_parts(f"{name}.sealed")
         keys = envelope.ciphertext_parts(f"{name}.keys")
         if (
-            len(c0s) != d.chunks
-            or d.chunks != self.context.chunks(d.n_values)
-            or len(sealed) != d.chunks * len(holders)
+            d.chunks != self.preset.blocks(d.n_values)
+            or len(sealed) != len(holders)
             or len(keys) != len(recipients) * len(holders)
         ):
             raise ReleaseRefused(f"{self.id}: {name}: the shares do not match the release")
-        label = release_label(self.context.fingerprint, d.hash())
+        total = self._load_rows(body, d.chunks, name)
+        label = release_label(self.preset.fingerprint, d.hash())
         me = recipients.index(self.id)
-        partials = [
-            [
-                self.context.load_partial(p)
-                for p in unseal(
-                    self._identity,
-                    self.id,
-                    holder,
-                    self.roster[holder],
-                    sealed[i * d.chunks : (i + 1) * d.chunks],
-                    keys[i * len(recipients) + me],
-                    label,
-                )
-            ]
-            for i, holder in enumerate(holders)
-        ]
-        try:
-            values = self.context.fuse(c0s, partials, d.n_values) / float(divisor)
-        except MalformedCiphertext as exc:
-            raise ReleaseRefused(f"{self.id}: {name}: {exc}") from None
+        shares = {}
+        for i, holder in enumerate(holders):
+            (blob,) = unseal(
+                self._identity,
+                self.id,
+                holder,
+                self.roster[holder],
+                [sealed[i]],
+                keys[i * len(recipients) + me],
+                label,
+            )
+            shares[holder] = self._load_rows(blob, 1, name)[0]
+        key_sum, _ = interpolate(self.ring, shares, self._xs(), self.t)
+        centred = self.ring.unmask(total, key_sum, public_seed(self.preset, d.basis))
         self.opens += 1
-        return values
+        return decode(self.preset, centred, d.n_values, float(divisor))
 
     # ---- releases --------------------------------------------------------------------------------
     def on_consent(self, env: Envelope) -> dict[str, Field]:
@@ -433,53 +363,20 @@ class ThresholdClient(ClientBackend):
             bases=self.bases,
             releases_per_upload=self.releases_per_upload,
             signer=self._signer,
+            applied=self.applied if self.preset.weighted_by_clients else None,
         )
-
-    def _partial(self, env: Envelope, kind: str) -> tuple[Descriptor, list[bytes]]:
-        """This share's partial decryption of a checked release of ``kind``: the sum
-        recomputed by this client from the contributors' c1 halves."""
-        if self._share is None or self._joint is None:
-            raise ProtocolStateError(f"{self.id} holds no installed key share")
-        d, signatures = read_release(
-            self.id,
-            env.config("release"),
-            kind,
-            self.policy,
-            "a decryption request",
-            uploads=self.uploads,
-        )
-        blobs = [bytes(p) for p in env.ciphertext_parts("halves")]
-        if d.chunks != self.context.chunks(d.n_values) or len(blobs) != d.chunks * len(d.entries):
-            raise ReleaseRefused(f"{self.id}: {d.name}: the c1 halves do not match the release")
-        per_entry = [blobs[i * d.chunks : (i + 1) * d.chunks] for i in range(len(d.entries))]
-        check_entries(
-            d, signatures, [b"".join(p) for p in per_entry], self.signers, chunk_bytes=None
-        )
-        halves = [[self.context.load_half(b) for b in entry] for entry in per_entry]
-        c1_sum = self.context.sum_c1(halves, [k for _, k, _ in d.entries])
-        return d, self._share.partial(c1_sum)
 
     def on_decrypt_share(self, env: Envelope) -> dict[str, Field]:
-        """This share's partial decryption of a checked sum, for the server to fuse."""
-        if self.decryptions >= self.decryption_budget:
-            raise ProtocolStateError(
-                f"{self.id} refuses partial decryption {self.decryptions + 1}: its "
-                f"configuration allows {self.decryption_budget}"
-            )
-        _, partial = self._partial(env, "reveal")
-        self.decryptions += 1
-        return {"partial": wire.ciphertext(partial)}
+        """This holder's share of a checked release's key sum, for the server."""
+        share, fresh = self._share(env, "reveal", self.decryptions, self.decryption_budget)
+        if fresh:
+            self.decryptions += 1
+        return {"share": wire.ciphertext([self.ring.to_bytes(share)])}
 
     def on_open_share(self, env: Envelope) -> dict[str, Field]:
-        """This share's partial decryption of a checked sum that clients will open,
-        sealed for each recipient (the server relays it and cannot fuse it)."""
-        if self.open_shares >= self.share_budget:
-            raise ProtocolStateError(
-                f"{self.id} refuses open share {self.open_shares + 1}: its configuration "
-                f"allows {self.share_budget}"
-            )
-        recipients = env.config("recipients")
-        ids = recipients.get("ids") if isinstance(recipients, dict) else None
+        """This holder's share of a checked release that clients will open, sealed for each
+        recipient (the server relays it and cannot open it)."""
+        ids = env.config("recipients").get("ids")
         if (
             not isinstance(ids, list)
             or not ids
@@ -490,10 +387,128 @@ class ThresholdClient(ClientBackend):
                 f"{self.id}: the recipients of a share must be distinct clients of this "
                 f"client's roster, got {ids!r:.120}"
             )
-        d, partial = self._partial(env, "open")
-        label = release_label(self.context.fingerprint, d.hash())
+        share, fresh = self._share(env, "open", self.open_shares, self.share_budget)
+        d = Descriptor.from_config(env.config("release").get("descriptor"))
+        label = release_label(self.preset.fingerprint, d.hash())
         sealed, keys = seal(
-            self._identity, self.id, partial, {r: self.roster[r] for r in ids}, label
+            self._identity,
+            self.id,
+            [self.ring.to_bytes(share)],
+            {r: self.roster[r] for r in ids},
+            label,
         )
-        self.open_shares += 1
+        if fresh:
+            self.open_shares += 1
         return {"sealed": wire.ciphertext(sealed), "keys": wire.ciphertext(keys)}
+
+    def _share(self, env: Envelope, kind: str, used: int, budget: int) -> tuple[np.ndarray, bool]:
+        """s_j = Σ_i w_i·[k_i]_j for a release of ``kind`` this holder checked (the module
+        docstring's rules), and whether it is a first answer (a repeat for the same holder
+        set costs no budget: it tells the server nothing new)."""
+        d, signatures = read_release(
+            self.id,
+            env.config("release"),
+            kind,
+            self.policy,
+            f"a {kind} share request",
+            uploads=self.uploads,
+        )
+        release = d.hash().hex()
+        asked = env.config("holders").get("ids")
+        if (
+            not isinstance(asked, list)
+            or len(set(map(str, asked))) != len(asked)
+            or not all(h in self.roster for h in asked)
+            or self.id not in asked
+            or len(asked) < self.t
+        ):
+            raise ReleaseRefused(
+                f"{self.id}: a share request must name at least t = {self.t} distinct holders "
+                f"of its roster, itself among them; got {asked!r:.120}"
+            )
+        holder_set = sorted(asked)
+        fresh = release not in self.answered
+        if not fresh and self.answered[release] != holder_set:
+            raise ReleaseRefused(
+                f"{self.id}: {d.name}: it answered this release for holders "
+                f"{self.answered[release]}; refusing another holder set"
+            )
+        if fresh and used >= budget:
+            raise ProtocolStateError(
+                f"{self.id} refuses {kind} share {used + 1}: its configuration allows {budget}"
+            )
+        contributors = sorted(c for c, _, _ in d.entries)
+        for _, _, digest in d.entries:
+            if self.sets.get(digest, contributors) != contributors:
+                raise ReleaseRefused(
+                    f"{self.id}: {d.name}: an upload of this release entered another with "
+                    f"the contributors {self.sets[digest]}; one set per upload"
+                )
+        self._check_applied(d)
+        preimages = [bytes(p) for p in env.ciphertext_parts("preimages")]
+        blobs = [bytes(p) for p in env.ciphertext_parts("shares")]
+        if d.chunks != self.preset.blocks(d.n_values) or not (
+            len(preimages) == len(blobs) == len(d.entries)
+        ):
+            raise ReleaseRefused(f"{self.id}: {d.name}: the shares do not match the release")
+        check_entries(d, signatures, preimages, self.signers, chunk_bytes=None)
+        me = self.holders.index(self.id)
+        mine = []
+        for (client, _, _), preimage, blob in zip(d.entries, preimages, blobs):
+            mine.append(self._unsealed_share(d.name, client, preimage, blob, me))
+        weights = [1 if self.preset.weighted_by_clients else k for _, k, _ in d.entries]
+        share = self.ring.combine(np.stack(mine), weights)
+        self.answered[release] = holder_set
+        for _, _, digest in d.entries:
+            self.sets[digest] = contributors
+        return share, fresh
+
+    def _unsealed_share(
+        self, name: str, sender: str, preimage: bytes, blob: bytes, me: int
+    ) -> np.ndarray:
+        """This holder's share of ``sender``'s one-time key: the sealed blob must be the one
+        the consented upload's digest names at this holder's position, and open."""
+        n = len(self.holders)
+        if len(preimage) != _PREFIX + 32 * (n + 1):
+            raise ReleaseRefused(f"{self.id}: {name}: {sender}'s upload does not match the roster")
+        blocks_digest = preimage[_PREFIX : _PREFIX + 32]
+        listed = preimage[_PREFIX + 32 * (me + 1) : _PREFIX + 32 * (me + 2)]
+        if hashlib.sha256(blob).digest() != listed:
+            raise ReleaseRefused(f"{self.id}: {name}: the share sent as {sender}'s is not its own")
+        try:
+            raw = self._identity.unwrap(
+                blob,
+                self.roster[sender],
+                sender,
+                self.id,
+                share_label(self.preset, blocks_digest),
+            )
+        except KeySetupError:
+            raise ReleaseRefused(
+                f"{self.id}: {name}: the key share from {sender} does not open"
+            ) from None
+        return self._load_rows(raw, 1, name)[0]
+
+    def _check_applied(self, d: Descriptor) -> None:
+        """On ``lean``: the weights the clients applied, as they signed them, add up to at
+        most 1 (each rounded to the nearest unit: half a unit each over at most), since each
+        checked its values against the whole headroom."""
+        if not self.preset.weighted_by_clients:
+            return
+        total = sum(k for _, k, _ in d.entries)
+        if any(k <= 0 for _, k, _ in d.entries) or (
+            2 * total > 2 * self.preset.client_weight_unit + len(d.entries)
+        ):
+            raise ReleaseRefused(
+                f"{self.id}: the weights the clients applied to {d.name!r} add up to "
+                f"{total / self.preset.client_weight_unit:.6g} > 1 (beyond the headroom)"
+            )
+
+    def _xs(self) -> dict[str, int]:
+        return {h: 1 + j for j, h in enumerate(self.holders)}
+
+    def _load_rows(self, blob: bytes | memoryview, rows: int, name: str) -> np.ndarray:
+        try:
+            return self.ring.from_bytes(bytes(blob), rows)
+        except (ValueError, MalformedCiphertext) as exc:
+            raise ReleaseRefused(f"{self.id}: {name}: {exc}") from None

@@ -1,17 +1,17 @@
-"""Server half of the threshold backend (OpenFHE): relays the key chain, sums, fuses.
+"""Server half of the threshold backend: sums masked uploads, relays sealed shares, unmasks.
 
-The server holds no key share. Key setup is a chain through the server: holder i gets
-holder i−1's public key, adds its own share (``MultipartyKeyGen``) and signs the link
-(holders, index, digests of the key it got and the key it made); every holder then checks
-the whole signed chain before it accepts the joint key. A server that skipped a holder,
-spliced in a key of its own or reordered the chain is refused (``threshold_client``).
+The server holds no key and no share: each upload carries its client's one-time key shares
+sealed for their holders (``secagg.threshold.params``). To reveal Σ_i w_i·x_i it forms
+Σ_i w_i·b_i, gathers every contributor's consent to the release's descriptor, and asks every
+holder of the roster for its share of K = Σ_i w_i·k_i, sending each holder the sealed shares
+addressed to it. t answers suffice (the rest may be offline); with more than t the shares
+are checked for consistency, and a holder whose share is off is named and excluded
+(``secagg.threshold.combine``). The server then unmasks Σ w_i b_i − a·K. For a sum the
+clients open themselves, the holders seal their shares for the recipients, and the server
+relays what it cannot open.
 
-An aggregate is revealed by fusing every holder's partial decryption with its c0 (the
-server's own part). A holder computes its partial on Σ k_i·c1_i that it recomputed from the
-uploads' c1 halves, after checking that every contributor signed the release's descriptor
-(``secagg.ckks.release``: the same descriptors, consents and policy as ckks), so the server
-obtains partials of consented sums only. n-of-n: a holder that does not answer stops the
-reveal, and the run (re-keying without it is future work).
+There is no key setup: the holders and their x-coordinates are the provisioned roster's
+clients, sorted, and t is each client's own configuration (``--threshold-t``).
 """
 
 from __future__ import annotations
@@ -21,33 +21,51 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from secagg import wire
 from secagg.backends.base import RunningSum, ServerBackend
 from secagg.backends.consent import gather_consents
 from secagg.ckks.release import Descriptor, Entry, common_basis, upload_basis_of
-from secagg.errors import KeySetupError, MalformedCiphertext, RoundAborted, UnexpectedField
-from secagg.threshold.params import ThresholdContext, ThresholdPreset, c1_digest, quantise
+from secagg.errors import ClientInputError, ConfigError, MalformedCiphertext, RoundAborted
+from secagg.threshold.combine import ShareMismatch, interpolate
+from secagg.threshold.params import (
+    ThresholdPreset,
+    Upload,
+    applied_weight,
+    check_t,
+    decode,
+    holders_of,
+    public_seed,
+    quantise,
+    upload_message,
+)
+from secagg.threshold.ring import ring
 from secagg.wire import Envelope, Field
+
+
+class WrongShare(ClientInputError):
+    """A holder's share of a key sum does not lie on the polynomial the other holders'
+    shares agree on: it is excluded from the round and named in the audit."""
 
 
 @dataclass
 class ThresholdHandle:
-    chunks: list  # OpenFHE ciphertexts, one per 4096 values
+    #: Σ w_i·b_i mod p, (blocks, N) uint64 (one upload's blocks before it is summed)
+    total: np.ndarray
     n_values: int
     #: one upload (weight 0 until summed) or a sum's uploads with their integer weights;
-    #: ``seeds`` holds the upload's joined c1 halves (what its digest names)
+    #: ``seeds`` holds each upload's digest preimage (what its digest hashes)
     entries: tuple[Entry, ...] = field(default_factory=tuple)
-    #: each entry's c1 halves, chunk by chunk (what holders recompute the sum from)
-    halves: dict[str, list[bytes]] = field(default_factory=dict)
+    #: each contributor's sealed key shares, in holder order
+    sealed: dict[str, tuple[bytes, ...]] = field(default_factory=dict)
     summed: bool = False
-    #: what the decrypted sum is divided by (a running sum of planned weights normalised
-    #: over the clients that arrived: depth 0 cannot multiply by 1/normaliser)
+    #: what the decoded sum is divided by (a running sum's normaliser)
     divisor: float = 1.0
 
 
 def aborted(ctx, phase: str, message: str) -> RoundAborted:
-    """The round stops in ``phase`` (n-of-n: every holder is needed), with its exclusions."""
     return RoundAborted(message, round=ctx.round, phase=phase, exclusions=ctx.excluded)
 
 
@@ -56,96 +74,83 @@ class ThresholdServer(ServerBackend):
     upload_kind = wire.CIPHERTEXT
     can_read = False
     key_model = "threshold"
-    # the signed links of the key chain, key-install receipts, signed consents to releases
-    declares = ("key_link", "installed", "consent")
+    # signed consents to releases
+    declares = ("consent",)
 
-    def __init__(self, preset: ThresholdPreset, *, signers: Mapping[str, bytes] | None = None):
-        self.context = ThresholdContext(preset)
+    def __init__(
+        self,
+        preset: ThresholdPreset,
+        *,
+        signers: Mapping[str, bytes] | None = None,
+        t: int = 0,
+    ):
+        """Parameters:
+        preset: the parameter set.
+        signers: the clients' public signing keys (the roster of holders); the server checks
+            each upload's signature and each consent with them.
+        t: how many holders' shares open a sum (0: a strict majority of the roster).
+        """
         self.preset = preset
+        self.ring = ring(preset.ring_dim, preset.prime)
         self.signers = dict(signers) if signers is not None else None
-        self.holders: list[str] = []
+        self.weights_at_client = preset.weighted_by_clients
+        self._t = t
+        self.holders: list[str] = holders_of(self.signers) if self.signers else []
+
+    @property
+    def t(self) -> int:
+        return check_t(self._t, len(self.holders))
 
     def setup_config(self) -> dict[str, Any]:
-        return {"preset": self.preset.name, "params": self.context.fingerprint}
+        return {"preset": self.preset.name, "params": self.preset.fingerprint}
 
-    # ---- key setup: the chain ----------------------------------------------------------------
     def setup(self, ctx, decryption_budget: int) -> None:
-        setup = wire.config(self.setup_config())
-        holders = list(ctx.active)
-        links: list[dict[str, Any]] = []
-        previous: bytes | None = None
-        for index, holder in enumerate(holders):
-            request = {
-                "setup": setup,
-                "chain": wire.config({"holders": holders, "index": index, "links": links}),
-            }
-            if previous is not None:
-                request["previous"] = wire.ciphertext([previous])
-            reply = ctx.ask(
-                "key_chain",
-                {holder: request},
-                expect={"public_key": wire.CIPHERTEXT, "key_link": wire.CONFIG},
-                on_reply=_chain_reply,
-            )
-            if holder not in reply:
-                raise aborted(
-                    ctx,
-                    "key_chain",
-                    f"key holder {holder} did not add its share to the threshold key "
-                    f"({ctx.excluded.get(holder)}); every holder must",
-                )
-            previous, link = reply[holder]
-            links.append(link)
-        install = {
-            c: {
-                "setup": setup,
-                "chain": wire.config({"holders": holders, "links": links}),
-                "joint_key": wire.ciphertext([previous or b""]),
-            }
-            for c in holders
-        }
-        done = ctx.ask(
-            "key_install",
-            install,
-            expect={"installed": wire.CONFIG},
-            on_reply=lambda _, env: env.config("installed"),  # a JSON list excludes its sender
-        )
-        refused = [c for c in holders if c not in done]
-        if refused:
-            raise aborted(
-                ctx,
-                "key_install",
-                f"holders {refused} refused the joint key: "
-                + "; ".join(f"{c}: {ctx.excluded.get(c)}" for c in refused),
-            )
-        for c, receipt in done.items():
-            if receipt != {"params": self.context.fingerprint}:
-                raise KeySetupError(f"{c} installed other parameters")
-        self.holders = holders
+        """Nothing to make: keys are one-time and dealt with each upload. Without a
+        provisioned roster (tests), the holders are the run's clients."""
+        if not self.holders:
+            self.holders = holders_of(ctx.active)
+        self.t  # noqa: B018 - a t that does not fit the roster fails before round 0
 
     # ---- aggregation -------------------------------------------------------------------------
     def load(self, envelope: Envelope, name: str, length: int) -> ThresholdHandle:
         parts = [bytes(p) for p in envelope.ciphertext_parts(name)]
-        chunks = self.context.load_ciphertexts(parts, length)
-        halves = [self.context.c1_half(ct) for ct in chunks]
-        entry = Entry(envelope.sender, 0, b"".join(halves), upload_basis_of(envelope))
-        return ThresholdHandle(chunks, length, (entry,), {envelope.sender: halves})
+        upload = Upload.from_parts(self.preset, parts, length, len(self.holders))
+        digest = upload.digest(self.preset)
+        if self.signers is not None:
+            try:
+                Ed25519PublicKey.from_public_bytes(self.signers[envelope.sender]).verify(
+                    upload.signature, upload_message(envelope.sender, digest)
+                )
+            except (InvalidSignature, KeyError, ValueError):
+                raise MalformedCiphertext(
+                    f"{envelope.sender}'s upload is not signed by its roster key"
+                ) from None
+        blocks = self.ring.from_bytes(upload.blocks, self.preset.blocks(length))
+        entry = Entry(envelope.sender, 0, upload.preimage(self.preset), upload_basis_of(envelope))
+        return ThresholdHandle(blocks, length, (entry,), {envelope.sender: upload.sealed})
 
     def weighted_sum(
         self, handles: Sequence[ThresholdHandle], weights: Sequence[float]
     ) -> ThresholdHandle:
+        if self.weights_at_client:
+            raise ConfigError(
+                f"threshold preset {self.preset.name!r} only adds uploads their clients "
+                "weighted before masking (a streaming run's planned weights); this protocol "
+                "weights after the uploads arrive: use the wide preset"
+            )
         if any(h.summed or len(h.entries) != 1 for h in handles):
             raise MalformedCiphertext("only fresh uploads can be summed")
         ks = [quantise(w, self.preset.weight_bits) for w in weights]
         kept = [(h, k) for h, k in zip(handles, ks) if k != 0]
         if not kept:
             raise MalformedCiphertext("a sum needs at least one non-zero weight")
-        chunks = self.context.weighted_sum([h.chunks for h, _ in kept], [k for _, k in kept])
+        stacked = np.stack([h.total for h, _ in kept]).reshape(len(kept), -1)
+        total = self.ring.combine(stacked, [k for _, k in kept])
         return ThresholdHandle(
-            chunks,
+            total.reshape(kept[0][0].total.shape),
             handles[0].n_values,
             tuple(replace(h.entries[0], k=k) for h, k in kept),
-            {c: v for h, _ in kept for c, v in h.halves.items()},
+            {c: v for h, _ in kept for c, v in h.sealed.items()},
             summed=True,
         )
 
@@ -153,9 +158,7 @@ class ThresholdServer(ServerBackend):
         return ThresholdRunningSum(self, length)
 
     def to_field(self, handle: ThresholdHandle) -> Field:
-        from secagg.threshold.params import serialize
-
-        return wire.ciphertext([serialize(ct) for ct in handle.chunks])
+        return wire.ciphertext([self.ring.to_bytes(handle.total)])
 
     # ---- releases ----------------------------------------------------------------------------
     def descriptor(self, ctx, handle: ThresholdHandle, kind: str, name: str) -> Descriptor:
@@ -166,125 +169,151 @@ class ThresholdServer(ServerBackend):
             name,
             ctx.round,
             handle.n_values,
-            len(handle.chunks),
-            tuple((e.client, e.k, c1_digest(handle.halves[e.client])) for e in handle.entries),
+            self.preset.blocks(handle.n_values),
+            tuple((e.client, e.k, e.digest) for e in handle.entries),
             common_basis(handle.entries),
         )
 
     def _shares(
         self, ctx, handle: ThresholdHandle, name: str, kind: str, extra: dict[str, Field]
-    ) -> tuple[Descriptor, dict[str, Any], dict[str, Envelope]]:
-        """Every holder's answer to a release of ``kind`` (its descriptor, the
-        contributors' consents and c1 halves, and ``extra``); n-of-n: a holder that does
-        not answer stops the round (``RoundAborted``, with every exclusion)."""
+    ) -> tuple[Descriptor, dict[str, Envelope]]:
+        """Every reachable holder's answer to a release of ``kind``: the descriptor with the
+        contributors' consents, and for each holder the sealed shares addressed to it.
+        Fewer than t answers stop the round (``RoundAborted``, with every exclusion)."""
         d = self.descriptor(ctx, handle, kind, name)
         consents = gather_consents(ctx, d, self.signers)
-        request = {
+        common = {
             "release": wire.config({"descriptor": d.to_config(), "consents": consents}),
-            "halves": wire.ciphertext([b for e in handle.entries for b in handle.halves[e.client]]),
+            "holders": wire.config({"ids": list(self.holders)}),
+            "preimages": wire.ciphertext([e.seeds for e in handle.entries]),
             **extra,
+        }
+        requests = {
+            h: {
+                **common,
+                "shares": wire.ciphertext([handle.sealed[e.client][j] for e in handle.entries]),
+            }
+            for j, h in enumerate(self.holders)
         }
         phase = {"reveal": "decrypt_share", "open": "open_share"}[kind]
         expect = (
-            {"partial": wire.CIPHERTEXT}
+            {"share": wire.CIPHERTEXT}
             if kind == "reveal"
             else {"sealed": wire.CIPHERTEXT, "keys": wire.CIPHERTEXT}
         )
-        replies = ctx.ask(
-            phase, {h: request for h in self.holders}, expect=expect, reach_excluded=True
-        )
-        missing = [h for h in self.holders if h not in replies]
-        if missing:
+        replies = ctx.ask(phase, requests, expect=expect, reach_excluded=True)
+        if len(replies) < self.t:
+            missing = [h for h in self.holders if h not in replies]
             raise aborted(
                 ctx,
                 phase,
-                f"{name}: holders {missing} sent no share and the threshold key needs all "
-                "of them (n-of-n); the run stops: "
+                f"{name}: {len(replies)} of {len(self.holders)} holders answered and t = "
+                f"{self.t} are needed: "
                 + "; ".join(f"{h}: {ctx.excluded.get(h, 'no answer')}" for h in missing),
             )
-        return d, consents, replies
+        return d, replies
 
     def release(self, ctx, handle: ThresholdHandle, name: str) -> dict[str, Field]:
-        """Fields that let the round's clients open ``handle``: the sum's c0 halves, its
-        descriptor, and every holder's partial decryption sealed for them (the server
-        relays the shares and can fuse none of them)."""
+        """Fields that let the round's clients open ``handle``: the sum, its descriptor and
+        at least t holders' shares of its key sum, each sealed for every recipient (the
+        server relays them and can open none)."""
         recipients = list(ctx.active)
-        d, _, replies = self._shares(
+        d, replies = self._shares(
             ctx, handle, name, "open", {"recipients": wire.config({"ids": recipients})}
         )
-        chunks = len(handle.chunks)
-        sealed, keys = [], []
+        answered, sealed, keys = [], [], []
         for h in self.holders:
+            if h not in replies:
+                continue
             s, k = replies[h].ciphertext_parts("sealed"), replies[h].ciphertext_parts("keys")
-            if len(s) != chunks or len(k) != len(recipients):
-                raise aborted(
-                    ctx,
+            if len(s) != 1 or len(k) != len(recipients):
+                ctx.exclude(
+                    h,
                     "open_share",
-                    f"{name}: holder {h} sent {len(s)} sealed chunk(s) and {len(k)} key(s) "
-                    f"for {chunks} chunk(s) and {len(recipients)} recipient(s)",
+                    MalformedCiphertext(
+                        f"{len(s)} sealed share(s) and {len(k)} key(s) for one share and "
+                        f"{len(recipients)} recipient(s)"
+                    ),
                 )
-            sealed += [bytes(b) for b in s]
+                continue
+            answered.append(h)
+            sealed.append(bytes(s[0]))
             keys += [bytes(b) for b in k]
+        if len(answered) < self.t:
+            raise aborted(ctx, "open_share", f"{name}: {len(answered)} usable shares, t = {self.t}")
         info = {
             "descriptor": d.to_config(),
-            "holders": self.holders,
+            "holders": answered,
             "recipients": recipients,
             "divisor": handle.divisor,
         }
         return {
-            name: wire.ciphertext([self.context.c0_half(ct) for ct in handle.chunks]),
+            name: self.to_field(handle),
             f"{name}.release": wire.config(info),
             f"{name}.sealed": wire.ciphertext(sealed),
             f"{name}.keys": wire.ciphertext(keys),
         }
 
     def reveal(self, ctx, handle: ThresholdHandle, name: str) -> tuple[np.ndarray, str]:
-        """Every holder's partial decryption of the consented sum, fused with its c0."""
-        _, _, replies = self._shares(ctx, handle, name, "reveal", {})
+        """The holders' shares of the consented sum's key sum, checked and combined; the
+        sum unmasked. Names who answered, and t of n."""
+        d, replies = self._shares(ctx, handle, name, "reveal", {})
+        shares = {}
+        for h in self.holders:
+            if h not in replies:
+                continue
+            parts = replies[h].ciphertext_parts("share")
+            try:
+                if len(parts) != 1:
+                    raise MalformedCiphertext(f"{len(parts)} shares in one answer")
+                shares[h] = self.ring.from_bytes(bytes(parts[0]), 1)[0]
+            except MalformedCiphertext as exc:
+                ctx.exclude(h, "decrypt_share", exc)
+        xs = {h: 1 + j for j, h in enumerate(self.holders)}
         try:
-            partials = [
-                [self.context.load_partial(p) for p in replies[h].ciphertext_parts("partial")]
-                for h in self.holders
-            ]
-            if any(len(p) != len(handle.chunks) for p in partials):
-                raise MalformedCiphertext("a partial decryption has the wrong number of chunks")
-            c0s = [self.context.c0(ct) for ct in handle.chunks]
-            values = self.context.fuse(c0s, partials, handle.n_values) / handle.divisor
-        except MalformedCiphertext as exc:
-            raise aborted(
-                ctx,
-                "decrypt_share",
-                f"{name}: the holders' partial decryptions do not fuse ({exc})",
-            ) from None
-        return values, "holders " + ",".join(self.holders)
+            key_sum, wrong = interpolate(self.ring, shares, xs, self.t)
+        except ShareMismatch as exc:
+            raise aborted(ctx, "decrypt_share", f"{name}: {exc}") from None
+        for h in wrong:
+            ctx.exclude(h, "decrypt_share", WrongShare(f"{h}'s share of {name}'s key sum is wrong"))
+        centred = self.ring.unmask(handle.total, key_sum, public_seed(self.preset, d.basis))
+        values = decode(self.preset, centred, handle.n_values, handle.divisor)
+        used = [h for h in shares if h not in wrong]
+        return values, (
+            f"holders {','.join(used)} ({len(used)} of {len(self.holders)}, t = {self.t})"
+        )
 
 
 class ThresholdRunningSum(RunningSum):
-    """Σ k_i·upload_i folded as the uploads arrive; the c1 halves are kept (holders need
-    them to recompute the sum they partially decrypt)."""
+    """Σ w_i·upload_i folded as the uploads arrive (on ``lean`` the clients weighted, the
+    server adds); the sealed shares are kept for the holders."""
 
     def __init__(self, server: ThresholdServer, length: int):
         self.server, self.length = server, length
-        self._acc: list | None = None
+        self._acc: np.ndarray | None = None
         self._entries: list[Entry] = []
-        self._halves: dict[str, list[bytes]] = {}
+        self._sealed: dict[str, tuple[bytes, ...]] = {}
 
     def add(self, handle: ThresholdHandle, weight: float) -> None:
         if handle.summed or handle.n_values != self.length or len(handle.entries) != 1:
             raise MalformedCiphertext("only fresh uploads of the model's length can be summed")
-        k = quantise(weight, self.server.preset.weight_bits)
-        if k == 0:
-            return
-        context = self.server.context
-        terms = [context.times(ct, k) for ct in handle.chunks]
-        if self._acc is None:
-            self._acc = terms  # fresh objects: ``times`` copies
+        preset = self.server.preset
+        if preset.weighted_by_clients:
+            k, factor = applied_weight(weight, preset), 1
         else:
-            for acc, term in zip(self._acc, terms):
-                context.cc.EvalAddInPlace(acc, term)
+            k = factor = quantise(weight, preset.weight_bits)
+            if k == 0:
+                return
+        ring_ = self.server.ring
+        if self._acc is None:
+            flat = handle.total.reshape(1, -1)
+            self._acc = ring_.combine(flat, [factor]).reshape(handle.total.shape)
+        else:
+            stacked = np.stack([self._acc, handle.total]).reshape(2, -1)
+            self._acc = ring_.combine(stacked, [1, factor]).reshape(handle.total.shape)
         (entry,) = handle.entries
         self._entries.append(replace(entry, k=k))
-        self._halves.update(handle.halves)
+        self._sealed.update(handle.sealed)
 
     def _result(self, normaliser: float) -> ThresholdHandle:
         if self._acc is None:
@@ -293,15 +322,7 @@ class ThresholdRunningSum(RunningSum):
             self._acc,
             self.length,
             tuple(self._entries),
-            dict(self._halves),
+            dict(self._sealed),
             summed=True,
             divisor=normaliser,
         )
-
-
-def _chain_reply(holder: str, env: Envelope) -> tuple[bytes, dict[str, Any]]:
-    """A key-chain reply: one public key and its link (UnexpectedField excludes the holder)."""
-    parts = env.ciphertext_parts("public_key")
-    if len(parts) != 1:
-        raise UnexpectedField(f"{holder} sent {len(parts)} public keys in its key-chain reply")
-    return bytes(parts[0]), env.config("key_link")

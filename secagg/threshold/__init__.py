@@ -1,5 +1,7 @@
-"""Threshold CKKS on OpenFHE: a key no single client holds (the ``threshold`` backend).
+"""The ``threshold`` backend's parts: masks under one-time keys that no single client holds.
 
-``params``: the parameter set and the public operations (server side: load, sum, serialise).
-``shares``: a client's key share (secret; kept out of the server's imports).
+``params``: the construction, presets, encoding and upload format (public).
+``ring``: R_p = Z_p[X]/(X^N+1) through SEAL's NTT, samplers and PRNG (the native extension).
+``combine``: the holders' shares of a key sum, checked and interpolated (public).
+``share_relay``: shares sealed for the clients that open a sum (client side).
 """

@@ -1,102 +1,169 @@
-"""Threshold CKKS's parameter set and its public operations (OpenFHE, no secret key here).
+"""The threshold backend's parameter sets, encoding and upload format (no secret here).
 
-The scheme (OpenFHE's multiparty CKKS, Asharov et al. style additive key shares):
+The construction (key-additive RLWE masking with one-time keys, the structure of Willow:
+Bell-Clark, Gascón, Li, Raykova, Schoppmann, CRYPTO 2025, with the clients themselves as the
+committee, as LERNA (ASIACRYPT 2023) and Flamingo (S&P 2023) do in the cross-silo setting):
 
-- every key holder k draws a secret s_k; the joint public key (b, a) with b = −a·s + e,
-  s = Σ_k s_k, is built along a chain: holder 1 runs ``KeyGen``, holder k runs
-  ``MultipartyKeyGen`` on holder k−1's public key. No party ever holds s;
-- a client encrypts m as (c0, c1) = (v·b + e0 + Δm, v·a + e1) under the joint key;
-- the server forms Σ k_i·ct_i with integer weights k_i = round(w_i·2^weight_bits), by
-  doubling and adding (``EvalAdd`` only: depth 0, no evaluation key, no rescaling);
-- each holder's partial decryption of (c0, c1) is c1·s_k + f_k (OpenFHE's
-  ``MultipartyDecryptMain``, f_k its fixed Gaussian noise, σ = 2^20); whoever fuses every
-  holder's partial with c0 gets c0 + c1·s + Σ f_k = Δ·Σ k_i m_i + noise. A partial depends on
-  c1 only, so a holder computes it on its own recomputation of Σ k_i·c1_i from the uploads'
-  c1 halves (``c1_half``), never on a ciphertext the server chose.
+- ring R_p = Z_p[X]/(X^N + 1), N = 4096, p one NTT-friendly prime (``secagg.threshold.ring``:
+  SEAL's NTT, samplers and PRNG through the native extension);
+- every upload has its own fresh ternary key k_i (never used for another upload). Values
+  are packed N to a block, scaled by Δ and rounded, and block b is masked as
 
-Parameter set ``n8192``: ring dimension 8192 (4096 values per ciphertext), one 60-bit
-modulus (``FIXEDMANUAL``, multiplicative depth 0), scale 2^36, weights quantised to 2^-16;
-OpenFHE's ``HEStd_128_classic`` check accepts it (128-bit classical security for N = 8192 up
-to a 218-bit modulus). Values are decoded exactly only while |Σ w_i x_i| < headroom = 2^(60 − 1
-− 36 − 16 − 2) = 16, and overflow is silent, so each client checks |x| ≤ headroom / n before it
-encrypts. Measured precision: max |error| about 2e-6 on Σ w_i x_i for three uploads of N(0,
-0.05²) values (public-key encryption noise under a joint secret dominates). Sizes: 32.2 bytes
-per value per upload, 16.2 per value per partial decryption.
+      b_{i,b} = a_b·k_i + e_{i,b} + round(Δ·x_{i,b})  mod p,
 
-Parameter set ``wide``: the same ring with a second modulus (60 + 59 bits; BV key switching,
-which adds no auxiliary modulus, so the same 128-bit check passes; nothing is ever
-multiplied) and scale 2^59: 64.2 bytes per value, 32.2 per partial, max |error| about 2e-13.
-It is for sums of small terms (RegAgg's and SimAgg's τ-scaled A and B, entries ~1e-5, which
-n8192's 2e-6 would swamp), as ckks's ``wide`` is. Headroom is capped at 16 for both.
+  e from SEAL's centred binomial sampler (σ ≈ 3.2) and a_b uniform, expanded by everyone from
+  a public seed (the parameters, the upload's *basis*: round, phase, model and settings,
+  ``secagg.clients.policy``; and b). a_b is never sent. In the NTT domain by definition (it
+  is uniform either way, as SEAL's seeded encryption takes it);
+- the client Shamir-shares k_i coefficient-wise (t of n, x_j = 1 + j for the j-th client of
+  the sorted roster) and seals share j for client j alone (X25519 + HKDF + AES-GCM with the
+  static pair's key, the parameters, sender, recipient and the upload's blocks bound in),
+  in the same upload: shares ride with the upload, no extra round trip;
+- the server forms Σ_i w_i·b_i mod p with integer weights w_i; a holder j that checked the
+  release returns s_j = Σ_i w_i·[k_i]_j, one ring element whatever the model's size; with
+  t of them the server interpolates K = Σ_i w_i·k_i and unmasks Σ w_i b_i − a·K =
+  Σ w_i e_i + Δ·Σ w_i x_i, which decodes to Σ w_i x_i with error Σ w_i (e_i + rounding)/Δ.
+
+Deviations from the prototype and the papers, chosen here:
+
+- the wide preset is one 60-bit prime rather than two 31-bit primes: the same 8 bytes a
+  value, no CRT, and SEAL's NTT takes primes up to 60 bits;
+- a holder returns s_j, not λ_j·s_j: the Lagrange coefficient is public, and unscaled shares
+  let whoever combines them check their consistency when more than t answer;
+- keys are one-time per *upload*, not per round, so a protocol that uploads twice in a round
+  (RegAgg's sums, XGBoost's levels) never masks two values with one key; a holder's
+  "one set per round" rule is kept per upload (``threshold_client``);
+- no decryption flooding: no key is ever used twice, and K reveals only the sum it opens.
+
+Security (HomomorphicEncryption.org standard, ternary secrets, classical): N = 4096 allows
+log q ≤ 109 for 128-bit security; both presets use far less (31 and 60 bits), so the
+RLWE samples are at least as hard as that bound's. The shares are information-theoretic:
+t − 1 of them say nothing about a key.
+
+Presets:
+
+- ``lean`` (one 31-bit prime, 4 bytes a value): for protocols that fix their weights before
+  the uploads (``Protocol.planned_weights``): each client multiplies its update by its
+  planned weight (quantised to 2^-16) before masking and the server only adds, as ckks's
+  ``lean``. Δ = 2^25, headroom 16 (the applied weights add up to at most 1, every holder
+  checks it). Error: Σ_i (e_i + ½)/Δ, about 2e-6 at ten clients (measured, ``tests``).
+- ``wide`` (one 60-bit prime, 8 bytes a value): weights chosen after the uploads (LARC,
+  FedDisco, RoLePRO), quantised to 2^-16; Δ = 2^38, headroom 16 shared by the clients
+  (each checks |x| ≤ 16/n); error about 1e-10.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import openfhe as fhe
 
-from secagg.errors import ConfigError, KeySetupError, MalformedCiphertext
+from secagg.errors import ConfigError, MalformedCiphertext, ValueRangeError
+
+#: the ring dimension of every preset
+RING_DIM = 4096
+#: SEAL's centred binomial error is at most this in absolute value (``sample_poly_cbd``)
+ERROR_BOUND = 21
+#: what an upload's digest and signature are bound to
+_UPLOAD_CONTEXT = b"secagg threshold upload v2"
+_PUBLIC_CONTEXT = b"secagg threshold public polynomial v2"
+SIGNATURE_BYTES = 64
+#: AES-GCM's nonce and tag around a sealed share (``secagg.ckks.keywrap``)
+SEAL_OVERHEAD = 12 + 16
 
 
 @dataclass(frozen=True)
 class ThresholdPreset:
     name: str
-    ring_dim: int
-    #: the first modulus; a depth-1 preset adds a second of ``scale_bits``
-    first_modulus_bits: int
+    prime_bits: int
     scale_bits: int
+    #: server weights are quantised to 2^-weight_bits (0: the clients weight, the server adds)
     weight_bits: int
     description: str
-    #: 0: one modulus; 1: two (no multiplication is ever made: the second modulus buys a
-    #: larger scale, that is precision, for 2x the bytes)
-    depth: int = 0
+    #: the clients apply their planned weights, quantised to 2^-client_weight_bits
+    client_weight_bits: int | None = None
+    #: the bound on |Σ w_i x_i| that decodes without wrapping
+    headroom: float = 16.0
+    ring_dim: int = RING_DIM
+
+    security_bits = 128
 
     @property
-    def modulus_bits(self) -> int:
-        return self.first_modulus_bits + self.depth * self.scale_bits
+    def weighted_by_clients(self) -> bool:
+        return self.client_weight_bits is not None
 
     @property
-    def slots(self) -> int:
-        return self.ring_dim // 2
+    def client_weight_unit(self) -> int:
+        if self.client_weight_bits is None:
+            raise ConfigError(f"threshold preset {self.name}: the server weights, not the clients")
+        return 1 << self.client_weight_bits
+
+    @functools.cached_property
+    def prime(self) -> int:
+        from secagg.threshold.ring import ntt_prime
+
+        return ntt_prime(self.prime_bits, self.ring_dim)
 
     @property
-    def headroom(self) -> float:
-        """The bound on |Σ w_i x_i| (|w_i| ≤ 1 summed) that decodes without wrapping, with
-        two bits kept for the noise; capped at 16 (no update comes near it, and the decoder
-        is tested up to it)."""
-        return 2.0 ** min(4, self.modulus_bits - 1 - self.scale_bits - self.weight_bits - 2)
+    def scale(self) -> float:
+        return float(2**self.scale_bits)
+
+    @property
+    def coefficient_bytes(self) -> int:
+        return 4 if self.prime_bits <= 32 else 8
+
+    def blocks(self, n_values: int) -> int:
+        return max(1, -(-n_values // self.ring_dim))
+
+    def client_bound(self, n_clients: int) -> float:
+        """The largest |value| one client may upload: client weights add up to at most 1, so
+        each may use the whole headroom; server weights are each at most 1, so n share it."""
+        return self.headroom if self.weighted_by_clients else self.headroom / max(n_clients, 1)
+
+    def check(self) -> ThresholdPreset:
+        """The headroom and the worst-case noise of a sum of 2^10 uploads fit in (−p/2, p/2]."""
+        used = self.scale_bits + self.weight_bits + math.log2(self.headroom)
+        noise = math.log2(ERROR_BOUND + 1) + 10 + self.weight_bits
+        if max(used, noise) + 1 > self.prime_bits - 1:
+            raise ConfigError(f"threshold preset {self.name}: scale and weights leave no room")
+        return self
+
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """Names the parameters: a client refuses anything made under others."""
+        text = f"{self.name}|{self.ring_dim}|{self.prime}|{self.scale_bits}|{self.weight_bits}"
+        text += f"|{self.client_weight_bits}|{self.headroom}"
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-#: serialised objects carry their key's tag, whose length varies: sizes are checked to within
-#: this many bytes before OpenFHE parses anything
-SIZE_SLACK = 1024
-
-PRESETS = {
-    "n8192": ThresholdPreset(
-        "n8192",
-        ring_dim=8192,
-        first_modulus_bits=60,
-        scale_bits=36,
-        weight_bits=16,
-        description="N=8192, one 60-bit modulus, scale 2^36: 32 B/value, |error| ~2e-6, "
-        "headroom 16",
-    ),
-    "wide": ThresholdPreset(
-        "wide",
-        ring_dim=8192,
-        first_modulus_bits=60,
-        scale_bits=59,
-        weight_bits=16,
-        depth=1,
-        description="N=8192, moduli 60+59 bits (BV key switching), scale 2^59: 64 B/value, "
-        "|error| ~2e-13, for sums of small terms (RegAgg, SimAgg)",
-    ),
+PRESETS: dict[str, ThresholdPreset] = {
+    p.name: p.check()
+    for p in (
+        ThresholdPreset(
+            "lean",
+            prime_bits=31,
+            scale_bits=25,
+            weight_bits=0,
+            client_weight_bits=16,
+            description="N=4096, one 31-bit prime: 4 bytes per value, the clients apply "
+            "their planned weights, error ~2e-6",
+        ),
+        ThresholdPreset(
+            "wide",
+            prime_bits=60,
+            scale_bits=38,
+            weight_bits=16,
+            description="N=4096, one 60-bit prime: 8 bytes per value, weights chosen after "
+            "the uploads, error ~1e-10",
+        ),
+    )
 }
+#: the preset of protocols whose weights are planned before the uploads (as ckks's)
+STREAMING_PRESET = "lean"
+DEFAULT_PRESET = "wide"
 
 
 def get_preset(name: str) -> ThresholdPreset:
@@ -111,223 +178,138 @@ def quantise(weight: float, weight_bits: int) -> int:
     return -k if weight < 0 else k
 
 
-def serialize(obj) -> bytes:
-    return fhe.Serialize(obj, fhe.BINARY)
+def applied_weight(weight: float, preset: ThresholdPreset) -> int:
+    """The integer k a client of ``lean`` multiplies its update by (as k / 2^16): a planned
+    weight in (0, 1] and at least one unit (the holders' headroom check needs the applied
+    weights to add up to at most 1)."""
+    unit = preset.client_weight_unit
+    w = float(weight)
+    k = int(math.floor(w * unit + 0.5)) if 0.0 < w <= 1.0 else 0
+    if k == 0:
+        raise ConfigError(
+            f"a planned weight must lie in (0, 1] and be at least 1/{unit}; got {weight!r}"
+        )
+    return k
 
 
-def canonical_ciphertext(ct) -> bytes:
-    """The bytes a ciphertext has after one round trip (OpenFHE's first serialisation of a
-    fresh object differs from every later one): what peers compare and digest."""
-    return serialize(fhe.DeserializeCiphertextString(serialize(ct), fhe.BINARY))
+def holders_of(roster: object) -> list[str]:
+    """The key holders in the order their x-coordinates follow (x = 1 + position): the
+    roster's clients, sorted, so every party numbers them alike without a message."""
+    return sorted(roster)  # type: ignore[call-overload]
 
 
-def canonical_public_key(key) -> bytes:
-    return serialize(fhe.DeserializePublicKeyString(serialize(key), fhe.BINARY))
+def default_t(n: int) -> int:
+    """A strict majority: t > n/2, so two disjoint holder sets can never both open."""
+    return n // 2 + 1
 
 
-class ThresholdContext:
-    """The crypto context of a preset and every operation that needs no secret: encrypt
-    under a public key, weighted sums, the c1 halves, fusion, (de)serialisation with
-    checks. Every party builds the same one from the preset (OpenFHE caches it by its
-    parameters)."""
+def check_t(t: int, n: int) -> int:
+    """``t`` itself if it is a sound threshold for n holders (0: the default majority)."""
+    t = default_t(n) if t == 0 else t
+    if not isinstance(t, int) or not 1 <= t <= n:
+        raise ConfigError(f"threshold t must lie in [1, {n}] for {n} key holders, got {t!r}")
+    return t
 
-    def __init__(self, preset: ThresholdPreset):
-        self.preset = preset
-        params = fhe.CCParamsCKKSRNS()
-        params.SetMultiplicativeDepth(preset.depth)
-        params.SetScalingTechnique(fhe.FIXEDMANUAL)
-        # BV adds no auxiliary moduli (HYBRID's would push a depth-1 key past N = 8192)
-        params.SetKeySwitchTechnique(fhe.BV)
-        params.SetFirstModSize(preset.first_modulus_bits)
-        params.SetScalingModSize(preset.scale_bits)
-        params.SetRingDim(preset.ring_dim)
-        params.SetBatchSize(preset.slots)
-        params.SetSecurityLevel(fhe.HEStd_128_classic)
-        self.cc = fhe.GenCryptoContext(params)
-        for feature in (fhe.PKE, fhe.LEVELEDSHE, fhe.MULTIPARTY):
-            self.cc.Enable(feature)
-        #: names the parameters: a client refuses a setup proposing any other
-        self.fingerprint = hashlib.sha256(serialize(self.cc)).hexdigest()[:16]
-        probe = self.encrypt_chunks(self._throwaway_public_key(), np.zeros(1))[0]
-        self._zero = self.cc.EvalSub(probe, probe).GetElements()[0]
-        self.ciphertext_bytes = len(canonical_ciphertext(probe))
-        self.c1_bytes = len(self.c1_half(probe))
-        self.scale = probe.GetScalingFactor()
 
-    def _throwaway_public_key(self):
-        key = self.cc.KeyGen().publicKey  # its secret is dropped at once: sizes only
-        self.public_key_bytes = len(canonical_public_key(key))
-        return key
+# ---- encoding ------------------------------------------------------------------------------
+def encode(preset: ThresholdPreset, values: np.ndarray, bound: float, factor: float = 1.0):
+    """round(Δ·factor·x) as int64 blocks (blocks, N), zero-padded; ``values`` must be finite
+    and within ±``bound`` (ValueRangeError: a value beyond the headroom would wrap)."""
+    x = np.asarray(values, dtype=np.float64).ravel()
+    if not np.all(np.isfinite(x)) or (x.size and float(np.abs(x).max()) > bound):
+        raise ValueRangeError(
+            f"values must be finite and within ±{bound:.4g} (the threshold preset's "
+            "headroom for this client)"
+        )
+    out = np.zeros(preset.blocks(x.size) * preset.ring_dim, dtype=np.int64)
+    out[: x.size] = np.rint(x * (preset.scale * factor)).astype(np.int64)
+    return out.reshape(-1, preset.ring_dim)
 
-    def load_public_key(self, blob: bytes):
-        """A public key from bytes a peer sent: this preset's size, canonical."""
-        blob = bytes(blob)
-        if abs(len(blob) - self.public_key_bytes) > SIZE_SLACK:
-            raise KeySetupError(
-                f"a public key of this preset has about {self.public_key_bytes} bytes, got "
-                f"{len(blob)}"
-            )
-        try:
-            key = fhe.DeserializePublicKeyString(blob, fhe.BINARY)
-        except Exception:  # noqa: BLE001 - the binding raises several types
-            raise KeySetupError("not an OpenFHE public key") from None
-        if serialize(key) != blob:
-            raise KeySetupError("a public key of other parameters or not canonical")
-        return key
 
-    def chunks(self, n_values: int) -> int:
-        return max(1, -(-n_values // self.preset.slots))
+def decode(preset: ThresholdPreset, centred: np.ndarray, n_values: int, divisor: float = 1.0):
+    """Σ w_i x_i from an unmasked sum (centred int64 blocks)."""
+    scale = preset.scale * 2.0**preset.weight_bits * divisor
+    return centred.reshape(-1)[:n_values].astype(np.float64) / scale
 
-    # ---- clients ---------------------------------------------------------------------------
-    def encrypt_chunks(self, public_key, values: np.ndarray) -> list:
-        values = np.ascontiguousarray(values, dtype=np.float64)
-        slots = self.preset.slots
-        return [
-            self.cc.Encrypt(public_key, self._encode(values[i : i + slots]))
-            for i in range(0, max(values.size, 1), slots)
-        ]
 
-    def _encode(self, chunk: np.ndarray):
-        try:
-            return self.cc.MakeCKKSPackedPlaintext(chunk)
-        except RuntimeError as exc:
-            # OpenFHE refuses a chunk whose encoding rounds to zero but is not zero ("scaling
-            # factor too small": e.g. an update of float round-off); zero is what it encodes
-            if "Scaling factor too small" not in str(exc):
-                raise
-            return self.cc.MakeCKKSPackedPlaintext(np.zeros_like(chunk))
+def public_seed(preset: ThresholdPreset, basis: str) -> bytes:
+    """The seed everyone expands the uploads' public polynomials a_b from: the parameters
+    and the uploads' basis (so the summed uploads of one release share them)."""
+    return hashlib.sha256(
+        _PUBLIC_CONTEXT + preset.fingerprint.encode() + b"|" + basis.encode()
+    ).digest()
 
-    def encrypt(self, public_key, values: np.ndarray, bound: float) -> list[bytes]:
-        """Encrypted chunks of ``values`` (|x| ≤ ``bound``, else ValueError: a value beyond
-        the headroom would wrap silently), serialised canonically."""
-        values = np.asarray(values, dtype=np.float64)
-        if not np.all(np.isfinite(values)) or (values.size and np.abs(values).max() > bound):
-            raise ValueError(
-                f"values must be finite and within ±{bound:.4g} (the threshold preset's "
-                "headroom shared by the clients)"
-            )
-        return [canonical_ciphertext(ct) for ct in self.encrypt_chunks(public_key, values)]
 
-    # ---- loading untrusted bytes ------------------------------------------------------------
-    def load_ciphertexts(self, parts: Sequence[bytes], n_values: int) -> list:
-        """Fresh ciphertexts of ``n_values`` values from bytes a peer sent: the right
-        number of chunks, each exactly a fresh ciphertext of this preset (size, two
-        polynomials, level 0, the preset's scale), canonical bytes."""
-        if len(parts) != self.chunks(n_values):
+# ---- the upload format ---------------------------------------------------------------------
+def share_label(preset: ThresholdPreset, blocks_digest: bytes) -> str:
+    """What a sealed key share is bound to, besides sender and recipient (``KeyWrapper``):
+    the parameters and the blocks it unmasks."""
+    return f"threshold-share|{preset.fingerprint}|{blocks_digest.hex()}"
+
+
+def sealed_share_bytes(preset: ThresholdPreset) -> int:
+    return preset.ring_dim * preset.coefficient_bytes + SEAL_OVERHEAD
+
+
+def digest_preimage(preset: ThresholdPreset, blocks_digest: bytes, sealed: list[bytes]) -> bytes:
+    """What an upload's digest hashes: the parameters, its blocks' SHA-256 and each sealed
+    share's, in holder order. A holder given its own share and this preimage can check that
+    the share belongs to the upload its sender consented to."""
+    return (
+        _UPLOAD_CONTEXT
+        + preset.fingerprint.encode()
+        + blocks_digest
+        + b"".join(hashlib.sha256(s).digest() for s in sealed)
+    )
+
+
+def upload_message(sender: str, digest: str) -> bytes:
+    """What a client signs for each upload it makes."""
+    who = sender.encode()
+    return _UPLOAD_CONTEXT + len(who).to_bytes(4, "big") + who + digest.encode()
+
+
+@dataclass(frozen=True)
+class Upload:
+    """One client's upload as it travels: its masked blocks, one sealed key share per holder
+    (in holder order) and its signature over the digest."""
+
+    blocks: bytes
+    sealed: tuple[bytes, ...]
+    signature: bytes
+
+    @property
+    def blocks_digest(self) -> bytes:
+        return hashlib.sha256(self.blocks).digest()
+
+    def preimage(self, preset: ThresholdPreset) -> bytes:
+        return digest_preimage(preset, self.blocks_digest, list(self.sealed))
+
+    def digest(self, preset: ThresholdPreset) -> str:
+        return hashlib.sha256(self.preimage(preset)).hexdigest()
+
+    def parts(self) -> list[bytes]:
+        return [self.blocks, *self.sealed, self.signature]
+
+    @classmethod
+    def from_parts(
+        cls, preset: ThresholdPreset, parts: list[bytes], n_values: int, holders: int
+    ) -> Upload:
+        """An upload from the parts a peer sent: its sizes checked (MalformedCiphertext)."""
+        blocks = preset.blocks(n_values)
+        if len(parts) != holders + 2:
             raise MalformedCiphertext(
-                f"expected {self.chunks(n_values)} ciphertext chunk(s), got {len(parts)}"
+                f"a threshold upload has {holders + 2} parts (blocks, {holders} sealed "
+                f"shares, signature), got {len(parts)}"
             )
-        return [self._load(bytes(p), self.ciphertext_bytes, 2) for p in parts]
-
-    def load_half(self, blob: bytes | memoryview):
-        """One half (c0 or c1: a one-polynomial ciphertext) from bytes a peer sent."""
-        return self._load(bytes(blob), self.c1_bytes, 1)
-
-    def load_partial(self, blob: bytes | memoryview):
-        """One partial decryption from bytes a peer sent."""
-        return self._load(bytes(blob), self.c1_bytes, 1)
-
-    def _load(self, blob: bytes, size: int, elements: int):
-        # size first: OpenFHE's deserialiser is not meant for hostile input
-        if abs(len(blob) - size) > SIZE_SLACK:
+        body, *sealed, signature = (bytes(p) for p in parts)
+        want = blocks * preset.ring_dim * preset.coefficient_bytes
+        if len(body) != want:
             raise MalformedCiphertext(
-                f"a ciphertext of this preset has about {size} bytes, got {len(blob)}"
+                f"the masked blocks of {n_values} values have {want} bytes, got {len(body)}"
             )
-        try:
-            ct = fhe.DeserializeCiphertextString(blob, fhe.BINARY)
-        except Exception as exc:  # noqa: BLE001 - the binding raises RuntimeError and others
-            raise MalformedCiphertext(f"not an OpenFHE ciphertext: {type(exc).__name__}") from None
-        if (
-            ct.NumberCiphertextElements() != elements
-            or ct.GetLevel() != 0
-            or ct.GetScalingFactor() != self.scale
-            or ct.GetSlots() != self.preset.slots
-            or serialize(ct) != blob
-        ):
-            raise MalformedCiphertext("a ciphertext of other parameters or not canonical")
-        return ct
-
-    # ---- the server's sums ------------------------------------------------------------------
-    def times(self, ct, k: int):
-        """k·ct with additions alone (doubling and adding, in place on copies): depth 0,
-        the scale unchanged; ``ct`` is left as it was."""
-        if k == 0:
-            return self.cc.EvalSub(ct, ct)
-        return self.weighted_sum([[ct]], [k])[0]
-
-    def weighted_sum(self, uploads: Sequence[Sequence], ks: Sequence[int]) -> list:
-        """Σ_i k_i·uploads[i], chunk by chunk (integer weights, not all 0), by Horner's rule
-        over the weights' bits: one doubling per bit for the whole sum, one addition per set
-        bit of each weight, all in place (the inputs are not modified). Ring arithmetic is
-        exact, so the result is bit for bit the term-by-term sum's, about 20× faster."""
-        top = max(abs(k) for k in ks).bit_length()
-        if top == 0:
-            raise MalformedCiphertext("a sum needs at least one non-zero weight")
-        out = []
-        for j in range(len(uploads[0])):
-            terms = [
-                (chunks[j] if k > 0 else self.cc.EvalNegate(chunks[j]), abs(k))
-                for chunks, k in zip(uploads, ks)
-                if k
-            ]
-            acc = None
-            for bit in range(top - 1, -1, -1):
-                if acc is not None:
-                    self.cc.EvalAddInPlace(acc, acc)
-                for term, k in terms:
-                    if (k >> bit) & 1:
-                        if acc is None:
-                            acc = term.Clone()
-                        else:
-                            self.cc.EvalAddInPlace(acc, term)
-            out.append(acc)
-        return out
-
-    # ---- halves, views, fusion ----------------------------------------------------------------
-    def _boxed(self, like, polynomials: list):
-        box = like.Clone()
-        box.SetElements(polynomials)
-        return box
-
-    def c1_half(self, ct) -> bytes:
-        """The c1 polynomial alone, serialised: all a partial decryption depends on."""
-        return serialize(self._boxed(ct, [ct.GetElements()[1]]))
-
-    def c0(self, ct):
-        """The c0 polynomial alone (a one-polynomial ciphertext): what partials fuse with."""
-        return self._boxed(ct, [ct.GetElements()[0]])
-
-    def c0_half(self, ct) -> bytes:
-        """:meth:`c0`, serialised: what the server sends the clients that open a sum."""
-        return serialize(self.c0(ct))
-
-    def view(self, c1):
-        """(0, c1): the ciphertext a holder partially decrypts (c0 does not enter a partial)."""
-        return self._boxed(c1, [self._zero, c1.GetElements()[0]])
-
-    def sum_c1(self, halves: Sequence[Sequence], ks: Sequence[int]) -> list:
-        """Σ_i k_i·c1_i, chunk by chunk, from the uploads' c1 halves."""
-        return self.weighted_sum(halves, ks)
-
-    def fuse(self, c0s: Sequence, partials: Sequence[Sequence], n_values: int) -> np.ndarray:
-        """c0 + Σ_k partial_k per chunk, decoded, divided by 2^weight_bits: Σ w_i x_i.
-        ``c0s``: the sum's c0 halves, loaded (``load_half``); ``partials``: per holder, one
-        partial per chunk. Missing a holder's partial gives noise, not the sum (OpenFHE
-        raises: the decoded error is too large)."""
-        out = np.empty(self.chunks(n_values) * self.preset.slots)
-        slots = self.preset.slots
-        for j, c0 in enumerate(c0s):
-            try:
-                plain = self.cc.MultipartyDecryptFusion([c0] + [p[j] for p in partials])
-            except RuntimeError as exc:
-                raise MalformedCiphertext(
-                    f"the partial decryptions do not fuse to a sum ({str(exc)[-60:]})"
-                ) from None
-            plain.SetLength(slots)
-            out[j * slots : (j + 1) * slots] = plain.GetRealPackedValue()
-        return out[:n_values] / 2.0**self.preset.weight_bits
-
-
-def c1_digest(halves: Sequence[bytes]) -> str:
-    """What names an upload in a release: SHA-256 of its chunks' c1 halves."""
-    return hashlib.sha256(b"".join(halves)).hexdigest()
+        if any(len(s) != sealed_share_bytes(preset) for s in sealed):
+            raise MalformedCiphertext(f"a sealed key share has {sealed_share_bytes(preset)} bytes")
+        if len(signature) != SIGNATURE_BYTES:
+            raise MalformedCiphertext("an upload's signature has 64 bytes")
+        return cls(body, tuple(sealed), signature)

@@ -1,11 +1,11 @@
-"""Partial decryptions sealed end to end for the clients that open an aggregate.
+"""Holders' shares sealed end to end for the clients that open an aggregate.
 
 When clients open an aggregate themselves (LARC's Ĝ, RegAgg's centre, server-blind
-updates), every holder's partial decryption must reach every recipient, and the server,
-which relays them, must not be able to fuse them. A holder seals its partials once under a
-fresh 256-bit content key (AES-256-GCM, one random nonce per chunk) and wraps that key for
-each recipient with the pairwise X25519 key (``secagg.ckks.keywrap``): R recipients cost
-one copy of the partials and R wrapped keys of 60 bytes, not R copies.
+updates), each answering holder's share of the key sum must reach every recipient, and the
+server, which relays them, must not be able to combine them. A holder seals its share once
+under a fresh 256-bit content key (AES-256-GCM, one random nonce per chunk) and wraps that
+key for each recipient with the pairwise X25519 key (``secagg.ckks.keywrap``): R recipients
+cost one copy of the share and R wrapped keys of 60 bytes, not R copies.
 
 The associated data binds the holder, the chunk's index and a label naming the release
 (the parameter fingerprint and the descriptor's hash), so a sealed share cannot be moved to
@@ -39,7 +39,7 @@ def _aad(label: str, holder: str, index: int) -> bytes:
 def seal(
     identity: KeyWrapper,
     holder: str,
-    partials: Sequence[bytes],
+    shares: Sequence[bytes],
     recipients: Mapping[str, bytes],
     label: str,
 ) -> tuple[list[bytes], list[bytes]]:
@@ -49,9 +49,9 @@ def seal(
     key = AESGCM.generate_key(bit_length=256)
     aead = AESGCM(key)
     sealed = []
-    for index, partial in enumerate(partials):
+    for index, share in enumerate(shares):
         nonce = os.urandom(_NONCE)
-        sealed.append(nonce + aead.encrypt(nonce, partial, _aad(label, holder, index)))
+        sealed.append(nonce + aead.encrypt(nonce, share, _aad(label, holder, index)))
     wrapped = [
         identity.wrap(key, public, holder, recipient, label)
         for recipient, public in recipients.items()
@@ -68,7 +68,7 @@ def unseal(
     wrapped_key: bytes | memoryview,
     label: str,
 ) -> list[bytes]:
-    """The holder's partials, if they were sealed for ``me`` for this release; else one
+    """The holder's sealed blobs, if they were sealed for ``me`` for this release; else one
     opaque ReleaseRefused (which check failed would only help a forger)."""
     try:
         key = identity.unwrap(wrapped_key, holder_public, holder, me, label)
@@ -80,6 +80,6 @@ def unseal(
         return out
     except Exception:  # noqa: BLE001 - KeySetupError, InvalidTag, ValueError: one answer
         raise ReleaseRefused(
-            f"{me}: the partial decryptions from {holder} do not open for this release "
+            f"{me}: the key share from {holder} does not open for this release "
             "(tampered, misaddressed or from another release)"
         ) from None
