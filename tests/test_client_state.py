@@ -51,8 +51,8 @@ CKKS = ExperimentConfig(
     local_steps=5,
     server_blind=True,
 )
-#: threshold: the key share, its link, the joint key and the sealed-share counters; opens go
-#: through every holder's sealed partial decryption
+#: threshold: the record of the client's own uploads (consents), of the releases it answered
+#: and the share counters; opens go through t holders' sealed shares
 THRESHOLD = replace(CKKS, backend="threshold", rounds=2)
 #: DP-SGD (Opacus): accountant, noise generator and the Poisson sampler's place; 7 steps a
 #: round over epochs of 31 batches, so rounds end mid-epoch
@@ -181,8 +181,8 @@ CONTROLS = {
     "ckks: global model": (CKKS, lambda c, p: setattr(c, "_w", None)),
     "ckks: optimizer moments": (CKKS, _zero_moments),
     "ckks: batch position": (CKKS, lambda c, p: setattr(c.trainer, "stream", p.trainer.stream)),
-    "threshold: key share": (THRESHOLD, lambda c, p: setattr(c.backend, "_share", None)),
-    "threshold: joint key": (THRESHOLD, lambda c, p: setattr(c.backend, "_joint", None)),
+    "threshold: upload record": (THRESHOLD, lambda c, p: setattr(c.backend, "uploads", {})),
+    "threshold: upload bases": (THRESHOLD, lambda c, p: setattr(c.backend, "bases", {})),
     "dp-sgd: Opacus state": (DP_SGD, _reset_dp_sgd),
     "admm: x and w": (ADMM, lambda c, p: setattr(c, "protocol", p.protocol)),
 }
@@ -195,8 +195,8 @@ def test_losing_a_piece_of_state_would_change_the_answer(name):
     reference = long_lived(config)
     result, _ = fresh_run(config, forget)
     if name == "ckks: global model" or name.startswith("threshold"):
-        # without its model a client cannot answer the probe; without its share or the
-        # joint key no holder can decrypt or encrypt, and n-of-n stops the run
+        # without its model a client cannot answer the probe; without the record of its
+        # uploads (or of what they were made from) no client consents to their release
         assert result.aborted
     else:
         assert not result.aborted
@@ -367,21 +367,21 @@ def test_a_key_wrapper_round_trips_its_private_key():
         KeyWrapper.from_private_bytes(b"short")
 
 
-# ---- (d) a threshold client's share comes back only with its own link ------------------------
-def test_a_threshold_state_round_trips_and_refuses_another_holders_share():
+# ---- (d) a threshold client's record comes back whole, or not at all ---------------------------
+def test_a_threshold_state_round_trips_and_refuses_another_clients_identity():
     _, transport = fresh_run(replace(THRESHOLD, rounds=1))
     factory, blobs = transport.factory, transport.blobs
     restored = _restored(factory, blobs["client_0"])
     assert restored.export_state() == blobs["client_0"]  # nothing lost or added on the way
     backend = restored.backend
-    assert backend._share is not None and backend.holders == sorted(blobs)
+    assert backend.uploads and backend.answered and backend.holders == sorted(blobs)
 
     _, own = decode_state(blobs["client_0"], "client_0")
     _, other = decode_state(blobs["client_1"], "client_1")
     cases = {
-        # client_1's share under client_0's signed link: the link names another key
-        "key link is not its share's": {"share": other["backend"]["share"]},
-        "key holders are garbled": {"holders": []},
+        "identity is not this client's": {"x25519_private": other["backend"]["x25519_private"]},
+        "answered releases is garbled": {"answered": {"r": ["nobody"]}},
+        "contributor sets is garbled": {"sets": []},
         "not a count": {"open_shares": -1},
     }
     for message, change in cases.items():

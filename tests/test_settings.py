@@ -48,7 +48,8 @@ SPECIAL = {
     "admm_problem": ("lasso", "lasso"),
     "plain_dtype": ("float64", "float64"),
     "ckks_preset": ("wide", "wide"),
-    "threshold_preset": ("n8192", "n8192"),
+    "threshold_preset": ("lean", "lean"),
+    "threshold_t": ("3", 3),
 }
 
 

@@ -73,7 +73,7 @@ def share_request(r: BackendRound, handle, holder: str, kind="reveal", name="glo
     }
 
 
-# ---- the ring and the encoding, measured ------------------------------------------------------
+# ---- the ring and the encoding, measured --------------------------------------------------
 @pytest.mark.parametrize("preset, bound", [("lean", 5e-6), ("wide", 1e-9)])
 def test_ten_masked_uploads_unmask_to_their_sum_within_the_presets_precision(preset, bound):
     """Each preset's stated error, measured at ten clients: Σ (e_i + rounding) / Δ."""
@@ -140,7 +140,7 @@ def test_damaged_uploads_are_typed_errors(damage):
         r.server.load(Envelope.from_bytes(env.to_bytes()), "u", 10)
 
 
-# ---- reveals: t of n -----------------------------------------------------------------------------
+# ---- reveals: t of n ----------------------------------------------------------------------
 def test_an_honest_reveal_needs_t_holders_and_names_them():
     r = make_round("wide")
     xs = {c: values(k) for k, c in enumerate(IDS)}
@@ -231,7 +231,7 @@ def test_a_server_asking_to_reveal_one_upload_is_refused():
         r.server.reveal(r.ctx(), alone, "global_update")
 
 
-# ---- the holders' rules ----------------------------------------------------------------------
+# ---- the holders' rules ------------------------------------------------------------------
 def test_a_second_answer_with_another_holder_set_is_refused():
     r = make_round("wide")
     total = summed(r, {c: values(k) for k, c in enumerate(IDS)}, dict.fromkeys(IDS, 0.2))
@@ -281,7 +281,7 @@ def test_the_rules_survive_a_state_export():
         r.ask(IDS[1], "decrypt_share", request)
 
 
-# ---- attacks by colluding clients -----------------------------------------------------------------
+# ---- attacks by colluding clients ------------------------------------------------------------
 def _correlation(x: np.ndarray, y: np.ndarray) -> float:
     return float(np.corrcoef(x, y)[0, 1])
 
@@ -417,7 +417,7 @@ def test_t_minus_one_colluding_holders_and_the_server_guess_no_better_than_chanc
     assert binomtest(wins[2], trials, 0.5).pvalue > 1e-3
 
 
-# ---- clients opening a sum -----------------------------------------------------------------------
+# ---- clients opening a sum ---------------------------------------------------------------
 def opened(r: BackendRound, name="g_hat", ctx=None):
     xs = {c: values(k) for k, c in enumerate(IDS)}
     weights = dict(zip(IDS, [0.1, 0.3, 0.2, 0.25, 0.15]))
@@ -517,7 +517,7 @@ def test_opens_stop_at_the_budget_and_an_open_survives_a_missing_holder():
         open_as(r, IDS[0], fields)
 
 
-# ---- end to end ------------------------------------------------------------------------------
+# ---- end to end --------------------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "protocol, extra, tolerance",

@@ -379,30 +379,30 @@ def test_a_key_install_receipt_that_is_a_json_list_excludes_only_that_client(mon
     assert revealed_updates(result) == 2
 
 
-def test_a_threshold_key_chain_reply_with_extra_parts_is_a_typed_abort(monkeypatch):
-    """n-of-n: a holder whose key-chain reply is malformed stops the key setup (every holder
-    must add its share), with a typed, recorded abort instead of an untyped ValueError."""
+def test_a_threshold_share_reply_with_extra_parts_excludes_only_that_holder(monkeypatch):
+    """t of n: a holder whose share reply is malformed is excluded with a typed error, and
+    the other holders' shares still open the round's sum."""
     from secagg.backends.threshold_client import ThresholdClient
 
     original = ThresholdClient.handlers
 
     def handlers(self):
         out = original(self)
-        chain = out["key_chain"]
+        answer = out["decrypt_share"]
 
         def doubled(env):
-            fields = chain(env)
+            fields = answer(env)
             if self.id == VICTIM:
-                part = bytes(fields["public_key"].data)
-                fields["public_key"] = wire.ciphertext([part, part])
+                part = bytes(fields["share"].data)
+                fields["share"] = wire.ciphertext([part, part])
             return fields
 
-        return {**out, "key_chain": doubled}
+        return {**out, "decrypt_share": doubled}
 
     monkeypatch.setattr(ThresholdClient, "handlers", handlers)
     result = run_experiment(replace(CKKS, backend="threshold", rounds=1, backend_options={}))
-    assert "key_chain" in result.aborted[3] and VICTIM in result.aborted[3]
-    assert revealed_updates(result) == 0
+    assert not result.aborted and (0, VICTIM) in exclusions(result)
+    assert revealed_updates(result) == 1
 
 
 def test_a_malformed_top_s_proposal_excludes_only_that_client(monkeypatch):
@@ -438,27 +438,38 @@ def test_a_malformed_top_s_proposal_excludes_only_that_client(monkeypatch):
 
 # ---- 2. a release listing a client's own upload under another sender ----------------------------
 def test_a_victims_upload_reuploaded_by_a_colluder_is_refused_by_the_victim():
-    """The review's threshold attack: a colluding client re-uploads the victim's ciphertext as
-    its own (its modified software consents), the server drops the victim's own upload and
-    asks for the sum with the colluder's copy. Every key holder must give a partial
-    decryption, the victim among them, and it refuses a release that lists one of its own
-    uploads under another sender: nothing is decrypted."""
+    """The review's threshold attack: a colluding client re-uploads the victim's upload as
+    its own (its modified software signs and consents), the server drops the victim's own
+    upload and asks for the sum with the colluder's copy. The victim refuses a release that
+    lists one of its own uploads under another sender, and no other holder can open the
+    victim's sealed key shares as the colluder's: nothing is revealed."""
     from secagg.errors import RoundAborted
-    from secagg.threshold.params import c1_digest
+    from secagg.threshold.params import Upload, get_preset, upload_message
     from tests.harness import BackendRound
 
     ids = ["client_0", "client_1", "client_2"]
     victim, colluder, honest = ids
     r = BackendRound(ids, 8, backend="threshold", decryption_budget=4)
     field = r.protect(victim, np.full(8, 0.3))
-    copy = Envelope(colluder, "server", 0, "train", {"pseudo_gradient": field})
-    stolen = r.server.load(Envelope.from_bytes(copy.to_bytes()), "pseudo_gradient", 8)
-    r.clients[colluder].uploads[c1_digest(stolen.halves[colluder])] = {}  # it "made" it
+    sent = Envelope.from_bytes(Envelope(victim, "server", 0, "train", {"u": field}).to_bytes())
+    stolen = Upload.from_parts(
+        get_preset("wide"), [bytes(p) for p in sent.ciphertext_parts("u")], 8, 3
+    )
+    client = r.clients[colluder]
+    digest = stolen.digest(client.preset)
+    resigned = Upload(
+        stolen.blocks, stolen.sealed, client._signer.sign(upload_message(colluder, digest))
+    )
+    client.uploads[digest], client.bases[digest] = {}, ""  # it "made" it
+    copy = Envelope(
+        colluder, "server", 0, "train", {"pseudo_gradient": wire.ciphertext(resigned.parts())}
+    )
+    copied = r.server.load(Envelope.from_bytes(copy.to_bytes()), "pseudo_gradient", 8)
     own = r.upload(honest, np.full(8, 0.1))
-    total = r.server.weighted_sum([stolen, own], [0.5, 0.5])
-    with pytest.raises(RoundAborted, match=victim):
+    total = r.server.weighted_sum([copied, own], [0.5, 0.5])
+    with pytest.raises(RoundAborted, match="does not open"):
         r.server.reveal(r.ctx(), total, "global_update")
-    assert r.clients[victim].decryptions == 0
+    assert all(c.decryptions == 0 for c in r.clients.values())
 
 
 def test_a_protocol_setting_changed_for_every_client_but_one_gets_no_release(monkeypatch):
