@@ -27,7 +27,6 @@ LIBRARIES = (
     "torch",
     "opacus",
     "tenseal",
-    "openfhe",
     "lifelines",
     "scikit-learn",
     "cryptography",
