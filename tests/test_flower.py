@@ -1,6 +1,6 @@
 """secagg over Flower's Message API, in one process (``flower_grid.LoopbackGrid``): the same
 model and audit as the in-process transport, clients rebuilt from their node directory for
-every message, a missing node excluded (ckks) or the round aborted (threshold n-of-n), a node
+every message, a missing node excluded (ckks; threshold while t holders answer), a node
 of another experiment refused.
 The real SuperLink and SuperNodes, in separate processes: ``test_flower_e2e.py``."""
 
@@ -93,17 +93,28 @@ def test_a_node_down_for_a_round_is_excluded_and_rejoins_the_next(tmp_path, unav
     assert json.loads((out / "flower.json").read_text())["aborted"] == {}
 
 
-def test_threshold_n_of_n_stops_cleanly_when_a_holder_is_gone(tmp_path):
+@pytest.mark.parametrize("down", [{102}, {101, 102, 103}], ids=["one", "beyond-n-minus-t"])
+def test_threshold_runs_on_with_t_holders_and_stops_cleanly_below(tmp_path, down):
+    """Six holders, t = 4: one node down in round 1 leaves the round to the other five;
+    three down when the shares are asked for (after every upload) leave three shares, below
+    t, and the seed stops with a typed abort."""
     config = replace(LARC, protocol="fedavg", backend="threshold", rounds=2)
     folder, grid = deploy(tmp_path, config)
-    grid.down_for = lambda node, rnd, phase: node == 102 and rnd == 1
+    phases = None if len(down) == 1 else {"decrypt_share"}
+    grid.down_for = lambda node, rnd, phase: (
+        node in down and rnd == 1 and (phases is None or phase in phases)
+    )
     out = tmp_path / "out"
     run_on_flower(grid, deployment=folder, out=out, timeout=1.0, connect_timeout=5)
     flower = json.loads((out / "flower.json").read_text())
-    assert "client_2" in flower["aborted"]["3"]
     summary = json.loads((out / "audit_summary.json").read_text())
     assert any(e["peer"] == "client_2" for e in summary["exclusions"])
-    assert pd.read_csv(out / "metrics.csv")["round"].max() == 1  # round 1 made no model
+    if len(down) == 1:
+        assert flower["aborted"] == {}
+        assert pd.read_csv(out / "metrics.csv")["round"].max() == 2
+    else:
+        assert "t = 4" in flower["aborted"]["3"]
+        assert pd.read_csv(out / "metrics.csv")["round"].max() == 1  # round 1 made no model
 
 
 def test_a_node_configured_for_another_experiment_is_refused(tmp_path):
