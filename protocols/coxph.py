@@ -28,8 +28,8 @@ centralised Cox fit on the pooled patients: lifelines' ``CoxPHFitter`` where tha
 Precision: near the optimum the gradient is a difference of sums of size ~N that cancel, so
 a backend's absolute error is amplified by N and by H⁻¹. Measured on GBSG2: plain float64
 (``--plain-dtype float64``) reaches lifelines to 1e-9 per coefficient; ckks ``wide`` to 1e-8,
-``compact`` to ~2e-3 (the c-index equal to the fourth decimal); threshold ``wide`` to 5e-7 of
-plain, n8192 only to ~0.1. Use the wide presets for this protocol.
+``compact`` to ~2e-3 (the c-index equal to the fourth decimal); threshold ``wide`` (its default
+here) to the c-index of plain. Use the wide presets for this protocol.
 """
 
 from __future__ import annotations

@@ -19,8 +19,8 @@ What it reveals: to the server, the end-of-round model as FedAvg does; to each c
 predecessor's model (it trains from it), which a release of one contributor's upload is. The
 clients' release policy refuses such releases by default (``min_contributors`` 2): a run on
 an encrypted backend must set ``--backend-option min_contributors=1``, which the clients
-configure themselves. On threshold every hop is a collective decryption by all key holders
-(n-of-n), so one missing holder stops the round, as for any opening there.
+configure themselves. On threshold every hop is opened with t holders' shares of the
+predecessor's one-time key, so up to n − t missing holders leave the round intact.
 
 A centre that does not answer its hop is skipped (the model goes on from the last answer).
 The order is drawn from the run's seed.

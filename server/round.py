@@ -221,8 +221,8 @@ class RoundContext:
         start = time.perf_counter()
         value, by = self.backend.reveal(self, handle, name)
         # a decryptor client's reveal arrives in its reply (timed and audited by ``ask``);
-        # otherwise the server formed the plaintext itself: plain, or threshold's fused
-        # partial decryptions ("holders ...")
+        # otherwise the server formed the plaintext itself: plain, or threshold's sum
+        # unmasked with t holders' shares ("holders ...")
         if by not in self.exchange.clients:
             self.seconds["reveal"] += time.perf_counter() - start
             self.exchange.audit.reveal(self.round, "reveal", name, int(value.size), by=by)

@@ -103,8 +103,8 @@ def test_encrypted_newton_reaches_the_same_fit():
 
 
 def test_threshold_newton_ranks_as_plain_on_the_wide_preset():
-    """n8192's error (~2e-6 per value) survives the gradient's cancellation near the optimum
-    and moves β by ~0.1 (measured); ``wide`` gives β within 5e-7 of plain's."""
+    """Newton's gradient cancels near the optimum and amplifies a backend's error by N and
+    H⁻¹: on ``wide`` (1e-11 per value) the ranking is plain's."""
     plain = run("plain", rounds=6)
     threshold = run("threshold", rounds=6, backend_options={"preset": "wide"})
     assert threshold.metrics["test_pooled"].round(4).tolist() == (

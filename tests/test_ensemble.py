@@ -62,7 +62,7 @@ def test_on_plain_the_ensemble_is_the_sample_weighted_mean_of_the_centres_scores
 @pytest.mark.parametrize("backend", ["ckks", "threshold"])
 def test_encrypted_ensemble_equals_plain_and_reveals_only_the_averaged_scores(backend):
     plain = secagg.run(**SETTINGS, backend="plain")
-    # threshold's n8192 noise (~2e-6) can swap two near-equal scores: compare on wide
+    # threshold on wide (8 bytes a value, ~1e-11): lean's ~1e-6 could swap near-equal scores
     options = {"preset": "wide"} if backend == "threshold" else {}
     encrypted = secagg.run(**SETTINGS, backend=backend, backend_options=options)
     assert encrypted.metrics["test_pooled"].round(4).tolist() == (

@@ -66,7 +66,7 @@ def test_on_plain_each_centre_trains_from_its_predecessors_model():
 def test_encrypted_sequential_equals_plain_and_shows_the_server_no_centres_model(backend):
     plain = secagg.run(**SETTINGS, backend="plain")
     options = dict(ENCRYPTED["backend_options"])
-    if backend == "threshold":  # n8192's noise (~2e-6 a hop) can move the fourth decimal
+    if backend == "threshold":  # wide: lean's clients weight, a hop is a one-upload release
         options["preset"] = "wide"
     encrypted = secagg.run(**SETTINGS, backend=backend, backend_options=options)
     assert not encrypted.aborted
