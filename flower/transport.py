@@ -8,8 +8,9 @@ new node id. ``FlowerTransport`` is the engine's transport for one seed (or pre-
 requests as the engine makes them (at most ``in_flight`` outstanding), pulls replies and
 yields them as they arrive, so a streaming server folds one upload while others are still
 being computed. A node that does not answer within ``timeout`` seconds is a missing answer
-(the engine excludes it for the round, or, below a threshold's t, aborts the round); its message expires in
-the SuperLink at the same time, so a node that restarts never answers a stale request.
+(the engine excludes it for the round, or, below a threshold's t, aborts the round); its
+message expires in the SuperLink at the same time, so a node that restarts never answers a
+stale request.
 
 The bytes the engine counts are the envelopes; what Flower adds around them is counted
 apart (``framing``).

@@ -165,7 +165,8 @@ def test_encrypted_admm_equals_plain(backend):
     """The same iterates up to the backend's noise: r² equal to the fourth decimal."""
     plain, encrypted = (run("ridge", "diabetes-label", b, rounds=25) for b in ("plain", backend))
     difference = np.abs(encrypted.final_params[0] - plain.final_params[0]).max()
-    assert difference <= 1e-5  # ckks: 1.8e-8 measured; threshold runs wide (ADMM needs precise sums)
+    # ckks: 1.8e-8 measured; threshold runs wide (ADMM needs precise sums)
+    assert difference <= 1e-5
     assert encrypted.metrics["test_pooled"].round(4).tolist() == (
         plain.metrics["test_pooled"].round(4).tolist()
     )
