@@ -323,16 +323,17 @@ class ThresholdClient(ClientBackend):
             raise ReleaseRefused(f"{self.id}: {name} was not sealed for this client")
         if not isinstance(divisor, (int, float)) or not 0.0 < divisor <= 1.0:
             raise ReleaseRefused(f"{self.id}: {name}: divisor {divisor!r} is not in (0, 1]")
-        (body,) = envelope.ciphertext_parts(name) or [b""]
+        bodies = envelope.ciphertext_parts(name)
         sealed = envelope.ciphertext_parts(f"{name}.sealed")
         keys = envelope.ciphertext_parts(f"{name}.keys")
         if (
-            d.chunks != self.preset.blocks(d.n_values)
+            len(bodies) != 1
+            or d.chunks != self.preset.blocks(d.n_values)
             or len(sealed) != len(holders)
             or len(keys) != len(recipients) * len(holders)
         ):
             raise ReleaseRefused(f"{self.id}: {name}: the shares do not match the release")
-        total = self._load_rows(body, d.chunks, name)
+        total = self._load_rows(bodies[0], d.chunks, name)
         label = release_label(self.preset.fingerprint, d.hash())
         me = recipients.index(self.id)
         shares = {}
