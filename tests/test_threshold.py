@@ -560,3 +560,57 @@ def test_t_is_checked_against_the_roster():
         make_round("wide", threshold_t=6)
     assert make_round("wide", threshold_t=5).clients[IDS[0]].t == 5
     assert math.floor(5 / 2) + 1 == make_round("wide").clients[IDS[0]].t
+
+
+# ---- a deviating server's garbage ------------------------------------------------------------
+def _mutations(request: dict[str, wire.Field], rng: np.random.Generator) -> dict[str, wire.Field]:
+    """One seeded mutation of a share request: a field dropped, a config replaced by a value
+    of another shape, a part truncated, flipped, duplicated or swapped."""
+    out = dict(request)
+    name = str(rng.choice(sorted(out)))
+    roll = rng.integers(6)
+    if roll == 0:
+        del out[name]
+    elif roll == 1:
+        junk = [None, 3, "x", [], {}, {"ids": 5}, {"descriptor": {}, "consents": []}]
+        out[name] = wire.config(junk[int(rng.integers(len(junk)))])
+    else:
+        field = out[name]
+        if field.kind != wire.CIPHERTEXT:
+            out[name] = wire.ciphertext([b"\x00" * 8])
+        else:
+            parts = parts_of(field)
+            i = int(rng.integers(len(parts)))
+            if roll == 2:
+                parts[i] = parts[i][: int(rng.integers(len(parts[i]) + 1))]
+            elif roll == 3:
+                b = bytearray(parts[i])
+                b[int(rng.integers(len(b)))] ^= 1 << int(rng.integers(8))
+                parts[i] = bytes(b)
+            elif roll == 4:
+                parts.append(parts[i])
+            else:
+                parts = parts[::-1] if len(parts) > 1 else [parts[0] * 2]
+            out[name] = wire.ciphertext(parts)
+    return out
+
+
+def test_mutated_share_requests_are_typed_refusals_and_leave_the_holder_working():
+    """300 seeded mutations of real share requests (reveal and open): each is answered or
+    refused with one of the project's typed errors, never another exception; the holder
+    then still answers the unmutated request (a refusal changes nothing it records)."""
+    r = make_round("wide", decryption_budget=400, open_budget=400)
+    total = summed(r, {c: values(k) for k, c in enumerate(IDS)}, dict.fromkeys(IDS, 0.2))
+    rng = np.random.default_rng(20261125)
+    refused = 0
+    for kind, phase in (("reveal", "decrypt_share"), ("open", "open_share")):
+        _, request = share_request(r, total, IDS[1], kind=kind, name="g")
+        if kind == "open":
+            request["recipients"] = wire.config({"ids": IDS})
+        for _ in range(150):
+            try:
+                r.ask(IDS[1], phase, _mutations(request, rng))
+            except secagg.errors.SecaggError:
+                refused += 1
+        r.ask(IDS[1], phase, request)  # the real request still works
+    assert refused > 200  # most mutations are refused; some (a duplicated part) are not
