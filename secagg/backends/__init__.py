@@ -1,4 +1,5 @@
-"""Aggregation backends, by name: ``plain`` (the baseline) and ``ckks`` (SEAL through TenSEAL).
+"""Aggregation backends, by name: ``plain`` (the baseline), ``ckks`` (SEAL through TenSEAL) and
+``threshold`` (masks under one-time keys Shamir-shared t of n, ring arithmetic from SEAL).
 
 ``BACKENDS`` is the registry everything reads (the experiment driver, the CLI's choices and
 option groups): each entry says how to build the server half and a client's half from the

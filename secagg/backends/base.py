@@ -15,14 +15,15 @@ A backend has two halves that never live in the same process in a real deploymen
 - ``"shared"``: every client holds the one secret key (``ckks``); any single client can
   open an aggregate: a client asked to reveal one for the server (a *decryptor*) decrypts
   it and floods the result, and a protocol's client half opens what the server sends it.
-- ``"threshold"`` (planned): no client alone can; opening takes decryption shares from
-  every client (or t of them), fused by whoever is to learn the result.
+- ``"threshold"``: no client alone can; opening a sum takes t of the n clients' shares of
+  its one-time key sum, combined by whoever is to learn the result.
 
 **Reveal authorisation.** Whatever is opened — revealed to the server
 (:meth:`ServerBackend.reveal`) or sent to clients to open themselves
 (:meth:`ServerBackend.release`) — a key-holding client opens only what it can check: on
 ``ckks`` a weighted sum of uploads whose every contributor signed the same descriptor
-(``secagg.ckks.release``), within its own policy and budgets. The weights the engine
+(``secagg.ckks.release``; the threshold holders check the same), within its own policy and
+budgets. The weights the engine
 accounts are the round's (``RoundContext.releases``).
 
 **Weights** of every sum satisfy |w| ≤ ``MAX_WEIGHT`` on every backend
