@@ -36,9 +36,10 @@ the CLI name no backend option themselves. A new backend is a module plus a regi
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -101,6 +102,53 @@ def no_client_weight(backend: str, weight: float | None) -> None:
             f"the {backend} backend weights uploads on the server; refusing a weight "
             "sent for the client to apply"
         )
+
+
+class ClientWeightedPreset(Protocol):
+    """What a parameter set says about who weights a sum (ckks's and threshold's presets)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def weighted_by_clients(self) -> bool: ...
+
+    @property
+    def client_weight_unit(self) -> int: ...
+
+
+def applied_weight(weight: float, preset: ClientWeightedPreset) -> int:
+    """The integer k a client of a client-weighted preset multiplies its update by, as
+    k / unit: a planned weight in (0, 1] (anything else is refused: the openers' headroom
+    check needs the applied weights to add up to at most 1)."""
+    unit = preset.client_weight_unit
+    w = float(weight)
+    k = int(math.floor(w * unit + 0.5)) if 0.0 < w <= 1.0 else 0
+    if k == 0:
+        raise ConfigError(
+            f"a planned weight must lie in (0, 1] and be at least 1/{unit}; got {weight!r}"
+        )
+    return k
+
+
+def own_weight(client_id: str, preset: ClientWeightedPreset, weight: float | None) -> int | None:
+    """The integer weight a client applies before protecting (None where the server weights):
+    a client-weighted preset needs the planned weight, the others refuse one."""
+    if preset.weighted_by_clients != (weight is not None):
+        raise ProtocolStateError(
+            f"{client_id}: preset {preset.name!r} "
+            + (
+                "needs the upload's planned weight (the client applies it)"
+                if weight is None
+                else "weights on the server; refusing a weight sent for the client to apply"
+            )
+        )
+    if weight is None:
+        return None
+    try:
+        return applied_weight(weight, preset)
+    except ConfigError as exc:
+        raise ProtocolStateError(f"{client_id}: {exc}") from None
 
 
 class RunningSum(ABC):

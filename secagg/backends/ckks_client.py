@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from secagg import wire
-from secagg.backends.base import ClientBackend
+from secagg.backends.base import ClientBackend, own_weight
 from secagg.backends.consenting import (
     as_bytes,
     check_listed_weight,
@@ -45,7 +45,6 @@ from secagg.ckks.keywrap import KeyWrapper
 from secagg.ckks.presets import CKKSPreset
 from secagg.ckks.public import (
     SEED_INFO_BYTES,
-    applied_weight,
     ciphertext_raw_bytes,
     params_fingerprint,
     raw_body,
@@ -57,7 +56,7 @@ from secagg.ckks.release import (
     seed_digest,
 )
 from secagg.ckks.secret import SecretKeyHolder
-from secagg.errors import ConfigError, KeySetupError, ProtocolStateError, ReleaseRefused
+from secagg.errors import KeySetupError, ProtocolStateError, ReleaseRefused
 from secagg.wire import Envelope, Field
 
 
@@ -293,21 +292,7 @@ class CKKSClient(ClientBackend):
         """Encrypt ``values``; on a client-weighted preset, ``weight`` (the planned weight
         the server sent with the training request) times ``values``, and the integer weight
         applied is remembered: this client consents only to sums listing that weight."""
-        if self.preset.weighted_by_clients != (weight is not None):
-            raise ProtocolStateError(
-                f"{self.id}: CKKS preset {self.preset.name!r} "
-                + (
-                    "needs the upload's planned weight (the client applies it)"
-                    if weight is None
-                    else "weights on the server; refusing a weight sent for the client to apply"
-                )
-            )
-        applied = None
-        if weight is not None:
-            try:
-                applied = applied_weight(weight, self.preset)
-            except ConfigError as exc:
-                raise ProtocolStateError(f"{self.id}: {exc}") from None
+        applied = own_weight(self.id, self.preset, weight)
         parts = self.keys.encrypt(
             values,
             bound=self.preset.client_bound(len(self.roster)),

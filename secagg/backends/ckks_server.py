@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from secagg import wire
-from secagg.backends.base import RunningSum, ServerBackend
+from secagg.backends.base import RunningSum, ServerBackend, applied_weight
 from secagg.backends.consent import gather_consents
 from secagg.ckks.first_polys import (
     FirstPolynomialSum,
@@ -33,7 +33,6 @@ from secagg.ckks.presets import CKKSPreset
 from secagg.ckks.public import (
     CiphertextSum,
     PublicCKKS,
-    applied_weight,
     params_fingerprint,
     quantise,
     to_bytes,

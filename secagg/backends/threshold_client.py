@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from secagg import wire
-from secagg.backends.base import ClientBackend
+from secagg.backends.base import ClientBackend, own_weight
 from secagg.backends.consenting import (
     check_listed_weight,
     consent,
@@ -59,7 +59,6 @@ from secagg.threshold.combine import interpolate
 from secagg.threshold.params import (
     ThresholdPreset,
     Upload,
-    applied_weight,
     check_t,
     decode,
     encode,
@@ -246,21 +245,7 @@ class ThresholdClient(ClientBackend):
         """Mask ``values`` under a fresh key and deal its shares, sealed, in the upload; on
         ``lean`` ``weight`` (the planned weight) times ``values``, the integer applied
         remembered: this client consents only to sums listing that weight."""
-        if self.preset.weighted_by_clients != (weight is not None):
-            raise ProtocolStateError(
-                f"{self.id}: threshold preset {self.preset.name!r} "
-                + (
-                    "needs the upload's planned weight (the client applies it)"
-                    if weight is None
-                    else "weights on the server; refusing a weight sent for the client to apply"
-                )
-            )
-        applied = None
-        if weight is not None:
-            try:
-                applied = applied_weight(weight, self.preset)
-            except ConfigError as exc:
-                raise ProtocolStateError(f"{self.id}: {exc}") from None
+        applied = own_weight(self.id, self.preset, weight)
         factor = 1.0 if applied is None else applied / self.preset.client_weight_unit
         messages = encode(self.preset, values, self.preset.client_bound(len(self.holders)), factor)
         key = self.ring.key()  # one-time: it leaves this method only as sealed shares

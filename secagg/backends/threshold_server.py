@@ -25,7 +25,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from secagg import wire
-from secagg.backends.base import RunningSum, ServerBackend
+from secagg.backends.base import RunningSum, ServerBackend, applied_weight
 from secagg.backends.consent import gather_consents
 from secagg.ckks.release import Descriptor, Entry, common_basis, upload_basis_of
 from secagg.errors import ClientInputError, ConfigError, MalformedCiphertext, RoundAborted
@@ -33,7 +33,6 @@ from secagg.threshold.combine import ShareMismatch, interpolate
 from secagg.threshold.params import (
     ThresholdPreset,
     Upload,
-    applied_weight,
     check_t,
     decode,
     holders_of,

@@ -32,6 +32,7 @@ import numpy as np
 import tenseal.sealapi as seal
 import zstandard
 
+from secagg.backends.base import applied_weight as applied_weight  # benchmarks import it here
 from secagg.ckks.presets import CKKSPreset, chunks_for
 from secagg.errors import ConfigError, MalformedCiphertext, WrongContext
 
@@ -487,20 +488,6 @@ def quantise(weight: float, weight_bits: int) -> int:
     2^wb as round(w·2^wb), half away from zero (C's ``round``)."""
     k = int(math.floor(abs(float(weight)) * 2.0**weight_bits + 0.5))
     return -k if weight < 0 else k
-
-
-def applied_weight(weight: float, preset: CKKSPreset) -> int:
-    """The integer k a client of a client-weighted preset multiplies its update by, as
-    k / 2^client_weight_bits: a planned weight in (0, 1] (anything else is refused: the
-    decryptors' headroom check needs the applied weights to add up to at most 1)."""
-    unit = preset.client_weight_unit
-    w = float(weight)
-    k = int(math.floor(w * unit + 0.5)) if 0.0 < w <= 1.0 else 0
-    if k == 0:
-        raise ConfigError(
-            f"a planned weight must lie in (0, 1] and be at least 1/{unit}; got {weight!r}"
-        )
-    return k
 
 
 class CiphertextSum:

@@ -63,6 +63,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from secagg.backends.base import applied_weight as applied_weight  # benchmarks import it here
 from secagg.errors import ConfigError, MalformedCiphertext, ValueRangeError
 
 #: the ring dimension of every preset
@@ -178,20 +179,6 @@ def quantise(weight: float, weight_bits: int) -> int:
     """The integer a weight becomes: round(w·2^wb), half away from zero."""
     k = int(math.floor(abs(float(weight)) * 2.0**weight_bits + 0.5))
     return -k if weight < 0 else k
-
-
-def applied_weight(weight: float, preset: ThresholdPreset) -> int:
-    """The integer k a client of ``lean`` multiplies its update by (as k / 2^16): a planned
-    weight in (0, 1] and at least one unit (the holders' headroom check needs the applied
-    weights to add up to at most 1)."""
-    unit = preset.client_weight_unit
-    w = float(weight)
-    k = int(math.floor(w * unit + 0.5)) if 0.0 < w <= 1.0 else 0
-    if k == 0:
-        raise ConfigError(
-            f"a planned weight must lie in (0, 1] and be at least 1/{unit}; got {weight!r}"
-        )
-    return k
 
 
 def holders_of(roster: object) -> list[str]:
