@@ -27,7 +27,7 @@ from typing import Any
 
 from secagg.backends import BACKENDS
 from secagg.errors import ConfigError
-from secagg.protocols import PROTOCOLS
+from secagg.protocols import PROTOCOLS, make_protocol
 from secagg.simulation.config import ExperimentConfig
 
 try:  # Python 3.11+
@@ -574,8 +574,11 @@ def from_config(config: ExperimentConfig) -> dict[str, Any]:
         value = getattr(config, f.name)
         if key is not None and value is not None:
             values[key] = value
-    for name, value in config.optimizer_config().items():
-        values[by_target[("server_opt", None, name)]] = value
+    # a protocol that fixes its own server step (ADMM's z-update) takes its settings from
+    # the protocol options, not from server_opt
+    if make_protocol(config.protocol, **config.protocol_options).server_step(None) is None:
+        for name, value in config.optimizer_config().items():
+            values[by_target[("server_opt", None, name)]] = value
     generic = {}
     for name, value in config.protocol_options.items():
         key = by_target.get(("protocol", config.protocol, name))

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -16,8 +17,11 @@ import pytest
 import torch
 
 import secagg
+from benchmarks.protocol_parity import short_run
+from secagg.backends import BACKENDS
 from secagg.clients.training import flat_params
 from secagg.errors import ConfigError
+from secagg.protocols import PROTOCOLS
 from secagg.simulation import settings as S
 from secagg.simulation.cli import build_parser, main
 from secagg.simulation.config import ExperimentConfig
@@ -123,6 +127,17 @@ def test_settings_round_trip_through_toml(config, tmp_path):
     again, _ = S.to_config(S.read_file(file))
     assert S.from_config(again) == values
     assert again.optimizer_config() == config.optimizer_config()
+
+
+@pytest.mark.parametrize("backend", list(BACKENDS))
+@pytest.mark.parametrize("protocol", list(PROTOCOLS))
+def test_every_protocol_on_every_backend_round_trips(protocol, backend, tmp_path):
+    """Each protocol's own kind of run (ADMM's fixed z-update once broke writing config.toml)
+    with every backend's resolved options."""
+    config = replace(short_run(protocol), backend=backend)
+    if backend == "plain":
+        config = replace(config, backend_options={})
+    test_settings_round_trip_through_toml(config, tmp_path)
 
 
 @pytest.mark.slow
