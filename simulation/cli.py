@@ -203,7 +203,8 @@ def final_line(result) -> str:
 
     final = summary[summary["round"] == summary["round"].max()].iloc[0]
     metric = "test_pooled" if "test_pooled_mean" in summary else "train_pooled"
-    spread = final[f"{metric}_std"] if final["n_seeds"] > 1 else 0.0
+    # one seed has no spread to show ("± 0.0000" would claim one)
+    spread = f" ± {final[f'{metric}_std']:.4f}" if final["n_seeds"] > 1 else ""
     bytes_part = (
         f"; bytes/round up {final['bytes_up_mean']:.0f}, down {final['bytes_down_mean']:.0f}"
         if "bytes_up_mean" in final
@@ -212,7 +213,7 @@ def final_line(result) -> str:
     return (
         f"{config.protocol} on {config.backend}, {int(final['n_seeds'])} seed(s), round "
         f"{int(final['round'])}: {metric} {get_task(config.task).metric_name} "
-        f"{final[f'{metric}_mean']:.4f} ± {spread:.4f}{bytes_part}"
+        f"{final[f'{metric}_mean']:.4f}{spread}{bytes_part}"
     )
 
 

@@ -65,16 +65,20 @@ def privacy_report(config: ExperimentConfig, metrics: pd.DataFrame, audit: Audit
     def per_seed(col):
         return {int(s): float(v) for s, v in final[col].items()} if col in final else None
 
+    private = bool(config.client_dp or config.dp_sgd or config.scalar_dp)
     report = {
-        "delta": config.dp_delta,
+        # without DP there is no δ and no noise to speak of
+        "delta": config.dp_delta if private else None,
         "noise_source": (
-            "seeded from the run's seed: a reproducible simulation only; INSECURE, whoever "
-            "knows the seed can predict each client's noise and remove it"
+            None
+            if not private
+            else "seeded from the run's seed: a reproducible simulation only; INSECURE, "
+            "whoever knows the seed can predict each client's noise and remove it"
             if config.dp_noise == "seeded"
             else "generators seeded from the OS CSPRNG"
         ),
         "seeds_composed": None
-        if not (config.client_dp or config.dp_sgd or config.scalar_dp)
+        if not private
         else {
             "seeds": seeds,
             "why": (

@@ -429,3 +429,22 @@ def test_a_client_split_per_seed_still_composes_over_every_seed():
     assert partial["client_level"]["epsilon_composed_over_seeds"] == pytest.approx(
         report["client_level"]["epsilon_per_seed"][seeds[0]]
     )
+
+
+def test_a_run_without_dp_reports_no_delta_nor_noise_and_one_seed_no_spread(tmp_path):
+    """privacy.json of a run without DP names no δ and no noise source (it once listed
+    both), and the closing line of one seed shows no "± 0.0000"."""
+    import json
+
+    from secagg.simulation.api import run
+    from secagg.simulation.cli import final_line
+
+    result = run(
+        task="tcga-brca", protocol="fedavg", rounds=1, seeds=[2], local_steps=1, out=tmp_path / "r"
+    )
+    report = json.loads((tmp_path / "r" / "privacy.json").read_text())
+    assert report["delta"] is None and report["noise_source"] is None
+    assert report["seeds_composed"] is None
+    assert "±" not in final_line(result)
+    two = run(task="tcga-brca", protocol="fedavg", rounds=1, seeds=[2, 3], local_steps=1)
+    assert "±" in final_line(two)

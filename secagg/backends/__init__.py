@@ -356,10 +356,11 @@ BACKENDS: dict[str, BackendSpec] = {
                 "compact",
                 "parameter set: lean (N=4096, one 60-bit data prime: the clients apply "
                 "their planned weights, the server only adds; 8 bytes per value, error "
-                "~1e-4; the default for streaming protocols: fedavg, fedadam, autofedrl, "
-                "admm), compact (N=4096, 47+46+16 bits: weights chosen after the uploads; "
-                "14 bytes per value, error ~2e-8; the default otherwise) or wide (N=8192, "
-                "60+60+60 bits); all 128-bit secure (SEAL enforces it)",
+                "~1e-4; the default for streaming protocols: fedavg, fedadam, autofedrl; "
+                "not admm, which needs precise sums), compact (N=4096, 47+46+16 bits: "
+                "weights chosen after the uploads; 14 bytes per value, error ~2e-8; the "
+                "default otherwise) or wide (N=8192, 60+60+60 bits); all 128-bit secure "
+                "(SEAL enforces it)",
                 ("lean", "compact", "wide"),
             ),
             BackendOption(
