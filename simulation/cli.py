@@ -9,6 +9,7 @@ imports neither torch nor the experiment driver until a command needs them, so `
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 from pathlib import Path
 from typing import Any
@@ -48,8 +49,36 @@ BENCHMARKS = {
 }
 
 
+class SuggestingParser(argparse.ArgumentParser):
+    """An ArgumentParser whose "unrecognized arguments" error names the closest flags of the
+    command given (a mistyped ``--rounsd`` gets "did you mean --rounds?")."""
+
+    def parse_args(self, args=None, namespace=None):
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            scope = self._command(parsed) or self
+            known = sorted(
+                o for a in scope._actions for o in a.option_strings if o.startswith("--")
+            )
+            message = f"unrecognized arguments: {' '.join(extras)}"
+            for token in extras:
+                flag = token.split("=", 1)[0]
+                close = difflib.get_close_matches(flag, known, n=2, cutoff=0.75)
+                if flag.startswith("--") and close:
+                    message += f"\n  {flag}: did you mean {' or '.join(close)}?"
+            scope.error(message)
+        return parsed
+
+    def _command(self, parsed: argparse.Namespace) -> argparse.ArgumentParser | None:
+        """The sub-command's parser ``parsed`` chose, if any."""
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                return action.choices.get(getattr(parsed, action.dest or "", None) or "")
+        return None
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = SuggestingParser(
         prog="secagg",
         description="Federated aggregation algorithms on plaintext and encrypted backends, "
         "with byte accounting and an audit of what the server saw.",
@@ -57,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--version", action="store_true", help="print secagg's version (and git commit)"
     )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=SuggestingParser)
 
     run = sub.add_parser(
         "run",
@@ -98,6 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     presets = sub.add_parser("presets", help="list the bundled presets, or show one")
     presets.add_argument("--show", metavar="NAME", help="print the preset's settings")
     sub.add_parser("protocols", help="list the registered protocols and their settings")
+    sub.add_parser("tasks", help="list the registered tasks (data, model, metric)")
     compare = sub.add_parser(
         "compare",
         help="compare finished runs side by side, with paired differences",
@@ -235,6 +265,13 @@ def cmd_protocols(_: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tasks(_: argparse.Namespace) -> int:
+    for name, task in TASKS.items():
+        print(f"{name:28s} {task.description} (metric: {task.metric_name})")
+    print('\n`secagg run --task NAME` runs one; README, "Tasks", says how to add your own')
+    return 0
+
+
 def cmd_presets(args: argparse.Namespace) -> int:
     if args.show:
         print(S.preset_path(args.show).read_text(), end="")
@@ -298,6 +335,7 @@ def main(argv: list[str] | None = None) -> int:
             "run": cmd_run,
             "presets": cmd_presets,
             "protocols": cmd_protocols,
+            "tasks": cmd_tasks,
             "compare": cmd_compare,
             "bench": cmd_bench,
             "flower": cmd_flower,

@@ -302,3 +302,21 @@ def test_seed_parsing():
             S.parse_seeds(bad)
     with pytest.raises(ConfigError, match="seeds must be integers"):
         S.coerce(S.settings_table()["seeds"], [1, "2"], "x.toml")
+
+
+def test_a_mistyped_flag_gets_the_closest_flags_of_its_command(capsys):
+    with pytest.raises(SystemExit):
+        main(["run", "--rounsd", "3"])
+    err = capsys.readouterr().err
+    assert "unrecognized arguments: --rounsd 3" in err and "did you mean --rounds?" in err
+    with pytest.raises(SystemExit):
+        main(["compare", "x", "--rounds", "2"])
+    assert "did you mean --round?" in capsys.readouterr().err  # compare's own flag
+
+
+def test_secagg_tasks_lists_every_registered_task(capsys):
+    from secagg.clients.tasks import TASKS
+
+    assert main(["tasks"]) == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in TASKS) and "c_index" in out
