@@ -1,4 +1,4 @@
-"""CKKS cost per parameter: the ckks and threshold presets next to NVFlare's default, in one run.
+"""Cost per parameter: the ckks and threshold presets next to NVFlare's default, in one run.
 
     python -m benchmarks.crypto [--sizes 100000,1000000] [--clients 3,6,10] [--repeats 3]
                                 [--out DIR]
@@ -9,8 +9,9 @@ per parameter, encrypt / aggregate / decrypt seconds per million parameters (med
 --repeats), and the relative error ‖dec − exact‖∞ / ‖exact‖∞ of the weighted sum, without
 and with noise flooding (rel_error, rel_error_flooded); rel_error_noise is the unflooded
 error against Σ (k_i / 2^b)·x_i, the sum of the integer weights the scheme actually adds
-(b = 20 on ckks, 16 on threshold; NVFlare multiplies by w_i itself, so there it equals
-rel_error): the encryption noise without the weights' rounding, which rel_error includes.
+(b = 20 on ckks compact and wide, 30 on ckks lean and threshold lean, 16 on threshold
+wide; NVFlare multiplies by w_i itself, so there it equals rel_error): the encryption noise
+without the weights' rounding, which rel_error includes.
 Every configuration sums the same inputs: per model size, one
 pseudo-gradient-like vector per client (N(0, 0.01²), one value in a hundred ten times
 larger), the first k of them for k clients, with weights drawn from U(1/3, 1) and scaled to
@@ -20,26 +21,40 @@ aggregation covers loading (checking) every upload and the weighted sum.
 ``secagg compact`` / ``secagg wide``: the ``ckks`` backend's presets (one key the clients
 share; the download is the aggregate to the decryptor, decrypt is its decryption).
 
-``secagg threshold n8192`` / ``secagg threshold wide``: the ``threshold`` backend's
-arithmetic (OpenFHE multiparty CKKS, n-of-n: every client holds a key share and every share
-is needed). Preset n8192, the default: N=8192, one 60-bit modulus, scale 2^36, 128-bit
-classical security; wide: the same ring with moduli 60 + 59 bits (BV key switching), scale
-2^59, also 128-bit, twice the bytes for far more precision (for sums of small terms). The
-joint key is built by the chain (``KeyShare`` per client, each on the previous public key),
-clients encrypt under it, the server loads the uploads, keeps their c1 halves and forms
-Σ k_i·ct_i with integer weights k_i = round(w_i·2^16). Its columns mean:
+``secagg threshold lean`` / ``secagg threshold wide``: the ``threshold`` backend
+(``secagg.threshold.params``: key-additive RLWE masking, N=4096, each upload under a fresh
+one-time key that its client Shamir-shares t of n among the clients, t a strict majority),
+run through its real classes: ``make_backends``' server and ``ThresholdClient`` halves,
+every request and reply an envelope over an in-process transport. Preset lean (one 31-bit
+prime, 4 B a value, Δ = 2^25): each client multiplies its update by its planned weight
+(k_i / 2^30, as on ckks's lean) before masking and the server adds the uploads as they
+arrive (a running sum); wide (one 60-bit prime, 8 B a value, Δ = 2^38): the clients mask
+x_i and the server forms Σ k_i·b_i with k_i = round(w_i·2^16). A reveal gathers every
+contributor's consent, every holder returns its share of the key sum Σ k_i·s_i (s_i the
+one-time keys; one ring element) and the server interpolates it (checking the shares'
+consistency: all n answer here, t would do) and unmasks. The clients' release policy
+accepts the benchmark's drawn weights (any share of a sum, sums of one client). Its
+columns mean:
 
-- download_B_per_param: what one holder receives for a reveal, the contributors' c1 halves
-  (it recomputes the sum it partially decrypts from them), so it grows with the clients;
-- share_B_per_param: one holder's partial decryption, sent back to the server (this column
-  is the threshold's alone);
-- decrypt_s_per_M: one holder's whole part of a reveal: loading the c1 halves, recomputing
-  Σ k_i·c1_i, the partial decryption (every holder does this, in parallel);
-- fuse_s_per_M: the server loading every holder's partial and fusing them with the sum's c0
-  (this column is the threshold's alone).
-
-The threshold partials carry OpenFHE's fixed Gaussian noise (σ = 2^20), not flooding sized to a
-decryption budget, so their "with flooding" column is left empty, as is NVFlare's.
+- upload_B_per_param: the whole upload (the masked blocks, one sealed key share per holder,
+  the signature); upload_masked_B_per_param: the masked blocks alone (this column is the
+  threshold's alone), so the shares' part is the difference: n sealed shares of
+  N·(4 or 8) + 28 bytes, fixed whatever the model's size;
+- download_B_per_param: none (no client receives the sum: the server unmasks it);
+- holder_down_B_per_reveal / holder_up_B_per_reveal: one holder's request and answer for a
+  reveal, in bytes, envelopes included (flat: the request holds the release, its consents
+  and the holder's sealed share from each contributor; the answer one ring element, 16 KiB
+  on lean, 32 KiB on wide); these columns are the threshold's alone;
+- encrypt_s_per_M: one client's protect (encode, mask, deal and seal the shares, sign);
+- aggregate_s_per_M: the server loading (checking) every upload and summing;
+- decrypt_s_per_M: the server's part of a reveal (the consents and the holders' answers
+  checked, the shares interpolated, the sum unmasked), timed on the holders' recorded
+  answers; holder_s_per_reveal: one holder's whole answer in seconds (parse and check the
+  release, open its sealed shares, combine them; flat; every holder does this, in
+  parallel; the threshold's alone);
+- rel_error_noise: against Σ (k_i / 2^b)·x_i, the weights as quantised (b = 30 on lean,
+  16 on wide); rel_error against the exact weights (it adds the weights' rounding). No
+  flooding: every key is used once.
 
 ``secagg lean``: the client-weighted preset (one 60-bit data prime): each client encrypts
 its update times its planned weight (k_i / 2^30), the server reads the uploads' first
@@ -84,6 +99,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from functools import partial
@@ -96,6 +112,8 @@ import tenseal as ts
 from benchmarks import secaggplus
 from benchmarks.options import output_folder, positive
 from benchmarks.stats import markdown_table
+from secagg.backends import make_backends
+from secagg.backends.base import applied_weight
 from secagg.ckks import native
 from secagg.ckks.first_polys import (
     FirstPolynomialSum,
@@ -107,11 +125,15 @@ from secagg.ckks.first_polys import (
 )
 from secagg.ckks.flooding import error_bound, flooding_sigma
 from secagg.ckks.presets import PRESETS, CKKSPreset
-from secagg.ckks.public import CiphertextSum, PublicCKKS, applied_weight, quantise, to_bytes
+from secagg.ckks.public import CiphertextSum, PublicCKKS, quantise, to_bytes
 from secagg.ckks.release import Descriptor, SecondPolynomials
 from secagg.ckks.secret import SecretKeyHolder
+from secagg.server.audit import AuditLog
+from secagg.server.exchange import Exchange
+from secagg.server.round import RoundContext
+from secagg.server.transport import InProcessTransport
 from secagg.threshold import params as threshold
-from secagg.threshold.shares import KeyShare
+from secagg.wire import Envelope
 
 OUTPUTS = ("crypto.csv", "crypto.md")
 NVFLARE = "NVFlare default"
@@ -129,12 +151,14 @@ COLUMNS = [
     "params",
     "clients",
     "upload_B_per_param",
+    "upload_masked_B_per_param",
     "download_B_per_param",
-    "share_B_per_param",
+    "holder_down_B_per_reveal",
+    "holder_up_B_per_reveal",
     "encrypt_s_per_M",
     "aggregate_s_per_M",
     "decrypt_s_per_M",
-    "fuse_s_per_M",
+    "holder_s_per_reveal",
     "rel_error",
     "rel_error_flooded",
     "rel_error_noise",
@@ -143,6 +167,10 @@ COLUMNS = [
     "encrypt_s_per_M_vs_nvflare_pk",
     "encrypt_s_per_M_vs_secaggplus",
 ]
+
+
+#: columns in bytes, not per parameter: shown as whole numbers
+BYTE_COLUMNS = ("holder_down_B_per_reveal", "holder_up_B_per_reveal")
 
 
 def timed(fn, repeats: int):
@@ -336,52 +364,113 @@ def bench_secaggplus(
     return {"upload_B_per_param": upload / n, "encrypt_s_per_M": seconds * 1e6 / n}
 
 
+class ThresholdRun:
+    """The threshold backend's real halves (``make_backends``: a server, one
+    ``ThresholdClient`` per client, provisioned with fresh identities and one roster) joined
+    by an in-process transport, every request and reply serialised as envelopes, as a run's
+    are. Each client's reply to each phase is kept, so that the server's part of a reveal can
+    be timed again on the same replies without the clients (``replaying``)."""
+
+    def __init__(self, preset: threshold.ThresholdPreset, clients: int, n: int):
+        self.ids = [f"client_{i}" for i in range(clients)]
+        self.n = n
+        # the benchmark's weights are drawn, not capped: each client accepts any share of
+        # the sum (the default caps one at 1/2) and sums of one
+        self.server, self.clients = make_backends(
+            "threshold",
+            self.ids,
+            preset=preset.name,
+            min_contributors=1,
+            max_weight_share=1.0,
+        )
+        self.requests: dict[tuple[str, str], bytes] = {}
+        self.replies: dict[tuple[str, str], bytes] = {}
+        self.replaying = False
+        self.transport = InProcessTransport({c: partial(self.handle, c) for c in self.ids})
+        self.server.setup(self.ctx(), 0)
+
+    def handle(self, client: str, data: bytes) -> bytes:
+        env = Envelope.from_bytes(data)
+        if self.replaying:
+            return self.replies[client, env.phase]
+        reply = self.answer(client, data)
+        self.requests[client, env.phase], self.replies[client, env.phase] = data, reply
+        return reply
+
+    def answer(self, client: str, data: bytes) -> bytes:
+        """The client's whole handling of a request: parse it, answer, serialise."""
+        env = Envelope.from_bytes(data)
+        fields = self.clients[client].handlers()[env.phase](env)
+        return Envelope(client, "server", env.round, env.phase, fields).to_bytes()
+
+    def ctx(self) -> RoundContext:
+        exchange = Exchange(0, list(self.ids), self.transport, AuditLog())
+        return RoundContext(exchange, self.n, self.server, None)
+
+    def protect(self, client: str, x: np.ndarray, weight: float | None) -> bytes:
+        """``client``'s upload as it travels: an envelope holding its protected field."""
+        field = self.clients[client].protect(x, weight)
+        return Envelope(client, "server", 0, "train", {"pseudo_gradient": field}).to_bytes()
+
+    def load(self, data: bytes):
+        return self.server.load(Envelope.from_bytes(data), "pseudo_gradient", self.n)
+
+
 def bench_threshold(
     preset: threshold.ThresholdPreset, xs: list[np.ndarray], weights: list[float], repeats: int
 ) -> dict:
-    """The threshold backend's arithmetic, every client a key holder (n-of-n)."""
+    """The threshold backend as a round runs it, through its real classes (``ThresholdRun``):
+    every client masks its vector under a fresh one-time key and deals its shares, sealed, in
+    the upload (``ThresholdClient.protect``); the server loads (checks) every upload and sums
+    them; a reveal gathers the consents, every holder returns its one share of the key sum
+    and the server interpolates it and unmasks."""
     n = xs[0].size
-    context = threshold.ThresholdContext(preset)
-    shares = [KeyShare(context)]  # the chain: each holder adds its share to the key so far
-    for _ in xs[1:]:
-        shares.append(KeyShare(context, shares[-1].public_key))
-    joint = context.load_public_key(shares[-1].public_key)
-    bound = preset.headroom / len(xs)  # what each client checks before it encrypts
-    upload, t_enc = timed(lambda: context.encrypt(joint, xs[0], bound), repeats)
-    uploads = [upload] + [context.encrypt(joint, x, bound) for x in xs[1:]]
-    ks = [threshold.quantise(w, preset.weight_bits) for w in weights]
+    run = ThresholdRun(preset, len(xs), n)
+    ids = run.ids
+    # on lean the clients apply their planned weights; on wide the server weights
+    planned = weights if preset.weighted_by_clients else [None] * len(xs)
+    first, t_enc = timed(lambda: run.protect(ids[0], xs[0], planned[0]), repeats)
+    uploads = [first] + [run.protect(c, x, w) for c, x, w in zip(ids[1:], xs[1:], planned[1:])]
 
-    def aggregate():  # the server: load and check each upload, keep its c1 halves, sum
-        loaded = [context.load_ciphertexts(u, n) for u in uploads]
-        halves = [[context.c1_half(ct) for ct in chunks] for chunks in loaded]
-        return context.weighted_sum(loaded, ks), halves
+    def aggregate():
+        if preset.weighted_by_clients:  # the streaming sum: the server only adds
+            total = run.server.running_sum(n)
+            for data, w in zip(uploads, weights):
+                total.add(run.load(data), w)
+            return total.result(sum(weights))
+        return run.server.weighted_sum([run.load(data) for data in uploads], weights)
 
-    (total, halves), t_agg = timed(aggregate, repeats)
+    handle, t_agg = timed(aggregate, repeats)
+    dec, _ = run.server.reveal(run.ctx(), handle, "global_update")  # the real exchange, once
+    holder = (ids[0], "decrypt_share")
+    _, t_holder = timed(lambda: run.answer(ids[0], run.requests[holder]), repeats)
+    run.replaying = True  # the server's part again, on the holders' recorded replies
 
-    def partial(share: KeyShare) -> list[bytes]:  # a holder: its own Σ k_i·c1_i, its partial
-        c1_sum = context.sum_c1([[context.load_half(b) for b in h] for h in halves], ks)
-        return share.partial(c1_sum)
+    def server_part():
+        return run.server.reveal(run.ctx(), handle, "global_update")[0]
 
-    first, t_partial = timed(lambda: partial(shares[0]), repeats)
-    partials = [first] + [partial(s) for s in shares[1:]]
-
-    def fuse():  # the server: load every holder's partial, fuse with the sum's c0
-        loaded = [[context.load_partial(p) for p in chunks] for chunks in partials]
-        return context.fuse([context.c0(ct) for ct in total], loaded, n)
-
-    dec, t_fuse = timed(fuse, repeats)
-    exact = weighted(xs, weights)
+    again, t_dec = timed(server_part, repeats)
+    assert np.array_equal(again, dec)
+    parts = [bytes(p) for p in Envelope.from_bytes(first).ciphertext_parts("pseudo_gradient")]
+    if preset.weighted_by_clients:
+        ks = [applied_weight(w, preset) for w in weights]
+        bits = preset.client_weight_bits or 0
+    else:
+        ks = [threshold.quantise(w, preset.weight_bits) for w in weights]
+        bits = preset.weight_bits
     return {
-        "upload_B_per_param": sum(map(len, upload)) / n,
-        "download_B_per_param": sum(len(b) for h in halves for b in h) / n,
-        "share_B_per_param": sum(map(len, first)) / n,
+        # blocks, a sealed share per holder, the signature
+        "upload_B_per_param": sum(map(len, parts)) / n,
+        "upload_masked_B_per_param": len(parts[0]) / n,
+        "holder_down_B_per_reveal": len(run.requests[holder]),
+        "holder_up_B_per_reveal": len(run.replies[holder]),
         "encrypt_s_per_M": t_enc * 1e6 / n,
         "aggregate_s_per_M": t_agg * 1e6 / n,
-        "decrypt_s_per_M": t_partial * 1e6 / n,
-        "fuse_s_per_M": t_fuse * 1e6 / n,
-        "rel_error": relative_error(dec, exact),
+        "decrypt_s_per_M": t_dec * 1e6 / n,
+        "holder_s_per_reveal": t_holder,
+        "rel_error": relative_error(dec, weighted(xs, weights)),
         "rel_error_flooded": float("nan"),
-        "rel_error_noise": relative_error(dec, quantised_sum(xs, ks, preset.weight_bits)),
+        "rel_error_noise": relative_error(dec, quantised_sum(xs, ks, bits)),
     }
 
 
@@ -473,7 +562,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description=__doc__.splitlines()[0]
         + " For each model size, client count and configuration (the ckks presets, the "
         "threshold backend, NVFlare's default): bytes per parameter up and down (and, for "
-        "threshold, per partial decryption), encrypt / aggregate / decrypt (and fuse) seconds "
+        "threshold, one key holder's bytes per reveal), encrypt / aggregate / decrypt seconds "
         "per million parameters, and the weighted sum's relative error without and with "
         "noise flooding; the module's docstring (benchmarks/crypto.py) defines each column.",
         epilog="Writes " + " and ".join(OUTPUTS) + " into --out. The committed tables that "
@@ -520,6 +609,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "them (default: refuse)",
     )
     args = parser.parse_args(argv)
+    args.argv = list(argv if argv is not None else sys.argv[1:])
     args.out = output_folder(parser, args.out, "crypto", OUTPUTS, args.overwrite)
     return args
 
@@ -535,17 +625,23 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
             rows += measure(xs[:k], raw_weights[:k], args.repeats, args.rounds)
     result = table(rows)
     result.to_csv(args.out / "crypto.csv", index=False)
-    # a column a configuration does not have reads as a dash, not as "nan"
-    md = markdown_table(result.astype(object).where(result.notna(), "–"), ".3g")
+    # a column a configuration does not have reads as a dash, not as "nan"; bytes as counted
+    shown = result.astype(object).where(result.notna(), "–")
+    for col in BYTE_COLUMNS:
+        shown[col] = [v if v == "–" else int(v) for v in shown[col]]
+    md = markdown_table(shown, ".3g")
     (args.out / "crypto.md").write_text(
-        "# CKKS cost per parameter (median of repeats; *_vs_nvflare = NVFlare / ours, so "
-        "above 1 means ours is smaller or faster)\n\n"
+        "# Cost per parameter: ckks, threshold, NVFlare, SecAgg+ (median of repeats; "
+        "*_vs_nvflare = NVFlare / ours, so above 1 means ours is smaller or faster)\n\n"
+        f"Generated by `python -m benchmarks.crypto {' '.join(args.argv)}`.\n\n"
         "Weighted sums of the same inputs in every configuration (weights sum to 1). "
-        "`secagg threshold *`: OpenFHE multiparty CKKS, every client a key "
-        "holder (n-of-n); its download is the c1 halves each holder receives, share is each "
-        "holder's partial decryption, decrypt is one holder's part (recompute the sum from "
-        "the c1 halves, partially decrypt), fuse is the server's (load the partials, fuse); "
-        "`python -m benchmarks.crypto --help` and the module's docstring say more.\n\n" + md + "\n"
+        "`secagg threshold *`: masks under one-time keys Shamir-shared t of n among the "
+        "clients (t a strict majority); upload is the masked blocks with one sealed key share "
+        "per holder, upload_masked the blocks alone; holder_down / holder_up are one holder's "
+        "request and answer per reveal in bytes (flat in the model's size), holder_s its "
+        "seconds; decrypt is the server's part of a reveal (check the answers, interpolate "
+        "the key sum, unmask); `python -m benchmarks.crypto --help` and the module's "
+        "docstring say more.\n\n" + md + "\n"
     )
     print(md)
     return result

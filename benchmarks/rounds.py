@@ -300,9 +300,10 @@ def measure_rounds(
                 "clients_open_s": spent.get("open", 0.0),
                 "decryptor_reveal_s": spent.get("phase:reveal", 0.0),
                 "clients_consent_s": spent.get("phase:consent", 0.0),
-                # threshold: every holder's partial decryption, its own recomputation of
-                # the sum from the c1 halves included (summed over holders)
-                "holders_partial_s": spent.get("phase:decrypt_share", 0.0),
+                # threshold: every holder's answer to a reveal (check the release and the
+                # consents, open its sealed key shares, combine them into its one share of
+                # the key sum), summed over holders
+                "holders_share_s": spent.get("phase:decrypt_share", 0.0),
                 "clients_envelope_s": spent.get("phase:train", 0.0)
                 - spent.get("train", 0)
                 - spent.get("protect", 0.0),

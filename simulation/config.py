@@ -30,6 +30,7 @@ from secagg.protocols.optimizers import OPTIMIZERS, StepSchedule, make_optimizer
 from secagg.server.plan import RunPolicy, TrainingPlan, check_run
 from secagg.threshold.params import DEFAULT_PRESET as THRESHOLD_DEFAULT
 from secagg.threshold.params import STREAMING_PRESET as THRESHOLD_STREAMING
+from secagg.threshold.params import get_preset as get_threshold_preset
 
 
 @dataclass
@@ -150,13 +151,19 @@ class ExperimentConfig:
         )
         options = self.resolved_backend_options()
         streams = protocol.capabilities.streams and self.streaming
-        if self.backend == "ckks" and get_ckks_preset(options["preset"]).weighted_by_clients:
-            if not streams:
+        default = {"ckks": CKKS_DEFAULT, "threshold": THRESHOLD_DEFAULT}.get(self.backend)
+        if default is not None:
+            preset = (
+                get_ckks_preset(options["preset"])
+                if self.backend == "ckks"
+                else get_threshold_preset(options["preset"])
+            )
+            if preset.weighted_by_clients and not streams:
                 raise ConfigError(
-                    f"CKKS preset {options['preset']!r} has the clients apply weights fixed "
-                    f"before the uploads (a streaming run); {self.protocol} "
+                    f"{self.backend} preset {options['preset']!r} has the clients apply "
+                    f"weights fixed before the uploads (a streaming run); {self.protocol} "
                     + ("weighs its uploads after they arrive" if self.streaming else "is not")
-                    + f": use --ckks-preset {CKKS_DEFAULT}"
+                    + f": use --{self.backend}-preset {default}"
                 )
         if protocol.capabilities.single_contributor_releases and (
             options.get("min_contributors", 1) > 1

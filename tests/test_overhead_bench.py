@@ -12,6 +12,7 @@ from benchmarks.overhead import (
     Workload,
     earlier_rows,
     linear_fit,
+    machine,
     main,
     mlp_width,
     paired_ratios,
@@ -169,9 +170,10 @@ def test_paired_ratios_keep_the_native_path_and_the_before_apart():
 
 
 def test_rows_from_before_the_protocol_and_native_keys_reuse_as_what_they_were(tmp_path):
-    """--reuse of a rounds file written before the protocol and native columns (the
-    committed threshold report): the rows read as FedAdam on TenSEAL's binding alone, so every
-    configuration key is there (reading them raised KeyError: 'protocol')."""
+    """--reuse of a rounds file written before the protocol and native columns (the OpenFHE
+    threshold report's, now benchmarks/results/history/overhead_threshold_rounds.csv): the
+    rows read as FedAdam on TenSEAL's binding alone, so every configuration key is there
+    (reading them raised KeyError: 'protocol')."""
     old = {k: 1 for k in CONFIG_KEYS if k not in ("protocol", "native")}
     new = {**old, "protocol": "larc", "native": True}
     pd.DataFrame([{**old, "label": "sizes"}]).to_csv(tmp_path / "old.csv", index=False)
@@ -181,3 +183,10 @@ def test_rows_from_before_the_protocol_and_native_keys_reuse_as_what_they_were(t
     assert all(k in row for k in CONFIG_KEYS)
     (row,) = earlier_rows(tmp_path / "new.csv")  # columns present: kept as written
     assert (row["protocol"], row["native"]) == ("larc", True)
+
+
+def test_the_machine_names_what_the_rounds_run_on_and_no_openfhe():
+    """Both reports' machine line and json: the threshold backend no longer uses OpenFHE."""
+    m = machine()
+    assert {"cpu", "cores", "memory", "python", "tenseal", "os"} == set(m)
+    assert int(m["cores"]) >= 1

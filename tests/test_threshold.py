@@ -632,3 +632,15 @@ def test_every_protocol_runs_on_threshold_with_the_plain_model(protocol):
     # train with Adam from the revealed model (two runs: up to 7.4e-5)
     amplified = protocol in ("fedadam", "fedyogi", "fedadagrad", "autofedrl", "savae_prior")
     assert row["max_abs_param_gap"] < (5e-4 if amplified else 2e-5)
+
+
+@pytest.mark.parametrize("backend", ["ckks", "threshold"])
+def test_a_client_weighted_preset_with_weights_chosen_after_the_uploads_is_refused(backend):
+    """LARC weighs its uploads after they arrive: lean (the clients weight) would have every
+    client refuse its first training request; the configuration is refused before round 0,
+    naming the preset to use."""
+    config = secagg.simulation.config.ExperimentConfig(
+        protocol="larc", backend=backend, backend_options={"preset": "lean"}
+    )
+    with pytest.raises(secagg.errors.ConfigError, match=f"use --{backend}-preset"):
+        config.validate()

@@ -32,7 +32,6 @@ import numpy as np
 import tenseal.sealapi as seal
 import zstandard
 
-from secagg.backends.base import applied_weight as applied_weight  # benchmarks import it here
 from secagg.ckks.presets import CKKSPreset, chunks_for
 from secagg.errors import ConfigError, MalformedCiphertext, WrongContext
 

@@ -63,7 +63,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from secagg.backends.base import applied_weight as applied_weight  # benchmarks import it here
 from secagg.errors import ConfigError, MalformedCiphertext, ValueRangeError
 
 #: the ring dimension of every preset
