@@ -23,7 +23,8 @@ from secagg.simulation import settings as S
 #: a command-line-friendly ``parse_seeds`` (benchmarks use it as an argparse type)
 parse_seeds = S._argparse_type(S.parse_seeds)
 BENCHMARKS = {
-    "crypto": "CKKS cost per parameter against NVFlare's TenSEAL set-up",
+    "crypto": "cost per parameter of ckks and threshold against NVFlare's TenSEAL set-up "
+    "and Flower's SecAgg+",
     "upload_profile": "where one upload's time goes, stage by stage, per CKKS preset",
     "overhead": "end-to-end rounds: time by phase, bytes, peak memory, over model sizes "
     "and client counts",
