@@ -97,7 +97,7 @@ def make_tls(
 
 def make_node_key(private: Path) -> Path:
     """A SuperNode's authentication key: EC P-384 in OpenSSH encoding (what Flower 1.30
-    reads), the private key at ``private`` (mode 0600), the public one beside it as
+    to 1.42 read), the private key at ``private`` (mode 0600), the public one beside it as
     ``.pub`` (what ``flwr supernode register`` takes). As ``ssh-keygen -t ecdsa -b 384``."""
     key = ec.generate_private_key(ec.SECP384R1())
     write_private_bytes(
