@@ -12,7 +12,8 @@ between the stages are routed here, as Flower's server workflow would route them
 
 Settings are ``SecAggPlusWorkflow``'s defaults (clipping range 8, quantisation range 2^22,
 modulus 2^32, max weight 1000). flwr's stage functions are private (``_setup`` and so on):
-this module reads them as they are in the installed flwr (1.30) and fails loudly if they move.
+this module reads them as they are in the installed flwr (the `flower` extra's pin) and
+fails loudly if they move.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ def make_tls(
     """``ca.crt`` (every SuperNode and the CLI trust it), ``server.pem`` and ``server.key``
     (the SuperLink's, valid for ``hosts``), all in ``folder``; the keys mode 0600. The CA's
     key is not kept: nothing else will be signed with it."""
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     valid = (now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=30))
     ca_key = ec.generate_private_key(ec.SECP384R1())
     ca = (
@@ -97,7 +97,7 @@ def make_tls(
 
 def make_node_key(private: Path) -> Path:
     """A SuperNode's authentication key: EC P-384 in OpenSSH encoding (what Flower 1.30
-    reads), the private key at ``private`` (mode 0600), the public one beside it as
+    to 1.42 read), the private key at ``private`` (mode 0600), the public one beside it as
     ``.pub`` (what ``flwr supernode register`` takes). As ``ssh-keygen -t ecdsa -b 384``."""
     key = ec.generate_private_key(ec.SECP384R1())
     write_private_bytes(

@@ -159,8 +159,12 @@ def _commands(args: argparse.Namespace) -> int:
         raise SecaggError(f"{folder} is not a prepared deployment") from None
     host = args.superlink
     trust = "--root-certificates ca.crt" if spec["tls"] else "--insecure"
-    lines = ["# on the SuperLink's machine (keep tls/server.key there only)"]
-    link = "flower-superlink"
+    lines = [
+        "# on the SuperLink's machine (keep tls/server.key there only): one port for the",
+        "# SuperNodes, the CLI and the ServerApp; nothing is installed for a run (the App's",
+        "# code is the installed secagg)",
+    ]
+    link = "flower-superlink --host 0.0.0.0 --port 9092 --disable-runtime-dependency-installation"
     if spec["tls"]:
         link += f" --ssl-ca-certfile {folder}/tls/ca.crt --ssl-certfile {folder}/tls/server.pem"
         link += f" --ssl-keyfile {folder}/tls/server.key"
@@ -174,7 +178,7 @@ def _commands(args: argparse.Namespace) -> int:
         "# the Flower CLI's connection, on the machine that submits runs",
         "cat >> ${FLWR_HOME:-~/.flwr}/config.toml <<EOF",
         "[superlink.secagg]",
-        f'address = "{host}:9093"',
+        f'address = "{host}:9092"',
         trust_line,
         "EOF",
     ]

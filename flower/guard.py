@@ -2,11 +2,11 @@
 
 A plain ``flower-supernode`` runs whatever App the SuperLink serves, and hands every App's
 ClientApp the node's ``node_config``: a foreign App submitted to the SuperLink runs its own
-code on the node, as the node's user, and reads the node's identity file. Flower 1.30's
-``--trusted-entities`` does not close this for a secagg deployment: it accepts only FABs
-that carry a signature from the Flower Hub (``valid_license``), and a FAB that ``flwr run``
-submits from a folder never does, so a node with trusted entities refuses secagg's own App
-too (``flwr/supernode/start_client_internal.py``, ``_verify_fab``).
+code on the node, as the node's user, and reads the node's identity file. Flower's
+``--trusted-entities`` (1.30 to 1.42) does not close this for a secagg deployment: it
+accepts only FABs that carry a signature from the Flower Hub (``valid_license``), and a FAB
+that ``flwr run`` submits from a folder never does, so a node with trusted entities refuses
+secagg's own App too (``flwr/supernode/start_client_internal.py``, ``_verify_fab``).
 
 So the node enforces it itself. ``secagg flower prepare`` builds the deployment's App with
 Flower's own builder (the FAB ``flwr run`` submits) and pins its digest in every node's
@@ -131,9 +131,10 @@ def guard_pull(pin: str, pull: Callable[..., int | None]) -> Callable[..., int |
             supernode.log(logging.ERROR, "secagg: refused run %s: %s", message.metadata.run_id, why)
             reply = Message(Error(ErrorCode.INVALID_FAB, why), reply_to=message)
             # Flower sends a reply with the time its ClientApp took, kept for messages in
-            # its state only: without both the reply is never sent (flwr 1.30's own
-            # FAB-verification error reply is lost so). The message, as received, has no
-            # content; no task is made for it, so nothing ever pulls it.
+            # its state only: without both flwr 1.30 never sent the reply (its own
+            # FAB-verification error reply was lost so) and 1.42 logs an error. The
+            # message, as received, has no content; no task is made for it, so nothing
+            # ever pulls it (a ClientApp pulls only its own task's run's messages).
             mid = message.metadata.message_id
             state.store_message(message)
             state.record_message_processing_start(mid)
@@ -161,16 +162,18 @@ def node_config(node_dir: Path) -> str:
     return f'node-dir="{Path(node_dir).resolve()}"'
 
 
-#: where the SuperNode hands runs to its ClientApp processes. Flower's default is
-#: 0.0.0.0:9094, and in its default (subprocess) isolation that API has no authentication:
-#: anyone who reaches the port can claim a pending task and pull its message and context
-CLIENTAPPIO = "127.0.0.1:9094"
+#: where the SuperNode hands runs to its ClientApp processes (Flower's Runtime API, an HTTP
+#: server at ``--host``/``--port``). In Flower's default (subprocess) isolation that API has
+#: no authentication: anyone who reaches the port can claim a pending task and pull its
+#: message and context. Flower 1.42 binds it to 127.0.0.1 by default (1.30 bound 0.0.0.0);
+#: the guard says so explicitly, so that no change of Flower's default exposes it
+RUNTIME_HOST = "127.0.0.1"
 
 
 def supernode_argv(node_dir: Path, flower_args: list[str]) -> list[str]:
     """``flower-supernode``'s arguments for a node folder (ConfigError where they would
-    replace what the guard sets). The ClientAppIo API listens on loopback unless the
-    arguments say otherwise."""
+    replace what the guard sets). The Runtime API (``--host``; flwr 1.30's
+    ``--clientappio-api-address``) listens on loopback unless the arguments say otherwise."""
     names = [arg.split("=", 1)[0] for arg in flower_args]
     for name in names:
         if name in ("--node-config", "--trusted-entities"):
@@ -178,9 +181,7 @@ def supernode_argv(node_dir: Path, flower_args: list[str]) -> list[str]:
                 f"{name} is set by `secagg flower node` (the node's folder and the App it "
                 "pins); leave it out"
             )
-    local = (
-        [] if "--clientappio-api-address" in names else ["--clientappio-api-address", CLIENTAPPIO]
-    )
+    local = [] if "--host" in names else ["--host", RUNTIME_HOST]
     return ["flower-supernode", *flower_args, *local, "--node-config", node_config(node_dir)]
 
 

@@ -4,7 +4,7 @@ separate processes on loopback (ports chosen free at run time), the run submitte
 Flower's, guarded to run the deployment's own App only (``secagg.flower.guard``).
 
 Each process gets its own ``FLWR_HOME`` (Flower installs the submitted App there and keeps
-the CLI's connection settings there). Flower 1.30 starts a fresh ClientApp process for every
+the CLI's connection settings there). Flower starts a fresh ClientApp process for every
 message and its SuperNodes poll the SuperLink every few seconds, so a message costs seconds
 whatever its size; that is Flower's, not secagg's, and ``secagg bench flower`` measures it.
 """
@@ -78,7 +78,8 @@ class LocalFederation:
         self.tls, self.auth = bool(self.spec["tls"]), bool(self.spec["auth"])
         self.work = self.folder / "local"
         self.log = log or (lambda line: None)
-        self.ports = {"fleet": free_port(), "control": free_port(), "appio": free_port()}
+        #: the SuperLink's one HTTP(S) port: Fleet, Control and ServerApp (Runtime) APIs
+        self.ports = {"superlink": free_port()}
         self.superlink: subprocess.Popen | None = None
         self.nodes: dict[str, subprocess.Popen] = {}
         #: the node id the SuperLink gave each registered key (node authentication only)
@@ -109,9 +110,9 @@ class LocalFederation:
         tls = self.folder / "tls"
         command = [
             str(BIN / "flower-superlink"),
-            "--fleet-api-address", f"127.0.0.1:{self.ports['fleet']}",
-            "--control-api-address", f"127.0.0.1:{self.ports['control']}",
-            "--serverappio-api-address", f"127.0.0.1:{self.ports['appio']}",
+            "--host", "127.0.0.1", "--port", str(self.ports["superlink"]),
+            # the App's code is the installed secagg: nothing is installed for a run
+            "--disable-runtime-dependency-installation",
         ]  # fmt: skip
         if self.tls:
             command += [
@@ -124,8 +125,7 @@ class LocalFederation:
         if self.auth:
             command.append("--enable-supernode-auth")
         self.superlink = self._start("superlink", command, "superlink")
-        for port in ("fleet", "control"):
-            wait_for_port(self.ports[port], self.superlink, timeout, self.work / "superlink.log")
+        wait_for_port(self.ports["superlink"], self.superlink, timeout, self.work / "superlink.log")
         self._write_cli_config()
         if self.auth:
             for cid in self.spec["clients"]:
@@ -133,7 +133,7 @@ class LocalFederation:
         for cid in self.spec["clients"]:
             self.start_node(cid)
         self.log(
-            f"SuperLink on 127.0.0.1:{self.ports['fleet']} "
+            f"SuperLink on 127.0.0.1:{self.ports['superlink']} "
             f"({'TLS' if self.tls else 'insecure'}{', node authentication' if self.auth else ''})"
             f", {len(self.nodes)} SuperNodes started; logs in {self.work}"
         )
@@ -148,7 +148,7 @@ class LocalFederation:
         )
         (home / "config.toml").write_text(
             f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
-            f'address = "127.0.0.1:{self.ports["control"]}"\n{trust}\n'
+            f'address = "127.0.0.1:{self.ports["superlink"]}"\n{trust}\n'
         )
 
     def flwr(self, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess:
@@ -191,8 +191,8 @@ class LocalFederation:
         node = self.folder / "nodes" / cid
         command = [
             sys.executable, "-m", "secagg.flower.guard", str(node),
-            "--superlink", f"127.0.0.1:{self.ports['fleet']}",
-            "--clientappio-api-address", f"127.0.0.1:{self._node_ports[cid]}",
+            "--superlink", f"127.0.0.1:{self.ports['superlink']}",
+            "--host", "127.0.0.1", "--port", str(self._node_ports[cid]),
         ]  # fmt: skip
         command += ["--root-certificates", str(node / "ca.crt")] if self.tls else ["--insecure"]
         if self.auth:

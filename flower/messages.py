@@ -69,11 +69,11 @@ def read_reply(message: Message) -> bytes:
 
 
 def framing_bytes(message: Message) -> int:
-    """What Flower 1.30 sends besides the envelope: a message travels as a header (the
+    """What Flower (1.30 to 1.42) sends besides the envelope: a message travels as a header (the
     message without its content), an object tree and each nested object (message, record
     dict, config record) serialised on its own; this is their total minus the envelope's
     bytes (gRPC's and HTTP/2's own framing not included)."""
-    from flwr.common.message import remove_content_from_message
+    from flwr.app.message import remove_content_from_message
     from flwr.common.serde import message_to_proto
     from flwr.supercore.inflatable.inflatable_object import (
         get_all_nested_objects,

@@ -26,7 +26,7 @@ import os
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -244,7 +244,7 @@ class RunFolder:
             "status": status,
             "seeds": self.config.seeds,
             "finished": {str(s): v for s, v in self.finished.items()},
-            "updated_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "updated_utc": datetime.now(UTC).isoformat(timespec="seconds"),
         }
         if audit is not None:
             document["audit_sets"] = {

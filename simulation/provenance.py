@@ -12,7 +12,7 @@ import platform
 import shlex
 import subprocess
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -105,5 +105,5 @@ def provenance(argv: list[str] | None = None) -> dict[str, Any]:
         "command_line": shlex.join(sys.argv if argv is None else argv),
         "working_directory": os.getcwd(),
         "machine": machine(),
-        "started_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "started_utc": datetime.now(UTC).isoformat(timespec="seconds"),
     }

@@ -20,6 +20,7 @@ import argparse
 import difflib
 import json
 import math
+import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -29,11 +30,6 @@ from secagg.backends import BACKENDS
 from secagg.errors import ConfigError
 from secagg.protocols import PROTOCOLS, make_protocol
 from secagg.simulation.config import ExperimentConfig
-
-try:  # Python 3.11+
-    import tomllib
-except ModuleNotFoundError:  # pragma: no cover - exercised on 3.10
-    import tomli as tomllib
 
 PRESETS = Path(__file__).parent / "presets"
 

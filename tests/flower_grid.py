@@ -10,10 +10,19 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from flwr.app import Context, Error, Message, RecordDict
+from flwr.common.constant import SUPERLINK_NODE_ID
+from flwr.supercore.task_identity import TaskIdentity
 
 from secagg.flower.apps import client_app
 from secagg.flower.messages import read_request
 from secagg.wire import Envelope
+
+
+def as_server(run_id: int = 7) -> None:
+    """This process sends as the ServerApp of Flower run ``run_id``: Flower sets who sends
+    in the ServerApp's process, and a new Message reads it (flwr 1.42: TaskIdentity)."""
+    TaskIdentity.task_id, TaskIdentity.run_id = 1, run_id
+    TaskIdentity.node_id = SUPERLINK_NODE_ID
 
 
 class LoopbackGrid:
@@ -22,6 +31,7 @@ class LoopbackGrid:
 
     def __init__(self, nodes: dict[int, Path], run_id: int = 7, down=None):
         self.nodes, self.run_id = dict(nodes), run_id
+        as_server(run_id)
         self.down: set[int] = set()
         #: (node id, round, phase) -> whether the node is down for that message
         self.down_for = down

@@ -2,7 +2,7 @@
 Fed-TCGA-BRCA) as separate processes on loopback, ports chosen at run time, every wait
 bounded and every process stopped at the end (``secagg.flower.launch``).
 
-Flower 1.30 starts a fresh ClientApp process for every message, so these runs take minutes:
+Flower starts a fresh ClientApp process for every message, so these runs take minutes:
 they are marked slow (CI runs them)."""
 
 from __future__ import annotations
@@ -59,7 +59,9 @@ def test_larc_on_ckks_over_superlink_and_supernodes_gives_the_in_process_run(
         status = federation.run(out=out, timeout=1200)
         if secure:  # a SuperNode whose key the SuperLink does not know is turned away
             code, said = _intruder(federation, folder, tmp_path)
-            assert code != 0 and "No SuperNode found with the given public key" in said
+            assert code != 0 and "Failed to activate SuperNode" in said
+            why = (federation.work / "superlink.log").read_text()  # the node is not told why
+            assert "No SuperNode found with the given public key" in why
             # another App submitted to the same SuperLink reaches every node and runs on
             # none: each answers with Flower's "invalid FAB" error, nothing of the node's
             replies = _foreign_app(federation, tmp_path)
@@ -108,13 +110,15 @@ def _intruder(federation, folder, tmp_path) -> tuple[int, str]:
             [
                 str(BIN / "flower-supernode"),
                 "--superlink",
-                f"127.0.0.1:{federation.ports['fleet']}",
+                f"127.0.0.1:{federation.ports['superlink']}",
                 "--root-certificates",
                 str(folder / "tls" / "ca.crt"),
                 "--auth-supernode-private-key",
                 str(key),
-                "--clientappio-api-address",
-                f"127.0.0.1:{free_port()}",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(free_port()),
                 "--max-retries",
                 "0",
             ],  # fmt: skip

@@ -27,9 +27,10 @@ import pytest
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.cli.build import build_fab_from_files
 from flwr.common.constant import ErrorCode
-from flwr.common.typing import Fab, Run
+from flwr.supercore.fab import Fab
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects, get_object_tree
 from flwr.supercore.object_store import ObjectStoreFactory
+from flwr.supercore.run import Run
 from flwr.supernode import start_client_internal as supernode
 from flwr.supernode.nodestate import NodeStateFactory
 
@@ -41,7 +42,7 @@ from secagg.flower.launch import LocalFederation
 from secagg.flower.node import RequestRefused, SeededNoiseRefused
 from secagg.simulation.config import ExperimentConfig
 from secagg.simulation.settings import from_config, to_toml
-from tests.flower_grid import LoopbackGrid
+from tests.flower_grid import LoopbackGrid, as_server
 
 PLAIN = ExperimentConfig(
     task="tcga-brca", protocol="costwagg", backend="plain", rounds=1, seeds=[3], local_steps=5
@@ -90,9 +91,15 @@ def foreign_fab(**extra: bytes) -> bytes:
     )[0]
 
 
+@pytest.fixture(autouse=True)
+def _server_process():
+    as_server()  # the messages below are made as the ServerApp makes them
+
+
 def deliver(pull, fab_bytes: bytes, node_dir: Path, run_id: int = 5):
     """One message of a run whose App is ``fab_bytes`` arriving at a SuperNode (Flower's
-    own code: ``pull`` is what its loop calls); returns the node's state and the message."""
+    own code: ``pull`` is what its loop calls); returns the node's state and the message.
+    The run is its own run series (Flower keeps a node's context per series)."""
     state = NodeStateFactory(objectstore_factory=ObjectStoreFactory()).state()
     store = ObjectStoreFactory().store()
     state.set_node_id(100)
@@ -102,7 +109,7 @@ def deliver(pull, fab_bytes: bytes, node_dir: Path, run_id: int = 5):
     )
     objects = {k: v.deflate() for k, v in get_all_nested_objects(message).items()}
     fab = Fab(hashlib.sha256(fab_bytes).hexdigest(), fab_bytes, {})
-    run = replace(Run.create_empty(run_id), fab_hash=fab.hash_str)
+    run = replace(Run.create_empty(run_id), fab_hash=fab.hash_str, series_id=run_id)
     pull(
         state=state,
         object_store=store,
@@ -127,7 +134,7 @@ def test_a_foreign_app_never_runs_on_a_node_and_never_sees_its_folder(tmp_path, 
     # with the node's config, and the App's own ClientApp reads the identity file
     plain = supernode._pull_and_store_message
     state, message = deliver(plain, theirs, node)
-    context = state.get_context(5)
+    context = state.get_run_series_context(5)
     assert context is not None and context.node_config["node-dir"] == str(node)
     namespace: dict = {}
     exec(FOREIGN_CLIENTAPP, namespace)
@@ -141,8 +148,9 @@ def test_a_foreign_app_never_runs_on_a_node_and_never_sees_its_folder(tmp_path, 
     assert guarded is not plain
     for fab in (theirs, foreign_fab(**{"extra.py": b"x = 1"}), ours[:-1], b"not a zip"):
         state, _ = deliver(guarded, fab, node)
-        assert state.get_run(5) is None and state.get_context(5) is None  # nothing stored
-        (reply,) = state.get_messages(is_reply=True)
+        assert state.get_run(5) is None and state.get_run_series_context(5) is None
+        assert state.get_tasks(run_ids=[5]) == []  # nothing stored, no ClientApp task
+        (reply,) = state.get_messages_legacy(is_reply=True)
         assert reply.has_error() and reply.error.code == ErrorCode.INVALID_FAB
         assert "runs only the secagg App" in reply.error.reason
         # what Flower's loop asks before it sends a reply (else the reply is dropped)
@@ -151,11 +159,12 @@ def test_a_foreign_app_never_runs_on_a_node_and_never_sees_its_folder(tmp_path, 
     app_toml = (tmp_path / "dep" / "app" / "pyproject.toml").read_bytes()
     lookalike = build_fab_from_files({"pyproject.toml": app_toml, "secagg.py": b"x = 1"})[0]
     state, _ = deliver(guarded, lookalike, node)
-    assert state.get_context(5) is None
+    assert state.get_run_series_context(5) is None
     # the deployment's own App still runs, with the node's folder
     state, _ = deliver(guarded, ours, node)
-    assert state.get_context(5).node_config == {"node-dir": str(node)}
-    assert state.get_messages(is_reply=True) == []
+    assert state.get_run_series_context(5).node_config == {"node-dir": str(node)}
+    assert len(state.get_tasks(run_ids=[5])) == 1
+    assert state.get_messages_legacy(is_reply=True) == []
 
 
 def test_secaggs_commands_start_only_guarded_supernodes(tmp_path, capsys):
@@ -176,8 +185,9 @@ def test_secaggs_commands_start_only_guarded_supernodes(tmp_path, capsys):
     node = folder / "nodes" / "client_0"
     argv = guard.supernode_argv(node, ["--superlink", "x:9092"])
     assert argv[-2:] == ["--node-config", f'node-dir="{node.resolve()}"']
-    # Flower's ClientAppIo API (no authentication in subprocess isolation) on loopback
-    assert argv[argv.index("--clientappio-api-address") + 1] == "127.0.0.1:9094"
+    # Flower's Runtime API (no authentication in subprocess isolation) on loopback
+    assert argv[argv.index("--host") + 1] == "127.0.0.1"
+    assert guard.supernode_argv(node, ["--host=10.0.0.5"]).count("--host") == 0  # as told
     for bad in (["--node-config", 'node-dir="/elsewhere"'], ["--trusted-entities=t.yaml"]):
         with pytest.raises(ConfigError, match="set by `secagg flower node`"):
             guard.supernode_argv(node, bad)
