@@ -19,6 +19,8 @@ sdist_sha256=0375b83b5a83026924f59db25c4efa9f27e1e8a66d004658f4d24195986a04b6
 work=.native
 suffix=$("$py" -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
 target=secagg/ckks/_seal_native$suffix
+# one build folder per interpreter: CMake caches the Python it found in the first
+build="$work/build-$("$py" -c 'import sys; print(sys.implementation.cache_tag)')"
 want=$(cat native/seal_native.cpp native/CMakeLists.txt "$0" <("$py" -VV) | sha256sum | cut -d' ' -f1)
 if [[ -f "$target" && -f "$work/stamp" && "$(cat "$work/stamp")" == "$want" ]]; then
   exit 0
@@ -44,7 +46,7 @@ EOF
   fi
 fi
 if [[ ! -f "$work/SEAL/CMakeLists.txt" ]]; then
-  rm -rf "$work/SEAL" "$work/build"
+  rm -rf "$work/SEAL" "$work"/build*
   mkdir -p "$work/SEAL"
   tar -xzf "$sdist" -C "$work/SEAL" --strip-components=4 pyfhel-3.5.0/Pyfhel/backend/SEAL
 fi
@@ -53,12 +55,12 @@ echo "secagg native: building SEAL 4.1.2 and the extension (about a minute the f
 bin="$PWD/$(dirname "$py")"
 # release flags as SEAL's own; no -march=native: GCC 12 vectorises SEAL's BLAKE2b for
 # AVX-512 into code more than twice as slow as the portable build (measured here)
-"$bin/cmake" -S native -B "$work/build" -G Ninja -DCMAKE_MAKE_PROGRAM="$bin/ninja" \
+"$bin/cmake" -S native -B "$build" -G Ninja -DCMAKE_MAKE_PROGRAM="$bin/ninja" \
   -DCMAKE_BUILD_TYPE=Release -DSEAL_SOURCE_DIR="$PWD/$work/SEAL" \
   -DPython_EXECUTABLE="$PWD/$py" \
   -Dpybind11_DIR="$("$py" -c 'import pybind11; print(pybind11.get_cmake_dir())')" \
   > "$work/configure.log" 2>&1 || { tail -n 30 "$work/configure.log" >&2; exit 1; }
-"$bin/ninja" -C "$work/build" _seal_native > "$work/build.log" 2>&1 \
+"$bin/ninja" -C "$build" _seal_native > "$work/build.log" 2>&1 \
   || { tail -n 30 "$work/build.log" >&2; exit 1; }
-cp "$work/build/_seal_native$suffix" "$target"
+cp "$build/_seal_native$suffix" "$target"
 echo "$want" > "$work/stamp"
