@@ -43,6 +43,7 @@ import tenseal.sealapi as seal
 
 from benchmarks.options import output_folder, positive
 from benchmarks.stats import markdown_table
+from secagg.backends.base import applied_weight
 from secagg.ckks import native
 from secagg.ckks.first_polys import (
     FirstPolynomialSum,
@@ -59,7 +60,6 @@ from secagg.ckks.public import (
     SEED_INFO_BYTES,
     CiphertextSum,
     PublicCKKS,
-    applied_weight,
     ciphertext_raw_bytes,
     inflate,
     quantise,
