@@ -207,7 +207,7 @@ def test_a_wrong_share_is_detected_and_its_holder_named(monkeypatch):
         out = honest(env)
         share = liar.ring.from_bytes(parts_of(out["share"])[0], 1)[0]
         share[17] = (share[17] + 1) % liar.ring.p
-        return {"share": wire.ciphertext([liar.ring.to_bytes(share)])}
+        return {**out, "share": wire.ciphertext([liar.ring.to_bytes(share)])}
 
     liar.on_decrypt_share = lie
     ctx = r.ctx()
@@ -308,8 +308,9 @@ def test_a_victims_upload_resent_as_a_colluders_own_reveals_nothing():
     own = {c: r.upload(c, values(k + 10)) for k, c in enumerate(others)}
     handles = [resigned, *own.values()]
     total = r.server.weighted_sum(handles, [0.25] * 4)
-    with pytest.raises(RoundAborted, match="the key share from client_1 does not open"):
+    with pytest.raises(secagg.errors.ConsentRefused, match="do not open") as refused:
         r.server.reveal(r.ctx(), total, "global_update")
+    assert refused.value.culprits == [colluder]  # named, it leaves the run
 
     # (3) fresh shares of the colluder's own key over the victim's blocks
     key = col.ring.key()
@@ -644,3 +645,36 @@ def test_a_client_weighted_preset_with_weights_chosen_after_the_uploads_is_refus
     )
     with pytest.raises(secagg.errors.ConfigError, match=f"use --{backend}-preset"):
         config.validate()
+
+
+def test_a_client_that_deals_garbage_shares_leaves_the_run_which_goes_on():
+    """A client whose sealed key shares open for no holder cannot end the run: every holder
+    names it, the round makes no update (as a refused consent) and it leaves; the other
+    rounds run without it."""
+    from secagg.backends.threshold_client import ThresholdClient
+
+    original = ThresholdClient.protect
+
+    def garbage(self, values, weight=None, *, basis=""):
+        field = original(self, values, weight, basis=basis)
+        if self.id != "client_2":
+            return field
+        upload = Upload.from_parts(self.preset, parts_of(field), np.asarray(values).size, 6)
+        sealed = tuple(bytes(len(s)) for s in upload.sealed)  # zeros: no share opens
+        digest = Upload(upload.blocks, sealed, b"").digest(self.preset)
+        self.uploads[digest], self.bases[digest] = {}, basis  # it consents to it as its own
+        self.applied[digest] = self.applied[upload.digest(self.preset)]
+        signature = self._signer.sign(secagg.threshold.params.upload_message(self.id, digest))
+        return wire.ciphertext(Upload(upload.blocks, sealed, signature).parts())
+
+    ThresholdClient.protect = garbage
+    try:
+        result = secagg.run(protocol="fedavg", backend="threshold", rounds=3, local_steps=2)
+    finally:
+        ThresholdClient.protect = original
+    assert not result.aborted
+    metrics = result.metrics.dropna(subset=["clients"])
+    assert metrics["skipped"].tolist() == [1, 0, 0]  # round 1 made no update
+    assert metrics["clients"].tolist()[1:] == [5, 5]  # and client_2 left the run
+    exclusions = result.audit.summary()["exclusions"]
+    assert all("refused 'consent'" not in e["reason"] for e in exclusions)  # not a consent

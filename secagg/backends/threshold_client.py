@@ -74,6 +74,15 @@ from secagg.wire import Envelope, Field
 _PREFIX = len(b"secagg threshold upload v2") + 16  # context and fingerprint in a preimage
 
 
+class UnopenedShare(ReleaseRefused):
+    """A contributor's sealed key share does not open for this holder (dealt garbage, or
+    moved by the relay)."""
+
+
+def _unopened(clients: list[str]) -> Field:
+    return wire.config({"clients": list(clients)})
+
+
 class ThresholdClient(ClientBackend):
     name = "threshold"
 
@@ -353,11 +362,19 @@ class ThresholdClient(ClientBackend):
         )
 
     def on_decrypt_share(self, env: Envelope) -> dict[str, Field]:
-        """This holder's share of a checked release's key sum, for the server."""
-        share, fresh = self._share(env, "reveal", self.decryptions, self.decryption_budget)
+        """This holder's share of a checked release's key sum, for the server; or, if some
+        contributors' sealed shares do not open, no share and their names (``unopened``)."""
+        share, fresh, unopened = self._share(
+            env, "reveal", self.decryptions, self.decryption_budget
+        )
+        if share is None:
+            return {"share": wire.ciphertext([]), "unopened": _unopened(unopened)}
         if fresh:
             self.decryptions += 1
-        return {"share": wire.ciphertext([self.ring.to_bytes(share)])}
+        return {
+            "share": wire.ciphertext([self.ring.to_bytes(share)]),
+            "unopened": _unopened([]),
+        }
 
     def on_open_share(self, env: Envelope) -> dict[str, Field]:
         """This holder's share of a checked release that clients will open, sealed for each
@@ -373,7 +390,13 @@ class ThresholdClient(ClientBackend):
                 f"{self.id}: the recipients of a share must be distinct clients of this "
                 f"client's roster, got {ids!r:.120}"
             )
-        share, fresh = self._share(env, "open", self.open_shares, self.share_budget)
+        share, fresh, unopened = self._share(env, "open", self.open_shares, self.share_budget)
+        if share is None:
+            return {
+                "sealed": wire.ciphertext([]),
+                "keys": wire.ciphertext([]),
+                "unopened": _unopened(unopened),
+            }
         d = Descriptor.from_config(env.config("release").get("descriptor"))
         label = release_label(self.preset.fingerprint, d.hash())
         sealed, keys = seal(
@@ -385,12 +408,20 @@ class ThresholdClient(ClientBackend):
         )
         if fresh:
             self.open_shares += 1
-        return {"sealed": wire.ciphertext(sealed), "keys": wire.ciphertext(keys)}
+        return {
+            "sealed": wire.ciphertext(sealed),
+            "keys": wire.ciphertext(keys),
+            "unopened": _unopened([]),
+        }
 
-    def _share(self, env: Envelope, kind: str, used: int, budget: int) -> tuple[np.ndarray, bool]:
-        """s_j = Σ_i w_i·[k_i]_j for a release of ``kind`` this holder checked (the module
-        docstring's rules), and whether it is a first answer (a repeat for the same holder
-        set costs no budget: it tells the server nothing new)."""
+    def _share(
+        self, env: Envelope, kind: str, used: int, budget: int
+    ) -> tuple[np.ndarray | None, bool, list[str]]:
+        """(s_j = Σ_i w_i·[k_i]_j for a release of ``kind`` this holder checked (the module
+        docstring's rules), whether it is a first answer (a repeat for the same holder set
+        costs no budget: it tells the server nothing new), []); or (None, False, the
+        contributors whose sealed share for this holder does not open): a client that dealt
+        garbage is named, so that the server can leave it out, and nothing is recorded."""
         d, signatures = read_release(
             self.id,
             env.config("release"),
@@ -439,15 +470,20 @@ class ThresholdClient(ClientBackend):
             raise ReleaseRefused(f"{self.id}: {d.name}: the shares do not match the release")
         check_entries(d, signatures, preimages, self.signers, chunk_bytes=None)
         me = self.holders.index(self.id)
-        mine = []
+        mine, unopened = [], []
         for (client, _, _), preimage, blob in zip(d.entries, preimages, blobs):
-            mine.append(self._unsealed_share(d.name, client, preimage, blob, me))
+            try:
+                mine.append(self._unsealed_share(d.name, client, preimage, blob, me))
+            except UnopenedShare:
+                unopened.append(client)
+        if unopened:
+            return None, False, unopened
         weights = [1 if self.preset.weighted_by_clients else k for _, k, _ in d.entries]
         share = self.ring.combine(np.stack(mine), weights)
         self.answered[release] = holder_set
         for _, _, digest in d.entries:
             self.sets[digest] = contributors
-        return share, fresh
+        return share, fresh, []
 
     def _unsealed_share(
         self, name: str, sender: str, preimage: bytes, blob: bytes, me: int
@@ -470,7 +506,7 @@ class ThresholdClient(ClientBackend):
                 share_label(self.preset, blocks_digest),
             )
         except KeySetupError:
-            raise ReleaseRefused(
+            raise UnopenedShare(
                 f"{self.id}: {name}: the key share from {sender} does not open"
             ) from None
         return self._load_rows(raw, 1, name)[0]

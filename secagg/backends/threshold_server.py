@@ -28,7 +28,14 @@ from secagg import wire
 from secagg.backends.base import RunningSum, ServerBackend, applied_weight
 from secagg.backends.consent import gather_consents
 from secagg.ckks.release import Descriptor, Entry, common_basis, upload_basis_of
-from secagg.errors import ClientInputError, ConfigError, MalformedCiphertext, RoundAborted
+from secagg.errors import (
+    ClientInputError,
+    ConfigError,
+    ConsentRefused,
+    MalformedCiphertext,
+    RoundAborted,
+    UnexpectedField,
+)
 from secagg.threshold.combine import ShareMismatch, interpolate
 from secagg.threshold.params import (
     ThresholdPreset,
@@ -73,8 +80,8 @@ class ThresholdServer(ServerBackend):
     upload_kind = wire.CIPHERTEXT
     can_read = False
     key_model = "threshold"
-    # signed consents to releases
-    declares = ("consent",)
+    # signed consents to releases; the contributors whose sealed share a holder could not open
+    declares = ("consent", "unopened")
 
     def __init__(
         self,
@@ -200,17 +207,47 @@ class ThresholdServer(ServerBackend):
             if kind == "reveal"
             else {"sealed": wire.CIPHERTEXT, "keys": wire.CIPHERTEXT}
         )
-        replies = ctx.ask(phase, requests, expect=expect, reach_excluded=True)
-        if len(replies) < self.t:
-            missing = [h for h in self.holders if h not in replies]
-            raise aborted(
-                ctx,
-                phase,
-                f"{name}: {len(replies)} of {len(self.holders)} holders answered and t = "
+        replies = ctx.ask(
+            phase,
+            requests,
+            expect={**expect, "unopened": wire.CONFIG},
+            reach_excluded=True,
+            on_reply=_unopened_reply,
+        )
+        named = {h: unopened for h, (_, unopened) in replies.items() if unopened}
+        answers = {h: env for h, (env, unopened) in replies.items() if not unopened}
+        if len(answers) < self.t:
+            # contributors whose sealed shares most of the named-holders could not open dealt
+            # garbage: they leave the run, the round makes no update (as a refused consent)
+            counts: dict[str, int] = {}
+            for clients in named.values():
+                for c in set(clients):
+                    counts[c] = counts.get(c, 0) + 1
+            culprits = sorted(c for c, k in counts.items() if 2 * k > len(replies))
+            missing = [h for h in self.holders if h not in answers]
+            message = (
+                f"{name}: {len(answers)} of {len(self.holders)} holders answered and t = "
                 f"{self.t} are needed: "
-                + "; ".join(f"{h}: {ctx.excluded.get(h, 'no answer')}" for h in missing),
+                + "; ".join(
+                    f"{h}: "
+                    + (
+                        f"shares of {named[h]} do not open"
+                        if h in named
+                        else str(ctx.excluded.get(h, "no answer"))
+                    )
+                    for h in missing
+                )
             )
-        return d, replies
+            if culprits:
+                raise ConsentRefused(
+                    message + f"; {culprits} dealt key shares their holders cannot open",
+                    culprits=culprits,
+                    round=ctx.round,
+                    phase=phase,
+                    exclusions=ctx.excluded,
+                )
+            raise aborted(ctx, phase, message)
+        return d, answers
 
     def release(self, ctx, handle: ThresholdHandle, name: str) -> dict[str, Field]:
         """Fields that let the round's clients open ``handle``: the sum, its descriptor and
@@ -325,3 +362,12 @@ class ThresholdRunningSum(RunningSum):
             summed=True,
             divisor=normaliser,
         )
+
+
+def _unopened_reply(holder: str, env: Envelope) -> tuple[Envelope, list[str]]:
+    """A holder's answer and the contributors whose shares it could not open (a list of
+    client names, else UnexpectedField excludes the holder)."""
+    clients = env.config("unopened").get("clients")
+    if not isinstance(clients, list) or not all(isinstance(c, str) for c in clients):
+        raise UnexpectedField(f"{holder} named unopened shares as {clients!r:.80}")
+    return env, clients
