@@ -58,10 +58,16 @@ class RunResult:
         return self.audit.summary()
 
 
-def _catch_sigint():
-    """Ctrl-C raises KeyboardInterrupt as usual and also sets ``INTERRUPTED``, which the run
-    checks between rounds (CPython drops a KeyboardInterrupt raised inside some callbacks).
-    Returns the previous handler (None off the main thread, where signals cannot be set)."""
+#: the signals a run writing to a folder stops on cleanly: Ctrl-C, and what SLURM, systemd
+#: and `kill` send
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _catch_sigint() -> dict | None:
+    """Ctrl-C (or SIGTERM) raises KeyboardInterrupt and also sets ``INTERRUPTED``, which the
+    run checks between rounds (CPython drops a KeyboardInterrupt raised inside some
+    callbacks). Returns the previous handlers (None off the main thread, where signals
+    cannot be set)."""
     if threading.current_thread() is not threading.main_thread():
         return None
     INTERRUPTED.clear()
@@ -70,7 +76,7 @@ def _catch_sigint():
         INTERRUPTED.set()
         raise KeyboardInterrupt
 
-    return signal.signal(signal.SIGINT, handler)
+    return {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -113,8 +119,8 @@ def run(
             clients on their own nodes (``secagg.flower``); otherwise the run provisions
             fresh identities itself.
 
-    Raises ``RunInterrupted`` (a ``KeyboardInterrupt``) on Ctrl-C once the folder is
-    up to date.
+    Raises ``RunInterrupted`` (a ``KeyboardInterrupt``) on Ctrl-C or SIGTERM once the folder
+    is up to date.
     """
     if resume and out is None:
         raise ConfigError("resume needs the folder of the run to continue (out=...)")
@@ -162,8 +168,8 @@ def run(
             folder.finish("failed")
         raise
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
+        for sig, handler in (previous or {}).items():
+            signal.signal(sig, handler)
     from secagg.simulation.report import traffic_table  # matplotlib, lazily
 
     metrics = pd.concat([finished.metrics, result.metrics], ignore_index=True)

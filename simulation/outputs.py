@@ -116,12 +116,41 @@ class Finished:
     privacy_events: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
 
 
+#: the lock file of a run folder: one process writes a folder at a time
+LOCK = ".secagg.lock"
+
+
+def lock_folder(path: Path):
+    """An exclusive lock on ``path``'s run (``flock`` on its lock file, released when the
+    file is closed, by the run or by the process ending); ConfigError naming the other
+    process if one holds it."""
+    import fcntl
+
+    file = open(path / LOCK, "a+")  # held open for the run's lifetime
+    try:
+        fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        file.seek(0)
+        holder = file.read().strip() or "another process"
+        file.close()
+        raise ConfigError(
+            f"{path} is in use by another secagg run ({holder}); wait for it to end, or "
+            "choose another --out"
+        ) from None
+    file.seek(0)
+    file.truncate()
+    file.write(f"pid {os.getpid()}")
+    file.flush()
+    return file
+
+
 class RunFolder:
     """The folder of one run; :meth:`prepare` checks it before training."""
 
     def __init__(self, path: Path, config: ExperimentConfig):
         self.path = Path(path)
         self.config = config
+        self._lock: Any = None  # the open lock file (``lock_folder``)
         self.rows: list[dict[str, Any]] = []  # every row written so far (finished + current)
         self.finished: dict[int, dict[str, Any]] = {}
         self._audit_written = 0
@@ -143,8 +172,9 @@ class RunFolder:
             raise ConfigError("--overwrite and --resume contradict each other: choose one")
         path = default_folder(config) if path is None else Path(path)
         check_writable(path)
-        entries = [p for p in path.iterdir() if p.name != ".secagg-write-test"]
         folder = cls(path, config)
+        folder._lock = lock_folder(path)  # held until finish() or this process ends
+        entries = [p for p in path.iterdir() if p.name not in (".secagg-write-test", LOCK)]
         if resume:
             return folder, folder._resume(config)
         if entries and not overwrite:
@@ -285,6 +315,9 @@ class RunFolder:
 
     def finish(self, status: str) -> None:
         self._state(status)
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            lock.close()  # closing the file releases its lock
 
     def _save_model(self, seed: int, params: np.ndarray) -> None:
         import torch

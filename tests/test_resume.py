@@ -31,8 +31,10 @@ def finished_seeds(folder: Path) -> int:
         return 0
 
 
-def interrupt_after_first_seed(folder: Path, *extra: str) -> subprocess.CompletedProcess:
-    """Start `secagg run`, send SIGINT once a seed has finished, return how it ended."""
+def interrupt_after_first_seed(
+    folder: Path, *extra: str, sig: int = signal.SIGINT
+) -> subprocess.CompletedProcess:
+    """Start `secagg run`, send ``sig`` once a seed has finished, return how it ended."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "secagg.simulation.cli", "run", *RUN, *extra, "--out", str(folder)],
         stdout=subprocess.PIPE,
@@ -45,7 +47,7 @@ def interrupt_after_first_seed(folder: Path, *extra: str) -> subprocess.Complete
         assert proc.poll() is None, f"the run ended before a seed finished: {proc.stderr.read()}"
         assert time.monotonic() < deadline, "no seed finished within 300 s"
         time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     out, err = proc.communicate(timeout=120)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
@@ -112,3 +114,23 @@ def test_resuming_a_complete_run_trains_nothing_and_keeps_its_results(
     assert main(["run", "--resume", str(copy)]) == 0
     assert "round 1/" not in capsys.readouterr().err  # no seed ran again
     pd.testing.assert_frame_equal(comparable(copy), comparable(uninterrupted))
+
+
+def test_sigterm_stops_like_ctrl_c_and_the_folder_is_locked_while_a_run_writes(tmp_path, capsys):
+    """What SLURM sends at the time limit: the run stops as on Ctrl-C, its folder marked
+    interrupted and resumable. While a process writes a folder, another one is refused."""
+    from secagg.simulation.outputs import lock_folder
+
+    folder = tmp_path / "run"
+    stopped = interrupt_after_first_seed(folder, sig=signal.SIGTERM)
+    assert stopped.returncode == 130, stopped.stderr
+    assert "Traceback" not in stopped.stderr, stopped.stderr
+    assert json.loads((folder / "run.json").read_text())["status"] == "interrupted"
+    held = lock_folder(folder)  # as a second process would hold it
+    try:
+        assert main(["run", "--resume", str(folder), "--quiet"]) == 2
+        assert f"in use by another secagg run (pid {os.getpid()})" in capsys.readouterr().err
+    finally:
+        held.close()
+    assert main(["run", "--resume", str(folder), "--quiet"]) == 0
+    assert json.loads((folder / "run.json").read_text())["status"] == "complete"
