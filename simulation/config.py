@@ -86,6 +86,8 @@ class ExperimentConfig:
     streaming: bool = True
     #: run the clients in this many worker processes (in parallel); 0: in this process
     workers: int = 0
+    #: torch's intra-op threads per client process (in-process clients share this one)
+    threads: int = 1
 
     def validate(self) -> ExperimentConfig:
         get_task(self.task)
@@ -118,6 +120,8 @@ class ExperimentConfig:
             raise ConfigError(f"dp_noise must be 'seeded' or 'os', got {self.dp_noise!r}")
         if not isinstance(self.workers, int) or self.workers < 0:
             raise ConfigError(f"workers must be an integer >= 0, got {self.workers!r}")
+        if not isinstance(self.threads, int) or isinstance(self.threads, bool) or self.threads < 1:
+            raise ConfigError(f"threads must be an integer >= 1, got {self.threads!r}")
         if self.client_split_count is not None and (
             self.client_split is None or self.client_split_count < 1
         ):

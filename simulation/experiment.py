@@ -19,7 +19,8 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
@@ -324,7 +325,9 @@ TransportFactory = Callable[[ClientFactory, list[str]], Transport]
 
 def default_transport(factory: ClientFactory, ids: list[str]) -> Transport:
     if factory.config.workers:
-        return WorkerPoolTransport(factory, ids, factory.config.workers)
+        return WorkerPoolTransport(
+            factory, ids, factory.config.workers, torch_threads=factory.config.threads
+        )
     clients = factory(ids)
     return InProcessTransport({cid: c.handle for cid, c in clients.items()})
 
@@ -879,6 +882,32 @@ def run_experiment(
     audit = audit if audit is not None else AuditLog()
     data = get_task(config.task).load()
     check_data(config, data, progress)
+    with torch_threads(config.threads):
+        return _run_seeds(config, audit, data, progress, transport_factory, recorder, skip, signers)
+
+
+@contextmanager
+def torch_threads(threads: int) -> Iterator[None]:
+    """torch's intra-op threads set to ``threads`` for the run's in-process clients, and
+    restored after."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _run_seeds(
+    config: ExperimentConfig,
+    audit: AuditLog,
+    data: FederatedData,
+    progress: Callable[[str], None] | None,
+    transport_factory: TransportFactory | None,
+    recorder: Recorder | None,
+    skip: Sequence[int],
+    signers: Mapping[str, bytes] | None,
+) -> ExperimentResult:
     rows: list[dict[str, Any]] = []
     final: dict[int, np.ndarray] = {}
     aborted: dict[int, str] = {}

@@ -209,9 +209,12 @@ class RunFolder:
 
     def _resume(self, config: ExperimentConfig) -> Finished:
         mine, theirs = from_config(config), from_config(self.saved_config(self.path))
-        # the worker count changes how fast, not what: a resumed run may use another
+        # the worker and thread counts change how fast, not what (up to torch's float
+        # reductions): a resumed run may use others
         differ = sorted(
-            k for k in (set(mine) | set(theirs)) - {"workers"} if mine.get(k) != theirs.get(k)
+            k
+            for k in (set(mine) | set(theirs)) - {"workers", "threads"}
+            if mine.get(k) != theirs.get(k)
         )
         if differ:
             raise ConfigError(

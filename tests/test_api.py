@@ -133,3 +133,25 @@ def test_an_injected_transport_carries_every_message():
         r for r in result.audit.records if r["event"] == "message" and r["direction"] == "received"
     ]
     assert len(carried) == len(received) == 6 + 2 * 6  # enrolment, then two training rounds
+
+
+def test_in_process_clients_train_on_the_configured_torch_threads():
+    """--threads sets torch's intra-op threads while the run trains (1 by default) and puts
+    back what was there after."""
+    import torch
+
+    before = torch.get_num_threads()
+    for threads in (3, 1):
+        seen: list[int] = []
+        secagg.run(
+            task="tcga-brca",
+            rounds=1,
+            local_steps=1,
+            threads=threads,
+            progress=lambda _line: seen.append(torch.get_num_threads()),
+        )
+        assert seen and set(seen) == {threads}
+        assert torch.get_num_threads() == before
+    assert secagg.simulation.config.ExperimentConfig().threads == 1
+    with pytest.raises(secagg.errors.ConfigError, match="threads"):
+        secagg.run(task="tcga-brca", rounds=1, threads=0)
