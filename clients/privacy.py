@@ -16,6 +16,7 @@ tasks (cross-entropy) it is exact.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -198,6 +199,25 @@ def _generator_state(data: Any) -> torch.Tensor:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
 
+@functools.cache
+def noise_for_epsilon(target_epsilon: float, delta: float, rate: float, steps: int) -> float:
+    """The noise multiplier that spends ``target_epsilon`` at ``delta`` over ``steps`` steps
+    sampled at ``rate`` (Opacus' RDP bisection, several seconds): solved once per distinct
+    (ε, δ, rate, steps) in a process, so clients of equal batch counts share one solve."""
+    with warnings.catch_warnings():  # the bisection tries noises far off the optimum
+        warnings.simplefilter("ignore")
+        return float(
+            get_noise_multiplier(
+                target_epsilon=target_epsilon,
+                target_delta=delta,
+                sample_rate=rate,
+                steps=steps,
+                accountant="rdp",
+                alphas=RDP_ORDERS,
+            )
+        )
+
+
 def make_private(
     trainer: LocalTrainer,
     *,
@@ -217,16 +237,7 @@ def make_private(
         if target_epsilon is None or not target_epsilon > 0:  # None: ruled out above
             raise ConfigError(f"target_epsilon must be > 0, got {target_epsilon}")
         rate = 1 / -(-len(trainer.data) // trainer.batch_size)
-        with warnings.catch_warnings():  # the bisection tries noises far off the optimum
-            warnings.simplefilter("ignore")
-            noise_multiplier = get_noise_multiplier(
-                target_epsilon=target_epsilon,
-                target_delta=delta,
-                sample_rate=rate,
-                steps=total_steps,
-                accountant="rdp",
-                alphas=RDP_ORDERS,
-            )
+        noise_multiplier = noise_for_epsilon(target_epsilon, delta, rate, total_steps)
     elif not noise_multiplier > 0:
         raise ConfigError(f"DP-SGD needs noise_multiplier > 0, got {noise_multiplier}")
     return PrivateTrainer(trainer, float(noise_multiplier), float(max_grad_norm), seed)

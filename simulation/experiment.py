@@ -882,6 +882,11 @@ def run_experiment(
     audit = audit if audit is not None else AuditLog()
     data = get_task(config.task).load()
     check_data(config, data, progress)
+    if config.dp_sgd is not None and config.dp_sgd.get("epsilon") is not None and progress:
+        progress(
+            f"calibrating DP-SGD noise to epsilon {config.dp_sgd['epsilon']} for each "
+            "client's sampling rate (one RDP solve per distinct rate, a few seconds each)"
+        )
     with torch_threads(config.threads):
         return _run_seeds(config, audit, data, progress, transport_factory, recorder, skip, signers)
 

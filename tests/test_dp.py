@@ -448,3 +448,21 @@ def test_a_run_without_dp_reports_no_delta_nor_noise_and_one_seed_no_spread(tmp_
     assert "±" not in final_line(result)
     two = run(task="tcga-brca", protocol="fedavg", rounds=1, seeds=[2, 3], local_steps=1)
     assert "±" in final_line(two)
+
+
+def test_dp_sgd_by_epsilon_solves_once_per_sampling_rate_and_says_so():
+    """Clients whose batch counts are equal share one RDP solve (they once solved each), and
+    the calibration announces itself (it sat silent for tens of seconds)."""
+    from secagg.clients.privacy import noise_for_epsilon
+    from secagg.simulation.api import run
+
+    noise_for_epsilon.cache_clear()
+    lines: list[str] = []
+    config = dict(task="tcga-brca", protocol="fedavg", rounds=1, local_steps=2, batch_size=8)
+    run(**config, dp_sgd={"clip": 1.0, "epsilon": 5.0}, progress=lines.append)
+    data = get_task("tcga-brca").load()
+    batches = {-(-len(c.y) // 8) for c in data.train}
+    info = noise_for_epsilon.cache_info()
+    assert info.misses == len(batches) < data.n_clients
+    assert info.hits == data.n_clients - len(batches)
+    assert any("calibrating DP-SGD noise to epsilon 5.0" in line for line in lines)
