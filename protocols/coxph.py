@@ -119,6 +119,11 @@ def efron_derivatives(stats: np.ndarray, beta: np.ndarray) -> tuple[float, np.nd
     return loglik, grad, hess
 
 
+#: no Newton step of a well-posed Cox fit on standardised features comes near this (the
+#: unpenalised fits here take steps below 5); a singular Hessian gives 1e10 and more
+MAX_STEP = 1e3
+
+
 def newton_step(
     stats: np.ndarray, beta: np.ndarray, penalizer: float = 0.0, n_total: int = 1
 ) -> np.ndarray:
@@ -231,6 +236,17 @@ class CoxPH(Protocol):
         total = ctx.reveal(ctx.weighted_sum(loaded, weights), "risk_set_statistics")
         stats = n_total * total.reshape(self.grid.size, width)
         step = newton_step(stats, beta, self.penalizer, n_total)
+        if not np.all(np.isfinite(step)) or np.abs(step).max() > MAX_STEP:
+            # collinear features (TCGA-BRCA's) make the Hessian singular: the step is huge,
+            # β diverges and the centres' sums overflow a round later
+            raise RoundAborted(
+                f"coxph: the Newton step is {np.abs(step).max():.3g} (the Hessian of the "
+                "partial likelihood is singular: collinear features, as TCGA-BRCA's); add a "
+                "ridge penalty, e.g. --cox-penalizer 1e-3",
+                round=ctx.round,
+                phase="cox_statistics",
+                exclusions=dict(ctx.excluded),
+            )
         self.step_norm = float(np.linalg.norm(step))
         return ctx.plaintext(step)
 

@@ -147,3 +147,16 @@ def test_coxph_refuses_a_model_that_is_not_linear():
     result = run("plain", rounds=1, task="deepcox-gbsg2-times")
     # the server gets the clients' code; "use a coxph-* task" is in their own log
     assert "refused 'cox_statistics': bad_configuration" in result.aborted[0]
+
+
+def test_a_singular_hessian_stops_with_the_fix_named_and_the_penalty_converges():
+    """TCGA-BRCA's collinear features make the unpenalised Newton step explode (the run once
+    aborted a round later with "missing ['client_6']", the cause only in the audit): now the
+    first step says what to do, and --cox-penalizer 1e-3 converges."""
+    import secagg
+
+    settings = dict(protocol="coxph", task="coxph-tcga-balanced", rounds=3)
+    stopped = secagg.run(**settings)
+    assert "--cox-penalizer 1e-3" in stopped.aborted[42] and "singular" in stopped.aborted[42]
+    fitted = secagg.run(**settings, protocol_options={"penalizer": 1e-3})
+    assert not fitted.aborted and fitted.metrics["test_pooled"].iloc[-1] > 0.8
