@@ -28,6 +28,7 @@ upload or server-chosen polynomial enters it, so a crafted upload can extract no
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -57,6 +58,7 @@ from secagg.errors import (
 )
 from secagg.threshold.combine import interpolate
 from secagg.threshold.params import (
+    SHARE_SEED_BYTES,
     ThresholdPreset,
     Upload,
     check_t,
@@ -72,6 +74,19 @@ from secagg.threshold.share_relay import release_label, seal, unseal
 from secagg.wire import Envelope, Field
 
 _PREFIX = len(b"secagg threshold upload v2") + 16  # context and fingerprint in a preimage
+
+
+def share_payloads(ring_, key: np.ndarray, t: int, n: int) -> list[bytes]:
+    """What each of the n holders is sent of ``key``'s Shamir shares (t of n, x = 1 … n): the
+    first t − 1 a fresh 32-byte seed whose uniform expansion is the share, the others the
+    share itself, on the polynomial of degree < t through (0, key) and the seeded points."""
+    seeds = [os.urandom(SHARE_SEED_BYTES) for _ in range(t - 1)]
+    known = [key, *(ring_.public(seed, 1)[0] for seed in seeds)]
+    known_x = list(range(t))  # 0 for the key, 1 … t − 1 for the seeded holders
+    whole = [
+        ring_.to_bytes(ring_.combine(known, ring_.lagrange(known_x, at=x))) for x in range(t, n + 1)
+    ]
+    return [*seeds, *whole]
 
 
 class UnopenedShare(ReleaseRefused):
@@ -259,11 +274,11 @@ class ThresholdClient(ClientBackend):
         messages = encode(self.preset, values, self.preset.client_bound(len(self.holders)), factor)
         key = self.ring.key()  # one-time: it leaves this method only as sealed shares
         body = self.ring.to_bytes(self.ring.mask(key, public_seed(self.preset, basis), messages))
-        shares = self.ring.shares(key, self.t, [1 + j for j in range(len(self.holders))])
+        payloads = share_payloads(self.ring, key, self.t, len(self.holders))
         del key
         label = share_label(self.preset, hashlib.sha256(body).digest())
         sealed = tuple(
-            self._identity.wrap(self.ring.to_bytes(shares[j]), self.roster[h], self.id, h, label)
+            self._identity.wrap(payloads[j], self.roster[h], self.id, h, label)
             for j, h in enumerate(self.holders)
         )
         upload = Upload(body, sealed, b"")
@@ -509,6 +524,8 @@ class ThresholdClient(ClientBackend):
             raise UnopenedShare(
                 f"{self.id}: {name}: the key share from {sender} does not open"
             ) from None
+        if len(raw) == SHARE_SEED_BYTES:
+            return self.ring.public(raw, 1)[0]
         return self._load_rows(raw, 1, name)[0]
 
     def _check_applied(self, d: Descriptor) -> None:

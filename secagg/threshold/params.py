@@ -18,7 +18,11 @@ committee, as LERNA (ASIACRYPT 2023) and Flamingo (S&P 2023) do in the cross-sil
 - the client Shamir-shares k_i coefficient-wise (t of n, x_j = 1 + j for the j-th client of
   the sorted roster) and seals share j for client j alone (X25519 + HKDF + AES-GCM with the
   static pair's key, the parameters, sender, recipient and the upload's blocks bound in),
-  in the same upload: shares ride with the upload, no extra round trip;
+  in the same upload: shares ride with the upload, no extra round trip. The shares of the
+  first t − 1 holders are drawn first, uniformly, as SEAL's expansion of a fresh 32-byte seed
+  that is sent instead of the ring element (pseudorandom secret sharing); the polynomial of
+  degree < t through (0, k_i) and those points gives the other n − t + 1 shares. Any t − 1
+  shares are uniform and independent of k_i either way, as with random coefficients;
 - the server forms Σ_i w_i·b_i mod p with integer weights w_i; a holder j that checked the
   release returns s_j = Σ_i w_i·[k_i]_j, one ring element whatever the model's size; with
   t of them the server interpolates K = Σ_i w_i·k_i and unmasks Σ w_i b_i − a·K =
@@ -235,8 +239,23 @@ def share_label(preset: ThresholdPreset, blocks_digest: bytes) -> str:
     return f"threshold-share|{preset.fingerprint}|{blocks_digest.hex()}"
 
 
-def sealed_share_bytes(preset: ThresholdPreset) -> int:
-    return preset.ring_dim * preset.coefficient_bytes + SEAL_OVERHEAD
+#: a share sent as the seed it expands from (the t − 1 pseudorandom shares)
+SHARE_SEED_BYTES = 32
+
+
+def sealed_share_bytes(preset: ThresholdPreset, *, seeded: bool = False) -> int:
+    """A sealed share's size: a whole ring element, or (``seeded``) a 32-byte seed."""
+    body = SHARE_SEED_BYTES if seeded else preset.ring_dim * preset.coefficient_bytes
+    return body + SEAL_OVERHEAD
+
+
+def upload_bytes(preset: ThresholdPreset, n_values: int, holders: int, t: int) -> int:
+    """An upload's size: the masked blocks, t − 1 seeded and n − t + 1 whole sealed shares,
+    and the signature."""
+    blocks = preset.blocks(n_values) * preset.ring_dim * preset.coefficient_bytes
+    seeded = (t - 1) * sealed_share_bytes(preset, seeded=True)
+    whole = (holders - t + 1) * sealed_share_bytes(preset)
+    return blocks + seeded + whole + SIGNATURE_BYTES
 
 
 def digest_preimage(preset: ThresholdPreset, blocks_digest: bytes, sealed: list[bytes]) -> bytes:
@@ -296,8 +315,9 @@ class Upload:
             raise MalformedCiphertext(
                 f"the masked blocks of {n_values} values have {want} bytes, got {len(body)}"
             )
-        if any(len(s) != sealed_share_bytes(preset) for s in sealed):
-            raise MalformedCiphertext(f"a sealed key share has {sealed_share_bytes(preset)} bytes")
+        sizes = (sealed_share_bytes(preset), sealed_share_bytes(preset, seeded=True))
+        if any(len(s) not in sizes for s in sealed):
+            raise MalformedCiphertext(f"a sealed key share has {sizes[0]} or {sizes[1]} bytes")
         if len(signature) != SIGNATURE_BYTES:
             raise MalformedCiphertext("an upload's signature has 64 bytes")
         return cls(body, tuple(sealed), signature)

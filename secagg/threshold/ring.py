@@ -168,8 +168,8 @@ class Ring:
         points = [_int(x, "each x") for x in xs]
         if not points:
             raise ValueError("lagrange needs at least one point")
-        if any(not 0 < x < p for x in points):
-            raise ValueError("each x must be in [1, p)")
+        if any(not 0 <= x < p for x in points):
+            raise ValueError("each x must be in [0, p)")
         if len(set(points)) != len(points):
             raise ValueError("the xs must be distinct")
         at = _int(at, "at") % p
