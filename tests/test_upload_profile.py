@@ -1,5 +1,7 @@
 """The upload profile benchmark: every stage timed for every preset, the sizes it reports."""
 
+import numpy as np
+
 from benchmarks import upload_profile
 
 
@@ -10,9 +12,15 @@ def test_every_stage_of_every_preset_is_timed_and_lean_sends_8_bytes_a_value(tmp
     assert list(frame.columns) == [
         f"{p} ({path})" for p in ("compact", "wide", "lean") for path in ("TenSEAL", "native")
     ]
+    # "decryptor: decrypt" off the native path is derived, a timing minus the stages it
+    # repeats: with one repeat on a loaded machine it came out at -0.003 s, so it is held
+    # to being measured, not to being positive (a test must pass on a loaded machine)
+    derived = "decryptor: decrypt"
     for column in frame.columns:
         stages = [s for s in frame[column].dropna().index if ":" in s]
-        assert len(stages) >= 8 and (frame.loc[stages, column] > 0).all(), column
+        timed = [s for s in stages if not (s == derived and "native" not in column)]
+        assert len(stages) >= 8 and (frame.loc[timed, column] > 0).all(), column
+        assert np.isfinite(frame.loc[derived, column]), column
     # two full chunks: the one-prime preset's upload and aggregate are 8 B a value (and
     # the headers); compact's aggregate is two polynomials over two primes
     for path in ("TenSEAL", "native"):
