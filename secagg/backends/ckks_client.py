@@ -28,6 +28,7 @@ from secagg import wire
 from secagg.backends.base import ClientBackend, own_weight
 from secagg.backends.consenting import (
     as_bytes,
+    check_applied_total,
     check_listed_weight,
     consent,
     public_bytes,
@@ -337,15 +338,7 @@ class CKKSClient(ClientBackend):
         seeds = [bytes(p) for p in env.ciphertext_parts(f"{field}.seeds")]
         check_entries(d, signatures, seeds, self.signers)
         if self.preset.weighted_by_clients:
-            # the applied weights, signed by their clients, must add up to at most 1 (each
-            # rounded to the nearest unit: half a unit each over at most) since each client
-            # checked its values against the whole headroom
-            total = sum(k for _, k, _ in d.entries)
-            if 2 * total > 2 * self.preset.client_weight_unit + len(d.entries):
-                raise ReleaseRefused(
-                    f"{self.id}: the weights the clients applied to {d.name!r} add up to "
-                    f"{total / self.preset.client_weight_unit:.6g} > 1 (beyond the headroom)"
-                )
+            check_applied_total(self.id, d, self.preset.client_weight_unit)
         if self._second_polys is None:
             self._second_polys = SecondPolynomials(self.keys.public, self.keys.seeded_template())
         parts = env.ciphertext_parts(field)

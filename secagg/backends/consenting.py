@@ -201,3 +201,15 @@ def check_listed_weight(client_id: str, info: object, weight: float, weight_bits
             f"{client_id}: the request's weight for its upload is not the one the release "
             f"{d.name!r} lists"
         )
+
+
+def check_applied_total(client_id: str, d: Descriptor, unit: int) -> None:
+    """On a client-weighted preset: the weights the clients applied, as they signed them in
+    ``d``, add up to at most 1 (each rounded to the nearest of ``unit``: half a unit each
+    over at most), since each client checked its values against the whole headroom."""
+    total = sum(k for _, k, _ in d.entries)
+    if 2 * total > 2 * unit + len(d.entries):
+        raise ReleaseRefused(
+            f"{client_id}: the weights the clients applied to {d.name!r} add up to "
+            f"{total / unit:.6g} > 1 (beyond the headroom)"
+        )

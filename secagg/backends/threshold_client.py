@@ -37,6 +37,7 @@ import numpy as np
 from secagg import wire
 from secagg.backends.base import ClientBackend, own_weight
 from secagg.backends.consenting import (
+    check_applied_total,
     check_listed_weight,
     consent,
     public_bytes,
@@ -64,6 +65,7 @@ from secagg.threshold.params import (
     check_t,
     decode,
     encode,
+    holder_xs,
     holders_of,
     public_seed,
     share_label,
@@ -357,7 +359,7 @@ class ThresholdClient(ClientBackend):
                 label,
             )
             shares[holder] = self._load_rows(blob, 1, name)[0]
-        key_sum, _ = interpolate(self.ring, shares, self._xs(), self.t)
+        key_sum, _ = interpolate(self.ring, shares, holder_xs(self.holders), self.t)
         centred = self.ring.unmask(total, key_sum, public_seed(self.preset, d.basis))
         self.opens += 1
         return decode(self.preset, centred, d.n_values, float(divisor))
@@ -534,17 +536,9 @@ class ThresholdClient(ClientBackend):
         checked its values against the whole headroom."""
         if not self.preset.weighted_by_clients:
             return
-        total = sum(k for _, k, _ in d.entries)
-        if any(k <= 0 for _, k, _ in d.entries) or (
-            2 * total > 2 * self.preset.client_weight_unit + len(d.entries)
-        ):
-            raise ReleaseRefused(
-                f"{self.id}: the weights the clients applied to {d.name!r} add up to "
-                f"{total / self.preset.client_weight_unit:.6g} > 1 (beyond the headroom)"
-            )
-
-    def _xs(self) -> dict[str, int]:
-        return {h: 1 + j for j, h in enumerate(self.holders)}
+        if any(k <= 0 for _, k, _ in d.entries):
+            raise ReleaseRefused(f"{self.id}: {d.name!r} lists an applied weight below one unit")
+        check_applied_total(self.id, d, self.preset.client_weight_unit)
 
     def _load_rows(self, blob: bytes | memoryview, rows: int, name: str) -> np.ndarray:
         try:

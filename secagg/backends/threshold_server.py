@@ -42,6 +42,7 @@ from secagg.threshold.params import (
     Upload,
     check_t,
     decode,
+    holder_xs,
     holders_of,
     public_seed,
     quantise,
@@ -305,9 +306,8 @@ class ThresholdServer(ServerBackend):
                 shares[h] = self.ring.from_bytes(bytes(parts[0]), 1)[0]
             except MalformedCiphertext as exc:
                 ctx.exclude(h, "decrypt_share", exc)
-        xs = {h: 1 + j for j, h in enumerate(self.holders)}
         try:
-            key_sum, wrong = interpolate(self.ring, shares, xs, self.t)
+            key_sum, wrong = interpolate(self.ring, shares, holder_xs(self.holders), self.t)
         except ShareMismatch as exc:
             raise aborted(ctx, "decrypt_share", f"{name}: {exc}") from None
         for h in wrong:

@@ -190,6 +190,11 @@ def holders_of(roster: object) -> list[str]:
     return sorted(roster)  # type: ignore[call-overload]
 
 
+def holder_xs(holders: list[str]) -> dict[str, int]:
+    """Each holder's x-coordinate: 1 + its position in :func:`holders_of`'s order."""
+    return {h: 1 + j for j, h in enumerate(holders)}
+
+
 def default_t(n: int) -> int:
     """A strict majority: t > n/2, so two disjoint holder sets can never both open."""
     return n // 2 + 1
