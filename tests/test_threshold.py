@@ -679,3 +679,22 @@ def test_a_client_that_deals_garbage_shares_leaves_the_run_which_goes_on():
     assert metrics["clients"].tolist()[1:] == [5, 5]  # and client_2 left the run
     exclusions = result.audit.summary()["exclusions"]
     assert all("refused 'consent'" not in e["reason"] for e in exclusions)  # not a consent
+
+
+def test_on_lean_a_holder_refuses_applied_weights_below_one_unit_or_above_one_in_all():
+    """A deviating server's descriptor that lists a negative applied weight (it would cancel
+    another client's upload out of the sum) or applied weights adding up to more than 1
+    (beyond the headroom) is refused before any share is opened."""
+    r = make_round("lean")
+    total = r.server.running_sum(N)
+    for k, c in enumerate(IDS):
+        total.add(r.upload(c, values(k), 0.2), 0.2)
+    _, request = share_request(r, total.result(), IDS[0])
+    for change, match in ((lambda k: -k, "below one unit"), (lambda k: 3 * k, "> 1")):
+        info = Envelope.from_bytes(
+            Envelope("s", IDS[0], 0, "x", {"r": request["release"]}).to_bytes()
+        ).config("r")
+        entries = info["descriptor"]["entries"]
+        entries[1][1] = change(entries[1][1])
+        with pytest.raises(ReleaseRefused, match=match):
+            r.ask(IDS[0], "decrypt_share", {**request, "release": wire.config(info)})
