@@ -119,7 +119,7 @@ def first_below(series: pd.Series, iterations: pd.Series, level: float) -> str:
 
 def table(frame: pd.DataFrame) -> pd.DataFrame:
     from secagg.clients.tasks import get_task
-    from secagg.simulation.experiment import evaluate
+    from secagg.simulation.evaluation import evaluate
 
     rows = []
     for (problem, split, backend), g in frame.groupby(["problem", "split", "backend"], sort=False):

@@ -66,8 +66,15 @@ def register_protocol(
 
 
 def protocol_spec(name: str) -> ProtocolSpec:
+    if name not in PROTOCOLS:  # an installed package's protocol (entry point)?
+        from secagg.plugins import load_entry_points
+
+        load_entry_points()
     if name not in PROTOCOLS:
-        raise ConfigError(f"unknown protocol {name!r}; choose from {', '.join(PROTOCOLS)}")
+        raise ConfigError(
+            f"unknown protocol {name!r}; choose from {', '.join(PROTOCOLS)} (a protocol of "
+            "your own: name its module with --import MODULE, or imports = [...] in a config)"
+        )
     return PROTOCOLS[name]
 
 

@@ -319,7 +319,31 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def load_user_code(argv: list[str]) -> None:
+    """Import what the command line names before the parser is built, so that the tasks
+    and protocols a user module (``--import``, a ``--config`` file's or a resumed run's
+    ``imports``) or an installed package (entry points) registers are valid choices."""
+    from secagg.plugins import import_user_modules, load_entry_points
+
+    load_entry_points()
+    scan = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    scan.add_argument("--import", "--imports", dest="imports", action="append", default=[])
+    scan.add_argument("--config", type=Path)
+    scan.add_argument("--resume", type=Path)
+    known, _ = scan.parse_known_args(argv)
+    names = [n for value in known.imports for n in S.parse_names(value)]
+    for path in (known.resume, known.config):
+        if path is not None:
+            names += S.imports_named_in(path)
+    import_user_modules(names)
+
+
 def main(argv: list[str] | None = None) -> int:
+    try:
+        load_user_code(sys.argv[1:] if argv is None else argv)
+    except (SecaggError, ValueError) as exc:
+        print(f"secagg: error: {exc}", file=sys.stderr)
+        return 2
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = ["secagg", *(sys.argv[1:] if argv is None else argv)]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -20,17 +21,22 @@ from secagg.ckks.presets import get_preset as get_ckks_preset
 from secagg.clients.tasks import get_task
 from secagg.dp import ClientDP, ScalarDP
 from secagg.errors import ConfigError
+from secagg.plugins import import_user_modules, recorded_name
 from secagg.protocols import (
     PROTOCOLS,
     default_server_optimizer,
     make_client_half,
     make_protocol,
+    protocol_spec,
 )
 from secagg.protocols.optimizers import OPTIMIZERS, StepSchedule, make_optimizer
 from secagg.server.plan import RunPolicy, TrainingPlan, check_run
 from secagg.threshold.params import DEFAULT_PRESET as THRESHOLD_DEFAULT
 from secagg.threshold.params import STREAMING_PRESET as THRESHOLD_STREAMING
 from secagg.threshold.params import get_preset as get_threshold_preset
+
+#: the devices a run may name (whether a GPU is there is checked when clients are built)
+DEVICE = re.compile(r"cpu|auto|cuda(:[0-9]+)?")
 
 
 @dataclass
@@ -88,13 +94,23 @@ class ExperimentConfig:
     workers: int = 0
     #: torch's intra-op threads per client process (in-process clients share this one)
     threads: int = 1
+    #: where clients train and the experimenter evaluates: "cpu", "cuda", "cuda:N", or
+    #: "auto" (the first GPU where torch sees one, else the CPU)
+    device: str = "cpu"
+    #: the researcher's own modules (names or .py paths), imported before anything else is
+    #: checked: they register tasks and protocols (``secagg.plugins``)
+    imports: list[str] = field(default_factory=list)
 
     def validate(self) -> ExperimentConfig:
+        if not isinstance(self.imports, list):
+            raise ConfigError(f"imports must be a list of module names, got {self.imports!r}")
+        import_user_modules(self.imports)
+        # recorded so that the rerun command finds them from any folder
+        self.imports = [recorded_name(n) for n in self.imports]
         get_task(self.task)
-        if self.protocol not in PROTOCOLS:
-            raise ConfigError(
-                f"unknown protocol {self.protocol!r}; choose from {', '.join(PROTOCOLS)}"
-            )
+        if not isinstance(self.device, str) or not DEVICE.fullmatch(self.device):
+            raise ConfigError(f"device must be cpu, cuda, cuda:N or auto, got {self.device!r}")
+        protocol_spec(self.protocol)  # an unknown name fails there, naming the choices
         if self.backend not in BACKENDS:
             raise ConfigError(f"unknown backend {self.backend!r}; available: {', '.join(BACKENDS)}")
         if self.local_epochs is not None and (

@@ -47,8 +47,9 @@ from secagg.clients.tasks import (
 )
 from secagg.clients.tasks.tcga_brca import random_client_splits
 from secagg.clients.tasks.vae import BetaVAE, autoencoding, reconstruction_score, vae_loss
-from secagg.clients.training import LocalTrainer, flat_params, set_flat_params
+from secagg.clients.training import LocalTrainer, flat_params
 from secagg.errors import ConfigError, RoundAborted
+from secagg.plugins import import_user_modules
 from secagg.protocols import (
     PROTOCOLS,
     custom_protocols,
@@ -62,6 +63,7 @@ from secagg.server.audit import AuditLog
 from secagg.server.engine import Server
 from secagg.server.transport import InProcessTransport, Transport
 from secagg.simulation.config import ExperimentConfig
+from secagg.simulation.evaluation import evaluate
 from secagg.simulation.privacy import client_level_epsilon, scalar_epsilons, scalar_release_counts
 from secagg.simulation.workers import WorkerPoolTransport
 
@@ -71,55 +73,6 @@ if TYPE_CHECKING:  # client-side and key code: imported where a client or key is
     from secagg.clients.privacy import PrivateTrainer
     from secagg.clients.runtime import Client
     from secagg.sealing import Observer
-
-
-def evaluate(
-    task: Task, data: FederatedData, params: np.ndarray, predictions: np.ndarray | None = None
-) -> dict[str, float]:
-    """Metric of the global model on the pooled test set, each client's test set, and the
-    pooled training set. Client sets where the metric is undefined count as NaN.
-
-    ``predictions``: the protocol's own outputs for the pooled test set (Ensemble), which
-    has no global model: only the pooled test set is scored."""
-    if predictions is not None:
-        if data.pooled_test is None:
-            raise ConfigError(f"{task.name} has no pooled test set to score predictions on")
-        n_test = len(data.pooled_test)
-        scores = torch.as_tensor(predictions, dtype=torch.float32).reshape(n_test, -1)
-        return {
-            "test_pooled": task.metric(data.pooled_test.y.numpy(), scores.numpy()),
-            "test_loss": float(task.loss(scores, data.pooled_test.y)),
-        }
-    model = task.make_model()
-    set_flat_params(model, params)
-    model.eval()
-
-    def score(part: ClientData) -> float:
-        with torch.no_grad():
-            pred = model(part.x).numpy()
-        try:
-            return task.metric(part.y.numpy(), pred)
-        except ZeroDivisionError:  # lifelines: no admissible pairs in a tiny client set
-            return float("nan")
-
-    out = {"train_pooled": score(ClientData.concat(data.train))}
-    with torch.no_grad():
-        out["train_loss"] = float(
-            task.loss(model(ClientData.concat(data.train).x), ClientData.concat(data.train).y)
-        )
-    if data.pooled_test is not None:
-        out["test_pooled"] = score(data.pooled_test)
-        with torch.no_grad():
-            out["test_loss"] = float(task.loss(model(data.pooled_test.x), data.pooled_test.y))
-    if data.test is not None:
-        pooled_test = ClientData.concat(data.test)
-        with torch.no_grad():
-            out["test_loss"] = float(task.loss(model(pooled_test.x), pooled_test.y))
-        per_client = [score(p) for p in data.test]
-        out["test_pooled"] = score(ClientData.concat(data.test))
-        out["test_client_avg"] = float(np.nanmean(per_client))
-        out.update({f"test_client_{k}": v for k, v in enumerate(per_client)})
-    return out
 
 
 @dataclass
@@ -209,6 +162,7 @@ class ClientFactory:
             )
 
     def __call__(self, ids: list[str]) -> dict[str, Client]:
+        import_user_modules(self.config.imports)  # a worker process's first sight of them
         tasks, protocols = self.custom or ({}, {})
         for name, task in tasks.items():
             register_task(name, task, replace=True)

@@ -28,6 +28,7 @@ from typing import Any
 
 from secagg.backends import BACKENDS
 from secagg.errors import ConfigError
+from secagg.plugins import import_user_modules
 from secagg.protocols import PROTOCOLS, make_protocol
 from secagg.simulation.config import ExperimentConfig
 
@@ -81,6 +82,14 @@ def parse_numbers(text: str) -> dict[str, float]:
             raise ValueError(f"write key=number,key=number (e.g. clip=1.0,noise=0.8), got {text!r}")
         out[key.strip()] = value
     return out
+
+
+def parse_names(text: str) -> list[str]:
+    """``"mine"`` or ``"mine,tasks/other.py"`` -> a list of names, order kept."""
+    names = [item.strip() for item in str(text).split(",") if item.strip()]
+    if not names:
+        raise ValueError(f"write module names or .py paths separated by commas, got {text!r}")
+    return names
 
 
 def parse_bool(text: str) -> bool:
@@ -364,6 +373,26 @@ CORE = (
         group="server performance",
     ),
     _s(
+        "device",
+        "where clients train and the model is evaluated: cpu, cuda, cuda:N, or auto (the "
+        "first GPU torch sees, else the CPU); encryption always runs on the CPU",
+        str,
+        (str,),
+        "cpu",
+        group="server performance",
+    ),
+    _s(
+        "imports",
+        "your own modules to import first, comma-separated names or .py paths: they "
+        "register tasks and protocols (the run records them, so its rerun command and "
+        "worker processes import them too)",
+        parse_names,
+        (list,),
+        "none",
+        group="experiment",
+        metavar="MODULES",
+    ),
+    _s(
         "out",
         "output folder; must be new or empty unless --overwrite or --resume",
         str,
@@ -473,6 +502,26 @@ def read_file(path: Path) -> dict[str, Any]:
     return check_keys(values, str(path))
 
 
+def imports_named_in(path: Path) -> list[str]:
+    """The ``imports`` a settings file (or run folder) names, read before anything else in
+    it is checked: the rest may name what they register. Nothing if there is no such file
+    (reading it later says what is wrong)."""
+    path = Path(path)
+    if path.is_dir():
+        path = next(
+            (path / n for n in ("config.toml", "config.json") if (path / n).is_file()), path
+        )
+    try:
+        text = path.read_text()
+        values = (
+            json.loads(text).get("settings", {}) if path.suffix == ".json" else tomllib.loads(text)
+        )
+    except (OSError, ValueError, AttributeError):
+        return []
+    names = values.get("imports", []) if isinstance(values, dict) else []
+    return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
+
+
 #: the nested tables of earlier versions, and where their keys went
 _OLD_TABLES = {
     "server_opt": "server_opt (the name), server_lr, tau, beta1, beta2, momentum",
@@ -482,7 +531,13 @@ _OLD_TABLES = {
 
 
 def check_keys(values: Mapping[str, Any], where: str) -> dict[str, Any]:
-    """Known keys with checked values; unknown keys fail with the nearest names."""
+    """Known keys with checked values; unknown keys fail with the nearest names.
+
+    The user modules the values name are imported first: a protocol they register brings
+    settings of its own."""
+    imports = values.get("imports")
+    if imports is not None:
+        import_user_modules(coerce(next(s for s in CORE if s.key == "imports"), imports, where))
     table = settings_table()
     out: dict[str, Any] = {}
     problems = []
@@ -649,6 +704,7 @@ def add_arguments(parser: argparse.ArgumentParser, choices: Mapping[str, Iterabl
         options = list(choices.get(s.key, s.choices or ())) or None
         group.add_argument(
             s.flag,
+            *(["--import"] if s.key == "imports" else []),  # the word a user types
             dest=s.key,
             type=_argparse_type(s.parse),
             choices=options,

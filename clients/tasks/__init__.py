@@ -11,8 +11,8 @@ listing them (``secagg --help``, ``secagg presets``) does not import torch.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from secagg.errors import ConfigError
@@ -52,6 +52,26 @@ class Task:
     schedule: Callable[[], Any] | None = None
     #: the local optimizer class, called as (parameters, lr=...); None: SGD (FLamby's)
     optimizer: Callable[..., Any] | None = None
+    #: more scores by name, each called like ``metric``: every one is reported wherever the
+    #: task's metric is (metrics.csv's ``test_<name>`` and ``train_<name>`` columns, the
+    #: summary, ``secagg compare``, the figures and the trackers)
+    metrics: Mapping[str, Callable[[np.ndarray, np.ndarray], float]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in self.metrics:
+            if (
+                not name.isidentifier()
+                or name in RESERVED_METRIC_NAMES
+                or name.startswith("client_")
+            ):
+                raise ConfigError(
+                    f"task {self.name!r}: metric name {name!r} must be an identifier other "
+                    f"than {', '.join(RESERVED_METRIC_NAMES)} or client_*"
+                )
+
+
+#: names an extra metric cannot take: they are metrics.csv's own columns after test_/train_
+RESERVED_METRIC_NAMES = ("pooled", "loss", "metric")
 
 
 _TCGA = "secagg.clients.tasks.tcga_brca"
@@ -339,8 +359,15 @@ def custom_tasks() -> dict[str, Task]:
 
 
 def get_task(name: str) -> Task:
+    if name not in TASKS:  # an installed package's task (entry point secagg.tasks)?
+        from secagg.plugins import load_entry_points
+
+        load_entry_points()
     if name not in TASKS:
-        raise ConfigError(f"unknown task {name!r}; choose from {', '.join(TASKS)}")
+        raise ConfigError(
+            f"unknown task {name!r}; choose from {', '.join(TASKS)} (a task of your own: "
+            "name its module with --import MODULE, or imports = [...] in a config)"
+        )
     return TASKS[name]
 
 

@@ -1,0 +1,128 @@
+"""A researcher's own code: modules named by a run, and installed packages' entry points.
+
+Two ways in, both of which register into the same registries the built-ins use
+(``secagg.clients.tasks.TASKS``, ``secagg.protocols.PROTOCOLS``), so every place that
+lists or looks up a task or protocol (CLI choices, configs, workers, nodes) sees them:
+
+- **modules a run names** (``--import mymodule``, ``imports = ["mymodule"]`` in a config,
+  ``ExperimentConfig(imports=[...])``): imported before the run's settings are checked;
+  a module calls ``register_task`` / ``register_protocol`` at import. A name is a module
+  importable from the current folder or ``sys.path``, or a path to a ``.py`` file. The
+  run records the names in its config.toml, so the rerun command imports them again, and
+  worker processes and Flower nodes import them before they build a client.
+- **installed packages** declare entry points in the groups ``secagg.tasks`` (a
+  :class:`~secagg.clients.tasks.Task`, or a callable returning one) and ``secagg.protocols``
+  (a ``Protocol`` class); they load when a registry is first consulted.
+
+Importing a module runs its code: name only modules you trust, as with ``python -m``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+from collections.abc import Iterable
+from importlib.metadata import entry_points
+from pathlib import Path
+
+from secagg.errors import ConfigError
+
+TASK_GROUP = "secagg.tasks"
+PROTOCOL_GROUP = "secagg.protocols"
+
+_loaded_entry_points = False
+
+
+def is_module_path(name: str) -> bool:
+    """A name that is a file path (``./mine.py``, ``code/mine.py``) rather than a module."""
+    return name.endswith(".py") or os.sep in name or "/" in name
+
+
+def recorded_name(name: str) -> str:
+    """How a run records a module it imported: file paths absolute (a rerun from another
+    folder finds them), module names as given."""
+    return str(Path(name).resolve()) if is_module_path(name) else name
+
+
+def import_user_modules(names: Iterable[str]) -> None:
+    """Import each named module once (a second call is free). Raises ``ConfigError``
+    naming the module and what to do when one cannot be imported; an error raised by the
+    module's own code propagates with its traceback."""
+    for name in names:
+        if not isinstance(name, str) or not name.strip():
+            raise ConfigError(f"imports: expected module names or .py paths, got {name!r}")
+        if is_module_path(name):
+            _import_file(Path(name))
+        else:
+            _import_module(name)
+
+
+def _import_module(name: str) -> None:
+    if name in sys.modules:
+        return
+    # like `python -m`: the current folder is where a researcher's module usually lies,
+    # and the `secagg` script's own folder is not it
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and name.startswith(exc.name):
+            raise ConfigError(
+                f"cannot import {name!r}: no such module from {cwd} or sys.path; run from "
+                "the folder that holds it, add that folder to PYTHONPATH, or give the path "
+                "of the .py file"
+            ) from None
+        raise
+
+
+def _import_file(path: Path) -> None:
+    path = path.resolve()
+    if not path.is_file():
+        raise ConfigError(f"cannot import {str(path)!r}: no such file")
+    if path.suffix != ".py":
+        raise ConfigError(f"cannot import {str(path)!r}: a module file ends in .py")
+    name = path.stem
+    loaded = sys.modules.get(name)
+    if loaded is not None:
+        if Path(getattr(loaded, "__file__", "") or "").resolve() == path:
+            return
+        raise ConfigError(
+            f"cannot import {str(path)!r}: a module named {name!r} is already imported from "
+            f"{getattr(loaded, '__file__', '?')}; rename the file"
+        )
+    # imported under its own name, with its folder on sys.path, so that what it registers
+    # pickles by reference and worker processes import the same module again
+    folder = str(path.parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    importlib.import_module(name)
+
+
+def load_entry_points() -> None:
+    """Register the tasks and protocols installed packages declare (once per process)."""
+    global _loaded_entry_points
+    if _loaded_entry_points:
+        return
+    _loaded_entry_points = True
+    from secagg.clients.tasks import TASKS, Task, register_task
+    from secagg.protocols import PROTOCOLS, register_protocol
+
+    for point in entry_points(group=TASK_GROUP):
+        if point.name in TASKS:
+            continue
+        task = point.load()
+        if not isinstance(task, Task) and callable(task):
+            task = task()
+        if not isinstance(task, Task):
+            raise ConfigError(
+                f"entry point {point.name!r} in {TASK_GROUP} ({point.value}) is not a Task "
+                "or a callable returning one"
+            )
+        register_task(point.name, task)
+    for point in entry_points(group=PROTOCOL_GROUP):
+        if point.name not in PROTOCOLS:
+            register_protocol(point.name, point.load())
