@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
-    subprocess.run(
+    built = subprocess.run(
         [
             sys.executable,
             "-m",
@@ -24,15 +24,27 @@ def wheel(tmp_path_factory) -> Path:
             str(ROOT),
             "--no-deps",
             "--no-build-isolation",
-            "-q",
+            "-v",  # setuptools' warnings reach the log only with -v
             "-w",
             str(out),
         ],
         check=True,
         capture_output=True,
+        text=True,
     )
+    (out / "build.log").write_text(built.stdout + built.stderr)
     (path,) = out.glob("secagg-*.whl")
     return path
+
+
+@pytest.mark.slow
+def test_the_build_leaves_no_folder_unconfigured(wheel):
+    """Every folder that ships is a configured package: setuptools warns (about 150 lines
+    on each install) for each data folder that is only package data of a parent."""
+    log = (wheel.parent / "build.log").read_text()
+    assert "Successfully built secagg" in log or wheel.is_file()
+    assert "absent from the `packages` configuration" not in log
+    assert "Package would be ignored" not in log
 
 
 @pytest.mark.slow
