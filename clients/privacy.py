@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from opacus import PrivacyEngine
 from opacus.accountants.utils import get_noise_multiplier
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
 
 from secagg.clients.training import LocalTrainer, flat_params, set_flat_params
 from secagg.dp import RDP_ORDERS
@@ -41,8 +41,11 @@ class PrivateTrainer:
         self.inner = trainer
         self.data, self.batch_size, self.loss_fn = trainer.data, trainer.batch_size, trainer.loss_fn
         self.noise_multiplier, self.max_grad_norm = noise_multiplier, max_grad_norm
+        self.device = trainer.device
+        # the client's samples as a Dataset: a TensorDataset over whole tensors, or the
+        # task's own Dataset (Opacus' Poisson sampler reads it item by item)
         loader = DataLoader(
-            TensorDataset(trainer.data.x, trainer.data.y),
+            trainer.data.dataset,
             batch_size=trainer.batch_size,
             generator=torch.Generator().manual_seed(seed),
         )
@@ -57,7 +60,9 @@ class PrivateTrainer:
                 noise_multiplier=noise_multiplier,
                 max_grad_norm=max_grad_norm,
                 poisson_sampling=True,
-                noise_generator=torch.Generator().manual_seed(seed + 1),
+                # the noise is drawn where the gradients are, so its generator lives there;
+                # the samplers' generators stay on the CPU (they draw indices)
+                noise_generator=torch.Generator(device=self.device).manual_seed(seed + 1),
             )
         self.sample_rate = 1 / len(loader)
         self._new_epoch()
@@ -137,8 +142,10 @@ class PrivateTrainer:
                 f"the DP-SGD sampler state holds {sorted(state['epoch_start'])}, "
                 f"this client samples with {sorted(generators)}"
             )
-        noise = _generator_state(state["noise_generator"])
-        epoch_start = {k: _generator_state(v) for k, v in state["epoch_start"].items()}
+        noise = _generator_state(state["noise_generator"], self.optimizer.generator)
+        epoch_start = {
+            k: _generator_state(v, generators[k]) for k, v in state["epoch_start"].items()
+        }
         self.inner.load_state_dict(state["inner"])
         self.optimizer.generator.set_state(noise)
         self.engine.accountant.history = [(float(z), float(q), int(n)) for z, q, n in history]
@@ -160,9 +167,10 @@ class PrivateTrainer:
         for _ in range(steps):
             x, y = self._next_batch()
             if len(x) == 0:  # Poisson sampling can draw an empty batch: noise-only step
-                loss = self.model(self.data.x[:1]).sum() * 0.0
+                first = self.data.batch(torch.arange(1))[0]
+                loss = self.model(first.to(self.device)).sum() * 0.0
             else:
-                loss = self.loss_fn(self.model(x), y)
+                loss = self.loss_fn(self.model(x.to(self.device)), y.to(self.device))
             self.optimizer.zero_grad()
             with warnings.catch_warnings():  # Opacus' hooks on a model whose input needs
                 warnings.simplefilter("ignore")  # no gradient: expected, harmless
@@ -189,11 +197,12 @@ def _generator_bytes(state: torch.Tensor) -> bytes:
     return state.numpy().tobytes()
 
 
-def _generator_state(data: Any) -> torch.Tensor:
-    """A torch generator state from :func:`_generator_bytes`; its size is checked on load."""
+def _generator_state(data: Any, like: torch.Generator) -> torch.Tensor:
+    """A state for the generator ``like`` from :func:`_generator_bytes`; its size (which
+    differs between a CPU and a CUDA generator) is checked on load."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise StateError(f"a generator state must be bytes, got {type(data).__name__}")
-    expected = torch.Generator().get_state().numel()
+    expected = like.get_state().numel()
     if len(data) != expected:
         raise StateError(f"a torch generator state has {expected} bytes, got {len(data)}")
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)

@@ -17,15 +17,53 @@ from torch import nn
 
 from secagg.clients.state import restored_generator
 from secagg.clients.tasks import ClientData
-from secagg.errors import StateError
+from secagg.errors import ConfigError, StateError
+
+#: samples per forward pass when a model scores a whole set (evaluation, ``loss_at``): bounds
+#: the activations' memory; the outputs are concatenated, so a set of up to this many
+#: samples is scored in one pass exactly as before
+EVAL_BATCH = 1024
+
+
+def resolve_device(name: str) -> torch.device:
+    """The torch device a run's ``device`` setting names: "cpu", "cuda", "cuda:N", or "auto"
+    (the first GPU if torch sees one, else the CPU).
+
+    Raises ConfigError for a GPU this process cannot use (none, or no such index)."""
+    if not isinstance(name, str):
+        raise ConfigError(f"device must be cpu, cuda, cuda:N or auto, got {name!r}")
+    if name == "auto":
+        return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"device must be cpu, cuda, cuda:N or auto, got {name!r}") from None
+    if device.type == "cpu":
+        return device
+    if device.type != "cuda":
+        raise ConfigError(f"device must be cpu, cuda, cuda:N or auto, got {name!r}")
+    if not torch.cuda.is_available():
+        raise ConfigError(
+            f"device {name!r}: torch sees no CUDA GPU in this process (a CPU-only torch, or no "
+            "GPU visible); use --device cpu, or --device auto to take a GPU only where there is one"
+        )
+    if device.index is not None and device.index >= torch.cuda.device_count():
+        raise ConfigError(
+            f"device {name!r}: this machine has {torch.cuda.device_count()} CUDA GPU(s), "
+            f"numbered from 0; name one of them, or use --device auto"
+        )
+    return device
 
 
 def flat_params(model: nn.Module) -> np.ndarray:
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).double().numpy()
+    """All parameters as one float64 vector (on the CPU, wherever the model is)."""
+    # .cpu() is a no-op on CPU tensors: the CPU path is unchanged bit for bit
+    return torch.cat([p.detach().reshape(-1).cpu() for p in model.parameters()]).double().numpy()
 
 
 @torch.no_grad()
 def set_flat_params(model: nn.Module, flat: np.ndarray) -> None:
+    """Set the parameters from one vector, each copied onto its own device and dtype."""
     flat = np.asarray(flat)
     n = sum(p.numel() for p in model.parameters())
     if flat.shape != (n,):
@@ -33,8 +71,35 @@ def set_flat_params(model: nn.Module, flat: np.ndarray) -> None:
     pos = 0
     for p in model.parameters():
         k = p.numel()
-        p.copy_(torch.from_numpy(flat[pos : pos + k].reshape(p.shape)).to(p.dtype))
+        p.copy_(torch.from_numpy(flat[pos : pos + k].reshape(p.shape)).to(p.dtype).to(p.device))
         pos += k
+
+
+@torch.no_grad()
+def model_outputs(
+    model: nn.Module,
+    data: ClientData,
+    *,
+    device: torch.device | None = None,
+    batch_size: int = EVAL_BATCH,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The model's outputs for all of ``data`` in order, and the targets, both on the CPU.
+
+    Keyword-only:
+
+    - ``device``: where the model runs (its parameters must be there already); batches go
+      there and outputs come back; None: the CPU;
+    - ``batch_size``: samples per forward pass (:data:`EVAL_BATCH`).
+
+    The caller sets the model's mode (``eval()``)."""
+    outputs, targets = [], []
+    for x, y in data.batches(batch_size):
+        out = model(x if device is None else x.to(device))
+        outputs.append(out.cpu())
+        targets.append(y)
+    if len(outputs) == 1:  # one pass: the tensors themselves, as a whole-set call gave them
+        return outputs[0], targets[0]
+    return torch.cat(outputs), torch.cat(targets)
 
 
 class BatchStream:
@@ -150,7 +215,9 @@ class LocalTrainer:
     - ``schedule``: a local learning-rate rule in place of the round's fixed rate
       (:class:`DecayOnIncrease`);
     - ``optimizer``: the local optimizer class (``torch.optim.SGD``, FLamby's, by default;
-      DeepCox uses Adam), made afresh every round."""
+      DeepCox uses Adam), made afresh every round;
+    - ``device``: where the model trains ("cpu" by default; a name as :func:`resolve_device`
+      takes, or a ``torch.device``)."""
 
     def __init__(
         self,
@@ -163,8 +230,11 @@ class LocalTrainer:
         penalty: Callable[[nn.Module], torch.Tensor] | None = None,
         schedule: DecayOnIncrease | None = None,
         optimizer: Callable[..., torch.optim.Optimizer] | None = None,
+        device: torch.device | str = "cpu",
     ):
-        self.model, self.data, self.loss_fn = model, data, loss_fn
+        # where the model trains: batches move there, parameters come back as CPU numpy
+        self.device = resolve_device(device) if isinstance(device, str) else torch.device(device)
+        self.model, self.data, self.loss_fn = model.to(self.device), data, loss_fn
         self.penalty, self.schedule = penalty, schedule
         self.optimizer = optimizer if optimizer is not None else torch.optim.SGD
         self.batch_size = batch_size
@@ -211,7 +281,12 @@ class LocalTrainer:
         μ/2 · ||θ − w||², which keeps the local model near the global one.
         """
         self.calls += 1
-        with torch.random.fork_rng(devices=[]):
+        # on a GPU its generator is saved and restored too (manual_seed seeds every device)
+        devices = []
+        if self.device.type == "cuda":
+            index = self.device.index
+            devices = [torch.cuda.current_device() if index is None else index]
+        with torch.random.fork_rng(devices=devices):
             torch.manual_seed(self.seed * 100_003 + self.calls)
             return self._train(w, lr, steps, prox_mu)
 
@@ -229,8 +304,8 @@ class LocalTrainer:
                 schedule.end_epoch()
                 for group in opt.param_groups:
                     group["lr"] = schedule.rate(lr)
-            idx = torch.from_numpy(self.stream.next())
-            loss = self.loss_fn(self.model(self.data.x[idx]), self.data.y[idx])
+            x, y = self.data.batch(torch.from_numpy(self.stream.next()))
+            loss = self.loss_fn(self.model(x.to(self.device)), y.to(self.device))
             if self.penalty is not None:
                 loss = loss + self.penalty(self.model)
             if schedule is not None:
@@ -259,12 +334,16 @@ class LocalTrainer:
                 if name.endswith("bias"):
                     p.zero_()
         self.model.eval()
-        return float(self.loss_fn(self.model(data.x), data.y))
+        # scored in batches, the loss on all outputs at once (Cox's is not a sum over samples)
+        outputs, targets = model_outputs(self.model, data, device=self.device)
+        return float(self.loss_fn(outputs, targets))
 
     @torch.no_grad()
     def predict(self, w: np.ndarray, features: np.ndarray) -> np.ndarray:
         """The model's outputs with parameters ``w`` for ``features``, flattened (float64)."""
         set_flat_params(self.model, w)
         self.model.eval()
-        out = self.model(torch.as_tensor(np.asarray(features), dtype=torch.float32))
+        x = torch.as_tensor(np.asarray(features), dtype=torch.float32)
+        outs = [self.model(part.to(self.device)).cpu() for part in torch.split(x, EVAL_BATCH)]
+        out = outs[0] if len(outs) == 1 else torch.cat(outs)
         return out.numpy().astype(np.float64).reshape(len(features), -1).squeeze(-1)

@@ -65,11 +65,19 @@ def register_protocol(
     )
 
 
+def load_protocol_entry_points() -> None:
+    """Register the protocols installed packages declare (entry point group
+    ``secagg.protocols``: a Protocol class); once per process."""
+    from secagg.plugins import PROTOCOL_GROUP, new_entry_points
+
+    for point in new_entry_points(PROTOCOL_GROUP):
+        if point.name not in PROTOCOLS:
+            register_protocol(point.name, point.load())
+
+
 def protocol_spec(name: str) -> ProtocolSpec:
     if name not in PROTOCOLS:  # an installed package's protocol (entry point)?
-        from secagg.plugins import load_entry_points
-
-        load_entry_points()
+        load_protocol_entry_points()
     if name not in PROTOCOLS:
         raise ConfigError(
             f"unknown protocol {name!r}; choose from {', '.join(PROTOCOLS)} (a protocol of "

@@ -10,7 +10,8 @@ processes, which import ``secagg.server``, never load torch or the data librarie
 
 - ``secagg.ExperimentConfig``: every setting of a run;
 - ``secagg.run(config=None, *, out=None, transport=None, progress=False, **settings)``:
-  run it, get DataFrames and the written files back (``secagg.RunResult``);
+  run it, get DataFrames and the written files back (``secagg.RunResult``); ``on_round=``
+  gets a ``secagg.RoundRecord`` after every round, ``trackers=`` writes TensorBoard/MLflow;
 - ``secagg.register_task(name, task)`` with ``secagg.Task``; ``secagg.register_protocol(name,
   cls, ...)`` with ``secagg.Protocol`` and ``secagg.Capabilities``.
 """
@@ -27,6 +28,7 @@ _LAZY = {
     "load_model": "secagg.simulation.outputs",
     "run": "secagg.simulation.api",
     "RunResult": "secagg.simulation.api",
+    "RoundRecord": "secagg.simulation.trackers",
     "register_task": "secagg.clients.tasks",
     "Task": "secagg.clients.tasks",
     "ClientData": "secagg.clients.tasks",

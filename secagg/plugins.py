@@ -12,7 +12,8 @@ lists or looks up a task or protocol (CLI choices, configs, workers, nodes) sees
   worker processes and Flower nodes import them before they build a client.
 - **installed packages** declare entry points in the groups ``secagg.tasks`` (a
   :class:`~secagg.clients.tasks.Task`, or a callable returning one) and ``secagg.protocols``
-  (a ``Protocol`` class); they load when a registry is first consulted.
+  (a ``Protocol`` class); each registry loads its group when a name is not found, and the
+  command line loads both before it lists choices.
 
 Importing a module runs its code: name only modules you trust, as with ``python -m``.
 """
@@ -24,7 +25,7 @@ import importlib.util
 import os
 import sys
 from collections.abc import Iterable
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 
 from secagg.errors import ConfigError
@@ -32,7 +33,7 @@ from secagg.errors import ConfigError
 TASK_GROUP = "secagg.tasks"
 PROTOCOL_GROUP = "secagg.protocols"
 
-_loaded_entry_points = False
+_loaded_groups: set[str] = set()
 
 
 def is_module_path(name: str) -> bool:
@@ -102,27 +103,15 @@ def _import_file(path: Path) -> None:
     importlib.import_module(name)
 
 
-def load_entry_points() -> None:
-    """Register the tasks and protocols installed packages declare (once per process)."""
-    global _loaded_entry_points
-    if _loaded_entry_points:
-        return
-    _loaded_entry_points = True
-    from secagg.clients.tasks import TASKS, Task, register_task
-    from secagg.protocols import PROTOCOLS, register_protocol
+def new_entry_points(group: str) -> list[EntryPoint]:
+    """The entry points installed packages declare in ``group``, the first time a process
+    asks (later calls return none: each registry loads its group once)."""
+    if group in _loaded_groups:
+        return []
+    _loaded_groups.add(group)
+    return list(entry_points(group=group))
 
-    for point in entry_points(group=TASK_GROUP):
-        if point.name in TASKS:
-            continue
-        task = point.load()
-        if not isinstance(task, Task) and callable(task):
-            task = task()
-        if not isinstance(task, Task):
-            raise ConfigError(
-                f"entry point {point.name!r} in {TASK_GROUP} ({point.value}) is not a Task "
-                "or a callable returning one"
-            )
-        register_task(point.name, task)
-    for point in entry_points(group=PROTOCOL_GROUP):
-        if point.name not in PROTOCOLS:
-            register_protocol(point.name, point.load())
+
+def forget_entry_points() -> None:
+    """Let the next lookup read the entry points again (tests that install some)."""
+    _loaded_groups.clear()

@@ -10,6 +10,18 @@ field and every revealed aggregate, counted by name, the items the protocol did 
 and ``individual_updates_revealed`` — true when any client's own update arrived readable — and
 which learned items differential privacy covers (``dp_protected_items``) and which it does
 not (``not_dp_protected_items``: data-derived items learned without DP noise).
+
+Round numbers are the user's, the same as ``metrics.csv``'s: every record's ``round`` is
+k ≥ 1 for training round k (the traffic that made metrics round k), and 0 for the set-up
+before the first training round (the backend's key setup, the enrolment, a protocol's
+initialisation such as DEC's k-means), whose records also say ``"stage": "setup"``
+(``"round"`` otherwise). ``protocol_round`` is the protocol's own index, the one envelopes,
+consents and error messages carry (training round k is protocol round k − 1; set-up is
+protocol round 0). The engine says when set-up begins and each round starts
+(:meth:`AuditLog.begin_setup`, :meth:`AuditLog.begin_round`); records made without it (an
+exchange driven by hand) count as training rounds. A pre-stage (run ``"<seed>-<stage>"``:
+FedDisco's β-VAE, DEC's autoencoder) is a run of its own: its set-up is its round 0 and its
+rounds are numbered 1, 2, ... within the pre-stage, independently of the seed's main run.
 """
 
 from __future__ import annotations
@@ -30,6 +42,12 @@ KIND_LABEL = {
     wire.VECTOR: "plaintext vector",
     wire.CONFIG: "plaintext config",
 }
+
+#: the ``stage`` of records before the first training round (key setup, enrolment,
+#: the protocol's initialisation): their ``round`` is 0
+SETUP = "setup"
+#: the ``stage`` of a training round's records (``round`` k ≥ 1)
+ROUND = "round"
 
 
 #: the backends' key models (``ServerBackend.key_model``), as the audit states them
@@ -55,6 +73,34 @@ class AuditLog:
         self.infrastructure: set[str] = set()
         #: who can decrypt what the clients upload (the backend's key model, set by the engine)
         self.key_model: str | None = None
+        #: SETUP from the engine's set-up until its first round starts, ROUND otherwise
+        self.stage: str = ROUND
+
+    # ---- round numbers ------------------------------------------------------------------
+    def begin_setup(self) -> None:
+        """What follows, until :meth:`begin_round`, is set-up: round 0 (an abort of the
+        set-up, recorded after it stopped, too)."""
+        self.stage = SETUP
+
+    def begin_round(self) -> None:
+        """What follows is a training round: protocol round r is round r + 1."""
+        self.stage = ROUND
+
+    def round_number(self, protocol_round: int) -> int:
+        """The user's round of a record made at ``protocol_round`` (the engine's index)
+        now: 0 in set-up, ``protocol_round + 1`` in a training round. A negative (unknown)
+        round stays as it is."""
+        if self.stage == SETUP:
+            return 0
+        return protocol_round + 1 if protocol_round >= 0 else protocol_round
+
+    def _where(self, protocol_round: int) -> dict[str, Any]:
+        return {
+            "run": self.run,
+            "round": self.round_number(protocol_round),
+            "stage": self.stage,
+            "protocol_round": protocol_round,
+        }
 
     # ---- recording ----------------------------------------------------------------------
     def message(self, direction: str, env: Envelope, total_bytes: int, peer: str) -> None:
@@ -69,8 +115,7 @@ class AuditLog:
         self.records.append(
             {
                 "event": "message",
-                "run": self.run,
-                "round": env.round,
+                **self._where(env.round),
                 "phase": env.phase,
                 "direction": direction,
                 "peer": peer,
@@ -85,8 +130,7 @@ class AuditLog:
         self.records.append(
             {
                 "event": "message",
-                "run": self.run,
-                "round": round_number,
+                **self._where(round_number),
                 "phase": phase,
                 "direction": "received",
                 "peer": peer,
@@ -100,8 +144,7 @@ class AuditLog:
         self.records.append(
             {
                 "event": "reveal",
-                "run": self.run,
-                "round": round_number,
+                **self._where(round_number),
                 "phase": phase,
                 "name": name,
                 "kind": "plaintext vector",
@@ -113,17 +156,14 @@ class AuditLog:
     def opened(self, round_number: int, name: str) -> None:
         """An aggregate sent to the clients for them to open (they learn it, not the
         server: LARC's Ĝ, RegAgg's centre, server-blind updates)."""
-        self.records.append(
-            {"event": "opened", "run": self.run, "round": round_number, "name": name}
-        )
+        self.records.append({"event": "opened", **self._where(round_number), "name": name})
 
     def aborted(self, round_number: int, phase: str, reason: str) -> None:
         """A round that ended with no usable client (the run of ``self.run`` stopped)."""
         self.records.append(
             {
                 "event": "aborted",
-                "run": self.run,
-                "round": round_number,
+                **self._where(round_number),
                 "phase": phase,
                 "reason": reason,
             }
@@ -133,8 +173,7 @@ class AuditLog:
         self.records.append(
             {
                 "event": "excluded",
-                "run": self.run,
-                "round": round_number,
+                **self._where(round_number),
                 "phase": phase,
                 "peer": peer,
                 "error": type(error).__name__,
@@ -144,7 +183,8 @@ class AuditLog:
 
     # ---- views --------------------------------------------------------------------------
     def traffic(self) -> list[dict[str, Any]]:
-        """One row per (message, field): the byte-accounting view of the audit."""
+        """One row per (message, field): the byte-accounting view of the audit, with the
+        records' ``round`` and ``stage`` (set-up is round 0, training round k is k)."""
         rows = []
         for r in self.records:
             if r["event"] != "message":
@@ -154,6 +194,7 @@ class AuditLog:
                     {
                         "run": r["run"],
                         "round": r["round"],
+                        "stage": r.get("stage", ROUND),
                         "phase": r["phase"],
                         "direction": "up" if r["direction"] == "received" else "down",
                         "peer": r["peer"],
@@ -174,11 +215,13 @@ class AuditLog:
             if r["event"] == "opened":
                 opened[r["name"]] += 1
             elif r["event"] == "aborted":
-                aborted.append({k: r[k] for k in ("run", "round", "phase", "reason")})
+                aborted.append({k: r.get(k) for k in ("run", "round", "stage", "phase", "reason")})
             elif r["event"] == "reveal":
                 learned[r["name"]]["revealed aggregate (plaintext vector)"] += 1
             elif r["event"] == "excluded":
-                excluded.append({k: r[k] for k in ("run", "round", "phase", "peer", "reason")})
+                excluded.append(
+                    {k: r.get(k) for k in ("run", "round", "stage", "phase", "peer", "reason")}
+                )
             elif r["event"] == "message":
                 for f in r["fields"]:
                     if f["name"] == ENVELOPE or f["kind"] == "ciphertext":

@@ -279,6 +279,7 @@ class Server:
         the reveals of the initialisation.
         Returns the clients excluded during setup, with reasons.
         """
+        self.audit.begin_setup()  # audited as round 0, stage "setup"
         ctx = self._context(0)
         budget = rounds * self.protocol.capabilities.reveals_per_round
         self.backend.setup(ctx, budget + self.protocol.initial_reveals())
@@ -303,6 +304,7 @@ class Server:
         self.updates.params = initial
 
     def run_round(self, number: int) -> RoundReport:
+        self.audit.begin_round()  # audited as round number + 1 (metrics.csv's numbering)
         if self.server_lr is not None:
             self.optimizer.hyper["lr"] = self.server_lr.at(number)
         ctx = self._context(number, None if self.updates.blind else self.optimizer)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ from secagg.server.audit import AuditLog
 from secagg.simulation.experiment import (
     INTERRUPTED,
     ExperimentConfig,
+    SeedRun,
     TransportFactory,
     run_experiment,
     stderr_progress,
@@ -36,6 +37,8 @@ from secagg.simulation.experiment import (
 )
 from secagg.simulation.outputs import Finished, RunFolder
 from secagg.simulation.provenance import provenance
+from secagg.simulation.settings import from_config
+from secagg.simulation.trackers import TRACKERS, RoundRecord, Trackers, open_trackers
 
 
 @dataclass
@@ -46,7 +49,7 @@ class RunResult:
     config: ExperimentConfig
     metrics: pd.DataFrame  # one row per seed and round (round 0 = the initial model)
     summary: pd.DataFrame  # mean and std over seeds per round
-    traffic: pd.DataFrame  # bytes per round, phase, direction, client and field
+    traffic: pd.DataFrame  # bytes per round (as in metrics; set-up is 0), stage, phase, peer, field
     audit: AuditLog
     final_params: dict[int, np.ndarray]
     aborted: dict[int, str] = field(default_factory=dict)  # seed -> why it stopped early
@@ -79,6 +82,46 @@ def _catch_sigint() -> dict | None:
     return {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
 
 
+def check_tracker_names(names: str | Sequence[str]) -> None:
+    """Refuse an unknown tracker before anything is written (the message lists them)."""
+    listed = names.split(",") if isinstance(names, str) else list(names)
+    unknown = [n.strip() for n in listed if n.strip() not in TRACKERS]
+    if unknown:
+        raise ConfigError(f"unknown tracker {unknown[0]!r}; known: {', '.join(TRACKERS)}")
+
+
+@dataclass
+class Callback:
+    """A user's ``on_round`` function as a tracker (nothing to close)."""
+
+    function: Callable[[RoundRecord], None]
+
+    def __call__(self, record: RoundRecord) -> None:
+        self.function(record)
+
+    def close(self, failed: bool = False) -> None:
+        pass
+
+
+@dataclass
+class Fanout:
+    """The run's recorder: the run folder (if any) first, so that what a listener does
+    cannot lose a result, then each round as a ``RoundRecord`` to the listeners."""
+
+    folder: RunFolder | None
+    listeners: Trackers
+
+    def on_round(self, seed: int, row: dict[str, Any]) -> None:
+        if self.folder is not None:
+            self.folder.on_round(seed, row)
+        if self.listeners.writers:
+            self.listeners(RoundRecord.from_row(row))
+
+    def on_seed(self, seed: int, run: SeedRun, audit: AuditLog) -> None:
+        if self.folder is not None:
+            self.folder.on_seed(seed, run, audit)
+
+
 class RunInterrupted(KeyboardInterrupt):
     """Ctrl-C stopped a run that writes to a folder: what finished is saved there, and
     ``secagg run --resume FOLDER`` (or ``run(out=FOLDER, resume=True)``) continues it."""
@@ -98,6 +141,8 @@ def run(
     progress: bool | Callable[[str], None] = False,
     command: list[str] | None = None,
     signers: Mapping[str, bytes] | None = None,
+    on_round: Callable[[RoundRecord], None] | None = None,
+    trackers: str | Sequence[str] = (),
     **settings: Any,
 ) -> RunResult:
     """Run an experiment: every seed of ``config`` (or of an ``ExperimentConfig(**settings)``;
@@ -118,6 +163,12 @@ def run(
         signers: the clients' public signing keys, when a deployment provisioned the
             clients on their own nodes (``secagg.flower``); otherwise the run provisions
             fresh identities itself.
+        on_round: called with a ``RoundRecord`` (seed, round, metrics, bytes, seconds) for
+            the initial model (round 0) and after every round, as the run goes.
+        trackers: experiment trackers that get the same records, writing local files under
+            ``out`` (which they need): ``"tensorboard"`` (``out/tensorboard/``),
+            ``"mlflow"`` (``out/mlruns/``), or both (``"tensorboard,mlflow"``). They need
+            the ``trackers`` extra (``pip install 'secagg[trackers]'``).
 
     Raises ``RunInterrupted`` (a ``KeyboardInterrupt``) on Ctrl-C or SIGTERM once the folder
     is up to date.
@@ -134,6 +185,10 @@ def run(
             raise ConfigError(f"unknown settings {sorted(unknown)}")
         config = replace(config, **settings)
     config.validate()
+    if trackers:
+        check_tracker_names(trackers)
+        if out is None:
+            raise ConfigError("trackers write under the run's folder: pass out=FOLDER")
     report = stderr_progress if progress is True else (progress or None)
     audit = AuditLog()
     folder, finished = None, Finished()
@@ -147,29 +202,39 @@ def run(
             getattr(audit, name).update(items)
         if finished.seeds and report:
             report(f"resuming {folder.path}: seeds {finished.seeds} are done")
+    listeners = Trackers([Callback(on_round)] if on_round is not None else [])
     previous = _catch_sigint() if folder is not None else None
     try:
+        if trackers:
+            assert folder is not None  # checked above, before the folder was made
+            opened = open_trackers(
+                trackers, folder.path, run_name=folder.path.name, params=from_config(config)
+            )
+            listeners = Trackers([*listeners.writers, *opened.writers])
         result = run_experiment(
             config,
             audit,
             progress=report,
             transport_factory=transport,
-            recorder=folder,
+            recorder=Fanout(folder, listeners),
             skip=finished.seeds,
             signers=signers,
         )
     except KeyboardInterrupt:
+        listeners.close(failed=True)
         if folder is None:
             raise
         folder.finish("interrupted")
         raise RunInterrupted(folder.path, len(folder.finished), len(config.seeds)) from None
     except BaseException:
+        listeners.close(failed=True)
         if folder is not None:
             folder.finish("failed")
         raise
     finally:
         for sig, handler in (previous or {}).items():
             signal.signal(sig, handler)
+    listeners.close()
     from secagg.simulation.report import traffic_table  # matplotlib, lazily
 
     metrics = pd.concat([finished.metrics, result.metrics], ignore_index=True)

@@ -123,6 +123,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="print the resolved settings as TOML and exit without running",
     )
     run.add_argument("--quiet", action="store_true", help="no progress output")
+    run.add_argument(
+        "--tracker",
+        metavar="NAMES",
+        default="",
+        help="also log every round to experiment trackers, as local files in the run "
+        "folder: tensorboard (OUT/tensorboard/, `tensorboard --logdir OUT/tensorboard`), "
+        "mlflow (OUT/mlruns/, `mlflow ui --backend-store-uri OUT/mlruns`), or "
+        "tensorboard,mlflow; needs `pip install 'secagg[trackers]'`",
+    )
     add_settings(run)
 
     presets = sub.add_parser("presets", help="list the bundled presets, or show one")
@@ -211,6 +220,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             resume=args.resume is not None,
             progress=not args.quiet,
             command=args.argv,
+            trackers=args.tracker,
         )
     except RunInterrupted as stop:
         print(
@@ -241,10 +251,17 @@ def final_line(result) -> str:
         if "bytes_up_mean" in final
         else ""
     )
+    where = metric.split("_", 1)[0]
+    others = "".join(  # the task's other metrics, on the same pooled set
+        f", {where}_{name} {final[f'{where}_{name}_mean']:.4f}"
+        + (f" ± {final[f'{where}_{name}_std']:.4f}" if final["n_seeds"] > 1 else "")
+        for name in get_task(config.task).metrics
+        if f"{where}_{name}_mean" in final
+    )
     return (
         f"{config.protocol} on {config.backend}, {int(final['n_seeds'])} seed(s), round "
         f"{int(final['round'])}: {metric} {get_task(config.task).metric_name} "
-        f"{final[f'{metric}_mean']:.4f}{spread}{bytes_part}"
+        f"{final[f'{metric}_mean']:.4f}{spread}{others}{bytes_part}"
     )
 
 
@@ -323,9 +340,12 @@ def load_user_code(argv: list[str]) -> None:
     """Import what the command line names before the parser is built, so that the tasks
     and protocols a user module (``--import``, a ``--config`` file's or a resumed run's
     ``imports``) or an installed package (entry points) registers are valid choices."""
-    from secagg.plugins import import_user_modules, load_entry_points
+    from secagg.clients.tasks import load_task_entry_points
+    from secagg.plugins import import_user_modules
+    from secagg.protocols.registry import load_protocol_entry_points
 
-    load_entry_points()
+    load_task_entry_points()
+    load_protocol_entry_points()
     scan = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     scan.add_argument("--import", "--imports", dest="imports", action="append", default=[])
     scan.add_argument("--config", type=Path)

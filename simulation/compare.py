@@ -32,7 +32,12 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from secagg.errors import ConfigError  # noqa: E402
-from secagg.simulation.figures import SETUP, byte_unit, traffic_by_stage  # noqa: E402
+from secagg.simulation.figures import (  # noqa: E402
+    SETUP,
+    byte_unit,
+    extra_metric_columns,  # noqa: E402
+    traffic_by_stage,
+)
 from secagg.simulation.stats import paired_difference  # noqa: E402
 
 #: metric columns tried, in order, when none is asked for
@@ -366,7 +371,20 @@ def comparison_table(runs: Sequence[Run], *, metric: str, round: int) -> pd.Data
                 missing = "; no config.json: splits assumed per seed"
                 row["note"] = (row["note"] + missing).lstrip("; ")
         rows.append(row)
-    table = pd.DataFrame(rows, columns=COLUMNS)
+    # the task's other pooled scores, mean and std over seeds at the same round (a task
+    # with several metrics: each is compared the same way with metric=)
+    others = [
+        c
+        for c in extra_metric_columns(reference.metrics.columns)
+        if c != metric and all(c in run.metrics for run in runs)
+    ]
+    for row, run in zip(rows, runs):
+        for column in others:
+            values = values_at(run.metrics, column, round)
+            row[column] = float(values.mean()) if values.size else np.nan
+            row[f"{column}_std"] = float(values.std(ddof=1)) if values.size > 1 else np.nan
+    extra = [c for column in others for c in (column, f"{column}_std")]
+    table = pd.DataFrame(rows, columns=COLUMNS + extra)
     return table.astype({"n_pairs": "Int64", "n_clusters": "Int64"})
 
 
@@ -390,10 +408,11 @@ def compare_runs(
     Returns one row per run: ``task``, ``protocol``, ``backend``, ``n_seeds``, the metric's
     ``mean`` and ``std`` over seeds at ``round``, ``bytes_up``/``bytes_down``/
     ``seconds_round`` per round (mean over seeds and rounds 1..round), ``bytes_setup`` (key
-    setup and enrolment, once per seed), and against the reference on the common seeds
-    ``diff_mean``, ``diff_ci_low``/``diff_ci_high`` (95 % t-interval), ``n_pairs``,
-    ``n_clusters``, ``p_value`` (t-test, same sample as the interval), ``interval`` ("per
-    seed" or "split-clustered (G splits)") and ``note`` (why an interval is missing).
+    setup, enrolment and a protocol's initialisation: round 0, once per seed), and against
+    the reference on the common seeds ``diff_mean``, ``diff_ci_low``/``diff_ci_high`` (95 %
+    t-interval), ``n_pairs``, ``n_clusters``, ``p_value`` (t-test, same sample as the
+    interval), ``interval`` ("per seed" or "split-clustered (G splits)") and ``note`` (why an
+    interval is missing).
     """
     dirs = [Path(d) for d in dirs]
     if not dirs:
@@ -444,6 +463,8 @@ def table_cells(df: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
         "s/round",
         "interval",
     ]
+    others = [c for c in extra_metric_columns(df.columns) if f"{c}_std" in df]
+    header += [f"{c} @ round {at}" for c in others]
     rows = []
     for _, r in df.iterrows():
         value = f"{r['mean']:.4f}" if np.isfinite(r["mean"]) else "–"
@@ -472,9 +493,16 @@ def table_cells(df: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
                 _bytes_cell(r["bytes_setup"]),
                 seconds,
                 str(r["interval"]),
+                *(_mean_std_cell(r[c], r[f"{c}_std"]) for c in others),
             ]
         )
     return header, rows
+
+
+def _mean_std_cell(mean: float, std: float) -> str:
+    if not np.isfinite(mean):
+        return "–"
+    return f"{mean:.4f}" + (f" ± {std:.4f}" if np.isfinite(std) else "")
 
 
 def _notes(df: pd.DataFrame) -> list[str]:

@@ -7,58 +7,91 @@ this module.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
 from secagg.clients.tasks import ClientData, FederatedData, Task
-from secagg.clients.training import set_flat_params
+from secagg.clients.training import EVAL_BATCH, model_outputs, set_flat_params
 from secagg.errors import ConfigError
 
 
 def evaluate(
-    task: Task, data: FederatedData, params: np.ndarray, predictions: np.ndarray | None = None
+    task: Task,
+    data: FederatedData,
+    params: np.ndarray,
+    predictions: np.ndarray | None = None,
+    *,
+    device: torch.device | None = None,
+    batch_size: int = EVAL_BATCH,
 ) -> dict[str, float]:
     """Metric of the global model on the pooled test set, each client's test set, and the
-    pooled training set. Client sets where the metric is undefined count as NaN.
+    pooled training set; the task's extra ``metrics`` on the pooled sets (``test_<name>``,
+    ``train_<name>``). Scores undefined on a set count as NaN.
 
     ``predictions``: the protocol's own outputs for the pooled test set (Ensemble), which
-    has no global model: only the pooled test set is scored."""
+    has no global model: only the pooled test set is scored.
+
+    Keyword-only:
+
+    - ``device``: where the model runs (None: the CPU); scores come back to the CPU;
+    - ``batch_size``: samples per forward pass; a set's outputs are concatenated before it
+      is scored, so a set of up to ``batch_size`` samples is scored in one pass."""
     if predictions is not None:
         if data.pooled_test is None:
             raise ConfigError(f"{task.name} has no pooled test set to score predictions on")
         n_test = len(data.pooled_test)
         scores = torch.as_tensor(predictions, dtype=torch.float32).reshape(n_test, -1)
-        return {
-            "test_pooled": task.metric(data.pooled_test.y.numpy(), scores.numpy()),
-            "test_loss": float(task.loss(scores, data.pooled_test.y)),
+        truth = data.pooled_test.y
+        out = {
+            "test_pooled": task.metric(truth.numpy(), scores.numpy()),
+            "test_loss": float(task.loss(scores, truth)),
         }
+        out.update(_extra(task, "test", truth, scores))
+        return out
     model = task.make_model()
+    if device is not None:
+        model = model.to(device)
     set_flat_params(model, params)
     model.eval()
 
-    def score(part: ClientData) -> float:
-        with torch.no_grad():
-            pred = model(part.x).numpy()
-        try:
-            return task.metric(part.y.numpy(), pred)
-        except ZeroDivisionError:  # lifelines: no admissible pairs in a tiny client set
-            return float("nan")
+    def outputs(part: ClientData) -> tuple[torch.Tensor, torch.Tensor]:
+        return model_outputs(model, part, device=device, batch_size=batch_size)
 
-    out = {"train_pooled": score(ClientData.concat(data.train))}
-    with torch.no_grad():
-        out["train_loss"] = float(
-            task.loss(model(ClientData.concat(data.train).x), ClientData.concat(data.train).y)
-        )
+    train_out, train_y = outputs(ClientData.concat(data.train))
+    out = {"train_pooled": _score(task.metric, train_y, train_out)}
+    out["train_loss"] = float(task.loss(train_out, train_y))
+    out.update(_extra(task, "train", train_y, train_out))
     if data.pooled_test is not None:
-        out["test_pooled"] = score(data.pooled_test)
-        with torch.no_grad():
-            out["test_loss"] = float(task.loss(model(data.pooled_test.x), data.pooled_test.y))
+        test_out, test_y = outputs(data.pooled_test)
+        out["test_pooled"] = _score(task.metric, test_y, test_out)
+        out["test_loss"] = float(task.loss(test_out, test_y))
+        out.update(_extra(task, "test", test_y, test_out))
     if data.test is not None:
-        pooled_test = ClientData.concat(data.test)
-        with torch.no_grad():
-            out["test_loss"] = float(task.loss(model(pooled_test.x), pooled_test.y))
-        per_client = [score(p) for p in data.test]
-        out["test_pooled"] = score(ClientData.concat(data.test))
+        # the clients' own test sets: pooled, they replace a pooled test set's scores
+        per_client = []
+        for part in data.test:
+            part_out, part_y = outputs(part)
+            per_client.append(_score(task.metric, part_y, part_out))
+        test_out, test_y = outputs(ClientData.concat(data.test))
+        out["test_loss"] = float(task.loss(test_out, test_y))
+        out["test_pooled"] = _score(task.metric, test_y, test_out)
+        out.update(_extra(task, "test", test_y, test_out))
         out["test_client_avg"] = float(np.nanmean(per_client))
         out.update({f"test_client_{k}": v for k, v in enumerate(per_client)})
     return out
+
+
+def _score(
+    metric: Callable[[np.ndarray, np.ndarray], float], truth: torch.Tensor, out: torch.Tensor
+) -> float:
+    try:
+        return metric(truth.numpy(), out.numpy())
+    except ZeroDivisionError:  # lifelines: no admissible pairs in a tiny client set
+        return float("nan")
+
+
+def _extra(task: Task, prefix: str, truth: torch.Tensor, out: torch.Tensor) -> dict[str, float]:
+    """The task's extra metrics on one pooled set, as ``<prefix>_<name>`` columns."""
+    return {f"{prefix}_{name}": _score(fn, truth, out) for name, fn in task.metrics.items()}

@@ -47,7 +47,7 @@ from secagg.clients.tasks import (
 )
 from secagg.clients.tasks.tcga_brca import random_client_splits
 from secagg.clients.tasks.vae import BetaVAE, autoencoding, reconstruction_score, vae_loss
-from secagg.clients.training import LocalTrainer, flat_params
+from secagg.clients.training import LocalTrainer, flat_params, resolve_device
 from secagg.errors import ConfigError, RoundAborted
 from secagg.plugins import import_user_modules
 from secagg.protocols import (
@@ -241,6 +241,7 @@ class ClientFactory:
             penalty=task.penalty,
             schedule=task.schedule() if task.schedule is not None else None,
             optimizer=task.optimizer,
+            device=resolve_device(config.device),
         )
         trainer: LocalTrainer | PrivateTrainer = local
         protocol, options = config.protocol, config.protocol_options
@@ -589,10 +590,22 @@ def _rounds(
     try:
         excluded = server.setup(config.rounds)
     except RoundAborted as exc:
-        rows = [{**base, "round": 0, **evaluate(task, data, server.params)}]
+        rows = [
+            {
+                **base,
+                "round": 0,
+                **evaluate(task, data, server.params, device=resolve_device(config.device)),
+            }
+        ]
         return _aborted(audit, rows, server.params, exc, progress, seed)
     # after the set-up: a protocol's initialisation (DEC's centroids) is part of round 0's model
-    rows = [{**base, "round": 0, **evaluate(task, data, server.params)}]
+    rows = [
+        {
+            **base,
+            "round": 0,
+            **evaluate(task, data, server.params, device=resolve_device(config.device)),
+        }
+    ]
     if on_round:
         on_round(seed, rows[0])
     if excluded and progress:
@@ -616,7 +629,9 @@ def _rounds(
         row = {
             **base,
             "round": number + 1,
-            **evaluate(task, data, model, protocol.predictions()),
+            **evaluate(
+                task, data, model, protocol.predictions(), device=resolve_device(config.device)
+            ),
             "clients": len(report.clients),
             "excluded": len(report.excluded),
             # 1: contributors refused a release, the round made no update (engine._skipped)
@@ -635,9 +650,15 @@ def _rounds(
             on_model(seed, number + 1, np.array(model, copy=True))
         if progress:
             metric = row.get("test_pooled", row["train_pooled"])
+            where = "test" if "test_pooled" in row else "train"
+            others = "".join(
+                f"  {name} {row[f'{where}_{name}']:.4f}"
+                for name in task.metrics
+                if f"{where}_{name}" in row
+            )
             progress(
                 f"  seed {seed} round {number + 1}/{config.rounds}: {task.metric_name} "
-                f"{metric:.4f}  up {row['bytes_up'] / 1e3:.1f} kB  down "
+                f"{metric:.4f}{others}  up {row['bytes_up'] / 1e3:.1f} kB  down "
                 f"{row['bytes_down'] / 1e3:.1f} kB  {wall:.2f} s"
                 + (f"  excluded {report.excluded}" if report.excluded else "")
                 + (f"  no update: {report.skipped}" if report.skipped else "")
@@ -665,9 +686,13 @@ def _aborted(
     seed: int,
 ) -> SeedRun:
     """A round with no usable client: record it, keep what was measured, stop this seed."""
-    audit.aborted(exc.round if exc.round is not None else -1, exc.phase or "?", str(exc))
-    if progress:
-        progress(f"  seed {seed} aborted in round {exc.round} phase {exc.phase}: {exc}")
+    protocol_round = exc.round if exc.round is not None else -1
+    audit.aborted(protocol_round, exc.phase or "?", str(exc))
+    if progress:  # numbered as in the files (set-up is round 0, rounds count from 1)
+        where = (
+            "set-up" if audit.stage == "setup" else f"round {audit.round_number(protocol_round)}"
+        )
+        progress(f"  seed {seed} aborted in {where} phase {exc.phase}: {exc}")
     return SeedRun(rows, np.array(model, copy=True), str(exc))
 
 
@@ -796,8 +821,9 @@ def hold_out_validation(
                 f"validation_split {share} leaves a client of {len(part)} "
                 "samples nothing to train on"
             )
-        validation.append(ClientData(part.x[order[:n_val]], part.y[order[:n_val]]))
-        train.append(ClientData(part.x[order[n_val:]], part.y[order[n_val:]]))
+        # subset, not x[order]: a Dataset-backed client stays one (nothing materialised)
+        validation.append(part.subset(order[:n_val]))
+        train.append(part.subset(order[n_val:]))
     return replace(data, train=train), validation
 
 

@@ -7,14 +7,16 @@ the axis label says how many seeds the mean is over ("1 seed" otherwise).
 Conventions the tables follow and these figures rely on:
 
 * ``metrics.csv`` round k is the model after k rounds (round 0: the initial model);
-  ``traffic.csv`` numbers rounds as the engine does, from 0. The bytes bar labelled k is
-  engine round k − 1: the traffic that produced metrics round k (its ``bytes_up`` and
-  ``bytes_down``).
-* Key setup and enrolment (:data:`SETUP_PHASES`) run once before the first round, under
-  round 0, and are not counted in any round's ``bytes_up``/``bytes_down``; they get their
-  own "setup" bar. A pre-stage (run label ``"<seed>-<stage>"``, e.g. FedDisco's β-VAE) gets
-  one bar with all its traffic. The ``observe`` phase is the experimenter's view of the
-  model, not protocol traffic, and is left out.
+  ``traffic.csv`` round k is the traffic that produced it (its ``bytes_up`` and
+  ``bytes_down``), and the bytes bar labelled k shows it.
+* Set-up (key setup, enrolment, a protocol's initialisation) runs once before the first
+  round: ``traffic.csv`` round 0, ``stage`` "setup". It is counted in no round's
+  ``bytes_up``/``bytes_down`` and gets its own "setup" bar. (A ``traffic.csv`` without a
+  ``stage`` column, from an older version, numbered rounds from 0 with set-up, told by its
+  phases, :data:`SETUP_PHASES`, under round 0; it is read that way.) A pre-stage (run label
+  ``"<seed>-<stage>"``, e.g. FedDisco's β-VAE) gets one bar with all its traffic. The
+  ``observe`` phase is the experimenter's view of the model, not protocol traffic, and is
+  left out.
 * ``seconds_<phase>`` columns are server time per phase; ``receive`` (decoding replies)
   is part of the exchange phases' own time, so it is not stacked on top of them.
   ``seconds_round`` is the round's wall time, marked separately: the gap above the stack is
@@ -48,7 +50,29 @@ METRIC_PANELS = (
 )
 #: the loss panels (second row)
 LOSS_PANELS = (("train_loss", "train loss"), ("test_loss", "test loss"))
-#: phases that run once before the first round (key setup, enrolment)
+
+
+def extra_metric_columns(columns) -> list[str]:
+    """The columns of a task's other metrics (``Task.metrics``) among metrics.csv's (or,
+    with their ``_mean`` suffix, summary.csv's): ``test_<name>``, then ``train_<name>``."""
+    names = [str(c).removesuffix("_mean") for c in columns]
+    own = {"pooled", "loss"}
+    found = {
+        where: [
+            n
+            for n in names
+            if n.startswith(f"{where}_")
+            and n.split("_", 1)[1] not in own
+            and not n.split("_", 1)[1].startswith("client_")
+            and not n.endswith("_std")
+        ]
+        for where in ("test", "train")
+    }
+    return list(dict.fromkeys(found["test"] + found["train"]))
+
+
+#: phases that run once before the first round (key setup, enrolment): how a traffic.csv
+#: without a ``stage`` column (older versions) tells set-up from round 1
 SETUP_PHASES = frozenset({"key_hello", "key_generate", "key_install", "enroll"})
 #: traffic that is not the protocol's (the experimenter reading the model)
 EXCLUDED_PHASES = frozenset({"observe"})
@@ -90,6 +114,16 @@ def _is_seed_label(label: str) -> bool:
     return label.lstrip("-").isdigit()
 
 
+def _rounds_of(traffic: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+    """Per traffic row: whether it is set-up, and its round in metrics.csv's numbering.
+    A table without a ``stage`` column (older versions) numbered rounds from 0, set-up
+    (its phases) under round 0."""
+    rounds = traffic["round"].astype(int)
+    if "stage" in traffic:
+        return (traffic["stage"] == SETUP) | (rounds < 1), rounds
+    return traffic["phase"].isin(SETUP_PHASES) | (rounds < 0), rounds + 1
+
+
 def traffic_by_stage(traffic: pd.DataFrame) -> pd.DataFrame:
     """Mean bytes per stage, direction and phase over the runs that reached the stage.
 
@@ -107,8 +141,8 @@ def traffic_by_stage(traffic: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=columns)
     t["run"] = t["run"].astype(str)
     seed_run = t["run"].map(_is_seed_label)
-    setup = t["phase"].isin(SETUP_PHASES) | (t["round"] < 0)
-    stage = np.where(setup, SETUP, (t["round"].astype(int) + 1).astype(str))
+    setup, rounds = _rounds_of(t)
+    stage = np.where(setup, SETUP, rounds.astype(str))
     pre_name = t["run"].str.split("-", n=1).str[-1] + " pre-stage"
     t["stage"] = np.where(seed_run, stage, pre_name)
 
@@ -121,8 +155,8 @@ def traffic_by_stage(traffic: pd.DataFrame) -> pd.DataFrame:
     long["n_runs"] = long["stage"].map(n_runs)
 
     pre = sorted({s for s in long["stage"] if s.endswith(" pre-stage")})
-    rounds = sorted({s for s in long["stage"] if s.isdigit()}, key=int)
-    order = pre + ([SETUP] if SETUP in set(long["stage"]) else []) + rounds
+    numbered = sorted({s for s in long["stage"] if s.isdigit()}, key=int)
+    order = pre + ([SETUP] if SETUP in set(long["stage"]) else []) + numbered
     long["stage"] = pd.Categorical(long["stage"], categories=order, ordered=True)
     phases = list(dict.fromkeys(t["phase"]))  # first seen first
     long["phase"] = pd.Categorical(long["phase"], categories=phases, ordered=True)
@@ -184,11 +218,12 @@ def convergence_figure(summary: pd.DataFrame, *, title: str, metric_name: str) -
     (e.g. ``"c_index"``), the first row's axis label. A band of ± std is drawn only where a
     round has more than one seed.
     """
+    others = tuple((c, c.replace("_", " ", 1)) for c in extra_metric_columns(summary.columns))
     rows = [
         [(col, label) for col, label in panels if f"{col}_mean" in summary]
-        for panels in (METRIC_PANELS, LOSS_PANELS)
+        for panels in (METRIC_PANELS, LOSS_PANELS, others)
     ]
-    ylabels = [metric_name, "loss"]
+    ylabels = [metric_name, "loss", "other metrics"]
     kept = [(panels, y) for panels, y in zip(rows, ylabels) if panels]
     if not kept:
         wanted = [c for c, _ in METRIC_PANELS + LOSS_PANELS]
@@ -230,7 +265,7 @@ def convergence_figure(summary: pd.DataFrame, *, title: str, metric_name: str) -
             ax.set_xlabel("round")
             if c == 0:
                 ax.set_ylabel(f"{ylabel}\n({note})")
-            else:
+            elif r < 2:  # one metric or the loss per row; the other metrics differ in scale
                 ax.sharey(axes[r, 0])
                 ax.tick_params(labelleft=False)
             _integer_rounds(ax)
@@ -301,11 +336,13 @@ def bytes_figure(traffic: pd.DataFrame, *, title: str) -> Figure:
 def _pre_stage_rounds(traffic: pd.DataFrame) -> dict[str, int]:
     """How many rounds each pre-stage ran (the most any of its runs did)."""
     runs = traffic["run"].astype(str)
-    pre = traffic[~runs.map(_is_seed_label) & (traffic["round"] >= 0)]
+    setup, numbers = _rounds_of(traffic)
+    keep = ~runs.map(_is_seed_label) & ~setup
+    pre, numbers = traffic[keep], numbers[keep]
     if pre.empty:
         return {}
     name = pre["run"].astype(str).str.split("-", n=1).str[-1] + " pre-stage"
-    rounds = pre.groupby([name, pre["run"].astype(str)])["round"].nunique()
+    rounds = numbers.groupby([name, pre["run"].astype(str)]).nunique()
     return {str(k): int(v) for k, v in rounds.groupby(level=0).max().items()}
 
 

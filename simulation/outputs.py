@@ -242,6 +242,13 @@ class RunFolder:
         if audit_file.is_file():
             with open(audit_file) as fh:
                 finished.audit_records = [json.loads(line) for line in fh if line.strip()]
+            if any("stage" not in r for r in finished.audit_records):
+                # its rounds are the engine's (from 0, set-up under round 0): the new seeds'
+                # records would number them otherwise (set-up 0, round k as in metrics.csv)
+                raise ConfigError(
+                    f"--resume: {audit_file} was written by an older secagg that numbered "
+                    "audit rounds differently; rerun the run with --overwrite"
+                )
             self._audit_written = len(finished.audit_records)
         for s in seeds:
             info = self.finished[s]

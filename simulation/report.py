@@ -25,11 +25,18 @@ from secagg.simulation.privacy import (
 
 
 def traffic_table(audit: AuditLog) -> pd.DataFrame:
-    """Bytes per run, round, phase, direction, client, field and kind."""
+    """Bytes per run, round, stage, phase, direction, client, field and kind.
+
+    Rounds are metrics.csv's: round k (≥ 1) is the traffic of training round k, the one
+    metrics.csv's ``bytes_up``/``bytes_down`` of round k count (less the ``observe`` phase,
+    the experimenter reading a server-blind model); round 0 is the set-up before the first
+    round (``stage`` "setup": key setup, enrolment, a protocol's initialisation), counted in
+    no metrics row. A pre-stage run (``"<seed>-<stage>"``) numbers its own rounds the same
+    way."""
     rows = pd.DataFrame(audit.traffic())
     if rows.empty:
         return rows
-    keys = ["run", "round", "phase", "direction", "peer", "field", "kind"]
+    keys = ["run", "round", "stage", "phase", "direction", "peer", "field", "kind"]
     table = rows.groupby(keys, sort=False)["bytes"].agg(["sum", "count"]).reset_index()
     return table.rename(columns={"sum": "bytes", "count": "messages"})
 

@@ -75,7 +75,7 @@ def test_ckks_audit_lists_only_declared_items(protocol):
         for r in result.audit.records
         if r["event"] == "message" and any(f["name"] in ONCE for f in r["fields"])
     ]
-    assert set(once) <= {0}, once  # each centre's one reply, before the first step
+    assert set(once) <= {1}, once  # each centre's one reply, in round 1 before its step
     assert summary["exclusions"] == []
 
 
@@ -282,7 +282,7 @@ def test_server_blind_runs_give_the_same_model_and_the_server_never_learns_it():
         and r["direction"] == "sent"
         and any(f["name"] == "model" for f in r["fields"])
     ]
-    assert {r["round"] for r in sent_models} == {0}  # only the public initial model
+    assert {r["round"] for r in sent_models} == {1}  # only the public initial model
 
 
 def test_server_blind_on_plain_is_refused():

@@ -155,9 +155,10 @@ def test_larc_on_scripted_clients_uses_last_rounds_alpha(honest):
         for f in r["fields"]
         if f["name"] == "alpha"
     }
-    assert alpha_sent[(0, "client_0")] == alpha_sent[(0, "client_1")] == 1.0  # α^{-1} = 1
+    # the audit numbers rounds from 1 (run_round(0) is round 1)
+    assert alpha_sent[(1, "client_0")] == alpha_sent[(1, "client_1")] == 1.0  # α^{-1} = 1
     expected = larc_weights(np.array([np.sum(gs[c][0]) for c in ("client_0", "client_1")]))
-    assert [alpha_sent[(1, c)] for c in ("client_0", "client_1")] == pytest.approx(expected)
+    assert [alpha_sent[(2, c)] for c in ("client_0", "client_1")] == pytest.approx(expected)
 
 
 def test_weights_beyond_one_are_refused_on_every_backend(honest):

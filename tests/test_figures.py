@@ -63,16 +63,21 @@ def summarize(metrics: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index()
 
 
-def make_traffic() -> pd.DataFrame:
-    """Two seeds, two rounds (engine rounds 0, 1), key setup under round 0, an observe
-    phase, and seed 1's pre-stage; seed 2 sends no reveal in its second round."""
+def make_traffic(legacy: bool = False) -> pd.DataFrame:
+    """Two seeds, two rounds, key setup as round 0 (``stage`` "setup"), an observe phase,
+    and seed 1's pre-stage (its own enrolment, then its rounds 1 and 2); seed 2 sends no
+    reveal in its second round. ``legacy``: as traffic.csv was written before it had a
+    ``stage`` column (engine rounds from 0, set-up under round 0, told by its phases)."""
     rows = []
+    shift = 1 if legacy else 0  # legacy rounds: metrics.csv's round - 1
 
-    def add(run, rnd, phase, direction, nbytes):
+    def add(run, rnd, phase, direction, nbytes, setup=False):
+        row = {"run": run, "round": 0 if setup else rnd - shift}
+        if not legacy:
+            row["stage"] = "setup" if setup else "round"
         rows.append(
             {
-                "run": run,
-                "round": rnd,
+                **row,
                 "phase": phase,
                 "direction": direction,
                 "peer": "client_0",
@@ -84,17 +89,18 @@ def make_traffic() -> pd.DataFrame:
         )
 
     for run in ("1", "2"):
-        add(run, 0, "key_hello", "down", 100)
-        add(run, 0, "key_install", "down", 5000)
-        add(run, 0, "key_hello", "up", 200)
-        for rnd in (0, 1):
+        add(run, 0, "key_hello", "down", 100, setup=True)
+        add(run, 0, "key_install", "down", 5000, setup=True)
+        add(run, 0, "key_hello", "up", 200, setup=True)
+        for rnd in (1, 2):
             add(run, rnd, "train", "up", 3000)
             add(run, rnd, "train", "down", 1000)
             add(run, rnd, "observe", "up", 99_999)  # not protocol traffic
-            if not (run == "2" and rnd == 1):
+            if not (run == "2" and rnd == 2):
                 add(run, rnd, "reveal", "down", 1000)
-    add("1-beta-vae", 0, "train", "up", 700)
-    add("1-beta-vae", 1, "train", "up", 900)
+    add("1-beta-vae", 0, "enroll", "up", 50, setup=True)
+    add("1-beta-vae", 1, "train", "up", 700)
+    add("1-beta-vae", 2, "train", "up", 900)
     return pd.DataFrame(rows)
 
 
@@ -143,21 +149,24 @@ def test_convergence_without_any_curve_is_a_config_error():
 
 
 # ---- bytes ------------------------------------------------------------------------------------
-def test_traffic_by_stage_separates_setup_and_pre_stage_and_averages_over_seeds():
-    table = traffic_by_stage(make_traffic()).set_index(["stage", "direction", "phase"])
+@pytest.mark.parametrize("legacy", [False, True], ids=["stage-column", "legacy"])
+def test_traffic_by_stage_separates_setup_and_pre_stage_and_averages_over_seeds(legacy):
+    table = traffic_by_stage(make_traffic(legacy)).set_index(["stage", "direction", "phase"])
     stages = list(table.index.get_level_values("stage").categories)
     assert stages == ["beta-vae pre-stage", "setup", "1", "2"]
     assert table.loc[("setup", "down", "key_install"), "bytes"] == 5000
-    assert table.loc[("1", "up", "train"), "bytes"] == 3000  # engine round 0 is round 1
+    assert table.loc[("1", "up", "train"), "bytes"] == 3000  # legacy: engine round 0
     # seed 2 sent no reveal in round 2: it counts as 0 in the mean over both seeds
     assert table.loc[("2", "down", "reveal"), "bytes"] == 500
     assert table.loc[("beta-vae pre-stage", "up", "train"), "bytes"] == 1600
+    assert table.loc[("beta-vae pre-stage", "up", "enroll"), "bytes"] == 50
     assert "observe" not in set(table.index.get_level_values("phase"))
     assert table.loc[("2", "up", "train"), "n_runs"] == 2
 
 
-def test_bytes_figure_labels_setup_units_and_seed_mean():
-    fig = bytes_figure(make_traffic(), title="t")
+@pytest.mark.parametrize("legacy", [False, True], ids=["stage-column", "legacy"])
+def test_bytes_figure_labels_setup_units_and_seed_mean(legacy):
+    fig = bytes_figure(make_traffic(legacy), title="t")
     up, down = fig.axes[0], fig.axes[1]
     ticks = [t.get_text() for t in down.get_xticklabels()]
     assert ticks[:2] == ["beta-vae\npre-stage\n(all 2 rounds)", "setup\n(once)"]

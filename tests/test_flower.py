@@ -74,20 +74,20 @@ def test_a_run_over_flower_messages_gives_the_in_process_model_and_audit(tmp_pat
 # ---- faults -------------------------------------------------------------------------------
 @pytest.mark.parametrize("unavailable", [False, True], ids=["silent", "node-unavailable-error"])
 def test_a_node_down_for_a_round_is_excluded_and_rejoins_the_next(tmp_path, unavailable):
-    """ckks: client_2's node does not answer in round 1 (killed), then answers again (its
-    node restarted with its directory): round 1 completes without it after the timeout (or
-    at Flower's content-less "node unavailable" reply), round 2 has it back, restored from
-    the state it left on its node."""
+    """ckks: client_2's node does not answer in round 2 (protocol round 1: killed), then
+    answers again (its node restarted with its directory): round 2 completes without it
+    after the timeout (or at Flower's content-less "node unavailable" reply), round 3 has it
+    back, restored from the state it left on its node."""
     config = replace(LARC, rounds=3)
     folder, grid = deploy(tmp_path, config)
-    grid.down_for = lambda node, rnd, phase: node == 102 and rnd == 1
+    grid.down_for = lambda node, rnd, phase: node == 102 and rnd == 1  # the protocol's
     grid.unavailable_replies = unavailable
     out = tmp_path / "out"
     run_on_flower(grid, deployment=folder, out=out, timeout=1.0, connect_timeout=5)
     metrics = pd.read_csv(out / "metrics.csv")
     assert metrics["clients"].tolist()[1:] == [6, 5, 6]
     summary = json.loads((out / "audit_summary.json").read_text())
-    assert [(e["round"], e["peer"]) for e in summary["exclusions"]] == [(1, "client_2")]
+    assert [(e["round"], e["peer"]) for e in summary["exclusions"]] == [(2, "client_2")]
     reason = "Node Unavailable" if unavailable else "no answer within 1 s"
     assert reason in summary["exclusions"][0]["reason"]
     assert json.loads((out / "flower.json").read_text())["aborted"] == {}
@@ -210,7 +210,7 @@ def test_a_reply_that_is_not_a_secagg_envelope_is_a_missing_answer(tmp_path):
     out = tmp_path / "out"
     run_on_flower(grid, deployment=folder, out=out, timeout=5, connect_timeout=5)
     summary = json.loads((out / "audit_summary.json").read_text())
-    assert [(e["round"], e["peer"]) for e in summary["exclusions"]] == [(0, "client_2")]
+    assert [(e["round"], e["peer"]) for e in summary["exclusions"]] == [(1, "client_2")]
     assert "without a 'secagg' record" in summary["exclusions"][0]["reason"]
 
 

@@ -221,7 +221,7 @@ def test_a_supernode_killed_mid_run_is_excluded_and_rejoins_after_restart(tmp_pa
     metrics = pd.read_csv(out / "metrics.csv")
     assert metrics["clients"].tolist()[1:] == [6, 5, 6]
     summary = json.loads((out / "audit_summary.json").read_text())
-    assert [(e["round"], e["peer"]) for e in summary["exclusions"]] == [(1, "client_2")]
+    assert [(e["round"], e["peer"]) for e in summary["exclusions"]] == [(2, "client_2")]
 
 
 def _wait_for(path, pattern, federation, run_id, timeout=600):

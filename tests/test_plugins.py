@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from secagg import plugins
-from secagg.clients.tasks import TASKS, get_task
+from secagg.clients.tasks import TASKS, get_task, load_task_entry_points
 from secagg.errors import ConfigError
 from secagg.protocols import PROTOCOLS
 from secagg.simulation.cli import main
@@ -58,17 +58,18 @@ def registries():
     """Unregister what a test registers, and forget the modules it imported (a task left
     behind would travel to later tests' worker processes, which cannot import it)."""
     tasks, protocols, modules = dict(TASKS), dict(PROTOCOLS), set(sys.modules)
-    path, loaded = list(sys.path), plugins._loaded_entry_points
+    path, loaded = list(sys.path), set(plugins._loaded_groups)
     yield
     TASKS.clear()
     TASKS.update(tasks)
     PROTOCOLS.clear()
     PROTOCOLS.update(protocols)
     for name in set(sys.modules) - modules:
-        if name.startswith(("user_lines", "custom_example", "ep_")):
+        if name.startswith(("user_lines", "custom_example", "ep_", "sites_task")):
             del sys.modules[name]
     sys.path[:] = path
-    plugins._loaded_entry_points = loaded
+    plugins._loaded_groups.clear()
+    plugins._loaded_groups.update(loaded)
 
 
 def write_module(folder: Path, name: str, *, register: bool = True) -> Path:
@@ -183,11 +184,14 @@ def test_installed_packages_register_tasks_and_protocols_by_entry_point(tmp_path
         "[secagg.protocols]\nep-mine = ep_protocol:Mine\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    plugins._loaded_entry_points = False
+    plugins.forget_entry_points()
     assert "ep-lines" not in TASKS
     # the first lookup that misses loads them; the CLI's listing loads them up front
     assert get_task("ep-lines").description == "two lines"
-    assert PROTOCOLS["ep-mine"].protocol.__name__ == "Mine"
+    assert "ep-mine" not in PROTOCOLS
+    from secagg.protocols.registry import protocol_spec
+
+    assert protocol_spec("ep-mine").protocol.__name__ == "Mine"
     assert main(["tasks"]) == 0
 
 
@@ -199,6 +203,33 @@ def test_an_entry_point_that_is_not_a_task_is_refused(tmp_path, monkeypatch):
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: ep-bad\nVersion: 0.1\n")
     (dist / "entry_points.txt").write_text("[secagg.tasks]\nep-bad = ep_bad:NOT_A_TASK\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    plugins._loaded_entry_points = False
+    plugins.forget_entry_points()
     with pytest.raises(ConfigError, match="ep-bad.*is not a Task"):
-        plugins.load_entry_points()
+        load_task_entry_points()
+
+
+@pytest.mark.usefixtures("registries")
+def test_a_flower_node_imports_the_module_its_experiment_names(tmp_path):
+    """A node reads its experiment from its own folder, in a process of its own: the user
+    module the experiment names is imported there, and its task builds the node's client."""
+    from secagg.flower.deployment import prepare
+    from secagg.simulation.config import ExperimentConfig
+
+    path = write_module(tmp_path, "user_lines_node")
+    config = ExperimentConfig(
+        task="user_lines_node", imports=[str(path)], rounds=1, seeds=[0], local_steps=2
+    ).validate()
+    nodes = prepare(tmp_path / "deployment", config)
+    assert sorted(nodes) == ["client_0", "client_1"]
+    assert str(path) in (nodes["client_1"] / "experiment.toml").read_text()
+    code = (
+        "from secagg.flower.node import NodeClient\n"
+        f"node = NodeClient({str(nodes['client_1'])!r})\n"
+        "client = node._client(0, None)\n"
+        "print(node.config.task, len(client.trainer.data))\n"
+    )
+    fresh = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert fresh.returncode == 0, fresh.stderr
+    assert fresh.stdout.split() == ["user_lines_node", "40"]  # client 1's 40 samples

@@ -54,6 +54,8 @@ SPECIAL = {
     "ckks_preset": ("wide", "wide"),
     "threshold_preset": ("lean", "lean"),
     "threshold_t": ("3", 3),
+    "imports": ("json,string", ["json", "string"]),  # importable anywhere, harmless
+    "device": ("auto", "auto"),
 }
 
 

@@ -358,11 +358,28 @@ def custom_tasks() -> dict[str, Task]:
     return {k: v for k, v in TASKS.items() if k not in _BUILTIN}
 
 
+def load_task_entry_points() -> None:
+    """Register the tasks installed packages declare (entry point group ``secagg.tasks``:
+    a Task, or a callable returning one); once per process."""
+    from secagg.plugins import TASK_GROUP, new_entry_points
+
+    for point in new_entry_points(TASK_GROUP):
+        if point.name in TASKS:
+            continue
+        task = point.load()
+        if not isinstance(task, Task) and callable(task):
+            task = task()
+        if not isinstance(task, Task):
+            raise ConfigError(
+                f"entry point {point.name!r} in {TASK_GROUP} ({point.value}) is not a Task "
+                "or a callable returning one"
+            )
+        register_task(point.name, task)
+
+
 def get_task(name: str) -> Task:
     if name not in TASKS:  # an installed package's task (entry point secagg.tasks)?
-        from secagg.plugins import load_entry_points
-
-        load_entry_points()
+        load_task_entry_points()
     if name not in TASKS:
         raise ConfigError(
             f"unknown task {name!r}; choose from {', '.join(TASKS)} (a task of your own: "
@@ -392,6 +409,7 @@ __all__ = [
     "deepcox_task",
     "dgd_task",
     "get_task",
+    "load_task_entry_points",
     "register_task",
     "savae_task",
 ]

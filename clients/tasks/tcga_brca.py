@@ -13,14 +13,18 @@ second protocol (a 5:1 train/test split inside every client).
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable, Iterator, Sequence, Sized
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pandas as pd
 import torch
 from lifelines.utils import concordance_index
 from torch import nn
+from torch.utils.data import ConcatDataset, Dataset, Subset, TensorDataset, default_collate
 
 from secagg.errors import ConfigError
 
@@ -31,19 +35,229 @@ REGIONS = ("Northeast", "South", "West", "Midwest", "Europe", "Canada")
 VARIANTS = {"flamby": DATA_DIR, "idash2024": DATA_DIR / "idash2024_variant"}
 
 
-@dataclass
+#: an index argument of :meth:`ClientData.batch` and :meth:`ClientData.subset`
+Indices = torch.Tensor | np.ndarray | Sequence[int]
+
+
 class ClientData:
-    """One client's samples: features x (n × 39) and target y = (E, T) (n × 2), float32."""
+    """One client's samples: features x and targets y (TCGA-BRCA: n × 39 and (E, T) n × 2,
+    float32).
 
-    x: torch.Tensor
-    y: torch.Tensor
+    Three ways to hold them, one interface for all (``len``, :meth:`batch`, :meth:`batches`,
+    :meth:`subset`, :meth:`concat`, and the whole-matrix properties ``x`` and ``y``):
 
+    - ``ClientData(x, y)``: whole tensors in memory (every built-in task);
+    - :meth:`from_dataset`: a map-style torch ``Dataset`` whose items are ``(x, y)`` pairs,
+      read item by item and collated as a ``DataLoader`` collates them, materialising
+      nothing up front;
+    - :meth:`lazy`: a zero-argument callable returning such a Dataset, called on first use,
+      so that a client loads only its own partition.
+
+    Training, DP-SGD and evaluation use only ``len``/``batch``/``batches``; ``x`` and ``y``
+    materialise (and keep) the whole matrix for the protocols that need it (DEC, DGD, PVI).
+    """
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor):
+        self._x: torch.Tensor | None = x
+        self._y: torch.Tensor | None = y
+        self._dataset: Dataset | None = None
+        self._load: Callable[[], Dataset] | None = None
+        self._length: int | None = None
+
+    # ---- the other two ways to build one --------------------------------------------------------
+    @classmethod
+    def from_dataset(cls, dataset: Dataset) -> ClientData:
+        """Samples read from ``dataset`` (map-style: ``dataset[i] -> (x, y)``, ``len``)."""
+        _check_dataset(dataset, "ClientData.from_dataset")
+        data = cls.__new__(cls)
+        data._x = data._y = None
+        data._dataset, data._load, data._length = dataset, None, None
+        return data
+
+    @classmethod
+    def lazy(cls, load: Callable[[], Dataset], *, length: int | None = None) -> ClientData:
+        """Samples from the Dataset ``load()`` returns, called once, on first use.
+
+        Keyword-only:
+
+        - ``length``: the number of samples, if known without loading; then ``len`` and the
+          hold-out and client splits do not load either (the splits stay lazy: each part
+          calls ``load`` itself when first used).
+
+        Picklable when ``load`` is (a module-level function, ``functools.partial`` of one, or
+        a :class:`~secagg.clients.tasks.Ref`): a pickled copy drops what was loaded and loads
+        again where it is used (a worker process)."""
+        if not callable(load):
+            raise ConfigError(
+                f"ClientData.lazy takes a zero-argument callable returning a Dataset, got "
+                f"{type(load).__name__}"
+            )
+        if length is not None and (
+            not isinstance(length, int) or isinstance(length, bool) or length < 0
+        ):
+            raise ConfigError(f"ClientData.lazy: length must be a count, got {length!r}")
+        data = cls.__new__(cls)
+        data._x = data._y = None
+        data._dataset, data._load, data._length = None, load, length
+        return data
+
+    # ---- what kind ------------------------------------------------------------------------------
+    @property
+    def is_tensor(self) -> bool:
+        """Held as whole tensors from the start (``ClientData(x, y)``)."""
+        return self._dataset is None and self._load is None
+
+    @property
+    def dataset(self) -> Dataset:
+        """The samples as a map-style Dataset: the one given (loaded now if lazy), or a
+        ``TensorDataset`` over the whole tensors."""
+        if self.is_tensor:
+            assert self._x is not None and self._y is not None
+            return TensorDataset(self._x, self._y)
+        return self._loaded()
+
+    def _loaded(self) -> Dataset:
+        if self._dataset is None:
+            assert self._load is not None
+            dataset = self._load()
+            _check_dataset(dataset, f"the lazy client data's loader {self._load!r}")
+            if self._length is not None and _size(dataset) != self._length:
+                raise ConfigError(
+                    f"the lazy client data was declared with {self._length} samples; its "
+                    f"loader {self._load!r} returned {_size(dataset)}"
+                )
+            self._dataset = dataset
+        return self._dataset
+
+    # ---- the interface --------------------------------------------------------------------------
     def __len__(self) -> int:
-        return self.x.shape[0]
+        if self._x is not None:
+            return self._x.shape[0]
+        if self._dataset is None and self._length is not None:
+            return self._length
+        return _size(self._loaded())
+
+    def batch(self, indices: Indices) -> tuple[torch.Tensor, torch.Tensor]:
+        """The samples at ``indices`` as tensors (x, y), in that order."""
+        idx = _index(indices)
+        if self._x is not None and self._y is not None:  # whole tensors (given or kept)
+            return self._x[idx], self._y[idx]
+        if not len(idx):
+            raise ValueError("ClientData.batch: no indices (an empty batch has no shape)")
+        dataset = self._loaded()
+        return _collate([dataset[i] for i in idx.tolist()])
+
+    def batches(self, size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """All samples in order, ``size`` at a time (the last batch may be short)."""
+        if size < 1:
+            raise ValueError(f"ClientData.batches: size must be >= 1, got {size}")
+        n = len(self)
+        for start in range(0, n, size):
+            if self._x is not None and self._y is not None:
+                yield self._x[start : start + size], self._y[start : start + size]
+            else:
+                yield self.batch(range(start, min(start + size, n)))
+
+    def subset(self, indices: Indices) -> ClientData:
+        """The samples at ``indices``, in that order, held the same way as these."""
+        idx = _index(indices)
+        if self.is_tensor:
+            assert self._x is not None and self._y is not None
+            return ClientData(self._x[idx], self._y[idx])
+        if self._load is not None:  # stay lazy: the part loads (and subsets) on first use
+            order = idx.numpy().copy()
+            return ClientData.lazy(
+                functools.partial(_subset_of, self._load, order), length=len(order)
+            )
+        return ClientData.from_dataset(Subset(self._loaded(), idx.tolist()))
+
+    @property
+    def x(self) -> torch.Tensor:
+        """All features as one tensor (materialised on first use, then kept)."""
+        self._materialise()
+        assert self._x is not None
+        return self._x
+
+    @property
+    def y(self) -> torch.Tensor:
+        """All targets as one tensor (materialised on first use, then kept)."""
+        self._materialise()
+        assert self._y is not None
+        return self._y
+
+    def _materialise(self) -> None:
+        if self._x is None or self._y is None:
+            n = len(self)
+            if not n:
+                raise ValueError("a client's data has no samples to make a matrix of")
+            self._x, self._y = self.batch(range(n))
 
     @staticmethod
-    def concat(parts: list[ClientData]) -> ClientData:
-        return ClientData(torch.cat([p.x for p in parts]), torch.cat([p.y for p in parts]))
+    def concat(parts: Sequence[ClientData]) -> ClientData:
+        """The samples of ``parts`` one after the other: whole tensors if every part is held
+        as tensors (exactly as before), a concatenated Dataset otherwise."""
+        if all(p.is_tensor for p in parts):
+            return ClientData(torch.cat([p.x for p in parts]), torch.cat([p.y for p in parts]))
+        return ClientData.from_dataset(ConcatDataset([p.dataset for p in parts]))
+
+    # ---- pickling (worker processes) ------------------------------------------------------------
+    def __getstate__(self) -> dict[str, object]:
+        state = dict(self.__dict__)
+        if not self.is_tensor:  # what was materialised is recomputed where it is needed
+            state["_x"] = state["_y"] = None
+        if self._load is not None:  # the loader travels, not what it loaded
+            state["_dataset"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+
+    def __repr__(self) -> str:
+        if self.is_tensor:
+            assert self._x is not None and self._y is not None
+            return f"ClientData(x={tuple(self._x.shape)}, y={tuple(self._y.shape)})"
+        if self._load is not None:
+            return f"ClientData.lazy({self._load!r}, length={self._length})"
+        return f"ClientData.from_dataset({self._dataset!r})"
+
+
+def _index(indices: Indices) -> torch.Tensor:
+    """Indices as an int64 tensor (a torch tensor or numpy array as given: indexing with it
+    selects exactly what indexing with the original did)."""
+    if isinstance(indices, torch.Tensor):
+        return indices
+    if isinstance(indices, np.ndarray):
+        return torch.from_numpy(indices)
+    return torch.as_tensor(list(indices), dtype=torch.int64)
+
+
+def _size(dataset: Dataset) -> int:
+    # torch's Dataset type has no __len__; a map-style one has (checked on entry)
+    return len(cast(Sized, dataset))
+
+
+def _collate(items: list[object]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dataset items stacked as a DataLoader stacks them (``default_collate``)."""
+    if not all(isinstance(item, (tuple, list)) and len(item) == 2 for item in items):
+        raise ConfigError(
+            "a client's Dataset must return (x, y) pairs from dataset[i], got "
+            f"{type(items[0]).__name__}"
+        )
+    x, y = default_collate(items)
+    return torch.as_tensor(x), torch.as_tensor(y)
+
+
+def _check_dataset(dataset: object, where: str) -> None:
+    if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
+        raise ConfigError(
+            f"{where} needs a map-style Dataset (dataset[i] -> (x, y) and len(dataset)), "
+            f"got {type(dataset).__name__}: wrap an iterable one in a map-style Dataset"
+        )
+
+
+def _subset_of(load: Callable[[], Dataset], order: np.ndarray) -> Dataset:
+    """The part of ``load()`` at ``order`` (a lazy split's loader: module-level, picklable)."""
+    return Subset(load(), order.tolist())
 
 
 @dataclass
@@ -105,8 +319,8 @@ def random_client_splits(
         order = rng.permutation(len(part))
         n_test = max(1, int(round(len(part) * test_fraction)))
         te, tr = order[:n_test], order[n_test:]
-        train.append(ClientData(part.x[tr], part.y[tr]))
-        test.append(ClientData(part.x[te], part.y[te]))
+        train.append(part.subset(tr))
+        test.append(part.subset(te))
     return FederatedData(f"{data.name}/split{seed}", train, test)
 
 

@@ -114,7 +114,7 @@ def test_lr_zero_to_every_client_but_one_reveals_nothing(monkeypatch):
     assert revealed_updates(result) == 0
     reasons = exclusions(result)
     assert all(
-        "refused_by_policy" in reasons[(0, c)]
+        "refused_by_policy" in reasons[(1, c)]
         for c in (f"client_{k}" for k in range(6))
         if c != VICTIM
     )
@@ -140,7 +140,7 @@ def test_dp_dropped_from_the_request_is_refused(monkeypatch):
 
     deviating(monkeypatch, edit)
     result = run_experiment(config)
-    assert "refused_by_policy" in exclusions(result)[(0, VICTIM)]
+    assert "refused_by_policy" in exclusions(result)[(1, VICTIM)]
     sent = [
         r
         for r in result.audit.records
@@ -163,7 +163,7 @@ def test_different_models_to_different_clients_get_no_release(monkeypatch):
     deviating(monkeypatch, edit)
     result = run_experiment(replace(CKKS, rounds=1))
     assert revealed_updates(result) == 0
-    assert "release_refused" in exclusions(result)[(0, VICTIM)]
+    assert "release_refused" in exclusions(result)[(1, VICTIM)]
 
 
 def test_a_release_listing_one_upload_twice_is_refused():
@@ -236,7 +236,7 @@ def test_a_failed_reply_carries_a_code_not_the_value(monkeypatch):
 
     monkeypatch.setattr(Client, "train", huge)
     result = run_experiment(replace(CKKS, rounds=1, backend_options={"preset": "lean"}))
-    reason = exclusions(result)[(0, VICTIM)]
+    reason = exclusions(result)[(1, VICTIM)]
     assert "value_out_of_range" in reason
     assert "13729" not in reason and "13729" not in str(result.audit.records)
 
@@ -292,8 +292,8 @@ def test_a_consent_that_is_a_json_list_excludes_only_that_client(monkeypatch):
     victims_reply(monkeypatch, CKKSClient, "on_consent", "consent", listed)
     result = run_experiment(replace(CKKS, rounds=2))
     assert not result.aborted
-    assert (0, VICTIM) in exclusions(result)
-    assert revealed_updates(result) == 2  # round 0 had no update (its upload was in the sum)
+    assert (1, VICTIM) in exclusions(result)
+    assert revealed_updates(result) == 2  # round 1 had no update (its upload was in the sum)
 
 
 def test_every_client_phase_refuses_garbage_with_a_code():
@@ -351,7 +351,7 @@ def test_a_larc_probe_with_another_alpha_is_refused(monkeypatch):
 
     probe_edited(monkeypatch, edit)
     result = run_experiment(replace(CKKS, protocol="larc", rounds=1))
-    assert "release_refused" in exclusions(result)[(0, VICTIM)]
+    assert "release_refused" in exclusions(result)[(1, VICTIM)]
     learned = result.audit.summary()["learned_in_plaintext"]
     assert learned["delta_loss"]["plaintext scalar"] == 5  # every client but the victim
 
@@ -365,7 +365,7 @@ def test_a_larc_probe_with_another_optimizer_is_refused(monkeypatch):
 
     probe_edited(monkeypatch, edit)
     result = run_experiment(replace(CKKS, protocol="larc", rounds=1))
-    assert "refused_by_policy" in exclusions(result)[(0, VICTIM)]
+    assert "refused_by_policy" in exclusions(result)[(1, VICTIM)]
 
 
 def test_a_key_install_receipt_that_is_a_json_list_excludes_only_that_client(monkeypatch):
@@ -401,7 +401,7 @@ def test_a_threshold_share_reply_with_extra_parts_excludes_only_that_holder(monk
 
     monkeypatch.setattr(ThresholdClient, "handlers", handlers)
     result = run_experiment(replace(CKKS, backend="threshold", rounds=1, backend_options={}))
-    assert not result.aborted and (0, VICTIM) in exclusions(result)
+    assert not result.aborted and (1, VICTIM) in exclusions(result)
     assert revealed_updates(result) == 1
 
 
@@ -433,7 +433,7 @@ def test_a_malformed_top_s_proposal_excludes_only_that_client(monkeypatch):
     )
     result = run_experiment(config)
     assert not result.aborted
-    assert (0, VICTIM) in exclusions(result)
+    assert (1, VICTIM) in exclusions(result)
 
 
 # ---- 2. a release listing a client's own upload under another sender ----------------------------
@@ -492,8 +492,8 @@ def test_a_protocol_setting_changed_for_every_client_but_one_gets_no_release(mon
         protocol_options={"problem": "logistic"},
     )
     result = run_experiment(config)
-    assert "release_refused" in exclusions(result)[(0, VICTIM)]
-    # round 0 opened nothing; the victim refused and left, so no later sum holds its upload
+    assert "release_refused" in exclusions(result)[(1, VICTIM)]
+    # round 1 opened nothing; the victim refused and left, so no later sum holds its upload
     reveals = {
         r["round"]
         for r in result.audit.records
@@ -501,7 +501,7 @@ def test_a_protocol_setting_changed_for_every_client_but_one_gets_no_release(mon
         and r["direction"] == "received"
         and any(f["name"] == "global_update" for f in r["fields"])
     }
-    assert reveals == {1}
+    assert reveals == {2}
     received = {
         r["round"]
         for r in result.audit.records
@@ -510,7 +510,7 @@ def test_a_protocol_setting_changed_for_every_client_but_one_gets_no_release(mon
         and r["peer"] == VICTIM
         and r["phase"] == "train"
     }
-    assert received == {0}
+    assert received == {1}
 
 
 def test_a_refused_request_with_a_far_round_does_not_lock_the_client_out():

@@ -223,7 +223,8 @@ def test_a_lying_decryptor_in_a_run_is_excluded_and_the_update_is_the_honest_one
     np.testing.assert_allclose(server.params, expected, atol=20 * sigma + 1e-6)
     np.testing.assert_allclose(server.params, honest.params, atol=20 * sigma + 1e-6)
     exclusions = audit.summary()["exclusions"]
-    assert [(e["round"], e["phase"], e["peer"]) for e in exclusions] == [(0, "reveal", "client_0")]
+    # run_round(0) is the audit's round 1
+    assert [(e["round"], e["phase"], e["peer"]) for e in exclusions] == [(1, "reveal", "client_0")]
     assert [r["error"] for r in audit.records if r["event"] == "excluded"] == ["WrongDecryption"]
 
 
