@@ -136,8 +136,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     presets = sub.add_parser("presets", help="list the bundled presets, or show one")
     presets.add_argument("--show", metavar="NAME", help="print the preset's settings")
-    sub.add_parser("protocols", help="list the registered protocols and their settings")
-    sub.add_parser("tasks", help="list the registered tasks (data, model, metric)")
+    listings = (
+        sub.add_parser("protocols", help="list the registered protocols and their settings"),
+        sub.add_parser("tasks", help="list the registered tasks (data, model, metric)"),
+    )
+    for listing in listings:  # what your own modules register is listed too
+        listing.add_argument(
+            "--import",
+            "--imports",
+            dest="imports",
+            metavar="MODULES",
+            help="your own modules (names or .py paths, comma-separated) to import first",
+        )
     compare = sub.add_parser(
         "compare",
         help="compare finished runs side by side, with paired differences",
@@ -285,8 +295,12 @@ def cmd_protocols(_: argparse.Namespace) -> int:
 
 def cmd_tasks(_: argparse.Namespace) -> int:
     for name, task in TASKS.items():
-        print(f"{name:28s} {task.description} (metric: {task.metric_name})")
-    print('\n`secagg run --task NAME` runs one; README, "Tasks", says how to add your own')
+        also = "".join(f", {m}" for m in task.metrics)
+        print(f"{name:28s} {task.description} (metric: {task.metric_name}{also})")
+    print(
+        "\n`secagg run --task NAME` runs one; your own: `--import MODULE` "
+        "(docs/own-model.md walks through one)"
+    )
     return 0
 
 

@@ -233,3 +233,10 @@ def test_a_flower_node_imports_the_module_its_experiment_names(tmp_path):
     )
     assert fresh.returncode == 0, fresh.stderr
     assert fresh.stdout.split() == ["user_lines_node", "40"]  # client 1's 40 samples
+
+
+@pytest.mark.usefixtures("registries")
+def test_the_listings_show_what_an_imported_module_registers(tmp_path, capsys):
+    path = write_module(tmp_path, "user_lines_listed")
+    assert main(["tasks", "--import", str(path)]) == 0
+    assert "user_lines_listed" in capsys.readouterr().out
