@@ -70,7 +70,9 @@ def add_parser(sub: Any, add_settings: Any) -> None:
         description="Start Flower's SuperNode for the node folder DIR (its --node-config is "
         "the folder), guarded: it runs only the Flower App whose digest `prepare` pinned in "
         "DIR/node.json and answers every other App's run with Flower's 'invalid FAB' error, "
-        "before any of its code runs or sees the folder. Every other option is "
+        "before any of its code runs or sees the folder. Each message runs in a process "
+        "of its own, forked from a warm one that imported everything once (--cold: "
+        "Flower's own executor, a fresh process per message). Every other option is "
         "flower-supernode's (--superlink, --root-certificates, "
         "--auth-supernode-private-key, ...).",
     )
@@ -99,7 +101,8 @@ def run(args: argparse.Namespace, resolve: Any) -> int:
     if args.verb == "node":
         from secagg.flower.guard import run_supernode
 
-        run_supernode(args.folder, list(args.flower_args))
+        rest = list(args.flower_args)
+        run_supernode(args.folder, [a for a in rest if a != "--cold"], warm="--cold" not in rest)
         return 0
     return _commands(args)
 

@@ -30,6 +30,7 @@ import hashlib
 import io
 import json
 import logging
+import os
 import sys
 import zipfile
 from collections.abc import Callable
@@ -186,25 +187,86 @@ def supernode_argv(node_dir: Path, flower_args: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m secagg.flower.guard DIR [flower-supernode options]``: Flower's SuperNode
-    for the node folder DIR, running its pinned App only."""
+    """``python -m secagg.flower.guard DIR [--cold] [flower-supernode options]``: Flower's
+    SuperNode for the node folder DIR, running its pinned App only."""
     parser = argparse.ArgumentParser(
         prog="secagg flower node",
         description="Start a Flower SuperNode for a secagg node folder that runs only the "
         "App pinned in the folder; every other option is flower-supernode's.",
     )
     parser.add_argument("folder", type=Path, metavar="DIR")
+    parser.add_argument(
+        "--cold",
+        action="store_true",
+        help="Flower's own executor: a fresh flwr-clientapp process per message and the "
+        "SuperNode's 3 s poll (default: secagg's warm executor, secagg.flower.warm: a "
+        "process per message forked from one that imported everything once, 0.2 s polls)",
+    )
     args, rest = parser.parse_known_args(argv)
-    run_supernode(args.folder, rest)
+    run_supernode(args.folder, rest, warm=not args.cold)
 
 
-def run_supernode(node_dir: Path, flower_args: list[str]) -> None:
+#: the longest the warm SuperNode sleeps between polls of the SuperLink and of its own
+#: replies (flwr's start_client_internal: 3 s when idle, 0.5 s for a reply)
+NODE_POLL_SECONDS = 0.2
+
+
+def shorten_polls(seconds: float = NODE_POLL_SECONDS) -> None:
+    """Cap the sleeps of this process's SuperNode loop at ``seconds``: its idle poll of the
+    SuperLink is a fixed 3 s in flwr, which every message waits for on average half of."""
+    import time
+
+    from flwr.supernode import start_client_internal as supernode
+
+    class ShortSleeps:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(time, name)
+
+        @staticmethod
+        def sleep(wanted: float) -> None:
+            time.sleep(min(wanted, seconds))
+
+    supernode.time = ShortSleeps()  # type: ignore[attr-defined]
+
+
+def start_warm_executor(argv: list[str]) -> None:
+    """Start ``secagg.flower.warm`` for the SuperNode ``argv`` describes (its Runtime API's
+    host, port and TLS), tied to this process (it exits when this one does)."""
+    import subprocess
+
+    from flwr.supercore.constant import SUPERNODE_UVICORN_DEFAULT_PORT
+
+    def value(flag: str, default: Any = None) -> Any:
+        return argv[argv.index(flag) + 1] if flag in argv[:-1] else default
+
+    host, port = value("--host", RUNTIME_HOST), value("--port", SUPERNODE_UVICORN_DEFAULT_PORT)
+    host = f"[{host}]" if ":" in host else host
+    ca = value("--ssl-ca-certfile")
+    tls = ["--root-certificates", ca] if ca else ["--insecure"]
+    subprocess.Popen(  # noqa: S603 - our own module, our own arguments
+        [sys.executable, "-m", "secagg.flower.warm", "--runtime-api-address", f"{host}:{port}"]
+        + ["--parent-pid", str(os.getpid()), *tls]
+    )
+
+
+def run_supernode(node_dir: Path, flower_args: list[str], *, warm: bool = True) -> None:
+    # a hospital's node reports nothing to Flower's telemetry (it would from every
+    # message's process), unless its operator says otherwise
+    os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     from secagg.flower.node import NodeClient
 
     NodeClient(node_dir)  # the folder is a node's, its experiment one this node may run
     pin = pinned_app(node_dir)
-    argv = supernode_argv(node_dir, flower_args)
+    if warm and any(a.split("=", 1)[0] == "--isolation" for a in flower_args):
+        raise ConfigError(
+            "--isolation is set by the warm executor (process); pass --cold to use "
+            "Flower's own executor with an isolation of your choice"
+        )
+    argv = supernode_argv(node_dir, [*flower_args, *(["--isolation", "process"] if warm else [])])
     install(pin)
+    if warm:
+        shorten_polls()
+        start_warm_executor(argv)
     from flwr.supernode.cli.flower_supernode import flower_supernode
 
     sys.argv = argv

@@ -67,8 +67,13 @@ class LocalFederation:
     Use as a context manager: ``with LocalFederation(folder) as fed: fed.run()``; leaving
     it stops every process (also on Ctrl-C). Logs go to ``folder/local/``."""
 
-    def __init__(self, folder: Path, *, log: Callable[[str], None] | None = None):
+    def __init__(
+        self, folder: Path, *, log: Callable[[str], None] | None = None, warm: bool = True
+    ):
         self.folder = Path(folder).resolve()
+        #: secagg's warm executor on every SuperNode (False: Flower's own, a fresh process
+        #: per message; see secagg.flower.warm)
+        self.warm = warm
         try:
             self.spec = json.loads((self.folder / "deployment.json").read_text())
         except (OSError, ValueError):
@@ -195,6 +200,7 @@ class LocalFederation:
             "--host", "127.0.0.1", "--port", str(self._node_ports[cid]),
         ]  # fmt: skip
         command += ["--root-certificates", str(node / "ca.crt")] if self.tls else ["--insecure"]
+        command += [] if self.warm else ["--cold"]
         if self.auth:
             command += ["--auth-supernode-private-key", str(node / "auth.key")]
         return command

@@ -57,6 +57,9 @@ RUN_FILES = (
     "convergence.png",
     "bytes.png",
     "seconds.png",
+    "flower.json",  # a run over Flower: its framing counts (secagg.flower.apps)
+    "tensorboard",  # --tracker tensorboard (secagg.simulation.trackers)
+    "mlruns",  # --tracker mlflow
 )
 MODELS = "models"
 FORMAT = 1  # of config.json and run.json

@@ -257,6 +257,17 @@ def test_a_folder_with_results_needs_overwrite_which_removes_only_ours(tmp_path,
     assert (folder / "notes.txt").read_text() == "mine"
 
 
+def test_overwrite_replaces_what_trackers_and_flower_wrote_into_a_run_folder(tmp_path):
+    folder = tmp_path / "run"
+    args = ["run", "--rounds", "1", "--seeds", "1", "--local-steps", "2", "--quiet"]
+    assert main([*args, "--tracker", "tensorboard", "--out", str(folder)]) == 0
+    assert (folder / "tensorboard").is_dir()
+    (folder / "flower.json").write_text("{}")  # what a run over Flower adds
+    (folder / "mlruns").mkdir()
+    assert main([*args, "--overwrite", "--out", str(folder)]) == 0
+    assert not any((folder / name).exists() for name in ("tensorboard", "mlruns", "flower.json"))
+
+
 def test_default_folders_are_new_for_every_run(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     config = ExperimentConfig(protocol="larc")
