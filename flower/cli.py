@@ -51,6 +51,16 @@ def add_parser(sub: Any, add_settings: Any) -> None:
         help="the SuperLink machine's host name or address, for its TLS certificate "
         "(repeatable; loopback is always in it)",
     )
+    prepare.add_argument(
+        "--nodes",
+        nargs="+",
+        type=Path,
+        default=[],
+        metavar="PUBLIC_JSON",
+        help="the public.json of every node (`secagg flower init` on each node): the "
+        "rosters are assembled from them and no private key is made here; nodes/<client>/ "
+        "then holds each node's public bundle, for `secagg flower join`",
+    )
     prepare.add_argument("--preset", help="a bundled preset (`secagg presets` lists them)")
     prepare.add_argument("--config", type=Path, help="a TOML file of settings")
     add_settings(prepare)
@@ -83,6 +93,27 @@ def add_parser(sub: Any, add_settings: Any) -> None:
         metavar="...",
         help="flower-supernode's options",
     )
+    init = verbs.add_parser(
+        "init",
+        help="on a node's machine: make its keys; only public.json leaves it",
+        description="Make this node's secagg keys (X25519 and Ed25519, keys.json, mode 0600) "
+        "and with --auth its SuperNode key (auth.key, 0600) in DIR, and write public.json: "
+        "the public halves, the one file to send to the coordinator (`secagg flower "
+        "prepare --nodes ...`). Nothing private leaves DIR.",
+    )
+    init.add_argument("folder", type=Path, metavar="DIR", help="the node's own folder")
+    init.add_argument("--client", required=True, help="the client this node is (client_0 ...)")
+    init.add_argument("--auth", action="store_true", help="also a SuperNode key")
+    join = verbs.add_parser(
+        "join",
+        help="on a node's machine: take in the coordinator's bundle for it",
+        description="Copy the coordinator's bundle for this node (nodes/<client>/ of a "
+        "deployment prepared with --nodes: settings, the pinned App's digest, the rosters, "
+        "the CA certificate) into the node's folder, after checking that the rosters hold "
+        "this node's own public keys. Then start the node with `secagg flower node DIR`.",
+    )
+    join.add_argument("folder", type=Path, metavar="DIR", help="the node's own folder")
+    join.add_argument("bundle", type=Path, metavar="BUNDLE", help="its nodes/<client> folder")
     commands = verbs.add_parser(
         "commands",
         help="print the commands that start a prepared deployment on separate machines",
@@ -98,6 +129,21 @@ def run(args: argparse.Namespace, resolve: Any) -> int:
         return _prepare(args, resolve)
     if args.verb == "demo":
         return _demo(args)
+    if args.verb == "init":
+        from secagg.flower.deployment import init_node
+
+        public = init_node(args.folder, args.client, auth=args.auth)
+        print(
+            f"keys of {args.client} made in {args.folder}/; send {public} (public keys "
+            "only) to the coordinator"
+        )
+        return 0
+    if args.verb == "join":
+        from secagg.flower.deployment import join_node
+
+        join_node(args.folder, args.bundle)
+        print(f"{args.folder} is ready: secagg flower node {args.folder} --superlink ...")
+        return 0
     if args.verb == "node":
         from secagg.flower.guard import run_supernode
 
@@ -120,6 +166,7 @@ def _prepare(args: argparse.Namespace, resolve: Any) -> int:
         auth=args.auth,
         timeout=args.timeout,
         hosts=tuple(args.host),
+        publics=tuple(args.nodes),
     )
     print(
         f"deployment of {config.protocol} on {config.backend} ({config.task}, "
@@ -192,11 +239,20 @@ def _commands(args: argparse.Namespace) -> int:
         "# on each client's machine, in a copy of its node folder: Flower's SuperNode, guarded",
         "# to run only the App pinned in node.json (never start it as plain flower-supernode)",
     ]
+    own_keys = spec.get("keys") == "nodes"
+    if own_keys:
+        lines += [
+            "# (each node's folder is the one `secagg flower init` made its keys in; first",
+            "# take in its bundle, a copy of this deployment's nodes/<client>/)",
+        ]
     for cid in spec["clients"]:
         node = f"secagg flower node . --superlink {host}:9092 {trust}"
         if spec["auth"]:
             node += " --auth-supernode-private-key auth.key"
-        lines.append(f"cd {cid} && {node}")
+        if own_keys:
+            lines.append(f"cd NODE_DIR_OF_{cid} && secagg flower join . BUNDLE_{cid} && {node}")
+        else:
+            lines.append(f"cd {cid} && {node}")
     lines += [
         "",
         "# submit the run (results on the SuperLink's machine, in the deployment's results/)",

@@ -14,6 +14,11 @@
     DIR/auth/<client>.pub        the SuperNodes' public authentication keys (``--auth``);
                                  each private key is in its node folder (auth.key)
 
+With ``--nodes`` (each node made its own keys with ``secagg flower init``), ``nodes/<client>``
+holds no ``identity.json`` but ``roster.json``, the rosters assembled from the nodes'
+``public.json`` files: a public bundle that the node takes in with ``secagg flower join``,
+and ``auth/`` holds the SuperNode keys the nodes made; no private key is made here.
+
 Across machines nothing changes but where the folders go: ``nodes/<client>`` to that
 client's machine (its identity file must not leave it afterwards; the node starts with
 ``secagg flower node``, which runs the App pinned in its ``node.json`` only), ``server``
@@ -29,7 +34,18 @@ from secagg.backends import new_identities
 from secagg.errors import ConfigError
 from secagg.flower.certificates import make_node_key, make_tls
 from secagg.flower.guard import app_digest, build_app
-from secagg.flower.keystore import experiment_name, write_identity, write_signers
+from secagg.flower.keystore import (
+    KEYS,
+    PUBLIC,
+    ROSTER,
+    experiment_name,
+    read_node_identity,
+    read_public,
+    write_identity,
+    write_node_keys,
+    write_roster,
+    write_signers,
+)
 from secagg.flower.node import check_runs_on_flower
 from secagg.simulation.config import ExperimentConfig
 from secagg.simulation.settings import from_config, to_toml
@@ -70,6 +86,47 @@ def client_ids(config: ExperimentConfig) -> list[str]:
     return [f"client_{k}" for k in range(get_task(config.task).load().n_clients)]
 
 
+def init_node(folder: Path, client_id: str, *, auth: bool = False) -> Path:
+    """Make a node's own keys where the node runs: ``keys.json`` (its X25519 and Ed25519
+    private keys, mode 0600), with ``auth`` its SuperNode key (``auth.key``, 0600), and
+    ``public.json``, the public halves, which is all that leaves the node. Returns the
+    path of ``public.json``. A folder that holds keys already is refused (a node's keys
+    are made once)."""
+    folder = Path(folder).resolve()
+    if (folder / KEYS).exists() or (folder / "identity.json").exists():
+        raise ConfigError(f"{folder} holds a node's keys already: they are made once")
+    if not client_id or not client_id.replace("_", "").isalnum():
+        raise ConfigError(f"a client id is letters, digits and _, e.g. client_0; got {client_id!r}")
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    identity = new_identities([client_id])[client_id]
+    auth_public = make_node_key(folder / "auth.key").read_text() if auth else None
+    return write_node_keys(folder, identity, auth_public)
+
+
+#: what a node takes in from the coordinator's bundle (all public)
+BUNDLE = ("node.json", "experiment.toml", ROSTER, "ca.crt")
+
+
+def join_node(folder: Path, bundle: Path) -> None:
+    """Take the coordinator's bundle for this node (``nodes/<client>/`` of a deployment
+    prepared with ``--nodes``: settings, pinned App, rosters, CA certificate) into the
+    node's own folder, after checking that the rosters hold this node's own public keys."""
+    folder, bundle = Path(folder).resolve(), Path(bundle).resolve()
+    own = read_public(folder / PUBLIC)
+    spec = json.loads((bundle / "node.json").read_text()) if (bundle / "node.json").exists() else {}
+    if spec.get("client") != own["client"]:
+        raise ConfigError(
+            f"{bundle} is the bundle of {spec.get('client')!r}, this node is {own['client']!r}"
+        )
+    staged = {name: (bundle / name).read_bytes() for name in BUNDLE if (bundle / name).exists()}
+    for name in BUNDLE[:3]:
+        if name not in staged:
+            raise ConfigError(f"{bundle} has no {name}: not a node bundle of `prepare --nodes`")
+    for name, data in staged.items():
+        (folder / name).write_bytes(data)
+    read_node_identity(folder)  # the rosters name this node's keys, or nothing is run
+
+
 def prepare(
     folder: Path,
     config: ExperimentConfig,
@@ -78,6 +135,7 @@ def prepare(
     auth: bool = False,
     timeout: float = 120.0,
     hosts: tuple[str, ...] = (),
+    publics: tuple[Path, ...] = (),
 ) -> dict[str, Path]:
     """Write a deployment of ``config`` to ``folder`` (new or empty); returns each node's
     directory by client id.
@@ -85,11 +143,15 @@ def prepare(
     Parameters:
         tls: make a demo CA and the SuperLink's certificate (``tls/``); each node gets
             the CA certificate.
-        auth: make each SuperNode's authentication key (in its node folder; the public
-            keys also in ``auth/`` for the SuperLink's registration). Needs ``tls``.
+        auth: SuperNode authentication (the public keys in ``auth/`` for the SuperLink's
+            registration). Needs ``tls``.
         timeout: seconds a node has to answer one message (the ServerApp's default).
         hosts: names or addresses of the SuperLink's machine for its certificate, besides
             loopback's.
+        publics: the nodes' ``public.json`` files (``secagg flower init`` on each node):
+            the rosters are assembled from them and ``nodes/<client>/`` holds only public
+            bundles (``secagg flower join``); no private key is made or written here.
+            Without them ``prepare`` makes every node's keys itself (a demo on one machine).
     """
     if auth and not tls:
         raise ConfigError("SuperNode authentication needs TLS (Flower refuses it without)")
@@ -99,10 +161,12 @@ def prepare(
     check_runs_on_flower(config.validate())
     settings = to_toml(from_config(config), comment=f"experiment {experiment_name(config)}")
     ids = client_ids(config)
+    shown = assemble(publics, ids, auth=auth) if publics else None
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "experiment.toml").write_text(settings)
-    identities = new_identities(ids)
-    write_signers(folder / "server" / "signers.json", identities[ids[0]].signers)
+    identities = new_identities(ids) if shown is None else {}
+    signers = {c: p["ed25519"] for c, p in shown.items()} if shown else identities[ids[0]].signers
+    write_signers(folder / "server" / "signers.json", signers)
     (folder / "app").mkdir()
     (folder / "app" / "pyproject.toml").write_text(
         APP_TOML.format(deployment=folder, timeout=float(timeout))
@@ -116,7 +180,14 @@ def prepare(
         layout = {"client": cid, "experiment": "experiment.toml", "app": app}
         (node / "node.json").write_text(json.dumps(layout, indent=1) + "\n")
         (node / "experiment.toml").write_text(settings)
-        write_identity(node / "identity.json", identities[cid])
+        if shown is None:
+            write_identity(node / "identity.json", identities[cid])
+        else:
+            write_roster(
+                node / ROSTER,
+                {c: p["x25519"] for c, p in shown.items()},
+                {c: p["ed25519"] for c, p in shown.items()},
+            )
         nodes[cid] = node
     if tls:
         ca = make_tls(folder / "tls", ("127.0.0.1", "localhost", "::1", *hosts))["ca"]
@@ -125,8 +196,11 @@ def prepare(
     if auth:
         (folder / "auth").mkdir()
         for cid, node in nodes.items():
-            public = make_node_key(node / "auth.key")
-            (folder / "auth" / f"{cid}.pub").write_bytes(public.read_bytes())
+            if shown is None:
+                public = make_node_key(node / "auth.key").read_text()
+            else:
+                public = shown[cid]["auth"]
+            (folder / "auth" / f"{cid}.pub").write_text(public)
     (folder / "deployment.json").write_text(
         json.dumps(
             {
@@ -135,7 +209,36 @@ def prepare(
                 "clients": ids,
                 "tls": tls,
                 "auth": auth,
+                "keys": "prepared" if shown is None else "nodes",
             }
         )
     )
     return nodes
+
+
+def assemble(publics: tuple[Path, ...], ids: list[str], *, auth: bool) -> dict[str, dict]:
+    """The nodes' public keys by client, one file per client of the experiment: each
+    client exactly once, no stranger, a SuperNode key with ``auth``."""
+    shown: dict[str, dict] = {}
+    for path in publics:
+        public = read_public(path)
+        if public["client"] in shown:
+            raise ConfigError(f"two public.json files for {public['client']} ({path})")
+        shown[public["client"]] = public
+    missing, strangers = sorted(set(ids) - set(shown)), sorted(set(shown) - set(ids))
+    if missing or strangers:
+        raise ConfigError(
+            f"the experiment's clients are {', '.join(ids)}: "
+            + (f"no public.json for {', '.join(missing)}" if missing else "")
+            + ("; " if missing and strangers else "")
+            + (f"{', '.join(strangers)} is not one of them" if strangers else "")
+        )
+    if auth and any(p["auth"] is None for p in shown.values()):
+        lacking = sorted(c for c, p in shown.items() if p["auth"] is None)
+        raise ConfigError(
+            f"--auth: {', '.join(lacking)} made no SuperNode key (secagg flower init --auth)"
+        )
+    keys = [p[k] for p in shown.values() for k in ("x25519", "ed25519")]
+    if len(set(keys)) != len(keys):
+        raise ConfigError("two nodes show the same public key: each node makes its own")
+    return {c: shown[c] for c in ids}

@@ -80,6 +80,12 @@ class LocalFederation:
             raise ConfigError(
                 f"{self.folder} is not a prepared deployment: run `secagg flower prepare` first"
             ) from None
+        if self.spec.get("keys") == "nodes":
+            raise ConfigError(
+                f"{self.folder}'s keys were made on its nodes (prepare --nodes): its "
+                "nodes/ folders are public bundles, which cannot run here; start each node "
+                "where its keys are (`secagg flower commands` prints how)"
+            )
         self.tls, self.auth = bool(self.spec["tls"]), bool(self.spec["auth"])
         self.work = self.folder / "local"
         self.log = log or (lambda line: None)

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from secagg.errors import ConfigError, MalformedMessage, SecaggError
-from secagg.flower.keystore import experiment_name, read_identity, write_private_bytes
+from secagg.flower.keystore import experiment_name, read_node_identity, write_private_bytes
 from secagg.simulation.config import ExperimentConfig
 from secagg.simulation.settings import read_file, to_config
 
@@ -92,7 +92,7 @@ class NodeClient:
             ) from None
         self.config = load_experiment(experiment)
         self.experiment = experiment_name(self.config)
-        self.identity = read_identity(self.dir / "identity.json")
+        self.identity = read_node_identity(self.dir)
         if self.identity.client_id != self.client_id:
             raise ConfigError(
                 f"{self.dir}: node.json names {self.client_id}, identity.json holds the keys "
