@@ -76,6 +76,46 @@ def load_experiment(path: Path) -> ExperimentConfig:
     return check_runs_on_flower(config)
 
 
+#: a node's own settings, written by its operator, never by the coordinator
+NODE_SETTINGS = "node.toml"
+
+
+def apply_node_settings(node_dir: Path) -> None:
+    """Apply a node's own ``node.toml`` to this process: ``environment`` (a table of
+    strings) is set first, then the modules of ``imports`` are imported (names or .py
+    paths). A node brings its own data and task so: its operator's copy of the task's
+    module (which stands in for the module of the same name the experiment names on the
+    coordinator's machine), and the variables that module reads to find the node's data
+    (e.g. ``SITES_DIR``). Nothing here comes from the server."""
+    import os
+    import tomllib
+
+    from secagg.plugins import import_user_modules
+
+    path = Path(node_dir) / NODE_SETTINGS
+    if not path.exists():
+        return
+    try:
+        settings = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"{path} is not valid TOML: {exc}") from None
+    unknown = sorted(set(settings) - {"environment", "imports"})
+    environment, imports = settings.get("environment", {}), settings.get("imports", [])
+    if unknown:
+        raise ConfigError(f"{path}: unknown settings {unknown}; it may set environment, imports")
+    if not isinstance(environment, dict) or not all(
+        isinstance(v, str) for v in environment.values()
+    ):
+        raise ConfigError(f'{path}: environment is a table of strings, e.g. SITES_DIR = "/data"')
+    if not isinstance(imports, list) or not all(isinstance(n, str) for n in imports):
+        raise ConfigError(f"{path}: imports is a list of module names or .py paths")
+    os.environ.update(environment)
+    base = Path(node_dir).resolve()
+    import_user_modules(
+        [str(base / n) if n.endswith(".py") and not Path(n).is_absolute() else n for n in imports]
+    )
+
+
 class NodeClient:
     """The client of the node whose directory is ``node_dir``."""
 
@@ -90,6 +130,7 @@ class NodeClient:
                 f"{self.dir} is not a secagg node directory ({exc}); make one with "
                 "`secagg flower prepare`"
             ) from None
+        apply_node_settings(self.dir)  # the node's own code and data come first
         self.config = load_experiment(experiment)
         self.experiment = experiment_name(self.config)
         self.identity = read_node_identity(self.dir)

@@ -82,6 +82,10 @@ def _import_module(name: str) -> None:
 
 def _import_file(path: Path) -> None:
     path = path.resolve()
+    if not path.is_file() and path.suffix == ".py" and path.stem in sys.modules:
+        # a module of this name is imported already: on a Flower node, the node's own copy
+        # (its node.toml's imports) stands in for the path on the coordinator's machine
+        return
     if not path.is_file():
         raise ConfigError(f"cannot import {str(path)!r}: no such file")
     if path.suffix != ".py":

@@ -157,3 +157,71 @@ def test_init_prepare_and_join_from_the_command_line(tmp_path, capsys):
 
     with pytest.raises(ConfigError, match="made on its nodes"):
         LocalFederation(tmp_path / "deploy")
+
+
+@pytest.mark.slow
+def test_a_node_brings_its_own_code_and_data_in_its_node_toml(tmp_path):
+    """The coordinator's experiment names its copy of the task's module; the node's own
+    folder holds the node's copy and only its own site's CSV, named in node.toml. In a
+    process of its own (as every message runs), the node builds its client from those."""
+    import shutil
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    coordinator = tmp_path / "coordinator"
+    shutil.copytree(root / "examples" / "own_model", coordinator)
+    subprocess.run(
+        [sys.executable, str(coordinator / "make_sites.py"), str(coordinator / "sites")],
+        check=True,
+        capture_output=True,
+    )
+    code = str(coordinator / "sites_task.py")
+    env = {**__import__("os").environ, "SITES_DIR": str(coordinator / "sites")}
+    config = (
+        "from secagg.simulation.config import ExperimentConfig\n"
+        "from secagg.flower.deployment import prepare\n"
+        f"config = ExperimentConfig(task='sites-mlp', imports=[{code!r}], backend='ckks',"
+        " rounds=1, seeds=[0], local_steps=2).validate()\n"
+        f"prepare({str(tmp_path / 'deploy')!r}, config)\n"
+    )
+    made = subprocess.run([sys.executable, "-c", config], env=env, capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
+    node = tmp_path / "deploy" / "nodes" / "client_2"
+    # the node's own copy of the code and its own data, nothing of the others'
+    (node / "code").mkdir()
+    shutil.copy(coordinator / "sites_task.py", node / "code" / "sites_task.py")
+    (node / "data").mkdir()
+    shutil.copy(coordinator / "sites" / "site_2.csv", node / "data" / "site_2.csv")
+    shutil.rmtree(coordinator)  # the coordinator's paths do not exist where the node runs
+    build = (
+        "from secagg.flower.node import NodeClient\n"
+        f"node = NodeClient({str(node)!r})\n"
+        "client = node._client(0, None)\n"
+        "print(len(client.trainer.data))\n"
+    )
+    (node / "node.toml").write_text(
+        f'imports = ["code/sites_task.py"]\n[environment]\nSITES_DIR = "{node / "data"}"\n'
+    )
+    fresh = subprocess.run(
+        [sys.executable, "-c", build], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert fresh.returncode == 0, fresh.stderr
+    assert fresh.stdout.split() == ["91"]  # site 2's 91 samples (make_sites.py's split)
+
+
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("server = 'x'\n", "unknown settings"),
+        ("[environment]\nSITES_DIR = 3\n", "table of strings"),
+        ("imports = 'code.py'\n", "list of module names"),
+        ("imports = [\n", "not valid TOML"),
+    ],
+)
+def test_a_node_toml_that_is_not_one_is_refused_before_anything_runs(tmp_path, text, match):
+    from secagg.flower.node import apply_node_settings
+
+    (tmp_path / "node.toml").write_text(text)
+    with pytest.raises(ConfigError, match=match):
+        apply_node_settings(tmp_path)
