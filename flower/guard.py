@@ -229,7 +229,7 @@ def shorten_polls(seconds: float = NODE_POLL_SECONDS) -> None:
     supernode.time = ShortSleeps()  # type: ignore[attr-defined]
 
 
-def start_warm_executor(argv: list[str]) -> None:
+def start_warm_executor(argv: list[str], node_dir: Path) -> None:
     """Start ``secagg.flower.warm`` for the SuperNode ``argv`` describes (its Runtime API's
     host, port and TLS), tied to this process (it exits when this one does)."""
     import subprocess
@@ -245,7 +245,7 @@ def start_warm_executor(argv: list[str]) -> None:
     tls = ["--root-certificates", ca] if ca else ["--insecure"]
     subprocess.Popen(  # noqa: S603 - our own module, our own arguments
         [sys.executable, "-m", "secagg.flower.warm", "--runtime-api-address", f"{host}:{port}"]
-        + ["--parent-pid", str(os.getpid()), *tls]
+        + ["--parent-pid", str(os.getpid()), "--node-dir", str(Path(node_dir).resolve()), *tls]
     )
 
 
@@ -266,7 +266,7 @@ def run_supernode(node_dir: Path, flower_args: list[str], *, warm: bool = True) 
     install(pin)
     if warm:
         shorten_polls()
-        start_warm_executor(argv)
+        start_warm_executor(argv, node_dir)
     from flwr.supernode.cli.flower_supernode import flower_supernode
 
     sys.argv = argv

@@ -76,6 +76,29 @@ def load_experiment(path: Path) -> ExperimentConfig:
     return check_runs_on_flower(config)
 
 
+#: the task's data by task name, loaded in the warm executor's zygote before it forks
+#: (secagg.flower.warm), so that every message's process inherits it: each message runs in
+#: a process of its own, so no two messages share what a client does to it
+_PRELOADED: dict[str, Any] = {}
+
+
+def preload_task_data(task: str) -> None:
+    """Load ``task``'s data now, for the processes this one forks (the warm zygote only:
+    in-process transports keep loading per message, as a simulation loads per seed)."""
+    from secagg.clients.tasks import get_task
+
+    _PRELOADED[task] = get_task(task).load()
+
+
+def task_data(task: str) -> Any:
+    """The task's data: what the zygote preloaded, else ``get_task(task).load()``."""
+    if task in _PRELOADED:
+        return _PRELOADED[task]
+    from secagg.clients.tasks import get_task
+
+    return get_task(task).load()
+
+
 #: a node's own settings, written by its operator, never by the coordinator
 NODE_SETTINGS = "node.toml"
 
@@ -216,6 +239,7 @@ class NodeClient:
         from secagg.simulation.experiment import ClientFactory
 
         factory = ClientFactory(self.config, seed, stage=stage)
-        budgets = factory.release_budgets()
+        loaded = task_data(self.config.task)  # one load per message, for both uses
+        budgets = factory.release_budgets(loaded=loaded)
         factory = replace(factory, provisions={self.client_id: self.identity.provision(**budgets)})
-        return factory([self.client_id])[self.client_id]
+        return factory([self.client_id], loaded=loaded)[self.client_id]

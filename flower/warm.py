@@ -17,8 +17,9 @@ and its first heartbeat, which loses the message). Here the SuperNode runs with
   Flower's subprocess executor and a 50 ms poll of the Runtime API.
 
 Only the start changes: the message, the token, the App and its checks are Flower's.
-``secagg.flower.guard`` starts this next to the SuperNode (``--warm``, the default of
-``secagg flower node``).
+``secagg.flower.guard`` starts this next to the SuperNode (the default of ``secagg flower
+node``; ``--cold`` keeps Flower's executor). With ``--node-dir`` the zygote also applies the
+node's own settings and loads its task's data once, so that no message loads it again.
 """
 
 from __future__ import annotations
@@ -163,11 +164,16 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m secagg.flower.warm")
     parser.add_argument("--runtime-api-address", required=True)
     parser.add_argument("--parent-pid", type=int, required=True)
+    parser.add_argument("--node-dir", help="the node's folder: its settings and data load now")
     tls = parser.add_mutually_exclusive_group()
     tls.add_argument("--insecure", action="store_true")
     tls.add_argument("--root-certificates")
     args = parser.parse_args(argv)
     warm_imports()
+    if args.node_dir:  # the node's own settings applied, its task's data loaded, once
+        from secagg.flower.node import NodeClient, preload_task_data
+
+        preload_task_data(NodeClient(args.node_dir).config.task)
     zygote = start_zygote()  # before Flower's loop makes threads and connections
     os.environ.setdefault("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", POLL_SECONDS)
     loop = importlib.import_module("flwr.supercore.superexec.run_superexec")

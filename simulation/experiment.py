@@ -161,7 +161,10 @@ class ClientFactory:
                 {k: v for k, v in custom_protocols().items() if k in used},
             )
 
-    def __call__(self, ids: list[str]) -> dict[str, Client]:
+    def __call__(self, ids: list[str], *, loaded: FederatedData | None = None) -> dict[str, Client]:
+        """The clients ``ids`` of this seed. ``loaded``: the task's data as ``task.load()``
+        gives it, if the caller has it already (a Flower node's message builds budgets and
+        client from one load)."""
         import_user_modules(self.config.imports)  # a worker process's first sight of them
         tasks, protocols = self.custom or ({}, {})
         for name, task in tasks.items():
@@ -176,7 +179,7 @@ class ClientFactory:
             )
         config = self.config
         task = get_task(config.task)
-        data, validation = seed_data(config, self.seed, task.load())
+        data, validation = seed_data(config, self.seed, loaded or task.load())
         if self.stage is not None:
             task = STAGES[self.stage].task(config, data)
             data, validation = task.load(), [None] * data.n_clients
@@ -196,18 +199,19 @@ class ClientFactory:
             config, protocol = spec.configure(config), make_protocol(spec.protocol)
         return client_policy(config, protocol, n_params, n_clients)
 
-    def release_budgets(self) -> dict[str, Any]:
+    def release_budgets(self, *, loaded: FederatedData | None = None) -> dict[str, Any]:
         """The budgets the driver provisions for this seed's (or pre-stage's) run, computed
         from this factory's own configuration: what a deployment's node provisions itself
-        with (:func:`release_budgets`)."""
+        with (:func:`release_budgets`). ``loaded``: the task's data, as for ``__call__``."""
         config = self.config
         protocol = make_protocol(config.protocol, **config.protocol_options)
         task = get_task(config.task)
+        loaded = loaded or task.load()
         if self.stage is not None:
             spec = STAGES[self.stage]
-            task = spec.task(config, seed_data(config, self.seed, task.load())[0])
+            task = spec.task(config, seed_data(config, self.seed, loaded)[0])
             config, protocol = spec.configure(config), make_protocol(spec.protocol)
-        data = task.load()
+        data = task.load() if self.stage is not None else loaded
         if self.stage is None:
             data = seed_data(config, self.seed, data)[0]
         return release_budgets(config, protocol, flat_params(task.make_model()).size, data)
