@@ -226,7 +226,7 @@ def shorten_polls(seconds: float = NODE_POLL_SECONDS) -> None:
         def sleep(wanted: float) -> None:
             time.sleep(min(wanted, seconds))
 
-    supernode.time = ShortSleeps()  # type: ignore[attr-defined]
+    supernode.time = ShortSleeps()  # type: ignore[assignment]
 
 
 def start_warm_executor(argv: list[str], node_dir: Path) -> None:

@@ -31,6 +31,7 @@ import os
 import signal
 import struct
 import sys
+import time
 import traceback
 from typing import Any
 
@@ -93,6 +94,7 @@ def run_clientapp(args: list[str]) -> int:
     from flwr.supernode.cli import flwr_clientapp
 
     sys.argv = ["flwr-clientapp", *args]
+    started = time.perf_counter()
     try:
         flwr_clientapp()
     except SystemExit as exc:
@@ -101,6 +103,12 @@ def run_clientapp(args: list[str]) -> int:
         traceback.print_exc()
         return 1
     finally:
+        if os.environ.get("SECAGG_WARM_LOG"):  # a diagnostic: each message process's time
+            print(
+                f"secagg.flower.warm: message process {os.getpid()} took "
+                f"{time.perf_counter() - started:.3f} s",
+                file=sys.stderr,
+            )
         sys.stdout.flush()
         sys.stderr.flush()
     return 0
