@@ -236,8 +236,13 @@ class NodeClient:
         return self.dir / "state" / str(int(flower_run)) / f"{seed}-{stage or 'run'}.bin"
 
     def _client(self, seed: int, stage: str | None):
+        import torch
+
         from secagg.simulation.experiment import ClientFactory
 
+        # the run's intra-op threads (1 by default), as in-process clients and workers
+        # train: several nodes on one machine would otherwise each take every core
+        torch.set_num_threads(self.config.threads)
         factory = ClientFactory(self.config, seed, stage=stage)
         loaded = task_data(self.config.task)  # one load per message, for both uses
         budgets = factory.release_budgets(loaded=loaded)
