@@ -109,3 +109,22 @@ def test_the_pipe_frames_requests_by_length():
     assert warm._read_exact(read, struct.unpack(">I", header)[0]) == body
     assert warm._read_exact(read, 1) is None  # the writer closed: the zygote would exit
     os.close(read)
+
+
+@pytest.mark.slow
+def test_the_zygote_has_what_a_training_message_imports_before_it_forks():
+    """A first optimizer step imports torch's compiler stack (torch._dynamo): done in every
+    message's own process it cost 4.5 s per training message. The zygote takes that step
+    itself (in a process of its own here: it sets torch's threads)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from secagg.flower import warm\n"
+        "warm.warm_imports()\n"
+        "print(all(m in sys.modules for m in warm.WARM_MODULES), 'torch._dynamo' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "True"]
