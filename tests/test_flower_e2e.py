@@ -198,19 +198,23 @@ def _foreign_app(federation, tmp_path) -> list[dict]:
 
 
 def test_a_supernode_killed_mid_run_is_excluded_and_rejoins_after_restart(tmp_path):
-    """ckks FedAvg, 6 rounds: client_2's SuperNode is SIGKILLed once round 1 is done, and
+    """ckks FedAvg, 3 rounds: client_2's SuperNode is SIGKILLed once round 1 is done, and
     started again once the SuperLink has marked it offline (round 2 has excluded it by
-    then: its request got Flower's "node unavailable"). The rounds go on without it until
-    it is back (warm nodes make a round short, so that may be more than one), and the last
-    round has it back, continuing from the state on its node."""
-    config = replace(LARC, protocol="fedavg", rounds=6)
+    then: its request got Flower's "node unavailable"). Round 2 completes without it;
+    round 3 has it back, continuing from the state on its node.
+
+    On Flower's own (cold) executor: with secagg's warm one a round takes seconds, so the
+    run outpaces the minute the SuperLink takes to mark a node offline, and once a kill
+    mid-round made two other nodes' replies fail ("object-push session expired") and they
+    were not asked again: not understood yet, so not what this test pins."""
+    config = replace(LARC, protocol="fedavg", rounds=3)
     folder = tmp_path / "deployment"
     prepare(folder, config, tls=True, auth=True)  # with auth a restarted node keeps its id
     out = tmp_path / "out"
     progress = out.with_name(out.name + "-progress.log")
-    with LocalFederation(folder) as federation:
+    with LocalFederation(folder, warm=False) as federation:
         run_id = federation.submit(out=str(out), timeout=60.0)
-        _wait_for(progress, r"round 1/6", federation, run_id)
+        _wait_for(progress, r"round 1/3", federation, run_id)
         federation.kill_node("client_2")
         deadline = time.monotonic() + 300
         while federation.node_status("client_2") != "offline":
@@ -219,15 +223,10 @@ def test_a_supernode_killed_mid_run_is_excluded_and_rejoins_after_restart(tmp_pa
         federation.start_node("client_2")
         status = federation.wait(run_id, timeout=900)
     assert status == "finished:completed"
-    clients = pd.read_csv(out / "metrics.csv")["clients"].tolist()[1:]
+    metrics = pd.read_csv(out / "metrics.csv")
+    assert metrics["clients"].tolist()[1:] == [6, 5, 6]
     summary = json.loads((out / "audit_summary.json").read_text())
-    excluded = [(e["round"], e["peer"]) for e in summary["exclusions"]]
-    # round 1 whole; from round 2 client_2 is missing for as long as it is down; back after
-    away = len(excluded)
-    assert clients[0] == 6 and away >= 1
-    assert excluded == [(r, "client_2") for r in range(2, 2 + away)], excluded
-    assert clients[1 : 1 + away] == [5] * away and set(clients[1 + away :]) == {6}
-    assert clients[-1] == 6  # it rejoined, from the state on its node
+    assert [(e["round"], e["peer"]) for e in summary["exclusions"]] == [(2, "client_2")]
 
 
 def _wait_for(path, pattern, federation, run_id, timeout=600):
