@@ -38,7 +38,7 @@ from secagg.simulation.experiment import (
 from secagg.simulation.outputs import Finished, RunFolder
 from secagg.simulation.provenance import provenance
 from secagg.simulation.settings import from_config
-from secagg.simulation.trackers import TRACKERS, RoundRecord, Trackers, open_trackers
+from secagg.simulation.trackers import RoundRecord, Trackers, open_trackers, tracker_names
 
 
 @dataclass
@@ -80,14 +80,6 @@ def _catch_sigint() -> dict | None:
         raise KeyboardInterrupt
 
     return {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
-
-
-def check_tracker_names(names: str | Sequence[str]) -> None:
-    """Refuse an unknown tracker before anything is written (the message lists them)."""
-    listed = names.split(",") if isinstance(names, str) else list(names)
-    unknown = [n.strip() for n in listed if n.strip() not in TRACKERS]
-    if unknown:
-        raise ConfigError(f"unknown tracker {unknown[0]!r}; known: {', '.join(TRACKERS)}")
 
 
 @dataclass
@@ -186,7 +178,7 @@ def run(
         config = replace(config, **settings)
     config.validate()
     if trackers:
-        check_tracker_names(trackers)
+        tracker_names(trackers)  # an unknown one is refused before anything is written
         if out is None:
             raise ConfigError("trackers write under the run's folder: pass out=FOLDER")
     report = stderr_progress if progress is True else (progress or None)

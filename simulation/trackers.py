@@ -441,6 +441,17 @@ def _mlflow(folder: Path, *, run_name: str, params: Mapping[str, Any]) -> Writer
 TRACKERS: dict[str, TrackerFactory] = {"tensorboard": _tensorboard, "mlflow": _mlflow}
 
 
+def tracker_names(names: str | Sequence[str]) -> list[str]:
+    """The trackers ``names`` asks for (``"tensorboard,mlflow"`` or a sequence), each once,
+    in the order given. ConfigError for an unknown name (the message lists the known ones)."""
+    listed = names.split(",") if isinstance(names, str) else list(names)
+    names = [n.strip() for n in listed if n.strip()]
+    unknown = [n for n in names if n not in TRACKERS]
+    if unknown:
+        raise ConfigError(f"unknown tracker {unknown[0]!r}; known: {', '.join(TRACKERS)}")
+    return list(dict.fromkeys(names))
+
+
 def open_trackers(
     names: str | Sequence[str],
     folder: str | os.PathLike[str],
@@ -455,14 +466,9 @@ def open_trackers(
         ConfigError: an unknown name (the message lists the known ones) or a missing library;
             writers opened before the failing one are closed first.
     """
-    if isinstance(names, str):
-        names = [n.strip() for n in names.split(",") if n.strip()]
-    unknown = [n for n in names if n not in TRACKERS]
-    if unknown:
-        raise ConfigError(f"unknown tracker {unknown[0]!r}; known: {', '.join(TRACKERS)}")
     writers: list[Writer] = []
     try:
-        for name in dict.fromkeys(names):  # each once, in the order given
+        for name in tracker_names(names):
             writers.append(TRACKERS[name](Path(folder), run_name=run_name, params=params or {}))
     except BaseException:
         Trackers(writers).close(failed=True)

@@ -340,3 +340,13 @@ def test_trackers_closes_every_writer_even_when_one_fails() -> None:
     with pytest.raises(OSError, match="a"):
         trackers.close(failed=True)
     assert closed == [("a", True), ("b", True)]
+
+
+def test_a_run_refuses_an_unknown_tracker_or_no_folder_before_writing_anything(tmp_path):
+    import secagg
+
+    with pytest.raises(ConfigError, match="unknown tracker 'tensorbord'; known: tensorboard"):
+        secagg.run(rounds=1, local_steps=1, trackers="tensorbord", out=tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(ConfigError, match="pass out=FOLDER"):
+        secagg.run(rounds=1, local_steps=1, trackers=["tensorboard"])
