@@ -18,6 +18,7 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
+from secagg.errors import ConfigError
 from secagg.flower import messages
 from secagg.flower.keystore import experiment_name, read_signers
 from secagg.flower.node import NodeClient, load_experiment
@@ -45,6 +46,11 @@ def answer(message: Message, context: Context) -> Message:
 @server_app.main()
 def main(grid: Grid, context: Context) -> None:
     cfg = context.run_config
+    if not cfg.get("deployment"):
+        raise ConfigError(
+            "the run names no deployment folder: submit it with `flwr run DIR/app secagg "
+            "--run-config 'deployment=\"/path/to/DIR\"'` (`secagg flower commands DIR` prints it)"
+        )
     deployment = Path(str(cfg["deployment"]))
     out = Path(str(cfg.get("out") or deployment / "results" / f"run-{context.run_id}"))
     run_on_flower(

@@ -1,8 +1,9 @@
-"""A local demo's TLS material (``cryptography``'s x509): a CA and the SuperLink's
-certificate for loopback, and SuperNode authentication keys.
+"""TLS material (``cryptography``'s x509): a demo CA and the SuperLink's certificate for
+loopback (:func:`make_tls`), a deployment's own CA and certificate checked and taken in
+(:func:`use_own_tls`), and SuperNode authentication keys.
 
-For a demo on one machine only: a real deployment takes its certificates from its own CA,
-and each SuperNode makes its authentication key on its own machine.
+The demo CA is for one machine: a real deployment brings its own CA's certificates, and
+each SuperNode makes its authentication key on its own machine (``secagg flower init``).
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ import ipaddress
 from pathlib import Path
 
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from secagg.errors import ConfigError
 from secagg.flower.keystore import write_private_bytes
 
 
@@ -92,6 +95,63 @@ def make_tls(
     paths["ca"].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     paths["cert"].write_bytes(server.public_bytes(serialization.Encoding.PEM))
     write_private_bytes(paths["key"], _pem_key(server_key))
+    return paths
+
+
+def use_own_tls(
+    folder: Path, *, ca: Path, cert: Path, key: Path, hosts: tuple[str, ...] = ()
+) -> dict[str, Path]:
+    """Take a deployment's own CA certificate and the SuperLink's certificate and key into
+    ``folder`` (as :func:`make_tls` names them), after checking what would otherwise fail
+    only when the first SuperNode connects: each file parses, the certificate was issued
+    by that CA (its signature verifies), the key is the certificate's, the certificate is
+    valid now, and it names every one of ``hosts``. ConfigError says which check failed."""
+    loaded = {}
+    for what, path in (("CA certificate", ca), ("certificate", cert)):
+        try:
+            loaded[what] = x509.load_pem_x509_certificate(Path(path).read_bytes())
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"{path} is not a PEM {what}: {exc}") from None
+    authority, server = loaded["CA certificate"], loaded["certificate"]
+    try:
+        private = serialization.load_pem_private_key(Path(key).read_bytes(), password=None)
+    except (OSError, ValueError, TypeError) as exc:
+        raise ConfigError(f"{key} is not an unencrypted PEM private key: {exc}") from None
+    try:
+        server.verify_directly_issued_by(authority)
+    except (ValueError, TypeError, InvalidSignature):
+        raise ConfigError(f"{cert} was not issued by the CA of {ca}") from None
+    if private.public_key().public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    ) != server.public_key().public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    ):
+        raise ConfigError(f"{key} is not the private key of {cert}")
+    now = datetime.datetime.now(datetime.UTC)
+    for what, made in (("CA certificate", authority), ("certificate", server)):
+        if not made.not_valid_before_utc <= now <= made.not_valid_after_utc:
+            raise ConfigError(
+                f"the {what} is valid from {made.not_valid_before_utc:%Y-%m-%d} to "
+                f"{made.not_valid_after_utc:%Y-%m-%d}, not now"
+            )
+    try:
+        named = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        names = {str(n) for n in named.get_values_for_type(x509.DNSName)}
+        names |= {str(n) for n in named.get_values_for_type(x509.IPAddress)}
+    except x509.ExtensionNotFound:
+        names = set()
+    missing = [h for h in hosts if h not in names]
+    if missing:
+        raise ConfigError(
+            f"{cert} does not name {', '.join(missing)} (it names "
+            f"{', '.join(sorted(names)) or 'no host'}): SuperNodes that connect by that "
+            "name would refuse it"
+        )
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = {"ca": folder / "ca.crt", "cert": folder / "server.pem", "key": folder / "server.key"}
+    paths["ca"].write_bytes(authority.public_bytes(serialization.Encoding.PEM))
+    paths["cert"].write_bytes(server.public_bytes(serialization.Encoding.PEM))
+    write_private_bytes(paths["key"], Path(key).read_bytes())
     return paths
 
 

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from secagg.errors import SecaggError
+from secagg.errors import ConfigError, SecaggError
 
 
 def add_parser(sub: Any, add_settings: Any) -> None:
@@ -36,6 +36,14 @@ def add_parser(sub: Any, add_settings: Any) -> None:
     prepare.add_argument(
         "--auth", action="store_true", help="SuperNode authentication keys (needs --tls)"
     )
+    own = prepare.add_argument_group(
+        "your own CA (instead of --tls's demo CA: all three, checked before anything is written)"
+    )
+    own.add_argument("--ca-cert", type=Path, metavar="PEM", help="the CA certificate nodes trust")
+    own.add_argument(
+        "--server-cert", type=Path, metavar="PEM", help="the SuperLink's certificate, by that CA"
+    )
+    own.add_argument("--server-key", type=Path, metavar="PEM", help="the SuperLink's private key")
     prepare.add_argument(
         "--timeout",
         type=float,
@@ -141,7 +149,14 @@ def run(args: argparse.Namespace, resolve: Any) -> int:
     if args.verb == "join":
         from secagg.flower.deployment import join_node
 
-        join_node(args.folder, args.bundle)
+        missing = join_node(args.folder, args.bundle)
+        if missing:
+            print(
+                f"the experiment imports {', '.join(missing)}: a node runs only code its "
+                f"operator names, so put the path of your own copy of each in "
+                f"{args.folder}/node.toml (imports = [...]) before you start the node"
+            )
+            return 0
         print(f"{args.folder} is ready: secagg flower node {args.folder} --superlink ...")
         return 0
     if args.verb == "node":
@@ -159,6 +174,14 @@ def _prepare(args: argparse.Namespace, resolve: Any) -> int:
 
     args.resume, args.overwrite = None, False
     config, _ = S.to_config(resolve(args))
+    given = {"ca": args.ca_cert, "cert": args.server_cert, "key": args.server_key}
+    flags = {"ca": "--ca-cert", "cert": "--server-cert", "key": "--server-key"}
+    missing = [flags[k] for k, v in given.items() if v is None]
+    if any(given.values()) and missing:
+        raise ConfigError(
+            "your own CA takes all three: --ca-cert, --server-cert and --server-key "
+            f"(missing: {', '.join(missing)})"
+        )
     nodes = prepare(
         args.folder,
         config,
@@ -167,6 +190,7 @@ def _prepare(args: argparse.Namespace, resolve: Any) -> int:
         timeout=args.timeout,
         hosts=tuple(args.host),
         publics=tuple(args.nodes),
+        own_tls=given if all(given.values()) else None,
     )
     print(
         f"deployment of {config.protocol} on {config.backend} ({config.task}, "
@@ -256,7 +280,7 @@ def _commands(args: argparse.Namespace) -> int:
     lines += [
         "",
         "# submit the run (results on the SuperLink's machine, in the deployment's results/)",
-        f"flwr run {folder}/app secagg --stream",
+        f"flwr run {folder}/app secagg --stream --run-config 'deployment=\"{folder}\"'",
     ]
     print("\n".join(lines))
     return 0

@@ -10,7 +10,9 @@
         experiment.toml, identity.json (mode 0600)
     DIR/deployment.json          the experiment's name, the App's digest, the clients, TLS and
                                  auth on or off
-    DIR/tls/                     a local demo CA and the SuperLink's certificate (``--tls``)
+    DIR/tls/                     the CA certificate and the SuperLink's certificate and key:
+                                 a local demo CA's (``--tls``) or the deployment's own
+                                 (``--ca-cert``, ``--server-cert``, ``--server-key``)
     DIR/auth/<client>.pub        the SuperNodes' public authentication keys (``--auth``);
                                  each private key is in its node folder (auth.key)
 
@@ -32,7 +34,7 @@ from pathlib import Path
 
 from secagg.backends import new_identities
 from secagg.errors import ConfigError
-from secagg.flower.certificates import make_node_key, make_tls
+from secagg.flower.certificates import make_node_key, make_tls, use_own_tls
 from secagg.flower.guard import app_digest, build_app
 from secagg.flower.keystore import (
     KEYS,
@@ -46,7 +48,7 @@ from secagg.flower.keystore import (
     write_roster,
     write_signers,
 )
-from secagg.flower.node import check_runs_on_flower
+from secagg.flower.node import NODE_SETTINGS, check_runs_on_flower
 from secagg.simulation.config import ExperimentConfig
 from secagg.simulation.settings import from_config, to_toml
 
@@ -73,7 +75,9 @@ serverapp = "secagg.flower.apps:server_app"
 clientapp = "secagg.flower.apps:client_app"
 
 [tool.flwr.app.config]
-deployment = "{deployment}"
+# the deployment folder on the machine that submits the run: `flwr run app secagg
+# --run-config 'deployment="/path/to/it"'` (the App itself names no path: it can move)
+deployment = ""
 out = ""
 timeout = {timeout}
 connect-timeout = 120.0
@@ -107,10 +111,12 @@ def init_node(folder: Path, client_id: str, *, auth: bool = False) -> Path:
 BUNDLE = ("node.json", "experiment.toml", ROSTER, "ca.crt")
 
 
-def join_node(folder: Path, bundle: Path) -> None:
+def join_node(folder: Path, bundle: Path) -> list[str]:
     """Take the coordinator's bundle for this node (``nodes/<client>/`` of a deployment
     prepared with ``--nodes``: settings, pinned App, rosters, CA certificate) into the
-    node's own folder, after checking that the rosters hold this node's own public keys."""
+    node's own folder, after checking that the rosters hold this node's own public keys.
+    Returns the modules the experiment imports that the node's ``node.toml`` does not name
+    yet: the node refuses to start until its operator names a copy of each (or none)."""
     folder, bundle = Path(folder).resolve(), Path(bundle).resolve()
     own = read_public(folder / PUBLIC)
     spec = json.loads((bundle / "node.json").read_text()) if (bundle / "node.json").exists() else {}
@@ -125,6 +131,22 @@ def join_node(folder: Path, bundle: Path) -> None:
     for name, data in staged.items():
         (folder / name).write_bytes(data)
     read_node_identity(folder)  # the rosters name this node's keys, or nothing is run
+    return uncovered_imports(folder)
+
+
+def uncovered_imports(folder: Path) -> list[str]:
+    """The modules a node's experiment file imports that its own ``node.toml`` does not
+    name (read without importing either)."""
+    import tomllib
+
+    from secagg.plugins import module_key
+    from secagg.simulation.settings import imports_named_in
+
+    named = imports_named_in(Path(folder) / "experiment.toml")
+    path = Path(folder) / NODE_SETTINGS
+    own = tomllib.loads(path.read_text()).get("imports", []) if path.exists() else []
+    keys = {module_key(str(n)) for n in own}
+    return [n for n in named if module_key(n) not in keys]
 
 
 def prepare(
@@ -136,6 +158,7 @@ def prepare(
     timeout: float = 120.0,
     hosts: tuple[str, ...] = (),
     publics: tuple[Path, ...] = (),
+    own_tls: dict[str, Path] | None = None,
 ) -> dict[str, Path]:
     """Write a deployment of ``config`` to ``folder`` (new or empty); returns each node's
     directory by client id.
@@ -152,13 +175,22 @@ def prepare(
             the rosters are assembled from them and ``nodes/<client>/`` holds only public
             bundles (``secagg flower join``); no private key is made or written here.
             Without them ``prepare`` makes every node's keys itself (a demo on one machine).
+        own_tls: the deployment's own CA certificate and the SuperLink's certificate and
+            key (``{"ca": ..., "cert": ..., "key": ...}``) instead of a demo CA; checked
+            (``certificates.use_own_tls``) and taken into ``tls/``. Implies ``tls``.
     """
+    tls = tls or own_tls is not None
     if auth and not tls:
         raise ConfigError("SuperNode authentication needs TLS (Flower refuses it without)")
     folder = Path(folder).resolve()
     if folder.exists() and any(folder.iterdir()):
         raise ConfigError(f"{folder} is not empty: prepare a deployment in a new folder")
     check_runs_on_flower(config.validate())
+    if own_tls is not None:  # checked before anything is written
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as scratch:
+            use_own_tls(Path(scratch), **own_tls, hosts=hosts)
     settings = to_toml(from_config(config), comment=f"experiment {experiment_name(config)}")
     ids = client_ids(config)
     shown = assemble(publics, ids, auth=auth) if publics else None
@@ -168,9 +200,7 @@ def prepare(
     signers = {c: p["ed25519"] for c, p in shown.items()} if shown else identities[ids[0]].signers
     write_signers(folder / "server" / "signers.json", signers)
     (folder / "app").mkdir()
-    (folder / "app" / "pyproject.toml").write_text(
-        APP_TOML.format(deployment=folder, timeout=float(timeout))
-    )
+    (folder / "app" / "pyproject.toml").write_text(APP_TOML.format(timeout=float(timeout)))
     # the only App the nodes will run: what `flwr run app/` builds from this folder
     app = app_digest(build_app(folder / "app"))
     nodes = {}
@@ -182,6 +212,11 @@ def prepare(
         (node / "experiment.toml").write_text(settings)
         if shown is None:
             write_identity(node / "identity.json", identities[cid])
+            if config.imports:  # a demo's nodes are the coordinator's: its code is theirs
+                (node / NODE_SETTINGS).write_text(
+                    "# this node's own code (a node imports no module its experiment names\n"
+                    "# unless it is named here)\nimports = " + json.dumps(config.imports) + "\n"
+                )
         else:
             write_roster(
                 node / ROSTER,
@@ -190,7 +225,10 @@ def prepare(
             )
         nodes[cid] = node
     if tls:
-        ca = make_tls(folder / "tls", ("127.0.0.1", "localhost", "::1", *hosts))["ca"]
+        if own_tls is not None:
+            ca = use_own_tls(folder / "tls", **own_tls, hosts=hosts)["ca"]
+        else:
+            ca = make_tls(folder / "tls", ("127.0.0.1", "localhost", "::1", *hosts))["ca"]
         for node in nodes.values():
             (node / "ca.crt").write_bytes(ca.read_bytes())
     if auth:

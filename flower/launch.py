@@ -238,8 +238,10 @@ class LocalFederation:
 
     # ---- runs ---------------------------------------------------------------------------
     def submit(self, **run_config: Any) -> int:
-        """``flwr run`` the deployment's App with ``run_config`` (its keys: out, timeout,
-        connect-timeout); returns the Flower run id."""
+        """``flwr run`` the deployment's App with ``run_config`` (its keys: deployment,
+        out, timeout, connect-timeout); returns the Flower run id. The App names no folder
+        (it is relocatable): ``deployment`` is this one unless given."""
+        run_config.setdefault("deployment", str(self.folder))
         if "out" in run_config:  # the ServerApp runs in another working directory
             run_config["out"] = str(Path(run_config["out"]).resolve())
         overrides = " ".join(f"{k}={json.dumps(v)}" for k, v in run_config.items())

@@ -35,6 +35,7 @@ from typing import Any
 
 from secagg.errors import ConfigError, MalformedMessage, SecaggError
 from secagg.flower.keystore import experiment_name, read_node_identity, write_private_bytes
+from secagg.plugins import only_node_modules
 from secagg.simulation.config import ExperimentConfig
 from secagg.simulation.settings import read_file, to_config
 
@@ -103,13 +104,14 @@ def task_data(task: str) -> Any:
 NODE_SETTINGS = "node.toml"
 
 
-def apply_node_settings(node_dir: Path) -> None:
+def apply_node_settings(node_dir: Path) -> list[str]:
     """Apply a node's own ``node.toml`` to this process: ``environment`` (a table of
     strings) is set first, then the modules of ``imports`` are imported (names or .py
-    paths). A node brings its own data and task so: its operator's copy of the task's
-    module (which stands in for the module of the same name the experiment names on the
-    coordinator's machine), and the variables that module reads to find the node's data
-    (e.g. ``SITES_DIR``). Nothing here comes from the server."""
+    paths), which are returned. A node brings its own data and task so: its operator's copy
+    of the task's module (which stands in for the module of the same name the experiment
+    names on the coordinator's machine: the node imports nothing else,
+    ``secagg.plugins.only_node_modules``), and the variables that module reads to find the
+    node's data (e.g. ``SITES_DIR``). Nothing here comes from the server."""
     import os
     import tomllib
 
@@ -117,7 +119,7 @@ def apply_node_settings(node_dir: Path) -> None:
 
     path = Path(node_dir) / NODE_SETTINGS
     if not path.exists():
-        return
+        return []
     try:
         settings = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
@@ -134,9 +136,9 @@ def apply_node_settings(node_dir: Path) -> None:
         raise ConfigError(f"{path}: imports is a list of module names or .py paths")
     os.environ.update(environment)
     base = Path(node_dir).resolve()
-    import_user_modules(
-        [str(base / n) if n.endswith(".py") and not Path(n).is_absolute() else n for n in imports]
-    )
+    own = [str(base / n) if n.endswith(".py") and not Path(n).is_absolute() else n for n in imports]
+    import_user_modules(own)
+    return own
 
 
 class NodeClient:
@@ -153,8 +155,10 @@ class NodeClient:
                 f"{self.dir} is not a secagg node directory ({exc}); make one with "
                 "`secagg flower prepare`"
             ) from None
-        apply_node_settings(self.dir)  # the node's own code and data come first
-        self.config = load_experiment(experiment)
+        # the node's own code and data come first; the experiment's imports are not run
+        self.own_modules = apply_node_settings(self.dir)
+        with only_node_modules(self.own_modules):
+            self.config = load_experiment(experiment)
         self.experiment = experiment_name(self.config)
         self.identity = read_node_identity(self.dir)
         if self.identity.client_id != self.client_id:
@@ -243,8 +247,10 @@ class NodeClient:
         # the run's intra-op threads (1 by default), as in-process clients and workers
         # train: several nodes on one machine would otherwise each take every core
         torch.set_num_threads(self.config.threads)
-        factory = ClientFactory(self.config, seed, stage=stage)
-        loaded = task_data(self.config.task)  # one load per message, for both uses
-        budgets = factory.release_budgets(loaded=loaded)
-        factory = replace(factory, provisions={self.client_id: self.identity.provision(**budgets)})
-        return factory([self.client_id], loaded=loaded)[self.client_id]
+        with only_node_modules(self.own_modules):
+            factory = ClientFactory(self.config, seed, stage=stage)
+            loaded = task_data(self.config.task)  # one load per message, for both uses
+            budgets = factory.release_budgets(loaded=loaded)
+            provision = self.identity.provision(**budgets)
+            factory = replace(factory, provisions={self.client_id: provision})
+            return factory([self.client_id], loaded=loaded)[self.client_id]

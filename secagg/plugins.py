@@ -16,6 +16,9 @@ lists or looks up a task or protocol (CLI choices, configs, workers, nodes) sees
   command line loads both before it lists choices.
 
 Importing a module runs its code: name only modules you trust, as with ``python -m``.
+On a Flower node the coordinator's experiment names modules too, and the node runs none
+of them: only the modules its operator named in its own ``node.toml`` are imported, and an
+experiment naming any other is refused (:func:`only_node_modules`).
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ import importlib
 import importlib.util
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 
@@ -34,6 +38,29 @@ TASK_GROUP = "secagg.tasks"
 PROTOCOL_GROUP = "secagg.protocols"
 
 _loaded_groups: set[str] = set()
+
+#: while a Flower node reads its experiment: the modules its own node.toml imported (by
+#: module name); None elsewhere
+_node_modules: frozenset[str] | None = None
+
+
+def module_key(name: str) -> str:
+    """The module a name imports: a .py path's file stem, else the name itself."""
+    return Path(name).stem if is_module_path(name) else name
+
+
+@contextmanager
+def only_node_modules(own: Iterable[str]) -> Iterator[None]:
+    """On a Flower node: the modules an experiment names are not imported (the coordinator
+    does not choose what code a node runs); each must be one of ``own``, the modules the
+    node's operator named and imported already (its node.toml), which stands in for it.
+    Any other is refused with :class:`ConfigError`."""
+    global _node_modules
+    previous, _node_modules = _node_modules, frozenset(module_key(n) for n in own)
+    try:
+        yield
+    finally:
+        _node_modules = previous
 
 
 def is_module_path(name: str) -> bool:
@@ -54,6 +81,15 @@ def import_user_modules(names: Iterable[str]) -> None:
     for name in names:
         if not isinstance(name, str) or not name.strip():
             raise ConfigError(f"imports: expected module names or .py paths, got {name!r}")
+        if _node_modules is not None:
+            if module_key(name) not in _node_modules:
+                raise ConfigError(
+                    f"the experiment imports {name!r}, which this node's node.toml does not "
+                    "name: a node runs only code its operator names; put the path of your "
+                    f"copy of {module_key(name)!r} in node.toml (imports = [...]) if you "
+                    "trust it"
+                )
+            continue  # the node's own copy, imported by its node.toml, stands in for it
         if is_module_path(name):
             _import_file(Path(name))
         else:
@@ -82,10 +118,6 @@ def _import_module(name: str) -> None:
 
 def _import_file(path: Path) -> None:
     path = path.resolve()
-    if not path.is_file() and path.suffix == ".py" and path.stem in sys.modules:
-        # a module of this name is imported already: on a Flower node, the node's own copy
-        # (its node.toml's imports) stands in for the path on the coordinator's machine
-        return
     if not path.is_file():
         raise ConfigError(f"cannot import {str(path)!r}: no such file")
     if path.suffix != ".py":

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import base64
 import json
+import sys
+import tomllib
 from pathlib import Path
 
 import numpy as np
@@ -225,3 +227,131 @@ def test_a_node_toml_that_is_not_one_is_refused_before_anything_runs(tmp_path, t
     (tmp_path / "node.toml").write_text(text)
     with pytest.raises(ConfigError, match=match):
         apply_node_settings(tmp_path)
+
+
+def _plain_node(tmp_path: Path) -> Path:
+    config = ExperimentConfig(
+        task="tcga-brca", protocol="fedavg", backend="plain", rounds=1, seeds=[0], local_steps=1
+    )
+    return prepare(tmp_path / "deploy", config)["client_1"]
+
+
+@pytest.mark.parametrize("as_path", [True, False])
+def test_a_node_runs_no_module_its_experiment_names_unless_its_own_node_toml_does(
+    tmp_path, monkeypatch, as_path
+):
+    """The coordinator writes the experiment; if a module it names were imported on the
+    node, the coordinator would choose code the node runs. The node refuses such an
+    experiment before anything of it is imported, and runs its operator's copy instead."""
+    from secagg.flower.node import NodeClient
+
+    node = _plain_node(tmp_path)
+    marker = tmp_path / "ran"
+    name = f"coordinators_code_{int(as_path)}"
+    module = tmp_path / "elsewhere" / f"{name}.py"
+    module.parent.mkdir()
+    module.write_text(f"open({str(marker)!r}, 'w').write('imported')\n")
+    monkeypatch.syspath_prepend(str(module.parent))  # importable by name, too
+    named = str(module) if as_path else name
+    experiment = node / "experiment.toml"
+    text = experiment.read_text()
+    assert "\nimports = []\n" in text
+    experiment.write_text(text.replace("\nimports = []\n", f"\nimports = [{named!r}]\n"))
+    with pytest.raises(ConfigError, match="node.toml does not name"):
+        NodeClient(node)
+    assert not marker.exists() and name not in sys.modules
+    assert join_uncovered(node) == [named]
+    # the operator's own copy, named in node.toml, is what runs
+    own = node / "code" / f"{name}.py"
+    own.parent.mkdir()
+    own.write_text("OWN = True\n")
+    (node / "node.toml").write_text(f'imports = ["code/{name}.py"]\n')
+    try:
+        NodeClient(node)
+        assert sys.modules[name].OWN and not marker.exists()
+        assert join_uncovered(node) == []
+    finally:
+        sys.modules.pop(name, None)
+
+
+def join_uncovered(node: Path) -> list[str]:
+    from secagg.flower.deployment import uncovered_imports
+
+    return uncovered_imports(node)
+
+
+def test_a_demo_deployment_names_the_experiments_modules_in_each_nodes_node_toml(tmp_path):
+    from tests.test_plugins import write_module
+
+    path = write_module(tmp_path, "user_lines_demo")
+    config = ExperimentConfig(
+        task="user_lines_demo", imports=[str(path)], rounds=1, seeds=[0], local_steps=2
+    )
+    nodes = prepare(tmp_path / "deployment", config)
+    for node in nodes.values():
+        assert tomllib.loads((node / "node.toml").read_text())["imports"] == [str(path)]
+
+
+def _own_ca(folder: Path, *hosts: str) -> dict[str, Path]:
+    """A CA and a SuperLink certificate made elsewhere (here: make_tls in another folder)."""
+    from secagg.flower.certificates import make_tls
+
+    made = make_tls(folder, ("127.0.0.1", "localhost", *hosts))
+    return {"ca": made["ca"], "cert": made["cert"], "key": made["key"]}
+
+
+def test_a_deployment_takes_its_own_ca_and_superlink_certificate(tmp_path):
+    own = _own_ca(tmp_path / "pki", "link.example.org")
+    nodes = prepare(
+        tmp_path / "deploy", CONFIG, own_tls=own, hosts=("link.example.org",), auth=True
+    )
+    tls = tmp_path / "deploy" / "tls"
+    assert (tls / "ca.crt").read_bytes() == own["ca"].read_bytes()
+    assert (tls / "server.pem").read_bytes() == own["cert"].read_bytes()
+    assert (tls / "server.key").stat().st_mode & 0o777 == 0o600
+    for node in nodes.values():
+        assert (node / "ca.crt").read_bytes() == own["ca"].read_bytes()
+    spec = json.loads((tmp_path / "deploy" / "deployment.json").read_text())
+    assert spec["tls"] and spec["auth"]
+
+
+def test_certificates_that_would_fail_at_the_first_connection_are_refused_at_prepare(
+    tmp_path, capsys
+):
+    mine, theirs = _own_ca(tmp_path / "mine"), _own_ca(tmp_path / "theirs")
+    bad = {
+        "was not issued by": {**mine, "ca": theirs["ca"]},
+        "is not the private key": {**mine, "key": theirs["key"]},
+        "is not a PEM certificate": {**mine, "cert": mine["key"]},
+        "is not an unencrypted PEM private key": {**mine, "key": mine["cert"]},
+    }
+    for k, (match, own) in enumerate(bad.items()):
+        with pytest.raises(ConfigError, match=match):
+            prepare(tmp_path / f"d{k}", CONFIG, own_tls=own)
+        assert not (tmp_path / f"d{k}").exists()  # nothing written
+    with pytest.raises(ConfigError, match="does not name link.example.org"):
+        prepare(tmp_path / "d9", CONFIG, own_tls=mine, hosts=("link.example.org",))
+    # the command line takes all three or none
+    args = ["flower", "prepare", str(tmp_path / "cli"), "--ca-cert", str(mine["ca"])]
+    assert main(args) != 0
+    assert "missing: --server-cert, --server-key" in capsys.readouterr().err
+    assert not (tmp_path / "cli").exists()
+
+
+def test_a_deployment_folder_can_move(tmp_path, capsys):
+    """The App names no path: a moved deployment builds the same App its nodes pinned,
+    and the command that submits it names the folder where it is now."""
+    import shutil
+
+    from secagg.flower.guard import app_digest, build_app
+
+    prepare(tmp_path / "here", CONFIG)
+    shutil.move(tmp_path / "here", tmp_path / "there")
+    moved = tmp_path / "there"
+    pinned = json.loads((moved / "nodes" / "client_0" / "node.json").read_text())["app"]
+    assert app_digest(build_app(moved / "app")) == pinned
+    assert str(tmp_path / "here") not in "".join(
+        p.read_text(errors="replace") for p in moved.rglob("*") if p.is_file()
+    )
+    assert main(["flower", "commands", str(moved)]) == 0
+    assert f"'deployment=\"{moved}\"'" in capsys.readouterr().out
