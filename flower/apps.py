@@ -99,8 +99,16 @@ def run_on_flower(
         transports.append(made)
         return made
 
+    experimenter = None
+    if config.server_blind:  # the key is the experimenter's, elsewhere: keep what is sealed
+        from secagg.flower.experimenter import SEALED, SealedCopies
+
+        def experimenter(seed: int) -> SealedCopies:
+            return SealedCopies(out / SEALED, seed)
+
     result = secagg.run(
         config,
+        experimenter=experimenter,
         out=out,
         overwrite=True,
         transport=transport,
@@ -127,6 +135,11 @@ def run_on_flower(
             indent=1,
         )
     )
+    if config.server_blind:
+        say(
+            f"the models are sealed for the experimenter in {out / 'sealed'}: open them "
+            f"where the key is, with `secagg flower open {out} --key observer.key`"
+        )
     say(f"done: results in {out}")
 
 

@@ -69,6 +69,14 @@ def add_parser(sub: Any, add_settings: Any) -> None:
         "rosters are assembled from them and no private key is made here; nodes/<client>/ "
         "then holds each node's public bundle, for `secagg flower join`",
     )
+    prepare.add_argument(
+        "--observer",
+        type=Path,
+        metavar="PUBLIC",
+        help="server-blind runs: the experimenter's observer.pub (`secagg flower experimenter`"
+        " where the experimenter works); without it prepare makes the key pair in "
+        "DIR/experimenter/, which must then leave the server's machine",
+    )
     prepare.add_argument("--preset", help="a bundled preset (`secagg presets` lists them)")
     prepare.add_argument("--config", type=Path, help="a TOML file of settings")
     add_settings(prepare)
@@ -122,6 +130,25 @@ def add_parser(sub: Any, add_settings: Any) -> None:
     )
     join.add_argument("folder", type=Path, metavar="DIR", help="the node's own folder")
     join.add_argument("bundle", type=Path, metavar="BUNDLE", help="its nodes/<client> folder")
+    experimenter = verbs.add_parser(
+        "experimenter",
+        help="server-blind runs: make the experimenter's key pair where the experimenter works",
+        description="Make the X25519 key pair the clients of a server-blind run seal the "
+        "global model for: observer.key (mode 0600, stays in DIR) and observer.pub (give it "
+        "to the coordinator: `secagg flower prepare --observer observer.pub`). The server "
+        "relays sealed copies it cannot open; `secagg flower open` reads them here.",
+    )
+    experimenter.add_argument("folder", type=Path, metavar="DIR", help="the experimenter's folder")
+    opener = verbs.add_parser(
+        "open",
+        help="server-blind runs: open and evaluate the models sealed for the experimenter",
+        description="Open every model the clients sealed for the experimenter in the run "
+        "folder RUN (RUN/sealed/, copied from the server) with the experimenter's private "
+        "key, and evaluate each on the task's test set as `secagg run` does: "
+        "RUN/experimenter/metrics.csv and RUN/experimenter/models/seed-S.npy.",
+    )
+    opener.add_argument("run_folder", type=Path, metavar="RUN", help="the run's results folder")
+    opener.add_argument("--key", type=Path, required=True, help="the experimenter's observer.key")
     commands = verbs.add_parser(
         "commands",
         help="print the commands that start a prepared deployment on separate machines",
@@ -159,6 +186,21 @@ def run(args: argparse.Namespace, resolve: Any) -> int:
             return 0
         print(f"{args.folder} is ready: secagg flower node {args.folder} --superlink ...")
         return 0
+    if args.verb == "experimenter":
+        from secagg.flower.experimenter import make_experimenter
+
+        public = make_experimenter(args.folder)
+        print(
+            f"experimenter key made in {args.folder}/ (observer.key stays there); give "
+            f"{public} to the coordinator: secagg flower prepare ... --observer {public.name}"
+        )
+        return 0
+    if args.verb == "open":
+        from secagg.flower.experimenter import open_sealed
+
+        table = open_sealed(args.run_folder, args.key, progress=_stderr)
+        print(f"the experimenter's metrics: {table}")
+        return 0
     if args.verb == "node":
         from secagg.flower.guard import run_supernode
 
@@ -191,7 +233,14 @@ def _prepare(args: argparse.Namespace, resolve: Any) -> int:
         hosts=tuple(args.host),
         publics=tuple(args.nodes),
         own_tls=given if all(given.values()) else None,
+        observer=args.observer,
     )
+    if config.server_blind and args.observer is None:
+        print(
+            f"server-blind: the experimenter's private key is in {args.folder}/experimenter/"
+            "; move that folder off the server's machine before the run (or make the key "
+            "where the experimenter works: secagg flower experimenter, prepare --observer)"
+        )
     print(
         f"deployment of {config.protocol} on {config.backend} ({config.task}, "
         f"{len(nodes)} clients) written to {args.folder}/\n"

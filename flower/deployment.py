@@ -15,6 +15,9 @@
                                  (``--ca-cert``, ``--server-cert``, ``--server-key``)
     DIR/auth/<client>.pub        the SuperNodes' public authentication keys (``--auth``);
                                  each private key is in its node folder (auth.key)
+    DIR/observer.pub             server-blind: the experimenter's public key (also in every
+                                 node folder); DIR/experimenter/ holds its private key when
+                                 ``prepare`` made it (a demo: move it off the server)
 
 With ``--nodes`` (each node made its own keys with ``secagg flower init``), ``nodes/<client>``
 holds no ``identity.json`` but ``roster.json``, the rosters assembled from the nodes'
@@ -35,6 +38,7 @@ from pathlib import Path
 from secagg.backends import new_identities
 from secagg.errors import ConfigError
 from secagg.flower.certificates import make_node_key, make_tls, use_own_tls
+from secagg.flower.experimenter import OBSERVER_PUBLIC, make_experimenter, read_observer_public
 from secagg.flower.guard import app_digest, build_app
 from secagg.flower.keystore import (
     KEYS,
@@ -108,7 +112,7 @@ def init_node(folder: Path, client_id: str, *, auth: bool = False) -> Path:
 
 
 #: what a node takes in from the coordinator's bundle (all public)
-BUNDLE = ("node.json", "experiment.toml", ROSTER, "ca.crt")
+BUNDLE = ("node.json", "experiment.toml", ROSTER, "ca.crt", OBSERVER_PUBLIC)
 
 
 def join_node(folder: Path, bundle: Path) -> list[str]:
@@ -159,6 +163,7 @@ def prepare(
     hosts: tuple[str, ...] = (),
     publics: tuple[Path, ...] = (),
     own_tls: dict[str, Path] | None = None,
+    observer: Path | None = None,
 ) -> dict[str, Path]:
     """Write a deployment of ``config`` to ``folder`` (new or empty); returns each node's
     directory by client id.
@@ -178,6 +183,10 @@ def prepare(
         own_tls: the deployment's own CA certificate and the SuperLink's certificate and
             key (``{"ca": ..., "cert": ..., "key": ...}``) instead of a demo CA; checked
             (``certificates.use_own_tls``) and taken into ``tls/``. Implies ``tls``.
+        observer: server-blind experiments: the experimenter's ``observer.pub`` (``secagg
+            flower experimenter`` where the experimenter works), which goes to every node.
+            Without it ``prepare`` makes the key pair in ``experimenter/`` (a demo: move
+            that folder off the SuperLink's machine, or the server can read the model).
     """
     tls = tls or own_tls is not None
     if auth and not tls:
@@ -186,6 +195,10 @@ def prepare(
     if folder.exists() and any(folder.iterdir()):
         raise ConfigError(f"{folder} is not empty: prepare a deployment in a new folder")
     check_runs_on_flower(config.validate())
+    if observer is not None and not config.server_blind:
+        raise ConfigError("--observer is the experimenter's key of a server-blind run")
+    if observer is not None:
+        read_observer_public(observer)  # a public key, before anything is written
     if own_tls is not None:  # checked before anything is written
         import tempfile
 
@@ -196,6 +209,11 @@ def prepare(
     shown = assemble(publics, ids, auth=auth) if publics else None
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "experiment.toml").write_text(settings)
+    observer_file = b""
+    if config.server_blind:  # the experimenter's public key, for the record and each node
+        made = observer if observer is not None else make_experimenter(folder / "experimenter")
+        observer_file = Path(made).read_bytes()
+        (folder / OBSERVER_PUBLIC).write_bytes(observer_file)
     identities = new_identities(ids) if shown is None else {}
     signers = {c: p["ed25519"] for c, p in shown.items()} if shown else identities[ids[0]].signers
     write_signers(folder / "server" / "signers.json", signers)
@@ -210,6 +228,8 @@ def prepare(
         layout = {"client": cid, "experiment": "experiment.toml", "app": app}
         (node / "node.json").write_text(json.dumps(layout, indent=1) + "\n")
         (node / "experiment.toml").write_text(settings)
+        if config.server_blind:  # the key the node seals for comes with its own bundle
+            (node / OBSERVER_PUBLIC).write_bytes(observer_file)
         if shown is None:
             write_identity(node / "identity.json", identities[cid])
             if config.imports:  # a demo's nodes are the coordinator's: its code is theirs

@@ -62,12 +62,6 @@ def check_runs_on_flower(config: ExperimentConfig) -> ExperimentConfig:
             "which the server names over Flower, so the server could remove the noise: set "
             'dp_noise = "os" (--dp-noise os) for a deployment'
         )
-    if config.server_blind:
-        raise ConfigError(
-            "server-blind runs are not available over Flower yet: the experimenter, who "
-            "holds the key the clients seal the model for, runs inside the ServerApp here, "
-            "so the server would see the model; run server-blind in simulation"
-        )
     return config
 
 
@@ -161,6 +155,7 @@ class NodeClient:
             self.config = load_experiment(experiment)
         self.experiment = experiment_name(self.config)
         self.identity = read_node_identity(self.dir)
+        self.observer_public()  # a server-blind node without the experimenter's key stops here
         if self.identity.client_id != self.client_id:
             raise ConfigError(
                 f"{self.dir}: node.json names {self.client_id}, identity.json holds the keys "
@@ -239,6 +234,23 @@ class NodeClient:
     def state_path(self, flower_run: int, seed: int, stage: str | None) -> Path:
         return self.dir / "state" / str(int(flower_run)) / f"{seed}-{stage or 'run'}.bin"
 
+    def observer_public(self) -> bytes | None:
+        """Server-blind experiments: the experimenter's public key, from this node's own
+        bundle (``observer.pub``), never from the server, which could otherwise have the
+        model sealed for a key of its own."""
+        if not self.config.server_blind:
+            return None
+        from secagg.flower.experimenter import OBSERVER_PUBLIC, read_observer_public
+
+        path = self.dir / OBSERVER_PUBLIC
+        if not path.exists():
+            raise ConfigError(
+                f"{self.dir} runs a server-blind experiment but holds no {OBSERVER_PUBLIC}, "
+                "the experimenter's public key to seal the model for: take it from the "
+                "coordinator's bundle (secagg flower join)"
+            )
+        return read_observer_public(path)
+
     def _client(self, seed: int, stage: str | None):
         import torch
 
@@ -248,7 +260,9 @@ class NodeClient:
         # train: several nodes on one machine would otherwise each take every core
         torch.set_num_threads(self.config.threads)
         with only_node_modules(self.own_modules):
-            factory = ClientFactory(self.config, seed, stage=stage)
+            factory = ClientFactory(
+                self.config, seed, stage=stage, observer_public=self.observer_public()
+            )
             loaded = task_data(self.config.task)  # one load per message, for both uses
             budgets = factory.release_budgets(loaded=loaded)
             provision = self.identity.provision(**budgets)

@@ -27,12 +27,17 @@ def seal(payload: bytes, recipient_public: bytes, context: str) -> bytes:
 class Observer:
     """The experimenter's key pair: clients seal for ``public_bytes``; ``open`` reads."""
 
-    def __init__(self):
-        self._wrapper = KeyWrapper()
+    def __init__(self, private: bytes | None = None):
+        """A fresh key pair, or the one whose raw X25519 private key is ``private``."""
+        self._wrapper = KeyWrapper() if private is None else KeyWrapper.from_private_bytes(private)
 
     @property
     def public_bytes(self) -> bytes:
         return self._wrapper.public_bytes
+
+    @property
+    def private_bytes(self) -> bytes:
+        return self._wrapper.private_bytes()
 
     def open(self, blob: bytes, context: str) -> bytes:
         blob = bytes(blob)

@@ -29,6 +29,7 @@ from secagg.server.audit import AuditLog
 from secagg.simulation.experiment import (
     INTERRUPTED,
     ExperimentConfig,
+    ExperimenterFactory,
     SeedRun,
     TransportFactory,
     run_experiment,
@@ -135,6 +136,7 @@ def run(
     signers: Mapping[str, bytes] | None = None,
     on_round: Callable[[RoundRecord], None] | None = None,
     trackers: str | Sequence[str] = (),
+    experimenter: ExperimenterFactory | None = None,
     **settings: Any,
 ) -> RunResult:
     """Run an experiment: every seed of ``config`` (or of an ``ExperimentConfig(**settings)``;
@@ -161,6 +163,10 @@ def run(
             ``out`` (which they need): ``"tensorboard"`` (``out/tensorboard/``),
             ``"mlflow"`` (``out/mlruns/``), or both (``"tensorboard,mlflow"``). They need
             the ``trackers`` extra (``pip install 'secagg[trackers]'``).
+        experimenter: server-blind runs, ``(seed) -> observer``: who holds the key clients
+            seal the model for (``secagg.simulation.experiment.ExperimenterFactory``);
+            default a fresh key pair per seed in this process. A deployment's ServerApp
+            keeps the sealed copies for the experimenter elsewhere instead.
 
     Raises ``RunInterrupted`` (a ``KeyboardInterrupt``) on Ctrl-C or SIGTERM once the folder
     is up to date.
@@ -211,6 +217,7 @@ def run(
             recorder=Fanout(folder, listeners),
             skip=finished.seeds,
             signers=signers,
+            experimenter=experimenter,
         )
     except KeyboardInterrupt:
         listeners.close(failed=True)

@@ -72,7 +72,6 @@ if TYPE_CHECKING:  # client-side and key code: imported where a client or key is
     from secagg.clients.policy import ClientPolicy
     from secagg.clients.privacy import PrivateTrainer
     from secagg.clients.runtime import Client
-    from secagg.sealing import Observer
 
 
 @dataclass
@@ -403,6 +402,13 @@ class Recorder(Protocol):
 #: (seed, round, global model after that round)
 ModelCallback = Callable[[int, int, np.ndarray], None]
 
+#: server-blind runs: the experimenter of a seed, ``(seed) -> observer`` with
+#: ``public_bytes`` (the key clients seal the model for) and ``open(blob, context)``, which
+#: returns the model's bytes, or None where the experimenter is a party that is not this
+#: process and evaluates the sealed copies later (``secagg.flower.experimenter``). Default:
+#: ``secagg.sealing.Observer``, a fresh key pair per seed in this process.
+ExperimenterFactory = Callable[[int], Any]
+
 #: set by ``secagg.simulation.api``'s SIGINT handler: a Ctrl-C that CPython swallowed (one
 #: that lands in an import-lock or finalizer callback is "ignored") still stops the run at
 #: the next round or seed
@@ -425,6 +431,7 @@ def run_seed(
     on_round: Callable[[int, dict[str, Any]], None] | None = None,
     signers: Mapping[str, bytes] | None = None,
     on_model: ModelCallback | None = None,
+    experimenter: ExperimenterFactory | None = None,
 ) -> SeedRun:
     """One federated run, evaluated after every round. ``signers``: the clients' public
     signing keys where a deployment provisioned the clients (their nodes hold the private
@@ -456,7 +463,9 @@ def run_seed(
             return SeedRun(pre.rows[:0], pre.final_params, f"{stage}: {pre.aborted}")
         protocol.use_pretrained(pre.final_params, spec.layout(data))
     observer = None
-    if config.server_blind:
+    if config.server_blind and experimenter is not None:
+        observer = experimenter(seed)
+    elif config.server_blind:
         from secagg.sealing import Observer  # the experimenter's private key
 
         observer = Observer()
@@ -492,7 +501,7 @@ def _run(
     make_transport: TransportFactory,
     progress,
     label: str,
-    observer: Observer | None = None,
+    observer: Any = None,
     on_round: Callable[[int, dict[str, Any]], None] | None = None,
     signers: Mapping[str, bytes] | None = None,
     on_model: ModelCallback | None = None,
@@ -563,7 +572,7 @@ def _rounds(
     server: Server,
     protocol,
     progress,
-    observer: Observer | None,
+    observer: Any,
     on_round: Callable[[int, dict[str, Any]], None] | None = None,
     on_model: ModelCallback | None = None,
 ) -> SeedRun:
@@ -574,15 +583,15 @@ def _rounds(
         "backend": config.backend,
     }
 
-    def global_model(number: int) -> np.ndarray:
+    def global_model(number: int) -> np.ndarray | None:
         # the experimenter's view; in server-blind runs the server does not hold the model
-        # after round 0: a client seals it for the experimenter's key
+        # after round 0: a client seals it for the experimenter's key (None: for an
+        # experimenter elsewhere, who evaluates it later)
         if observer is None or number == 0:
             return server.params
         client, blob = server.sealed_model(number - 1)
-        return np.frombuffer(
-            observer.open(blob, f"{client}/round-{number - 1}"), dtype="<f8"
-        ).copy()
+        opened = observer.open(blob, f"{client}/round-{number - 1}")
+        return None if opened is None else np.frombuffer(opened, dtype="<f8").copy()
 
     if protocol.capabilities.evaluates_on_clients:
         if data.pooled_test is None:
@@ -616,7 +625,7 @@ def _rounds(
         progress(f"  key setup excluded {excluded}")
     scalar_releases: Counter = Counter()  # protected scalars each client revealed so far
     scalars = audit.dp_protected & set(protocol.capabilities.client_scalars)
-    model = server.params
+    model: np.ndarray | None = server.params
     for number in range(config.rounds):
         stop_if_interrupted()
         first_record = len(audit.records)
@@ -626,15 +635,21 @@ def _rounds(
             wall = time.perf_counter() - start
             model = global_model(number + 1)
         except RoundAborted as exc:
-            return _aborted(audit, rows, model, exc, progress, seed)
+            return _aborted(
+                audit, rows, server.params if model is None else model, exc, progress, seed
+            )
         records = audit.records[first_record:]
         traffic = [r for r in records if r["event"] == "message" and r["phase"] != "observe"]
         scalar_releases += scalar_release_counts(records, audit.run, scalars)
         row = {
             **base,
             "round": number + 1,
-            **evaluate(
-                task, data, model, protocol.predictions(), device=resolve_device(config.device)
+            **(
+                {}  # sealed for an experimenter elsewhere: nothing to evaluate here
+                if model is None
+                else evaluate(
+                    task, data, model, protocol.predictions(), device=resolve_device(config.device)
+                )
             ),
             "clients": len(report.clients),
             "excluded": len(report.excluded),
@@ -650,19 +665,23 @@ def _rounds(
         rows.append(row)
         if on_round:
             on_round(seed, row)
-        if on_model:
+        if on_model and model is not None:
             on_model(seed, number + 1, np.array(model, copy=True))
         if progress:
-            metric = row.get("test_pooled", row["train_pooled"])
             where = "test" if "test_pooled" in row else "train"
-            others = "".join(
-                f"  {name} {row[f'{where}_{name}']:.4f}"
-                for name in task.metrics
-                if f"{where}_{name}" in row
+            score = (
+                f"{task.metric_name} {row[f'{where}_pooled']:.4f}"
+                + "".join(
+                    f"  {name} {row[f'{where}_{name}']:.4f}"
+                    for name in task.metrics
+                    if f"{where}_{name}" in row
+                )
+                if f"{where}_pooled" in row
+                else "model sealed for the experimenter"
             )
             progress(
-                f"  seed {seed} round {number + 1}/{config.rounds}: {task.metric_name} "
-                f"{metric:.4f}{others}  up {row['bytes_up'] / 1e3:.1f} kB  down "
+                f"  seed {seed} round {number + 1}/{config.rounds}: {score}"
+                f"  up {row['bytes_up'] / 1e3:.1f} kB  down "
                 f"{row['bytes_down'] / 1e3:.1f} kB  {wall:.2f} s"
                 + (f"  excluded {report.excluded}" if report.excluded else "")
                 + (f"  no update: {report.skipped}" if report.skipped else "")
@@ -674,7 +693,8 @@ def _rounds(
             break
     return SeedRun(
         rows,
-        np.array(model, copy=True),
+        # the server's own view where the experimenter is elsewhere (the initial model)
+        np.array(server.params if model is None else model, copy=True),
         None,
         list(server.privacy_events),
         protocol.predictions(),
@@ -857,6 +877,7 @@ def run_experiment(
     recorder: Recorder | None = None,
     skip: Sequence[int] = (),
     signers: Mapping[str, bytes] | None = None,
+    experimenter: ExperimenterFactory | None = None,
 ) -> ExperimentResult:
     """Every seed of ``config`` but those in ``skip`` (finished before: a resumed run);
     ``transport_factory`` replaces the in-process (or worker) transport, e.g. with a network
@@ -872,7 +893,17 @@ def run_experiment(
             "client's sampling rate (one RDP solve per distinct rate, a few seconds each)"
         )
     with torch_threads(config.threads):
-        return _run_seeds(config, audit, data, progress, transport_factory, recorder, skip, signers)
+        return _run_seeds(
+            config,
+            audit,
+            data,
+            progress,
+            transport_factory,
+            recorder,
+            skip,
+            signers,
+            experimenter,
+        )
 
 
 @contextmanager
@@ -896,6 +927,7 @@ def _run_seeds(
     recorder: Recorder | None,
     skip: Sequence[int],
     signers: Mapping[str, bytes] | None,
+    experimenter: ExperimenterFactory | None = None,
 ) -> ExperimentResult:
     rows: list[dict[str, Any]] = []
     final: dict[int, np.ndarray] = {}
@@ -919,6 +951,7 @@ def _run_seeds(
             transport_factory=transport_factory,
             on_round=recorder.on_round if recorder else None,
             signers=signers,
+            experimenter=experimenter,
         )
         rows += run.rows
         final[seed] = run.final_params

@@ -60,6 +60,8 @@ RUN_FILES = (
     "flower.json",  # a run over Flower: its framing counts (secagg.flower.apps)
     "tensorboard",  # --tracker tensorboard (secagg.simulation.trackers)
     "mlruns",  # --tracker mlflow
+    "sealed",  # server-blind over Flower: the experimenter's sealed models (flower.experimenter)
+    "experimenter",  # what the experimenter opened of them (secagg flower open)
 )
 MODELS = "models"
 FORMAT = 1  # of config.json and run.json

@@ -239,3 +239,75 @@ def test_a_node_that_misses_its_first_hello_is_asked_again(tmp_path):
     nodes.wait_for_all(timeout=10)
     assert nodes.node_of == {f"client_{k}": 100 + k for k in range(6)}
     assert listed[0] >= 2
+
+
+def test_server_blind_over_flower_leaves_the_model_to_the_experimenter(tmp_path):
+    """The ServerApp keeps sealed copies it cannot open and evaluates nothing after round
+    0; the experimenter, with the key the nodes took from their own bundles, opens them
+    into the model and the metrics of the in-process server-blind run."""
+    from secagg.errors import SecaggError
+    from secagg.flower.experimenter import make_experimenter, open_sealed
+
+    config = replace(LARC, protocol="fedavg", server_blind=True)
+    folder, grid = deploy(tmp_path, config)
+    key = folder / "experimenter" / "observer.key"
+    for node in (folder / "nodes").iterdir():  # the nodes' copy of the public key only
+        assert (node / "observer.pub").read_bytes() == (folder / "observer.pub").read_bytes()
+        assert not (node / "observer.key").exists()
+    out = tmp_path / "out"
+    run_on_flower(grid, deployment=folder, out=out, timeout=60, connect_timeout=5)
+    served = pd.read_csv(out / "metrics.csv")
+    assert served.loc[served["round"] > 0, "test_pooled"].isna().all()
+    assert sorted(p.name for p in (out / "sealed" / "seed-3").iterdir())[0].startswith("round-0")
+    # whoever lacks the experimenter's key (the server) opens nothing
+    make_experimenter(tmp_path / "server")
+    with pytest.raises(SecaggError):
+        open_sealed(out, tmp_path / "server" / "observer.key")
+    opened = pd.read_csv(open_sealed(out, key))
+    assert list(opened["round"]) == [1, 2]
+    reference = secagg.run(config)
+    expected = reference.metrics.set_index("round").loc[[1, 2], "test_pooled"].to_numpy()
+    np.testing.assert_allclose(opened["test_pooled"], expected, atol=1e-3)
+    np.testing.assert_allclose(
+        np.load(out / "experimenter" / "models" / "seed-3.npy"),
+        reference.final_params[3],
+        atol=1e-4,
+    )
+
+
+def test_a_server_blind_node_without_the_experimenters_key_refuses_to_run(tmp_path):
+    from secagg.flower.node import NodeClient
+
+    folder, _ = deploy(tmp_path, replace(LARC, protocol="fedavg", server_blind=True))
+    node = folder / "nodes" / "client_0"
+    NodeClient(node)
+    (node / "observer.pub").unlink()
+    with pytest.raises(ConfigError, match="holds no observer.pub"):
+        NodeClient(node)
+
+
+def test_the_experimenter_makes_its_key_where_it_works_and_prepare_takes_the_public_half(
+    tmp_path, capsys
+):
+    from secagg.simulation.cli import main
+
+    assert main(["flower", "experimenter", str(tmp_path / "me")]) == 0
+    public = tmp_path / "me" / "observer.pub"
+    assert (tmp_path / "me" / "observer.key").stat().st_mode & 0o777 == 0o600
+    args = ["flower", "prepare", str(tmp_path / "d"), "--backend", "ckks", "--rounds", "1"]
+    assert main([*args, "--server-blind", "--observer", str(public)]) == 0
+    deployment = tmp_path / "d"
+    assert not (deployment / "experimenter").exists()  # no private key on the server's side
+    assert not list(deployment.rglob("observer.key"))
+    assert (deployment / "nodes" / "client_0" / "observer.pub").read_bytes() == public.read_bytes()
+    # an experimenter key for a run that is not server-blind, or one that is not a key
+    assert main([*args[:2], str(tmp_path / "e"), *args[3:], "--observer", str(public)]) != 0
+    assert "server-blind" in capsys.readouterr().err
+    bad = tmp_path / "bad.pub"
+    bad.write_text("{}")
+    assert (
+        main([*args[:2], str(tmp_path / "f"), *args[3:], "--server-blind", "--observer", str(bad)])
+        != 0
+    )
+    assert "not an experimenter's public key" in capsys.readouterr().err
+    assert not (tmp_path / "e").exists() and not (tmp_path / "f").exists()
