@@ -59,11 +59,18 @@ def main(grid: Grid, context: Context) -> None:
         out=out,
         timeout=float(cfg.get("timeout", 120.0)),
         connect_timeout=float(cfg.get("connect-timeout", 120.0)),
+        flower_run=context.run_id,
     )
 
 
 def run_on_flower(
-    grid: Any, *, deployment: Path, out: Path, timeout: float, connect_timeout: float
+    grid: Any,
+    *,
+    deployment: Path,
+    out: Path,
+    timeout: float,
+    connect_timeout: float,
+    flower_run: int | None = None,
 ) -> None:
     """The experiment of ``deployment`` over the SuperNodes ``grid`` reaches; results in
     ``out`` (the run folder of ``secagg run``, plus ``flower.json``), progress also in
@@ -79,13 +86,18 @@ def run_on_flower(
     ids = [f"client_{k}" for k in range(get_task(config.task).load().n_clients)]
     log = out.with_name(out.name + "-progress.log")
 
+    log.write_text("")  # this run's, from its first line (`secagg flower status` reads it)
+
     def say(line: str) -> None:  # the ServerApp's stderr goes to Flower's log: keep a copy
         secagg_progress(line)
         with open(log, "a") as f:
             f.write(line + "\n")
 
     nodes = FlowerNodes(grid, ids, experiment, roster, log=say)
-    say(f"waiting for {len(ids)} SuperNodes (experiment {experiment})")
+    say(
+        (f"Flower run {flower_run}: " if flower_run is not None else "")
+        + f"waiting for {len(ids)} SuperNodes (experiment {experiment})"
+    )
     nodes.wait_for_all(connect_timeout)
     say("nodes: " + ", ".join(f"{c}={n}" for c, n in sorted(nodes.node_of.items())))
     transports: list[FlowerTransport] = []

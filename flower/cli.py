@@ -149,6 +149,26 @@ def add_parser(sub: Any, add_settings: Any) -> None:
     )
     opener.add_argument("run_folder", type=Path, metavar="RUN", help="the run's results folder")
     opener.add_argument("--key", type=Path, required=True, help="the experimenter's observer.key")
+    status = verbs.add_parser(
+        "status",
+        help="a deployment's runs: Flower's status and traffic, secagg's progress",
+        description="List the runs on the deployment's SuperLink (`flwr ls` on the "
+        "connection `secagg`: the demo's while `secagg flower demo DIR` runs, else the one "
+        "`secagg flower commands` prints), each with its status, elapsed time and traffic, "
+        "and the ServerApp's last progress line (seed, round, metric, bytes) where its log "
+        "is in DIR/results. The same progress streams with `flwr log RUN secagg`.",
+    )
+    status.add_argument("folder", type=Path, metavar="DIR", help="a prepared deployment")
+    status.add_argument("--run", type=int, metavar="ID", help="only this Flower run")
+    stopper = verbs.add_parser(
+        "stop",
+        help="stop a run of the deployment (`flwr stop`)",
+        description="Stop Flower run ID on the deployment's SuperLink (`flwr stop ID secagg`). "
+        "The nodes keep their state of the run; a node serves each seed in one run only, so "
+        "a stopped run is not resumed: prepare a new deployment to run it again.",
+    )
+    stopper.add_argument("folder", type=Path, metavar="DIR", help="a prepared deployment")
+    stopper.add_argument("run", type=int, metavar="ID", help="the Flower run id")
     commands = verbs.add_parser(
         "commands",
         help="print the commands that start a prepared deployment on separate machines",
@@ -200,6 +220,16 @@ def run(args: argparse.Namespace, resolve: Any) -> int:
 
         table = open_sealed(args.run_folder, args.key, progress=_stderr)
         print(f"the experimenter's metrics: {table}")
+        return 0
+    if args.verb == "status":
+        from secagg.flower import operations
+
+        print(operations.format_runs(operations.runs(args.folder, args.run)))
+        return 0
+    if args.verb == "stop":
+        from secagg.flower import operations
+
+        print(operations.stop(args.folder, args.run) or f"run {args.run} stopped")
         return 0
     if args.verb == "node":
         from secagg.flower.guard import run_supernode

@@ -311,3 +311,49 @@ def test_the_experimenter_makes_its_key_where_it_works_and_prepare_takes_the_pub
     )
     assert "not an experimenter's public key" in capsys.readouterr().err
     assert not (tmp_path / "e").exists() and not (tmp_path / "f").exists()
+
+
+def test_status_shows_flowers_record_of_each_run_beside_the_serverapps_progress(
+    tmp_path, monkeypatch
+):
+    import subprocess
+
+    from secagg.errors import SecaggError
+    from secagg.flower import operations
+    from secagg.flower.launch import DeploymentError
+
+    folder, _ = deploy(tmp_path, PLAIN)
+    (folder / "results-progress.log").write_text(
+        "Flower run 5: waiting for 6 SuperNodes\n  seed 3 round 1/2: c_index 0.61\n"
+    )
+    listed = {
+        "runs": [
+            {"run-id": "5", "status": "running", "elapsed": "00:00:09",
+             "network-traffic": {"inbound-bytes": 2_000_000, "outbound-bytes": 500_000}},
+            {"run-id": "4", "status": "finished:stopped", "elapsed": "00:00:01",
+             "network-traffic": {"inbound-bytes": 0, "outbound-bytes": 0}},
+        ]
+    }  # fmt: skip
+    answers = {"ls": json.dumps(listed), "stop": "", "fail": "connection refused"}
+    asked = []
+
+    def fake(where, *args, timeout=60.0):
+        asked.append(args)
+        code = 1 if args[0] == "stop" and args[1] == "9" else 0
+        return subprocess.CompletedProcess(args, code, answers[args[0]], "")
+
+    monkeypatch.setattr(operations, "flwr", fake)
+    runs = operations.runs(folder)
+    assert [r["progress"] for r in runs] == ["seed 3 round 1/2: c_index 0.61", None]
+    shown = operations.format_runs(runs)
+    assert "Flower run 5: running, 00:00:09 elapsed, traffic in 2.00 MB, out 0.50 MB" in shown
+    assert "no progress log here" in shown  # run 4's log is not this one
+    operations.stop(folder, 5)
+    assert asked[-1] == ("stop", "5", "secagg")
+    with pytest.raises(SecaggError, match="flwr stop 9"):
+        operations.stop(folder, 9)
+    answers["ls"] = "connection refused"
+    with pytest.raises(DeploymentError, match="secagg flower commands"):
+        operations.runs(folder)
+    with pytest.raises(ConfigError, match="not a prepared deployment"):
+        operations.runs(tmp_path)

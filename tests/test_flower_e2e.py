@@ -53,10 +53,12 @@ def test_larc_on_ckks_over_superlink_and_supernodes_gives_the_in_process_run(
 ):
     folder = tmp_path / "deployment"
     prepare(folder, LARC, tls=secure, auth=secure)
-    out = tmp_path / "out"
+    out = folder / "results"  # where the demo puts them, and `secagg flower status` looks
     with LocalFederation(folder) as federation:
         pids = [federation.superlink.pid, *(p.pid for p in federation.nodes.values())]
         status = federation.run(out=out, timeout=1200)
+        if not secure:
+            _operate(federation, folder, tmp_path)
         if secure:  # a SuperNode whose key the SuperLink does not know is turned away
             code, said = _intruder(federation, folder, tmp_path)
             assert code != 0 and "Failed to activate SuperNode" in said
@@ -96,6 +98,25 @@ def test_larc_on_ckks_over_superlink_and_supernodes_gives_the_in_process_run(
     for k in range(6):
         states = list((folder / "nodes" / f"client_{k}" / "state").rglob("*.bin"))
         assert len(states) == 1 and states[0].stat().st_mode & 0o077 == 0
+
+
+def _operate(federation, folder, tmp_path) -> None:
+    """status, flwr log and stop, as an operator runs them against the demo's SuperLink."""
+    from secagg.flower import operations
+    from secagg.simulation.cli import main
+
+    (run,) = operations.runs(folder)
+    assert run["status"] == "finished:completed"
+    assert run["progress"].startswith("done: results in")
+    assert run["network-traffic"]["total-bytes"] > 0
+    # the ServerApp's progress streams where Flower's own log command shows it
+    shown = federation.flwr("log", run["run-id"], CONNECTION, "--show")
+    assert f"[secagg] Flower run {run['run-id']}: waiting for 6 SuperNodes" in shown.stdout
+    assert "[secagg]   seed 3 round 2/2: c_index" in shown.stdout, shown.stdout[-2000:]
+    # a second run of the deployment, stopped from the command line
+    again = federation.submit(out=str(tmp_path / "again"))
+    assert main(["flower", "stop", str(folder), str(again)]) == 0
+    assert federation.wait(again, 60, poll=0.5) == "finished:stopped"
 
 
 def _intruder(federation, folder, tmp_path) -> tuple[int, str]:
