@@ -107,7 +107,7 @@ def open_sealed(run: Path, key: Path, *, progress: Callable[[str], None] | None 
     from secagg.clients.tasks import get_task
     from secagg.sealing import Observer
     from secagg.simulation.evaluation import evaluate
-    from secagg.simulation.experiment import seed_data
+    from secagg.simulation.provisioning import seed_data
     from secagg.simulation.settings import read_file, to_config
 
     run, out = Path(run), Path(run) / "experimenter"

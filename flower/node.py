@@ -254,7 +254,7 @@ class NodeClient:
     def _client(self, seed: int, stage: str | None):
         import torch
 
-        from secagg.simulation.experiment import ClientFactory
+        from secagg.simulation.provisioning import ClientFactory
 
         # the run's intra-op threads (1 by default), as in-process clients and workers
         # train: several nodes on one machine would otherwise each take every core

@@ -146,3 +146,34 @@ def test_the_flower_server_app_loads_no_secret_key_code():
 
 def test_the_check_sees_a_secret_module_when_one_is_loaded():
     assert secret_modules_loaded_by("secagg.backends.ckks_client") != []
+
+
+def test_a_flower_node_builds_its_client_without_the_driver_or_the_server(tmp_path):
+    """A node's message builds the client from the node's own settings
+    (``secagg.simulation.provisioning``): neither the experiment driver nor any of the
+    server's code but the round plan (the data type its policy compares) is loaded."""
+    from secagg.flower.deployment import prepare
+    from secagg.simulation.config import ExperimentConfig
+
+    config = ExperimentConfig(
+        task="tcga-brca", protocol="larc", backend="ckks", rounds=1, seeds=[0], local_steps=1
+    )
+    node = prepare(tmp_path / "deployment", config)["client_1"]
+    code = (
+        "import sys\nfrom secagg.flower.node import NodeClient\n"
+        f"client = NodeClient({str(node)!r})._client(0, None)\n"
+        "assert type(client).__name__ == 'Client'\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('secagg.server', "
+        "'secagg.simulation'))))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    loaded = set(ast.literal_eval(out))
+    assert "secagg.simulation.provisioning" in loaded  # what it builds the client with
+    assert not {m for m in loaded if m.startswith("secagg.server.")} - {"secagg.server.plan"}
+    assert not loaded & {
+        "secagg.simulation.experiment",
+        "secagg.simulation.api",
+        "secagg.simulation.workers",
+    }

@@ -1,0 +1,422 @@
+"""A run's clients as each one provisions itself: what the driver, a worker process and a
+Flower node all build a client from, with nothing of the server or the driver.
+
+- :class:`ClientFactory` builds a seed's clients (or a pre-stage's) from the run's settings:
+  data split, trainer, DP-SGD, the backend's and the protocol's client halves;
+- :func:`release_budgets` and :func:`client_policy` are what a client's provisioning allows
+  (its decryption, open and share budgets, the phases it answers, the training settings it
+  accepts), computed from the client's own copy of the settings, never from the server;
+- the pre-stages (:data:`STAGES`: FedDisco's β-VAE, DEC's autoencoder) as the clients train
+  them.
+
+``secagg.simulation.experiment`` (the driver) uses them; a Flower node imports this module
+and not the driver (``tests/test_layering.py``).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from secagg.backends import Provision, make_client_backend
+from secagg.clients.tasks import (
+    TASKS,
+    ClientData,
+    FederatedData,
+    Task,
+    custom_tasks,
+    get_task,
+    register_task,
+)
+from secagg.clients.tasks.tcga_brca import random_client_splits
+from secagg.clients.tasks.vae import BetaVAE, autoencoding, reconstruction_score, vae_loss
+from secagg.clients.training import LocalTrainer, flat_params, resolve_device
+from secagg.errors import ConfigError
+from secagg.plugins import import_user_modules
+from secagg.protocols import custom_protocols, make_client_half, make_protocol, register_protocol
+from secagg.protocols.dec import DEC, data_layout
+from secagg.simulation.config import ExperimentConfig
+
+if TYPE_CHECKING:  # client-side and key code: imported where a client is made
+    from secagg.clients.policy import ClientPolicy
+    from secagg.clients.privacy import PrivateTrainer
+    from secagg.clients.runtime import Client
+
+
+# ---- clients ----------------------------------------------------------------------------------
+def vae_task(config: ExperimentConfig, data: FederatedData) -> Task:
+    """FedDisco's pre-stage task: the β-VAE on the same clients' samples."""
+    n_in = data.train[0].x.shape[1]
+    return Task(
+        "beta-vae",
+        "β-VAE on the task's samples",
+        lambda: autoencoding(data),
+        lambda: BetaVAE(n_in),
+        partial(vae_loss, beta=config.vae_beta),
+        reconstruction_score,
+        "-MSE",
+    )
+
+
+def autoencoder_task(config: ExperimentConfig, data: FederatedData) -> Task:
+    """DEC's pre-stage task: the stacked denoising autoencoder on the same clients' samples."""
+    from secagg.clients.tasks.dec import make_autoencoder, reconstruction_error
+
+    shape = data_layout(data)
+    return Task(
+        "autoencoder",
+        "stacked denoising autoencoder on the task's samples (DEC's step 1)",
+        lambda: autoencoding(data),
+        lambda: make_autoencoder(shape["sizes"][0], shape["k"]),
+        reconstruction_error,
+        reconstruction_score,
+        "-MSE",
+        optimizer=torch.optim.Adam,
+    )
+
+
+@dataclass
+class ClientFactory:
+    """Builds a seed's clients (picklable, so worker processes build them too): each loads
+    the task's data itself and makes the same clients in any process.
+
+    ``stage``: None for the run itself, or the name of the protocol's pre-stage. The task
+    and protocols registered outside secagg that the run uses travel along and are
+    registered again in workers (only those: another one need not be importable there).
+    """
+
+    config: ExperimentConfig
+    seed: int
+    stage: str | None = None
+    observer_public: bytes | None = None
+    custom: tuple[dict, dict] | None = None
+    #: each client's identity key, the roster and the decryption budget (the driver
+    #: provisions them, as a deployment provisions node keys); never the server's to set
+    provisions: dict[str, Provision] | None = None
+
+    def __post_init__(self):
+        if self.custom is None:
+            used = {self.config.protocol, self.config.protocol_options.get("then")}
+            self.custom = (
+                {k: v for k, v in custom_tasks().items() if k == self.config.task},
+                {k: v for k, v in custom_protocols().items() if k in used},
+            )
+
+    def __call__(self, ids: list[str], *, loaded: FederatedData | None = None) -> dict[str, Client]:
+        """The clients ``ids`` of this seed. ``loaded``: the task's data as ``task.load()``
+        gives it, if the caller has it already (a Flower node's message builds budgets and
+        client from one load)."""
+        import_user_modules(self.config.imports)  # a worker process's first sight of them
+        tasks, protocols = self.custom or ({}, {})
+        for name, task in tasks.items():
+            register_task(name, task, replace=True)
+        for name, spec in protocols.items():
+            register_protocol(
+                name,
+                spec.protocol,
+                default_optimizer=spec.default_optimizer,
+                summary=spec.summary,
+                replace=True,
+            )
+        config = self.config
+        task = get_task(config.task)
+        data, validation = seed_data(config, self.seed, loaded or task.load())
+        if self.stage is not None:
+            task = STAGES[self.stage].task(config, data)
+            data, validation = task.load(), [None] * data.n_clients
+        policy = self.client_policy(flat_params(task.make_model()).size, data.n_clients)
+        return {
+            cid: self._build(task, data.train[k], validation[k], k, cid, policy)
+            for cid, k in ((c, int(c.rsplit("_", 1)[1])) for c in ids)
+        }
+
+    def client_policy(self, n_params: int, n_clients: int) -> ClientPolicy:
+        """What each client of this seed (or pre-stage) answers, from this factory's own
+        configuration: what a deployment's node provisions itself with (:func:`client_policy`)."""
+        config = self.config
+        protocol = make_protocol(config.protocol, **config.protocol_options)
+        if self.stage is not None:
+            spec = STAGES[self.stage]
+            config, protocol = spec.configure(config), make_protocol(spec.protocol)
+        return client_policy(config, protocol, n_params, n_clients)
+
+    def release_budgets(self, *, loaded: FederatedData | None = None) -> dict[str, Any]:
+        """The budgets the driver provisions for this seed's (or pre-stage's) run, computed
+        from this factory's own configuration: what a deployment's node provisions itself
+        with (:func:`release_budgets`). ``loaded``: the task's data, as for ``__call__``."""
+        config = self.config
+        protocol = make_protocol(config.protocol, **config.protocol_options)
+        task = get_task(config.task)
+        loaded = loaded or task.load()
+        if self.stage is not None:
+            spec = STAGES[self.stage]
+            task = spec.task(config, seed_data(config, self.seed, loaded)[0])
+            config, protocol = spec.configure(config), make_protocol(spec.protocol)
+        data = task.load() if self.stage is not None else loaded
+        if self.stage is None:
+            data = seed_data(config, self.seed, data)[0]
+        return release_budgets(config, protocol, flat_params(task.make_model()).size, data)
+
+    def _noise_seed(self, reproducible: int) -> int:
+        """The seed of a client's DP noise (and DP-SGD's sampling): from the run's seed, or
+        fresh from the OS CSPRNG when ``dp_noise`` is "os"."""
+        return reproducible if self.config.dp_noise == "seeded" else secrets.randbits(63)
+
+    def _build(
+        self,
+        task: Task,
+        part: ClientData,
+        validation: ClientData | None,
+        k: int,
+        cid: str,
+        policy: ClientPolicy,
+    ) -> Client:
+        """Client k: its data, a trainer whose batch order the seed fixes, its halves of the
+        backend and of the protocol."""
+        from secagg.clients.privacy import make_private
+        from secagg.clients.runtime import Client
+
+        config, seed = self.config, self.seed
+        local = LocalTrainer(
+            task.make_model(),
+            part,
+            task.loss,
+            config.batch_size,
+            seed=seed * 1000 + k,
+            penalty=task.penalty,
+            schedule=task.schedule() if task.schedule is not None else None,
+            optimizer=task.optimizer,
+            device=resolve_device(config.device),
+        )
+        trainer: LocalTrainer | PrivateTrainer = local
+        protocol, options = config.protocol, config.protocol_options
+        if self.stage is not None:
+            protocol, options = STAGES[self.stage].protocol, {}
+        elif config.dp_sgd is not None:
+            trainer = make_private(
+                local,
+                max_grad_norm=config.dp_sgd["clip"],
+                total_steps=config.rounds * local_steps_of(config, part),
+                noise_multiplier=config.dp_sgd.get("noise"),
+                target_epsilon=config.dp_sgd.get("epsilon"),
+                delta=config.dp_delta,
+                seed=self._noise_seed(seed * 1000 + k),
+            )
+        return Client(
+            cid,
+            trainer,
+            make_client_backend(
+                config.backend,
+                cid,
+                config.resolved_backend_options(),
+                (self.provisions or {}).get(cid, Provision()),
+            ),
+            policy=policy,
+            protocol=make_client_half(protocol, **options),
+            validation=validation,
+            seed=self._noise_seed(seed * 1000 + k + 500),
+            observer_public=self.observer_public,
+        )
+
+
+def seed_data(
+    config: ExperimentConfig, seed: int, data: FederatedData
+) -> tuple[FederatedData, Sequence[ClientData | None]]:
+    """The clients' training data for a seed (its own random split, if the run asks for
+    one) and their validation sets."""
+    if config.client_split is not None:
+        split = seed % config.client_split_count if config.client_split_count else seed
+        data = random_client_splits(data, split, config.client_split)
+    validation: Sequence[ClientData | None] = [None] * data.n_clients
+    if config.validation_split is not None:
+        data, validation = hold_out_validation(data, config.validation_split)
+    return data, validation
+
+
+# ---- pre-stages ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Stage:
+    """A federated pre-stage a protocol asks for (``Capabilities.pretrain``): its task, the
+    protocol and settings it runs with, and the layout the main protocol receives."""
+
+    task: Callable[[ExperimentConfig, FederatedData], Task]
+    protocol: str
+    configure: Callable[[ExperimentConfig], ExperimentConfig]
+    layout: Callable[[FederatedData], dict[str, Any]]
+    #: raises ConfigError before training if the task's data cannot carry the stage
+    check: Callable[[ExperimentConfig, FederatedData], None]
+
+
+def check_unit_features(config: ExperimentConfig, data: FederatedData) -> None:
+    """The β-VAE's decoder ends in a sigmoid: it reconstructs features in [0, 1] only."""
+    x = torch.cat([part.x for part in data.train])
+    low, high = float(x.min()), float(x.max())
+    if low < 0 or high > 1:
+        raise ConfigError(
+            f"{config.protocol} pre-trains a beta-VAE whose decoder reconstructs features in "
+            f"[0, 1] (a sigmoid output), but task {config.task}'s features span "
+            f"[{low:.3g}, {high:.3g}]; use a task with features in [0, 1] (e.g. digits-niid2)"
+        )
+
+
+def check_dec_task(config: ExperimentConfig, data: FederatedData) -> None:
+    """DEC's model is its encoder and k centroids for this data: a dec-* task's."""
+    shape = data_layout(data)
+    expected = shape["n_encoder"] + shape["k"] * shape["sizes"][-1]
+    n_params = flat_params(get_task(config.task).make_model()).size
+    if n_params != expected:
+        dec_tasks = ", ".join(name for name in TASKS if name.startswith("dec-"))
+        raise ConfigError(
+            f"{config.protocol} clusters with DEC's encoder and centroids ({expected} values "
+            f"for this data), but task {config.task}'s model has {n_params}; use a DEC task "
+            f"({dec_tasks})"
+        )
+
+
+def pre_stage_config(config: ExperimentConfig, rounds: int, lr: float) -> ExperimentConfig:
+    """A pre-stage runs FedAvg on the run's clients for ``rounds`` at client rate ``lr``."""
+    return replace(
+        config,
+        protocol="fedavg",
+        # the stage's clients are the run's: the run's preset, not fedavg's default
+        backend_options=config.resolved_backend_options(),
+        server_opt={},
+        protocol_options={},
+        rounds=rounds,
+        client_lr=str(lr),
+        server_lr_schedule=None,
+        client_split=None,
+        dp_sgd=None,
+        client_dp=None,
+        scalar_dp=None,
+    )
+
+
+def pretrain_settings(config: ExperimentConfig) -> tuple[int, float]:
+    """DEC's autoencoder stage: its rounds and client rate are protocol options."""
+    protocol = make_protocol(config.protocol, **config.protocol_options)
+    if not isinstance(protocol, DEC):
+        raise ConfigError(f"the autoencoder pre-stage is DEC's, not {config.protocol}'s")
+    return protocol.pretrain_rounds, protocol.pretrain_lr
+
+
+STAGES: dict[str, Stage] = {
+    "beta-vae": Stage(
+        vae_task,
+        "fedavg",
+        lambda c: pre_stage_config(c, c.vae_rounds, c.vae_lr),
+        lambda data: {"n_in": int(data.train[0].x.shape[1]), "hidden": 32, "latent": 4},
+        check_unit_features,
+    ),
+    "autoencoder": Stage(
+        autoencoder_task,
+        "fedavg",
+        lambda c: pre_stage_config(c, *pretrain_settings(c)),
+        data_layout,
+        check_dec_task,
+    ),
+}
+
+
+def server_step(config: ExperimentConfig, protocol, n_clients: int) -> dict[str, Any]:
+    """The server optimizer's config: the run's, or the step the protocol fixes (ADMM's
+    z-update, for this run's number of clients; the config refuses optimizer settings)."""
+    fixed = protocol.server_step(n_clients)
+    return config.optimizer_config() if fixed is None else fixed
+
+
+def release_budgets(
+    config: ExperimentConfig, protocol, n_params: int, data: FederatedData
+) -> dict[str, Any]:
+    """What a client's provisioning allows for a run of ``config``: every reveal the run
+    makes (none at all in server-blind runs, whose clients then refuse any reveal request),
+    the opens, the length of every release, and the releases one upload may enter. A
+    deployment's nodes compute the same from their own copy of the configuration."""
+    caps = protocol.capabilities
+    opens_per_round = caps.opens_per_round + (1 if config.server_blind else 0)
+    # threshold holders give a share per opened aggregate: one per client when they differ
+    shares = config.rounds * (
+        caps.opens_per_round * data.n_clients + (1 if config.server_blind else 0)
+    )
+    others = tuple(n for n in protocol.release_lengths(data) if n != n_params)
+    return {
+        "share_budget": shares if caps.distinct_opens else None,
+        # every reveal of the run, not ×2 for the check's second decryptor: a client
+        # decrypts one release at most once (CKKSServer.reveal asks distinct clients), and
+        # the flooding's t = roster × budget covers two (or three) decryptions per reveal
+        "decryption_budget": 0
+        if config.server_blind
+        else config.rounds * caps.reveals_per_round + protocol.initial_reveals(),
+        "reveal_length": (n_params, *others) if others else n_params,
+        "open_budget": config.rounds * opens_per_round,
+        # one upload enters at most one reveal (none server-blind) and the round's opens
+        "releases_per_upload": {
+            "reveal": 0 if config.server_blind else 1,
+            "open": opens_per_round,
+        },
+    }
+
+
+def client_policy(
+    config: ExperimentConfig, protocol, n_params: int, n_clients: int
+) -> ClientPolicy:
+    """What a client of a run of ``config`` answers (``secagg.clients.policy``): the engine
+    phases the run uses, the training settings and DP of ``config`` (as the server's plan
+    has them), what ``protocol`` varies per round, its scalar and validation budgets, and
+    the server optimizer it steps or evaluates itself. A deployment's nodes compute the same
+    from their own copy of the configuration; nothing of it comes from the server."""
+    from secagg.clients.policy import ClientPolicy
+
+    caps = protocol.capabilities
+    phases = {"enroll", "train"}
+    if caps.observes_validation:
+        phases.add("validate")
+    if config.server_blind:
+        phases |= {"apply", "observe"}
+    if config.allow_plaintext_updates:
+        phases.add("plaintext_update")
+    validations = config.rounds + 1 if caps.observes_validation else 0
+    return ClientPolicy(
+        phases=frozenset(phases),
+        rounds=config.rounds,
+        plan=config.plan(n_clients),
+        varies=protocol.varied_settings(),
+        # each declared scalar once a round, and the initial validation
+        scalar_budget=(config.rounds + 1) * len(caps.client_scalars),
+        max_validations=validations,
+        server_optimizer={**server_step(config, protocol, n_clients), "dim": n_params},
+    )
+
+
+def local_steps_of(config: ExperimentConfig, part: ClientData) -> int:
+    """A client's SGD steps per round (for DP-SGD's target-ε calibration)."""
+    if config.local_epochs:
+        return config.local_epochs * -(-len(part) // config.batch_size)
+    return config.local_steps
+
+
+def hold_out_validation(
+    data: FederatedData, share: float, seed: int = 0
+) -> tuple[FederatedData, list[ClientData]]:
+    """Split each client's training samples into training and validation (a fixed split:
+    every seed and protocol sees the same one)."""
+    rng = np.random.default_rng(seed)
+    train, validation = [], []
+    for part in data.train:
+        order = torch.from_numpy(rng.permutation(len(part)))
+        n_val = max(1, int(round(share * len(part))))
+        if n_val >= len(part):
+            raise ConfigError(
+                f"validation_split {share} leaves a client of {len(part)} "
+                "samples nothing to train on"
+            )
+        # subset, not x[order]: a Dataset-backed client stays one (nothing materialised)
+        validation.append(part.subset(order[:n_val]))
+        train.append(part.subset(order[n_val:]))
+    return replace(data, train=train), validation
