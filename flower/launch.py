@@ -4,9 +4,11 @@ separate processes on loopback (ports chosen free at run time), the run submitte
 Flower's, guarded to run the deployment's own App only (``secagg.flower.guard``).
 
 Each process gets its own ``FLWR_HOME`` (Flower installs the submitted App there and keeps
-the CLI's connection settings there). Flower starts a fresh ClientApp process for every
-message and its SuperNodes poll the SuperLink every few seconds, so a message costs seconds
-whatever its size; that is Flower's, not secagg's, and ``secagg bench flower`` measures it.
+the CLI's connection settings there). Flower runs every message in a ClientApp process of its
+own and its SuperNodes poll the SuperLink, so a message costs a fraction of a second (warm
+executor) to seconds (``warm=False``: Flower's own) whatever its size; that is Flower's, not
+secagg's, and ``python -m benchmarks.flower`` measures it. :meth:`LocalFederation.traffic`
+reads what Flower counted of a run's bytes.
 """
 
 from __future__ import annotations
@@ -96,6 +98,8 @@ class LocalFederation:
         #: the node id the SuperLink gave each registered key (node authentication only)
         self.node_ids: dict[str, int] = {}
         self._node_ports = {c: free_port() for c in self.spec["clients"]}
+        #: the Flower run id of the last run submitted by :meth:`run`
+        self.run_id: int | None = None
 
     # ---- processes ----------------------------------------------------------------------
     def _env(self, home: str) -> dict[str, str]:
@@ -273,13 +277,26 @@ class LocalFederation:
         )
 
     def run(self, *, out: Path, timeout: float = 1800.0, **run_config: Any) -> str:
-        """Submit the run, wait for it, return its status; results in ``out``."""
+        """Submit the run, wait for it, return its status; results in ``out``. Its Flower
+        run id is ``self.run_id`` from the submission on."""
         out = Path(out).resolve()  # the ServerApp runs in another working directory
         if out.exists():
             shutil.rmtree(out)
-        run_id = self.submit(out=str(out), **run_config)
+        self.run_id = run_id = self.submit(out=str(out), **run_config)
         self.log(f"Flower run {run_id} submitted; results will be in {out}")
         return self.wait(run_id, timeout)
+
+    def traffic(self, run_id: int) -> dict[str, int]:
+        """What the SuperLink counted of a run's traffic with its SuperNodes (``flwr ls``'s
+        network-traffic: ``inbound-bytes`` from the nodes, ``outbound-bytes`` to them)."""
+        done = self.flwr("ls", CONNECTION, "--run-id", str(run_id), "--format", "json")
+        try:
+            counted = json_of(done.stdout)["runs"][0]["network-traffic"]
+            return {k: int(counted[k]) for k in ("inbound-bytes", "outbound-bytes")}
+        except (DeploymentError, KeyError, IndexError, TypeError, ValueError):
+            raise DeploymentError(
+                f"`flwr ls` gave no traffic for run {run_id}: {done.stdout[-400:]}"
+            ) from None
 
 
 def _stop(process: subprocess.Popen, sig: int) -> None:

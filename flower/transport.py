@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import secrets
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -34,6 +36,22 @@ from secagg.flower import messages
 from secagg.server.transport import ClientUnavailable, Reply, check_reply
 
 HELLO_CONTEXT = b"secagg flower hello v1"
+
+#: a diagnostic (``SECAGG_WARM_LOG``, as secagg.flower.warm and .guard): the ServerApp logs
+#: when it pushed each request and pulled its reply (wall-clock times)
+TRACE = bool(os.environ.get("SECAGG_WARM_LOG"))
+
+
+def _trace(event: str, message_id: str, peer: str, **times: float) -> None:
+    """One line to stderr, or, where ``SECAGG_WARM_LOG`` names a folder, to a file there
+    (Flower discards a ServerApp's output)."""
+    line = {"event": event, "message": message_id, "peer": peer, "at": time.time(), **times}
+    where = os.environ.get("SECAGG_WARM_LOG", "")
+    if os.path.isdir(where):
+        with open(os.path.join(where, f"transport-{os.getpid()}.jsonl"), "a") as f:
+            f.write(json.dumps(line) + "\n")
+    else:
+        print(f"secagg.flower.transport: trace {json.dumps(line)}", file=sys.stderr, flush=True)
 
 
 def hello_message(experiment: str, nonce: str, node_id: int, client: str) -> bytes:
@@ -82,6 +100,11 @@ class FlowerNodes:
         self.hello_timeout, self.poll, self.log = hello_timeout, poll, log
         self.node_of: dict[str, int] = {}
         self._seen: frozenset[int] = frozenset()
+        # a reply is often listed before its node has pushed all of it: ask again after
+        # 50 ms rather than Flower's 1 s (the ServerApp's own process)
+        from secagg.flower.guard import shorten_object_pulls
+
+        shorten_object_pulls()
 
     def wait_for_all(self, timeout: float) -> None:
         """Until every client's node has said hello; ConfigError naming the missing ones."""
@@ -226,18 +249,24 @@ class FlowerTransport:
                     yield peer, ClientUnavailable(f"{peer}: no SuperNode of this run holds it")
                     continue
                 message = messages.request(node, data, self.run, ttl=self.timeout)
+                pushing = time.time()
                 (mid,) = grid.push_messages([message])
+                if TRACE:
+                    _trace("pushed", mid, peer, asked=pushing)
                 self._count("sent", message)  # after the push, which fills in the metadata
                 waiting[mid] = (peer, time.monotonic() + self.timeout)
             if not waiting:
                 if exhausted:
                     return
                 continue
+            pulling = time.time()
             for answer in grid.pull_messages(list(waiting)):
                 mid = answer.metadata.reply_to_message_id
                 if mid not in waiting:
                     continue
                 peer, _ = waiting.pop(mid)
+                if TRACE:
+                    _trace("pulled", mid, peer, asked=pulling)
                 self._count("received", answer)
                 yield peer, self._reply(peer, answer)
             now = time.monotonic()

@@ -14,7 +14,18 @@ and its first heartbeat, which loses the message). Here the SuperNode runs with
   message still runs in a process of its own, and ``context.state`` lives in the SuperNode
   as before;
 - Flower's own SuperExec loop (``run_superexec``) drives it, with this executor in place of
-  Flower's subprocess executor and a 50 ms poll of the Runtime API.
+  Flower's subprocess executor. Started by ``secagg.flower.guard`` it is woken through a
+  pipe (``--wake-fd``) as the SuperNode stores a task, and polls the Runtime API every
+  0.5 s only as a fallback (alone, every 50 ms): six nodes' 50 ms polls took 0.3 of a
+  2-core machine's cores while idle.
+
+What a message's process would otherwise do itself, the zygote does once: import what
+``flwr-clientapp`` imports only as it runs (httpx's transport), build the node's CKKS
+parameters (secagg caches them per process), and freeze its heap out of the garbage
+collector's reach (``gc.freeze``: a child's first full collection walked half a million
+inherited objects and copied their pages). ``SECAGG_WARM_LOG=1`` logs each message
+process's timeline (``trace_clientapp``), as the guard and the ServerApp's transport log
+theirs.
 
 Only the start changes: the message, the token, the App and its checks are Flower's.
 ``secagg.flower.guard`` starts this next to the SuperNode (the default of ``secagg flower
@@ -25,9 +36,11 @@ node's own settings and loads its task's data once, so that no message loads it 
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import json
 import os
+import select
 import signal
 import struct
 import sys
@@ -37,6 +50,10 @@ from typing import Any
 
 #: how often Flower's SuperExec loop asks the SuperNode for a task (flwr's default: 1 s)
 POLL_SECONDS = "0.05"
+#: ... when the SuperNode wakes it as it stores a task (``--wake-fd``): a fallback only.
+#: Six nodes' 50 ms polls of their Runtime APIs cost 0.3 of this machine's 2 cores while
+#: idle (measured), a share every message's process then lacks
+WOKEN_POLL_SECONDS = "0.5"
 
 
 #: what a message's process imports on the way to its answer (measured: 2.7 s of imports
@@ -51,7 +68,16 @@ WARM_MODULES = (
     "secagg.backends.ckks_client",  # tenseal, SEAL, the native extension
     "secagg.backends.threshold_client",
     "secagg.sealing",
+    # what Flower's flwr-clientapp imports only as it runs: the HTTP client of its Runtime API
+    # (httpx's transport), the FAB's zip names' codec; and what a node's reply imports
+    "httpcore",
+    "h11",
+    "encodings.cp437",
+    "cryptography.hazmat.backends.openssl.backend",
 )
+
+#: imported in the zygote where present (secagg's native CKKS extension is optional)
+WARM_OPTIONAL_MODULES = ("secagg.ckks._seal_native",)
 
 
 def warm_imports() -> None:
@@ -61,6 +87,11 @@ def warm_imports() -> None:
     4.5 s (measured, LARC on 2 cores) when each process did it itself."""
     for name in WARM_MODULES:
         importlib.import_module(name)
+    for name in WARM_OPTIONAL_MODULES:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
     import torch
 
     torch.set_num_threads(1)  # no intra-op pool before the fork; each message sets its own
@@ -70,6 +101,24 @@ def warm_imports() -> None:
         step.zero_grad()
         model(torch.zeros(1, 2)).sum().backward()
         step.step()
+
+
+def warm_backend(config: Any) -> None:
+    """Build, once in the zygote, what secagg's ckks backend builds once per process and
+    shares (``functools.cache``): SEAL's context for the node's preset and its fingerprint,
+    and the native extension's parameters and seed expander. Every message's process built
+    them anew (0.08 s per ckks message measured, most of a node's own work per message).
+    Public parameters only: no key exists yet."""
+    if config.backend != "ckks":
+        return
+    from secagg.ckks import native
+    from secagg.ckks.presets import get_preset
+    from secagg.ckks.public import params_fingerprint
+
+    preset = get_preset(config.resolved_backend_options()["preset"])
+    params_fingerprint(preset)  # and make_context(preset)
+    if native.module() is not None:
+        native.seed_expander(preset.poly_modulus_degree, tuple(preset.coeff_bits))
 
 
 # ---- the zygote ---------------------------------------------------------------------------
@@ -95,9 +144,12 @@ def zygote_loop(requests: int) -> None:
         if body is None:
             return
         args = json.loads(body)
+        asked = time.time()
         if os.fork() == 0:
             os.close(requests)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            if os.environ.get("SECAGG_WARM_LOG"):
+                trace_clientapp(asked)
             os._exit(run_clientapp(args))
 
 
@@ -121,16 +173,120 @@ def run_clientapp(args: list[str]) -> int:
                 f"{time.perf_counter() - started:.3f} s",
                 file=sys.stderr,
             )
+            if _TIMELINE is not None:
+                _TIMELINE["end"] = time.time()
+                _TIMELINE["modules"] = sorted(set(sys.modules) - _TIMELINE["modules"])
+                print(f"secagg.flower.warm: timeline {json.dumps(_TIMELINE)}", file=sys.stderr)
         sys.stdout.flush()
         sys.stderr.flush()
     return 0
 
 
-def start_zygote() -> int:
-    """Fork the zygote; returns the write end of its request pipe."""
+# ---- a diagnostic: where a message's process spends its time -------------------------------
+def trace_clientapp(asked: float) -> None:
+    """Log (stderr, one JSON line at exit) when this message's process reached each step of
+    Flower's ``run_clientapp``: wall-clock times, so that the SuperNode's and the ServerApp's
+    own lines (``SECAGG_WARM_LOG``) line up with them. ``asked``: when the zygote read the
+    request. Only wraps Flower's functions; what they do is unchanged."""
+    from flwr.supernode.runtime import run_clientapp as flower
+
+    marks: dict[str, Any] = {"pid": os.getpid(), "asked": asked, "forked": time.time()}
+    marks["gc"] = {"collections": [0, 0, 0], "seconds": 0.0}
+    marks["modules"] = set(sys.modules)
+    collecting = [0.0]
+
+    def gc_time(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            collecting[0] = time.perf_counter()
+        else:
+            marks["gc"]["collections"][info["generation"]] += 1
+            marks["gc"]["seconds"] += time.perf_counter() - collecting[0]
+
+    gc.callbacks.append(gc_time)
+
+    def timed(name: str, fn: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            marks[f"{name}<"] = time.time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                marks[f"{name}>"] = time.time()
+
+        return wrapper
+
+    pull = flower.pull_task_input
+
+    def pull_and_name(*args: Any, **kwargs: Any) -> Any:
+        got = timed("pull", pull)(*args, **kwargs)
+        marks["message"] = got[0].metadata.message_id
+        marks["run"] = got[0].metadata.run_id
+        return got
+
+    loader = flower.get_load_client_app_fn
+
+    def timed_loader(*args: Any, **kwargs: Any) -> Any:
+        load = loader(*args, **kwargs)
+
+        def load_and_time_app(*a: Any, **k: Any) -> Any:
+            app = timed("load", load)(*a, **k)
+            call = app.__call__
+            app.__class__ = type("TimedClientApp", (type(app),), {})
+            app.__class__.__call__ = lambda self, **kw: timed("app", call)(**kw)
+            return app
+
+        return load_and_time_app
+
+    flower.pull_task_input = pull_and_name
+    flower.install_from_fab = timed("install", flower.install_from_fab)
+    flower.get_load_client_app_fn = timed_loader
+    flower.push_message = timed("push", flower.push_message)
+    flower.push_task_output = timed("output", flower.push_task_output)
+    client = flower.RuntimeHttpClient
+    client.from_server_address = staticmethod(timed("client", client.from_server_address))
+    flower.HeartbeatSender.start = timed("heartbeat", flower.HeartbeatSender.start)
+    flower.flwr_exit = timed("exit", flower.flwr_exit)
+    global _TIMELINE
+    _TIMELINE = marks
+
+
+#: this message process's timeline (trace_clientapp), logged as it ends
+_TIMELINE: dict[str, Any] | None = None
+
+
+def freeze_heap() -> None:
+    """Move everything the zygote holds out of reach of the garbage collector: a message's
+    process would otherwise walk half a million objects (torch, tenseal, flwr) in its first
+    full collection, and copy every page it touches from the zygote (0.35 s measured)."""
+    gc.collect()
+    gc.freeze()
+
+
+def woken_sleep(wake: int) -> Any:
+    """``time`` for Flower's SuperExec loop, whose ``sleep`` ends early when the SuperNode
+    writes to ``wake`` (it stored a task)."""
+
+    class WokenSleep:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(time, name)
+
+        @staticmethod
+        def sleep(seconds: float) -> None:
+            if select.select([wake], [], [], seconds)[0]:
+                try:
+                    os.read(wake, 4096)
+                except BlockingIOError:
+                    pass
+
+    return WokenSleep()
+
+
+def start_zygote(close: tuple[int, ...] = ()) -> int:
+    """Fork the zygote (closing ``close`` in it); returns the write end of its request pipe."""
     read, write = os.pipe()
     if os.fork() == 0:
         os.close(write)
+        for fd in close:
+            os.close(fd)
         try:
             zygote_loop(read)
         finally:
@@ -185,6 +341,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--runtime-api-address", required=True)
     parser.add_argument("--parent-pid", type=int, required=True)
     parser.add_argument("--node-dir", help="the node's folder: its settings and data load now")
+    parser.add_argument(
+        "--wake-fd", type=int, help="a pipe the SuperNode writes to when it stores a task"
+    )
     tls = parser.add_mutually_exclusive_group()
     tls.add_argument("--insecure", action="store_true")
     tls.add_argument("--root-certificates")
@@ -193,10 +352,21 @@ def main(argv: list[str] | None = None) -> None:
     if args.node_dir:  # the node's own settings applied, its task's data loaded, once
         from secagg.flower.node import NodeClient, preload_task_data
 
-        preload_task_data(NodeClient(args.node_dir).config.task)
-    zygote = start_zygote()  # before Flower's loop makes threads and connections
-    os.environ.setdefault("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", POLL_SECONDS)
+        config = NodeClient(args.node_dir).config
+        preload_task_data(config.task)
+        warm_backend(config)
+    from secagg.flower.guard import shorten_object_pulls
+
+    shorten_object_pulls()  # a message's process asks its SuperNode for the message's objects
+    freeze_heap()
+    wake = () if args.wake_fd is None else (args.wake_fd,)
+    zygote = start_zygote(wake)  # before Flower's loop makes threads and connections
     loop = importlib.import_module("flwr.supercore.superexec.run_superexec")
+    if args.wake_fd is None:
+        os.environ.setdefault("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", POLL_SECONDS)
+    else:
+        os.environ.setdefault("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", WOKEN_POLL_SECONDS)
+        loop.time = woken_sleep(args.wake_fd)  # type: ignore[attr-defined]
     loop.get_executor = lambda *_, **__: fork_executor(zygote)  # type: ignore[attr-defined]
     loop.run_superexec(
         runtime_api_address=args.runtime_api_address,

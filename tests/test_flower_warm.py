@@ -128,3 +128,128 @@ def test_the_zygote_has_what_a_training_message_imports_before_it_forks():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["True", "True"]
+
+
+# ---- what shortens a message's way (secagg.flower.warm, .guard) ----------------------------
+def test_a_woken_executor_stops_sleeping_when_the_supernode_stores_a_task():
+    """The SuperExec loop's sleep ends as soon as the SuperNode writes to the wake pipe (it
+    would sleep a minute otherwise), and the pipe is drained for the next wait."""
+    read, write = os.pipe()
+    try:
+        os.set_blocking(read, False)
+        os.write(write, b"!!")  # two tasks stored while the loop was asking
+        warm.woken_sleep(read).sleep(60)
+        with pytest.raises(BlockingIOError):
+            os.read(read, 1)
+        assert warm.woken_sleep(read).monotonic() > 0  # the rest is the time module's
+    finally:
+        os.close(read)
+        os.close(write)
+
+
+def test_the_guard_wakes_the_executor_and_never_blocks_on_it(monkeypatch):
+    from secagg.flower import guard
+
+    read, write = os.pipe()
+    try:
+        os.set_blocking(write, False)
+        monkeypatch.setattr(guard, "_WAKE", write)
+        guard.wake_executor()
+        assert os.read(read, 16) == b"!"
+        for _ in range(100_000):  # a pipe that is full: the executor is awake anyway
+            guard.wake_executor()
+    finally:
+        os.close(read)
+        os.close(write)
+    monkeypatch.setattr(guard, "_WAKE", None)
+    guard.wake_executor()  # no executor (--cold): nothing to wake
+
+
+def test_the_supernode_polls_the_superlink_and_its_own_state_each_at_its_own_pace(monkeypatch):
+    import time as real_time
+
+    from flwr.supernode import start_client_internal as supernode
+
+    from secagg.flower import guard
+
+    slept: list[float] = []
+    monkeypatch.setattr(supernode, "time", supernode.time)  # restored after the test
+    monkeypatch.setattr(real_time, "sleep", slept.append)
+    guard.shorten_polls(seconds=0.2, reply=0.02)
+    supernode.time.sleep(3)  # flwr's idle poll of the SuperLink
+    supernode.time.sleep(0.5)  # flwr's wait for its ClientApp's reply
+    supernode.time.sleep(0.01)
+    assert slept == [0.2, 0.02, 0.01]
+
+
+def test_flower_asks_again_for_a_missing_object_sooner_its_limits_unchanged(monkeypatch):
+    from flwr.supercore.inflatable import inflatable_utils as objects
+
+    from secagg.flower import guard
+
+    pulls = (objects.pull_objects, objects.pull_and_inflate_object_from_tree)
+    before = [dict(p.__kwdefaults__) for p in pulls]
+    for p in pulls:  # restored after the test
+        monkeypatch.setattr(p, "__kwdefaults__", dict(p.__kwdefaults__))
+    guard.shorten_object_pulls(0.05)
+    for p, old in zip(pulls, before, strict=True):
+        assert p.__kwdefaults__ == {**old, "initial_backoff": 0.05}
+    guard.shorten_object_pulls(5)  # never longer than Flower's own
+    assert all(p.__kwdefaults__["initial_backoff"] == 0.05 for p in pulls)
+
+
+def test_the_zygote_builds_the_nodes_ckks_parameters_once_for_its_children():
+    from types import SimpleNamespace
+
+    from secagg.ckks.presets import get_preset
+    from secagg.ckks.public import params_fingerprint
+
+    warm.warm_backend(SimpleNamespace(backend="plain"))  # nothing to build
+    params_fingerprint.cache_clear()
+    config = SimpleNamespace(backend="ckks", resolved_backend_options=lambda: {"preset": "lean"})
+    warm.warm_backend(config)
+    assert params_fingerprint.cache_info().currsize == 1
+    params_fingerprint(get_preset("lean"))
+    assert params_fingerprint.cache_info().hits == 1  # a message's process finds it built
+
+
+def test_the_zygote_freezes_its_heap_so_that_children_do_not_collect_it():
+    import gc
+
+    try:
+        warm.freeze_heap()
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+
+
+def test_the_zygote_closes_what_it_is_told_to(tmp_path, monkeypatch):
+    """The zygote closes the wake pipe (only the executor's loop reads it): no message's
+    process holds it."""
+    out = tmp_path / "fds"
+
+    def record(args: list[str]) -> int:
+        held = []
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                held.append(os.readlink(f"/proc/self/fd/{fd}"))
+            except OSError:  # the listing's own descriptor, closed by now
+                pass
+        out.write_text(json.dumps(held))
+        return 0
+
+    monkeypatch.setattr(warm, "run_clientapp", record)
+    read, write = os.pipe()
+    wake = f"pipe:[{os.fstat(read).st_ino}]"
+    pipe = warm.start_zygote((read, write))
+    executor = warm.fork_executor(pipe)
+    try:
+        executor.launch(spec())
+        deadline = time.monotonic() + 30
+        while not out.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        executor.close()
+        os.close(read)
+        os.close(write)
+    assert wake not in json.loads(out.read_text())
