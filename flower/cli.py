@@ -232,10 +232,9 @@ def run(args: argparse.Namespace, resolve: Any) -> int:
         print(operations.stop(args.folder, args.run) or f"run {args.run} stopped")
         return 0
     if args.verb == "node":
-        from secagg.flower.guard import run_supernode
+        from secagg.flower import guard
 
-        rest = list(args.flower_args)
-        run_supernode(args.folder, [a for a in rest if a != "--cold"], warm="--cold" not in rest)
+        guard.main([str(args.folder), *args.flower_args])  # supervised: restarts come back
         return 0
     return _commands(args)
 

@@ -241,8 +241,19 @@ def main(argv: list[str] | None = None) -> None:
         "SuperNode's 3 s poll (default: secagg's warm executor, secagg.flower.warm: a "
         "process per message forked from one that imported everything once, 0.2 s polls)",
     )
+    parser.add_argument("--once", action="store_true", help=argparse.SUPPRESS)
     args, rest = parser.parse_known_args(argv)
-    run_supernode(args.folder, rest, warm=not args.cold)
+    if args.once:  # the supervised SuperNode itself
+        try:
+            run_supernode(args.folder, rest, warm=not args.cold)
+        except SecaggError as exc:  # a folder or setting the operator must fix: say what
+            print(f"secagg flower node: error: {exc}", file=sys.stderr, flush=True)
+            sys.exit(2)
+        return
+    from secagg.flower.supervise import supervise
+
+    own = [str(args.folder), *(["--cold"] if args.cold else []), *rest, "--once"]
+    sys.exit(supervise([sys.executable, "-m", "secagg.flower.guard", *own]))
 
 
 #: the longest the warm SuperNode sleeps between polls of the SuperLink when it has no
@@ -343,6 +354,10 @@ def run_supernode(node_dir: Path, flower_args: list[str], *, warm: bool = True) 
         )
     argv = supernode_argv(node_dir, [*flower_args, *(["--isolation", "process"] if warm else [])])
     install(pin)
+    from secagg.flower.supervise import exit_when_refused, shorten_heartbeats
+
+    shorten_heartbeats()  # a dead node is offline after 20 s, not 60 (supervise.py)
+    exit_when_refused()  # a restart refused while the old session counts: try again
     if TRACE:
         trace_pushes()
     if warm:
