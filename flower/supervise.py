@@ -49,7 +49,7 @@ def shorten_heartbeats(seconds: float = HEARTBEAT_SECONDS) -> list[str]:
         except ImportError:
             continue
         if hasattr(module, "HEARTBEAT_DEFAULT_INTERVAL"):
-            module.HEARTBEAT_DEFAULT_INTERVAL = seconds
+            setattr(module, "HEARTBEAT_DEFAULT_INTERVAL", seconds)  # noqa: B010 - a flwr global
             changed.append(name)
     return changed
 
@@ -75,7 +75,7 @@ def exit_when_refused() -> None:
             return
         original(code, message, *args, **kwargs)
 
-    fleet.flwr_exit = flwr_exit
+    fleet.flwr_exit = flwr_exit  # type: ignore[assignment]
 
 
 def supervise(

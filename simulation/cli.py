@@ -30,6 +30,8 @@ BENCHMARKS = {
     "and client counts",
     "flower": "the same run over a local Flower deployment vs in process: wall time and "
     "bytes per round, Flower's framing per message",
+    "flower_load": "many rounds over a local Flower deployment beside busy processes: any "
+    "message lost, exclusions, load average",
     "admm": "consensus ADMM (ridge, lasso, logistic, SVM) against the centralised optimum "
     "per iteration, over splits and backends",
     "cox_strategies": "federated Cox strategies (Sequential, Weights Averaging, Ensemble) on "
