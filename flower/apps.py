@@ -21,7 +21,7 @@ from flwr.serverapp import Grid, ServerApp
 from secagg.errors import ConfigError
 from secagg.flower import messages
 from secagg.flower.keystore import experiment_name, read_signers
-from secagg.flower.node import NodeClient, load_experiment
+from secagg.flower.node import load_experiment, node_client
 from secagg.flower.transport import FlowerNodes, FlowerTransport
 
 server_app = ServerApp()
@@ -38,7 +38,7 @@ def answer(message: Message, context: Context) -> Message:
             "/path/to/nodes/client_0 ...` (secagg flower prepare writes the folder)"
         )
     envelope, run = messages.read_request(message)
-    node = NodeClient(Path(str(node_dir)))
+    node = node_client(Path(str(node_dir)))
     meta = message.metadata
     return messages.reply(message, node.answer(envelope, run, meta.run_id, meta.dst_node_id))
 

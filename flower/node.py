@@ -135,6 +135,44 @@ def apply_node_settings(node_dir: Path) -> list[str]:
     return own
 
 
+#: what a node's client is built from: a cached NodeClient is reused while none changed
+_READS = (
+    "node.json",
+    "experiment.toml",
+    "identity.json",
+    "keys.json",
+    "roster.json",
+    NODE_SETTINGS,
+    "observer.pub",
+)
+_BUILT: dict[Path, tuple[tuple, NodeClient]] = {}
+
+
+def _stamp(node_dir: Path) -> tuple:
+    out = []
+    for name in _READS:
+        try:
+            st = (node_dir / name).stat()
+        except FileNotFoundError:
+            continue
+        out.append((name, st.st_mtime_ns, st.st_size, st.st_ino))
+    return tuple(out)
+
+
+def node_client(node_dir: Path | str) -> NodeClient:
+    """The NodeClient of ``node_dir``, built once per process while the files it read stay
+    as they were (the warm zygote builds it before it forks, so a message's process starts
+    with the node's settings parsed and checked)."""
+    key = Path(node_dir).resolve()
+    stamp = _stamp(key)
+    cached = _BUILT.get(key)
+    if cached is not None and cached[0] == stamp:
+        return cached[1]
+    node = NodeClient(key)
+    _BUILT[key] = (stamp, node)
+    return node
+
+
 class NodeClient:
     """The client of the node whose directory is ``node_dir``."""
 

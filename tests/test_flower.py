@@ -357,3 +357,14 @@ def test_status_shows_flowers_record_of_each_run_beside_the_serverapps_progress(
         operations.runs(folder)
     with pytest.raises(ConfigError, match="not a prepared deployment"):
         operations.runs(tmp_path)
+
+
+def test_a_node_reuses_its_parsed_settings_until_a_file_it_read_changes(tmp_path):
+    from secagg.flower.node import node_client
+
+    folder, _ = deploy(tmp_path, PLAIN)
+    node = folder / "nodes" / "client_0"
+    first = node_client(node)
+    assert node_client(node) is first  # what the warm zygote built, each message reuses
+    (node / "node.toml").write_text("[environment]\nSECAGG_TEST_NODE = '1'\n")
+    assert node_client(node) is not first  # its operator changed its settings: read again
