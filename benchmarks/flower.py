@@ -268,6 +268,8 @@ def report(
         "SuperNode waking it as it stores a task; the SuperNode polls the SuperLink every "
         "0.2 s and its own state for a reply every 20 ms; every Flower process asks again "
         "for a message's object that has not arrived after 50 ms rather than 1 s); "
+        "an envelope of 1 MiB or more travels as a Flower Array (5 MB chunks, each hashed "
+        "once), a smaller one as bytes in a ConfigRecord (`secagg.flower.messages`); "
         "flower-cold: Flower's own executor (a fresh `flwr-clientapp` process per message, "
         "the SuperNode polling the SuperLink every 3 s). In each pair the runs go "
         "in-process, then each executor, one after another on the same machine.",

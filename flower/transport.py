@@ -103,8 +103,10 @@ class FlowerNodes:
         # a reply is often listed before its node has pushed all of it: ask again after
         # 50 ms rather than Flower's 1 s (the ServerApp's own process)
         from secagg.flower.guard import shorten_object_pulls
+        from secagg.flower.warm import profile_process
 
         shorten_object_pulls()
+        profile_process("serverapp")
 
     def wait_for_all(self, timeout: float) -> None:
         """Until every client's node has said hello; ConfigError naming the missing ones."""

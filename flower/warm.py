@@ -24,8 +24,10 @@ What a message's process would otherwise do itself, the zygote does once: import
 parameters (secagg caches them per process), and freeze its heap out of the garbage
 collector's reach (``gc.freeze``: a child's first full collection walked half a million
 inherited objects and copied their pages). ``SECAGG_WARM_LOG=1`` logs each message
-process's timeline (``trace_clientapp``), as the guard and the ServerApp's transport log
-theirs.
+process's timeline (``trace_clientapp``: Flower's steps, secagg's node work, its CPU
+seconds), as the guard and the ServerApp's transport log theirs;
+``SECAGG_FLOWER_PROFILE=DIR`` writes a cProfile of the ServerApp, the executor and each
+message's process into DIR (``profile_process``).
 
 Only the start changes: the message, the token, the App and its checks are Flower's.
 ``secagg.flower.guard`` starts this next to the SuperNode (the default of ``secagg flower
@@ -46,6 +48,7 @@ import struct
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 #: how often Flower's SuperExec loop asks the SuperNode for a task (flwr's default: 1 s)
@@ -150,7 +153,11 @@ def zygote_loop(requests: int) -> None:
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             if os.environ.get("SECAGG_WARM_LOG"):
                 trace_clientapp(asked)
-            os._exit(run_clientapp(args))
+            profiled = profile_process("clientapp")
+            code = run_clientapp(args)
+            if profiled is not None:
+                profiled()
+            os._exit(code)
 
 
 def run_clientapp(args: list[str]) -> int:
@@ -175,6 +182,7 @@ def run_clientapp(args: list[str]) -> int:
             )
             if _TIMELINE is not None:
                 _TIMELINE["end"] = time.time()
+                _TIMELINE["cpu"] = sum(os.times()[:2])  # this process's own CPU seconds
                 _TIMELINE["modules"] = sorted(set(sys.modules) - _TIMELINE["modules"])
                 print(f"secagg.flower.warm: timeline {json.dumps(_TIMELINE)}", file=sys.stderr)
         sys.stdout.flush()
@@ -237,6 +245,21 @@ def trace_clientapp(asked: float) -> None:
         return load_and_time_app
 
     flower.pull_task_input = pull_and_name
+    # secagg's own work on the message: the node's client built, restored, answering, its
+    # state exported and written (``node.<step>``)
+    from secagg.flower import node
+
+    client_of = node.NodeClient._client
+
+    def timed_client(self: Any, *args: Any, **kwargs: Any) -> Any:
+        client = timed("node.client", client_of)(self, *args, **kwargs)
+        for step in ("restore_state", "handle", "export_state"):
+            setattr(client, step, timed(f"node.{step}", getattr(client, step)))
+        return client
+
+    node.NodeClient.__init__ = timed("node.init", node.NodeClient.__init__)
+    node.NodeClient._client = timed_client
+    node.write_private_bytes = timed("node.write", node.write_private_bytes)
     flower.install_from_fab = timed("install", flower.install_from_fab)
     flower.get_load_client_app_fn = timed_loader
     flower.push_message = timed("push", flower.push_message)
@@ -251,6 +274,31 @@ def trace_clientapp(asked: float) -> None:
 
 #: this message process's timeline (trace_clientapp), logged as it ends
 _TIMELINE: dict[str, Any] | None = None
+
+
+def profile_process(role: str) -> Callable[[], None] | None:
+    """A diagnostic: where ``SECAGG_FLOWER_PROFILE`` names a folder, profile this process
+    (cProfile) from now to its exit, into ``<folder>/<role>-<pid>.prof`` (the ServerApp,
+    the executor, each message's process); returns what stops and writes it (also run at
+    exit, which a forked child that leaves by ``os._exit`` calls itself), None when not
+    asked."""
+    where = os.environ.get("SECAGG_FLOWER_PROFILE", "")
+    if not os.path.isdir(where):
+        return None
+    import atexit
+    import cProfile
+
+    profile = cProfile.Profile()
+    path = os.path.join(where, f"{role}-{os.getpid()}.prof")
+
+    def dump() -> None:
+        atexit.unregister(dump)
+        profile.disable()
+        profile.dump_stats(path)
+
+    atexit.register(dump)
+    profile.enable()
+    return dump
 
 
 def freeze_heap() -> None:
@@ -368,6 +416,7 @@ def main(argv: list[str] | None = None) -> None:
         os.environ.setdefault("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", WOKEN_POLL_SECONDS)
         loop.time = woken_sleep(args.wake_fd)  # type: ignore[attr-defined]
     loop.get_executor = lambda *_, **__: fork_executor(zygote)  # type: ignore[attr-defined]
+    profile_process("executor")  # after the fork: the zygote is not profiled
     loop.run_superexec(
         runtime_api_address=args.runtime_api_address,
         insecure=args.insecure,

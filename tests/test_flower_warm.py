@@ -253,3 +253,109 @@ def test_the_zygote_closes_what_it_is_told_to(tmp_path, monkeypatch):
         os.close(read)
         os.close(write)
     assert wake not in json.loads(out.read_text())
+
+
+# ---- large messages: how an envelope travels, what its framing costs to count -------------
+@pytest.fixture
+def task_identity(monkeypatch):
+    """Flower's Message needs the run and node of the process it is made in."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    for name, value in (("_run_id", 1), ("_node_id", 2), ("_task_id", 3)):
+        monkeypatch.setattr(TaskIdentity, name, value)
+
+
+def flower_framing(message) -> int:
+    """Flower's own count (what ``framing_bytes`` counted before: it serialised everything)."""
+    from flwr.app.message import remove_content_from_message
+    from flwr.common.serde import message_to_proto
+    from flwr.supercore.inflatable.inflatable_object import (
+        get_all_nested_objects,
+        get_object_tree,
+    )
+
+    from secagg.flower import messages
+
+    header = message_to_proto(remove_content_from_message(message)).ByteSize()
+    tree = get_object_tree(message).ByteSize()
+    objects = sum(len(o.deflate()) for o in get_all_nested_objects(message).values())
+    envelope = messages._envelope(message)
+    return header + tree + objects - (len(envelope) if envelope is not None else 0)
+
+
+def sent_and_received(message):
+    """``message`` as the other end inflates it from the objects Flower sends."""
+    from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
+    from flwr.supercore.inflatable.inflatable_utils import inflate_object_from_contents
+
+    objects = {i: o.deflate() for i, o in get_all_nested_objects(message).items()}
+    return inflate_object_from_contents(message.object_id, objects)
+
+
+CHUNK = 5 * 1024 * 1024  # Flower's array chunk
+
+
+@pytest.mark.parametrize(
+    "size",
+    [0, 127, 128, 16384, (1 << 20) - 1, 1 << 20, CHUNK, CHUNK + 1, 2 * CHUNK + 1],
+)
+def test_an_envelope_of_any_size_arrives_whole_and_its_framing_is_flowers_count(
+    task_identity, size
+):
+    """Small envelopes travel as bytes in the ``secagg`` record, large ones (from 1 MiB) as
+    an Array Flower slices into chunks; either way the other end reads the same bytes, and
+    ``framing_bytes``, which never serialises the envelope, equals Flower's own count
+    (varint and chunk boundaries included)."""
+    from secagg.flower import messages
+
+    envelope = os.urandom(size)
+    ask = messages.request(7, envelope, {"seed": 3, "stage": ""}, ttl=60)
+    answer = messages.reply(ask, envelope)
+    assert (messages.ENVELOPE_RECORD in ask.content) == (size >= messages.LARGE)
+    assert messages.read_request(sent_and_received(ask)) == (envelope, {"seed": 3, "stage": ""})
+    assert messages.read_reply(sent_and_received(answer)) == envelope
+    for message in (ask, answer):
+        assert messages.framing_bytes(message) == flower_framing(message)
+    hello = messages.request(7, None, {"hello": "n" * 32}, ttl=60)
+    assert messages.framing_bytes(hello) == flower_framing(hello)
+
+
+def test_an_envelope_array_that_is_not_its_bytes_as_they_are_is_malformed(task_identity):
+    from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
+
+    from secagg.errors import MalformedMessage
+    from secagg.flower import messages
+
+    def carrying(array, **fields) -> Message:
+        records = {
+            messages.RECORD: ConfigRecord({"run": "{}", **fields}),
+            messages.ENVELOPE_RECORD: ArrayRecord({messages.ENVELOPE: array}),
+        }
+        return Message(RecordDict(records), 7, messages.MESSAGE_TYPE, ttl=60)
+
+    data = bytes(range(16))
+    assert messages.read_request(carrying(Array("uint8", (16,), "bytes", data)))[0] == data
+    for odd in (
+        carrying(Array("float32", (4,), "bytes", data)),
+        carrying(Array("uint8", (16,), "numpy.ndarray", data)),
+        carrying(Array("uint8", (15,), "bytes", data)),
+        carrying(Array("uint8", (16,), "bytes", data), envelope=data),  # twice
+    ):
+        with pytest.raises(MalformedMessage):
+            messages.read_request(odd)
+
+
+def test_a_process_is_profiled_only_where_asked(tmp_path, monkeypatch):
+    """``SECAGG_FLOWER_PROFILE`` (a diagnostic, like ``SECAGG_WARM_LOG``) names a folder that
+    each profiled process writes its cProfile statistics into."""
+    import pstats
+
+    monkeypatch.delenv("SECAGG_FLOWER_PROFILE", raising=False)
+    assert warm.profile_process("serverapp") is None
+    monkeypatch.setenv("SECAGG_FLOWER_PROFILE", str(tmp_path))
+    done = warm.profile_process("serverapp")
+    sum(range(1000))
+    done()
+    (written,) = tmp_path.iterdir()
+    assert written.name == f"serverapp-{os.getpid()}.prof"
+    assert pstats.Stats(str(written)).total_calls > 0
