@@ -183,7 +183,7 @@ def trace_pushes() -> None:
         for message_id, start in sent:  # "at": the reply's objects pushed too
             _trace("sent", message_id, waiting=waiting, send=start)
 
-    supernode._push_messages = traced
+    supernode._push_messages = traced  # type: ignore[assignment]
 
 
 def install(pin: str) -> None:
@@ -295,7 +295,7 @@ def shorten_object_pulls(seconds: float = OBJECT_PULL_BACKOFF) -> None:
     from flwr.supercore.inflatable import inflatable_utils as objects
 
     for pull in (objects.pull_objects, objects.pull_and_inflate_object_from_tree):
-        defaults = pull.__kwdefaults__
+        defaults: dict[str, Any] = pull.__kwdefaults__ or {}
         defaults["initial_backoff"] = min(seconds, defaults["initial_backoff"])
 
 

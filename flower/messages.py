@@ -165,7 +165,7 @@ def _without_bytes(message: Message) -> tuple[Message, int, dict[str, int]]:
                 arrays[key], added = empty, added + more
                 if chunks:
                     chunked[empty.object_id] = chunks
-            record = ArrayRecord(arrays)  # type: ignore[arg-type]
+            record = ArrayRecord(arrays)
         content[name] = record
     return make_message(metadata=message.metadata, content=content), added, chunked
 

@@ -257,16 +257,16 @@ def trace_clientapp(asked: float) -> None:
             setattr(client, step, timed(f"node.{step}", getattr(client, step)))
         return client
 
-    node.NodeClient.__init__ = timed("node.init", node.NodeClient.__init__)
-    node.NodeClient._client = timed_client
+    node.NodeClient.__init__ = timed("node.init", node.NodeClient.__init__)  # type: ignore[method-assign]
+    node.NodeClient._client = timed_client  # type: ignore[method-assign]
     node.write_private_bytes = timed("node.write", node.write_private_bytes)
     flower.install_from_fab = timed("install", flower.install_from_fab)
     flower.get_load_client_app_fn = timed_loader
     flower.push_message = timed("push", flower.push_message)
     flower.push_task_output = timed("output", flower.push_task_output)
     client = flower.RuntimeHttpClient
-    client.from_server_address = staticmethod(timed("client", client.from_server_address))
-    flower.HeartbeatSender.start = timed("heartbeat", flower.HeartbeatSender.start)
+    client.from_server_address = staticmethod(timed("client", client.from_server_address))  # type: ignore[method-assign]
+    flower.HeartbeatSender.start = timed("heartbeat", flower.HeartbeatSender.start)  # type: ignore[method-assign]
     flower.flwr_exit = timed("exit", flower.flwr_exit)
     global _TIMELINE
     _TIMELINE = marks
