@@ -57,11 +57,10 @@ def main(argv: list[str] | None = None) -> None:
         task="tcga-brca", protocol="larc", backend="ckks", rounds=args.rounds, seeds=[3],
         local_steps=5,
     )  # fmt: skip
-    work = out / "flower-load-work"
-    if work.exists():
-        import shutil
+    import shutil
+    import tempfile
 
-        shutil.rmtree(work)
+    work = Path(tempfile.mkdtemp(prefix="flower-load-"))  # the deployment and its run
     prepare(work / "deployment", config, tls=True, auth=True)
     stop = multiprocessing.Event()
     burners = [multiprocessing.Process(target=burn, args=(stop,)) for _ in range(args.burners)]
@@ -128,6 +127,7 @@ def main(argv: list[str] | None = None) -> None:
     ]
     (out / "flower-load.md").write_text("\n".join(lines))
     print("\n".join(lines))
+    shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

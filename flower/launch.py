@@ -262,9 +262,11 @@ class LocalFederation:
         except (DeploymentError, KeyError, IndexError):
             return "unknown"
 
-    def wait(self, run_id: int, timeout: float, poll: float = 2.0) -> str:
+    def wait(self, run_id: int, timeout: float, poll: float = 5.0) -> str:
         """The run's final status (``finished:completed`` when it went well); a run still
-        going after ``timeout`` seconds is stopped and DeploymentError raised."""
+        going after ``timeout`` seconds is stopped and DeploymentError raised. Every ``poll``
+        seconds: each look is a ``flwr ls`` process, about a quarter of a core while it runs,
+        which a benchmark's rounds would otherwise compete with."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             status = self.status(run_id)

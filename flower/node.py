@@ -215,10 +215,16 @@ class NodeClient:
         seed, stage = self.check_request(run, flower_run)
         client = self._client(seed, stage)
         path = self.state_path(flower_run, seed, stage)
-        if path.exists():
-            client.restore_state(path.read_bytes())
+        previous = path.read_bytes() if path.exists() else None
+        if previous is not None:
+            client.restore_state(previous)
         reply = client.handle(envelope)
-        write_private_bytes(path, client.export_state())
+        state = client.export_state()
+        # a message that changed nothing is not written and synced again (a 1e6 model's
+        # state is 16 MB); today every round's phase changes it (counters, consents), only
+        # enrolment does not
+        if state != previous:
+            write_private_bytes(path, state)
         return reply
 
     @property

@@ -267,7 +267,9 @@ def test_server_blind_over_flower_leaves_the_model_to_the_experimenter(tmp_path)
     assert list(opened["round"]) == [1, 2]
     reference = secagg.run(config)
     expected = reference.metrics.set_index("round").loc[[1, 2], "test_pooled"].to_numpy()
-    np.testing.assert_allclose(opened["test_pooled"], expected, atol=1e-3)
+    # the models agree to CKKS's precision (below); a c-index moves by a pair whose two
+    # risk scores lie within that noise of each other and swap order
+    np.testing.assert_allclose(opened["test_pooled"], expected, atol=5e-3)
     np.testing.assert_allclose(
         np.load(out / "experimenter" / "models" / "seed-3.npy"),
         reference.final_params[3],
