@@ -34,7 +34,15 @@ from pathlib import Path
 from typing import Any
 
 from secagg.errors import ConfigError, MalformedMessage, SecaggError
-from secagg.flower.keystore import experiment_name, read_node_identity, write_private_bytes
+from secagg.flower.experimenter import OBSERVER_PUBLIC, read_observer_public
+from secagg.flower.keystore import (
+    IDENTITY,
+    KEYS,
+    ROSTER,
+    experiment_name,
+    read_node_identity,
+    write_private_bytes,
+)
 from secagg.plugins import only_node_modules
 from secagg.simulation.config import ExperimentConfig
 from secagg.simulation.settings import read_file, to_config
@@ -136,15 +144,7 @@ def apply_node_settings(node_dir: Path) -> list[str]:
 
 
 #: what a node's client is built from: a cached NodeClient is reused while none changed
-_READS = (
-    "node.json",
-    "experiment.toml",
-    "identity.json",
-    "keys.json",
-    "roster.json",
-    NODE_SETTINGS,
-    "observer.pub",
-)
+_READS = ("node.json", "experiment.toml", IDENTITY, KEYS, ROSTER, NODE_SETTINGS, OBSERVER_PUBLIC)
 _BUILT: dict[Path, tuple[tuple, NodeClient]] = {}
 
 
@@ -284,8 +284,6 @@ class NodeClient:
         model sealed for a key of its own."""
         if not self.config.server_blind:
             return None
-        from secagg.flower.experimenter import OBSERVER_PUBLIC, read_observer_public
-
         path = self.dir / OBSERVER_PUBLIC
         if not path.exists():
             raise ConfigError(

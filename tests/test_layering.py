@@ -62,10 +62,7 @@ def test_importing_the_server_loads_no_client_code_or_data_library():
         "('torch', 'pandas', 'lifelines') or m.startswith(('secagg.clients', "
         "'secagg.simulation'))]; print(bad)"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
-    ).stdout.strip()
-    assert out == "[]"
+    assert printed_by(code) == "[]"
 
 
 SECRET_MODULES = {
@@ -107,16 +104,20 @@ def test_server_side_code_never_imports_secret_key_code(path):
     assert not imported_modules(path) & SECRET_MODULES
 
 
+def printed_by(code: str) -> str:
+    """What a fresh interpreter running ``code`` (from the checkout) prints."""
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
 def secret_modules_loaded_by(*modules: str) -> list[str]:
     """The secret-key modules a fresh interpreter holds after importing ``modules``."""
     code = (
         f"import sys, {', '.join(modules)}; "
         f"print(sorted(m for m in sys.modules if m in {sorted(SECRET_MODULES)!r}))"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
-    ).stdout.strip()
-    return ast.literal_eval(out)
+    return ast.literal_eval(printed_by(code))
 
 
 def test_the_server_process_loads_no_secret_key_code():
@@ -166,10 +167,7 @@ def test_a_flower_node_builds_its_client_without_the_driver_or_the_server(tmp_pa
         "print(sorted(m for m in sys.modules if m.startswith(('secagg.server', "
         "'secagg.simulation'))))"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
-    ).stdout.strip()
-    loaded = set(ast.literal_eval(out))
+    loaded = set(ast.literal_eval(printed_by(code)))
     assert "secagg.simulation.provisioning" in loaded  # what it builds the client with
     assert not {m for m in loaded if m.startswith("secagg.server.")} - {"secagg.server.plan"}
     assert not loaded & {
