@@ -370,3 +370,26 @@ def test_a_node_reuses_its_parsed_settings_until_a_file_it_read_changes(tmp_path
     assert node_client(node) is first  # what the warm zygote built, each message reuses
     (node / "node.toml").write_text("[environment]\nSECAGG_TEST_NODE = '1'\n")
     assert node_client(node) is not first  # its operator changed its settings: read again
+
+
+def test_what_the_experimenter_and_the_serverapp_refuse_says_what_to_do(tmp_path):
+    from secagg.flower.apps import main as server_main
+    from secagg.flower.experimenter import make_experimenter, open_sealed
+
+    make_experimenter(tmp_path / "me")
+    with pytest.raises(ConfigError, match="made once"):
+        make_experimenter(tmp_path / "me")
+    # a run folder that holds no sealed models (not a server-blind run's)
+    reference = tmp_path / "run"
+    secagg.run(PLAIN, out=reference)
+    with pytest.raises(ConfigError, match="holds no sealed models"):
+        open_sealed(reference, tmp_path / "me" / "observer.key")
+    with pytest.raises(ConfigError, match="not an experimenter's private key"):
+        open_sealed(reference, tmp_path / "me" / "observer.pub")
+
+    class Context:  # a run submitted without the deployment folder
+        run_config = {"deployment": ""}
+        run_id = 1
+
+    with pytest.raises(ConfigError, match="--run-config 'deployment="):
+        server_main(None, Context())  # type: ignore[arg-type]
