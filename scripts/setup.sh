@@ -40,7 +40,7 @@ want=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [[ ! -f $stamp || "$(cat "$stamp")" != "$want" ]]; then
   echo "secagg setup: installing dependencies (first time: a few minutes, torch is large)" >&2
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e ".[test,flower,native]"
+  .venv/bin/python -m pip install -q -e ".[test,flower,native,docs]"
   echo "$want" > "$stamp"
 fi
 bash scripts/build_native.sh

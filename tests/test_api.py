@@ -1,5 +1,5 @@
 """The Python API: ``import secagg``, a custom task and protocol from outside the package,
-run in-process and in worker processes; the README's example is run exactly as printed."""
+run in-process and in worker processes; the Python API page's example (docs/how-to/python-api.md) is run exactly as printed."""
 
 import re
 import subprocess
@@ -16,10 +16,10 @@ MARKER = "<!-- example: tests/test_api.py runs this block as a script -->"
 
 
 def readme_example() -> str:
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "how-to" / "python-api.md").read_text()
     after = text[text.index(MARKER) + len(MARKER) :]
     match = re.match(r"\s*```python\n(.*?)```", after, re.S)
-    assert match, "the README's example block follows its marker"
+    assert match, "the Python API page's example block follows its marker"
     return match.group(1)
 
 

@@ -1,4 +1,4 @@
-"""docs/own-model.md's walkthrough, run exactly as written: its commands, in a copy of the
+"""docs/tutorials/own-model.md's walkthrough, run exactly as written: its commands, in a copy of the
 example folder, and the trackers' files read back with TensorBoard's and MLflow's readers."""
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ from secagg.simulation.cli import main
 from tests.test_plugins import registries  # noqa: F401  (the fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
-DOC = ROOT / "docs" / "own-model.md"
+DOC = ROOT / "docs" / "tutorials" / "own-model.md"
 
 
 def walkthrough_commands() -> list[list[str]]:
     """The commands of the walkthrough's "Run it" section, as argument lists."""
     section = DOC.read_text().split("## Run it", 1)[1]
     block = re.search(r"```sh\n(.*?)```", section, re.S)
-    assert block is not None, "docs/own-model.md lost its commands"
+    assert block is not None, "docs/tutorials/own-model.md lost its commands"
     return [shlex.split(line) for line in block.group(1).splitlines() if line.strip()]
 
 
