@@ -50,13 +50,13 @@ clients: ADMM with partial participation, not the report's synchronous algorithm
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 
 from secagg import wire
 from secagg.errors import ClientInputError, ConfigError, ProtocolStateError, StateError
-from secagg.options import Option
+from secagg.options import Flag
 from secagg.protocols.base import Capabilities, ClientAPI, ClientHalf, Protocol, RoundAPI, Upload
 from secagg.protocols.optimizers import ServerOptimizer, register_optimizer
 from secagg.protocols.registry import register_protocol
@@ -260,35 +260,29 @@ class ADMM(Protocol):
         precise_sums=True,  # z converges to x* to 1e-8 on compact; lean's noise is ~1e-4
     )
     client = ADMMClient
-    options = (
-        Option("problem", "admm-problem", str, "ridge", "the objective (Eq. 3.4-3.7)", PROBLEMS),
-        Option("lam", "admm-lambda", float, 0.05, "regularisation weight lambda"),
-        Option("rho", "admm-rho", float, 0.1, "ADMM penalty rho"),
-        Option(
-            "local_steps",
-            "admm-local-steps",
-            int,
-            30,
-            "(sub)gradient steps of the logistic/SVM x-update (ridge/lasso: exact)",
-        ),
-        Option("local_lr", "admm-local-lr", float, 0.2, "step size of those steps"),
-        Option(
-            "tol",
-            "admm-tol",
-            float,
-            0.0,
-            "stop once the primal and dual residuals are both below it (0: every round)",
-        ),
-    )
 
     def __init__(
         self,
-        problem: str = "ridge",
-        lam: float = 0.05,
-        rho: float = 0.1,
-        local_steps: int = 30,
-        local_lr: float = 0.2,
-        tol: float = 0.0,
+        problem: Annotated[
+            str, Flag("admm-problem", "the objective (Eq. 3.4-3.7)", choices=PROBLEMS)
+        ] = "ridge",
+        lam: Annotated[float, Flag("admm-lambda", "regularisation weight lambda")] = 0.05,
+        rho: Annotated[float, Flag("admm-rho", "ADMM penalty rho")] = 0.1,
+        local_steps: Annotated[
+            int,
+            Flag(
+                "admm-local-steps",
+                "(sub)gradient steps of the logistic/SVM x-update (ridge/lasso: exact)",
+            ),
+        ] = 30,
+        local_lr: Annotated[float, Flag("admm-local-lr", "step size of those steps")] = 0.2,
+        tol: Annotated[
+            float,
+            Flag(
+                "admm-tol",
+                "stop once the primal and dual residuals are both below it (0: every round)",
+            ),
+        ] = 0.0,
     ):
         _check(problem)
         if not (lam >= 0 and rho > 0 and local_steps >= 1 and local_lr > 0 and tol >= 0):
@@ -302,17 +296,6 @@ class ADMM(Protocol):
         self._z_before: np.ndarray | None = None
         self._residuals: dict[str, float] = {}
         self._dual = float("nan")
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "problem": self.problem,
-            "lam": self.lam,
-            "rho": self.rho,
-            "local_steps": self.local_steps,
-            "local_lr": self.local_lr,
-            "tol": self.tol,
-        }
 
     def server_step(self, n_clients: int | None) -> dict[str, Any]:
         step = ConsensusStepL1 if self.problem == "lasso" else ConsensusStep
@@ -387,6 +370,5 @@ register_protocol(
     "admm",
     ADMM,
     summary="consensus ADMM for ridge/lasso/logistic/SVM (GenoMed4All D6.2 §3.4)",
-    options=ADMM.options,
     _builtin=True,
 )

@@ -128,17 +128,6 @@ class AutoFedRL(Protocol):
         self.search_seconds = 0.0  # the agent's own time (sampling and updates)
         self.trajectory: list[dict[str, Any]] = []  # per round: h^q, L^{q+1}, r^q
 
-    def describe(self):
-        return {
-            "name": self.name,
-            "agent": self.agent_kind,
-            "search": list(self.searched),
-            "agent_lr": self.agent_lr,
-            "window": self.window,
-            "init_sigma": self.init_sigma,
-            "ranges": self.ranges,
-        }
-
     def seed(self, seed: int) -> None:
         self._seed = seed
 

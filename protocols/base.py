@@ -30,7 +30,7 @@ from typing import Protocol as TypingProtocol
 import numpy as np
 
 from secagg.errors import ConfigError, StateError
-from secagg.options import Option
+from secagg.options import Option, options_of
 from secagg.wire import Envelope, Field
 
 
@@ -363,6 +363,16 @@ class ComposedClientHalf(ClientHalf):
             part.load_state_dict(state.get(str(i), {}))
 
 
+class _DeclaredOptions:
+    """``Protocol.options`` of a subclass: the flagged parameters of its constructor,
+    read on first use and kept on the class."""
+
+    def __get__(self, obj: object, owner: type) -> tuple[Option, ...]:
+        options = options_of(owner.__init__)  # type: ignore[misc]
+        setattr(owner, "options", options)  # later reads find the tuple itself
+        return options
+
+
 class Protocol(ABC):
     """An aggregation algorithm's server half. Subclasses keep their arithmetic in
     module-level pure functions; ``client`` names the client half that registers with it."""
@@ -370,11 +380,18 @@ class Protocol(ABC):
     name: str = "abstract"
     #: what the protocol needs from the engine and shows the server
     capabilities: Capabilities = Capabilities()
-    #: its settings with a CLI flag of their own, each stored as the attribute of its key
+    #: its settings with a CLI flag of their own, read from its constructor's signature
+    #: (:class:`~secagg.options.Flag`), each stored as the attribute of its key
     #: (:meth:`option_values` reads them back)
     options: ClassVar[tuple[Option, ...]] = ()
     #: the client half (phase handlers on the clients); the base half answers nothing
     client: ClassVar[type[ClientHalf]] = ClientHalf
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "options" not in vars(cls):  # unless the class lists its Option records itself
+            # read lazily: the signature's annotations may name what the module defines later
+            cls.options = _DeclaredOptions()  # type: ignore[assignment]
 
     @classmethod
     def make_client(cls, **options: Any) -> ClientHalf:
@@ -382,7 +399,7 @@ class Protocol(ABC):
         return cls.client()
 
     def option_values(self) -> dict[str, Any]:
-        """The value of each of its ``options``, by key (for ``describe`` and requests)."""
+        """The value of each of its ``options``, by key (for requests that carry them)."""
         return {option.key: getattr(self, option.key) for option in self.options}
 
     def seed(self, seed: int) -> None:
@@ -481,6 +498,3 @@ class Protocol(ABC):
     def round_log(self) -> dict[str, float]:
         """Numbers worth a column in the run's per-round metrics (e.g. chosen settings)."""
         return {}
-
-    def describe(self) -> dict[str, Any]:
-        return {"name": self.name}

@@ -35,13 +35,13 @@ here) to the c-index of plain. Use the wide presets for this protocol.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 
 from secagg import wire
 from secagg.errors import ConfigError, ProtocolStateError, RoundAborted
-from secagg.options import Option
+from secagg.options import Flag
 from secagg.protocols.base import (
     Capabilities,
     ClientAPI,
@@ -175,20 +175,21 @@ class CoxPH(Protocol):
         client_dp_compatible=False,
     )
     client = CoxPHClient
-    options = (
-        Option("penalizer", "cox-penalizer", float, 0.0, "ridge weight: (lambda/2) N |beta|^2"),
-        Option("tol", "cox-tol", float, 1e-9, "stop once a Newton step is shorter than this"),
-    )
 
-    def __init__(self, penalizer: float = 0.0, tol: float = 1e-9):
+    def __init__(
+        self,
+        penalizer: Annotated[
+            float, Flag("cox-penalizer", "ridge weight: (lambda/2) N |beta|^2")
+        ] = 0.0,
+        tol: Annotated[
+            float, Flag("cox-tol", "stop once a Newton step is shorter than this")
+        ] = 1e-9,
+    ):
         if not (penalizer >= 0 and tol >= 0):
             raise ConfigError("coxph needs penalizer >= 0 and tol >= 0")
         self.penalizer, self.tol = penalizer, tol
         self.grid: np.ndarray | None = None
         self.step_norm = float("nan")
-
-    def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "penalizer": self.penalizer, "tol": self.tol}
 
     def release_lengths(self, data: Any) -> tuple[int, ...]:
         grid = union_grid([event_times(part.y.numpy().astype(np.float64)) for part in data.train])
@@ -264,6 +265,5 @@ register_protocol(
     CoxPH,
     summary="exact federated Cox model: Newton steps from the summed per-event-time risk-set "
     "statistics (Efron ties; GenoMed4All D6.2 8.2.1)",
-    options=CoxPH.options,
     _builtin=True,
 )

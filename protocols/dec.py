@@ -45,14 +45,14 @@ Deviations, chosen:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
 from secagg import wire
 from secagg.errors import ConfigError, ProtocolStateError
-from secagg.options import Option
+from secagg.options import Flag
 from secagg.protocols.base import Capabilities, ClientAPI, ClientHalf, Protocol, RoundAPI, Upload
 from secagg.protocols.fedavg import sample_size_weights
 from secagg.protocols.registry import register_protocol
@@ -345,37 +345,32 @@ class DEC(Protocol):
         pretrain="autoencoder",
     )
     client = DECClient
-    options = (
-        Option("lr", "dec-lr", float, 0.01, "SGD rate of the KL refinement (DEC: 0.01)"),
-        Option("momentum", "dec-momentum", float, 0.9, "SGD momentum (DEC: 0.9)"),
-        Option("steps", "dec-steps", int, 20, "mini-batch steps per round on each client"),
-        Option("batch", "dec-batch", int, 64, "mini-batch size (DEC: 256)"),
-        Option("restarts", "dec-restarts", int, 5, "k-means restarts, stepped together"),
-        Option("kmeans_iters", "dec-kmeans-iters", int, 20, "Lloyd iterations (one reveal each)"),
-        Option("pretrain_rounds", "dec-pretrain-rounds", int, 30, "autoencoder FedAvg rounds"),
-        Option("pretrain_lr", "dec-pretrain-lr", float, 0.003, "autoencoder client Adam rate"),
-        Option(
-            "scale",
-            "dec-scale",
-            float,
-            1000.0,
-            "sums of points, counts and frequencies are uploaded / scale (CKKS headroom); the "
-            "server multiplies back",
-        ),
-    )
 
     def __init__(
         self,
         *,
-        lr: float = 0.01,
-        momentum: float = 0.9,
-        steps: int = 20,
-        batch: int = 64,
-        restarts: int = 5,
-        kmeans_iters: int = 20,
-        pretrain_rounds: int = 30,
-        pretrain_lr: float = 0.003,
-        scale: float = 1000.0,
+        lr: Annotated[float, Flag("dec-lr", "SGD rate of the KL refinement (DEC: 0.01)")] = 0.01,
+        momentum: Annotated[float, Flag("dec-momentum", "SGD momentum (DEC: 0.9)")] = 0.9,
+        steps: Annotated[int, Flag("dec-steps", "mini-batch steps per round on each client")] = 20,
+        batch: Annotated[int, Flag("dec-batch", "mini-batch size (DEC: 256)")] = 64,
+        restarts: Annotated[int, Flag("dec-restarts", "k-means restarts, stepped together")] = 5,
+        kmeans_iters: Annotated[
+            int, Flag("dec-kmeans-iters", "Lloyd iterations (one reveal each)")
+        ] = 20,
+        pretrain_rounds: Annotated[
+            int, Flag("dec-pretrain-rounds", "autoencoder FedAvg rounds")
+        ] = 30,
+        pretrain_lr: Annotated[
+            float, Flag("dec-pretrain-lr", "autoencoder client Adam rate")
+        ] = 0.003,
+        scale: Annotated[
+            float,
+            Flag(
+                "dec-scale",
+                "sums of points, counts and frequencies are uploaded / scale (CKKS headroom); the "
+                "server multiplies back",
+            ),
+        ] = 1000.0,
     ):
         """
         Parameters:
@@ -404,9 +399,6 @@ class DEC(Protocol):
         self.frequencies: np.ndarray | None = None
         self.inertia: float = float("nan")
         self.rng = np.random.default_rng(0)
-
-    def describe(self) -> dict[str, Any]:
-        return {"name": self.name, **self.option_values()}
 
     def seed(self, seed: int) -> None:
         self.rng = np.random.default_rng(seed)
@@ -513,6 +505,5 @@ register_protocol(
     DEC,
     summary="deep embedded clustering: federated autoencoder, k-means by protected sums, "
     "KL(P||Q) refinement averaged (GenoMed4All D6.2 7.3-7.4)",
-    options=DEC.options,
     _builtin=True,
 )

@@ -59,13 +59,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from math import lgamma, log, pi
-from typing import Any
+from typing import Annotated
 
 import numpy as np
 
 from secagg import wire
 from secagg.errors import ConfigError, StateError
-from secagg.options import Option
+from secagg.options import Flag
 from secagg.protocols.base import (
     Capabilities,
     ClientAPI,
@@ -471,26 +471,24 @@ class DGD(FedAvg):
     # FedAvg's weights n_i / Σn, known before the uploads: the server folds them as they come
     capabilities = Capabilities(streams=True)
     client = DGDClient
-    options = (
-        Option("latent", "dgd-latent", int, LATENT, "representation size (the task fixes it)"),
-        Option("hidden", "dgd-hidden", int, HIDDEN, "decoder hidden units (the task fixes it)"),
-        Option("components", "dgd-components", int, COMPONENTS, "mixture components (task's)"),
-        Option("steps", "dgd-steps", int, 50, "local Adam steps per round (full batch)"),
-        Option("lr", "dgd-lr", float, 0.01, "Adam's rate for the decoder and the mixture"),
-        Option(
-            "representation_lr", "dgd-representation-lr", float, 0.05, "Adam's rate for the z's"
-        ),
-    )
 
     def __init__(
         self,
         *,
-        latent: int = LATENT,
-        hidden: int = HIDDEN,
-        components: int = COMPONENTS,
-        steps: int = 50,
-        lr: float = 0.01,
-        representation_lr: float = 0.05,
+        latent: Annotated[
+            int, Flag("dgd-latent", "representation size (the task fixes it)")
+        ] = LATENT,
+        hidden: Annotated[
+            int, Flag("dgd-hidden", "decoder hidden units (the task fixes it)")
+        ] = HIDDEN,
+        components: Annotated[
+            int, Flag("dgd-components", "mixture components (task's)")
+        ] = COMPONENTS,
+        steps: Annotated[int, Flag("dgd-steps", "local Adam steps per round (full batch)")] = 50,
+        lr: Annotated[float, Flag("dgd-lr", "Adam's rate for the decoder and the mixture")] = 0.01,
+        representation_lr: Annotated[
+            float, Flag("dgd-representation-lr", "Adam's rate for the z's")
+        ] = 0.05,
     ):
         """``latent``, ``hidden``, ``components``: the task's model (its defaults are the
         dgd tasks'); ``steps``: local full-batch Adam steps a round; ``lr`` and
@@ -502,9 +500,6 @@ class DGD(FedAvg):
         self.latent, self.hidden, self.components = latent, hidden, components
         self.steps, self.lr, self.representation_lr = steps, lr, representation_lr
         self._seed = 0
-
-    def describe(self) -> dict[str, Any]:
-        return {"name": self.name, **self.option_values()}
 
     def seed(self, seed: int) -> None:
         self._seed = int(seed)  # the clients draw their first representations from it
@@ -518,6 +513,5 @@ register_protocol(
     DGD,
     summary="deep generative decoder: decoder and mixture averaged, representations stay on "
     "the clients; imputes missing values (GenoMed4All D6.2 9)",
-    options=DGD.options,
     _builtin=True,
 )

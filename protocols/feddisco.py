@@ -123,9 +123,6 @@ class FedDisco(Protocol):
     def use_pretrained(self, params: np.ndarray, layout: Mapping[str, Any]) -> None:
         self.vae = (np.asarray(params, dtype=np.float64), dict(layout))
 
-    def describe(self):
-        return {"name": self.name, "alpha": self.alpha, "b": self.b}
-
     def aggregate(self, ctx: RoundAPI, uploads: Mapping[str, Upload]) -> Any:
         missing = [c for c in uploads if c not in self.d]
         if missing:  # first round (or a newcomer): ask for the discrepancy once

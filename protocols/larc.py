@@ -24,13 +24,13 @@ departs from a reader's expectation:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 
 from secagg import wire
 from secagg.errors import ConfigError, ProtocolStateError
-from secagg.options import Option
+from secagg.options import Flag
 from secagg.protocols.base import (
     Capabilities,
     ClientAPI,
@@ -107,30 +107,24 @@ class LARC(Protocol):
         opens_per_round=1,  # Ĝ
     )
     client = LARCClient
-    #: settings with CLI flags of their own (``--larc-q`` ...)
-    options = (
-        Option("q", "larc-q", float, 19.0, "softmax temperature q (paper: 19)"),
-        Option("b", "larc-b", float, 0.5, "base weight b (paper: 0.5)"),
-        Option(
-            "normalize",
-            "larc-normalize",
-            bool,
-            False,
-            "rescale alpha to sum to 1 (the paper and its code do not)",
-        ),
-        Option(
-            "loss_check",
-            "larc-loss-check",
-            str,
-            "full",
-            "'weights_only' drops the bias in the client loss, as the team's code does "
-            "(no effect on the Cox loss)",
-            LOSS_CHECKS,
-        ),
-    )
 
     def __init__(
-        self, q: float = 19.0, b: float = 0.5, normalize: bool = False, loss_check: str = "full"
+        self,
+        q: Annotated[float, Flag("larc-q", "softmax temperature q (paper: 19)")] = 19.0,
+        b: Annotated[float, Flag("larc-b", "base weight b (paper: 0.5)")] = 0.5,
+        normalize: Annotated[
+            bool,
+            Flag("larc-normalize", "rescale alpha to sum to 1 (the paper and its code do not)"),
+        ] = False,
+        loss_check: Annotated[
+            str,
+            Flag(
+                "larc-loss-check",
+                "'weights_only' drops the bias in the client loss, as the team's code does "
+                "(no effect on the Cox loss)",
+                choices=LOSS_CHECKS,
+            ),
+        ] = "full",
     ):
         if loss_check not in LOSS_CHECKS:
             raise ConfigError(f"loss_check must be one of {LOSS_CHECKS}, got {loss_check!r}")
@@ -138,15 +132,6 @@ class LARC(Protocol):
             raise ConfigError(f"LARC needs q >= 0 and b >= 0 (got q={q}, b={b})")
         self.q, self.b, self.normalize, self.loss_check = q, b, normalize, loss_check
         self.alpha_prev: dict[str, float] = {}  # α^{t-1}; absent means α^{-1} = 1
-
-    def describe(self):
-        return {
-            "name": self.name,
-            "q": self.q,
-            "b": self.b,
-            "normalize": self.normalize,
-            "loss_check": self.loss_check,
-        }
 
     def aggregate(self, ctx: RoundAPI, uploads: Mapping[str, Upload]) -> Any:
         handles = {c: u.handle for c, u in uploads.items()}
@@ -180,6 +165,5 @@ register_protocol(
     LARC,
     default_optimizer={"name": "adam", "lr": 0.01, "beta1": 0.9, "beta2": 0.999, "tau": 1e-3},
     summary="Delta-L softmax weights (iDASH 2024 Track 2)",
-    options=LARC.options,
     _builtin=True,
 )

@@ -37,13 +37,13 @@ precisions reach the hundreds) and the server step multiplies back.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 
 from secagg import wire
 from secagg.errors import ConfigError, ProtocolStateError
-from secagg.options import Option
+from secagg.options import Flag
 from secagg.protocols.base import (
     Capabilities,
     ClientAPI,
@@ -258,36 +258,29 @@ class PVI(Protocol):
     # the sum of every change (weights 1): not a planned mean, so the uploads are buffered
     capabilities = Capabilities()
     client = PVIClient
-    options = (
-        Option(
-            "damping",
-            "pvi-damping",
-            float,
-            0.5,
-            "damping of the factor updates (1: none, which oscillates here)",
-        ),
-        Option("hidden", "pvi-hidden", int, 8, "Bayesian MLP: hidden units (the task fixes it)"),
-        Option("steps", "pvi-steps", int, 200, "Bayesian MLP: Adam steps per local fit"),
-        Option("samples", "pvi-samples", int, 8, "Bayesian MLP: Monte Carlo draws per step"),
-        Option("lr", "pvi-lr", float, 0.01, "Bayesian MLP: Adam's rate"),
-        Option(
-            "scale",
-            "pvi-scale",
-            float,
-            100.0,
-            "uploads are the change of natural parameters / scale (CKKS headroom); the server "
-            "step multiplies back",
-        ),
-    )
 
     def __init__(
         self,
-        damping: float = 0.5,
-        scale: float = 100.0,
-        hidden: int = 8,
-        steps: int = 200,
-        samples: int = 8,
-        lr: float = 0.01,
+        damping: Annotated[
+            float,
+            Flag("pvi-damping", "damping of the factor updates (1: none, which oscillates here)"),
+        ] = 0.5,
+        scale: Annotated[
+            float,
+            Flag(
+                "pvi-scale",
+                "uploads are the change of natural parameters / scale (CKKS headroom); the server "
+                "step multiplies back",
+            ),
+        ] = 100.0,
+        hidden: Annotated[
+            int, Flag("pvi-hidden", "Bayesian MLP: hidden units (the task fixes it)")
+        ] = 8,
+        steps: Annotated[int, Flag("pvi-steps", "Bayesian MLP: Adam steps per local fit")] = 200,
+        samples: Annotated[
+            int, Flag("pvi-samples", "Bayesian MLP: Monte Carlo draws per step")
+        ] = 8,
+        lr: Annotated[float, Flag("pvi-lr", "Bayesian MLP: Adam's rate")] = 0.01,
     ):
         if not (0 < damping <= 1 and scale > 0):
             raise ConfigError("pvi needs 0 < damping <= 1 and scale > 0")
@@ -295,9 +288,6 @@ class PVI(Protocol):
             raise ConfigError("pvi needs hidden, steps and samples >= 1 and lr > 0")
         self.damping, self.scale = damping, scale
         self.hidden, self.steps, self.samples, self.lr = hidden, steps, samples, lr
-
-    def describe(self) -> dict[str, Any]:
-        return {"name": self.name, **self.option_values()}
 
     def begin_round(self, ctx: RoundAPI) -> float:
         return self.scale  # the server step: λ_q ← λ_q + scale · Σ_i (Δλ_i / scale)
@@ -315,6 +305,5 @@ register_protocol(
     PVI,
     summary="synchronous partitioned variational inference, Bayesian logistic regression "
     "(GenoMed4All D6.2 4.3)",
-    options=PVI.options,
     _builtin=True,
 )

@@ -25,10 +25,13 @@ class ProtocolSpec:
     protocol: type[Protocol]
     default_optimizer: dict[str, Any] = field(default_factory=lambda: {"name": "sgd", "lr": 1.0})
     summary: str = ""
-    #: settings with a CLI flag of their own (any constructor argument also works as
-    #: ``--protocol-option key=value``)
-    options: tuple[Option, ...] = ()
     builtin: bool = False
+
+    @property
+    def options(self) -> tuple[Option, ...]:
+        """Settings with a CLI flag of their own, from the constructor's signature (any
+        constructor argument also works as ``--protocol-option key=value``)."""
+        return self.protocol.options
 
 
 PROTOCOLS: dict[str, ProtocolSpec] = {}
@@ -40,7 +43,6 @@ def register_protocol(
     *,
     default_optimizer: dict[str, Any] | None = None,
     summary: str = "",
-    options: tuple[Option, ...] = (),
     replace: bool = False,
     _builtin: bool = False,
 ) -> None:
@@ -60,7 +62,6 @@ def register_protocol(
         protocol,
         dict(default_optimizer or {"name": "sgd", "lr": 1.0}),
         summary,
-        tuple(options),
         _builtin,
     )
 

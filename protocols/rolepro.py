@@ -207,9 +207,6 @@ class CostWAgg(_LossRatio):
             raise ConfigError(f"CostWAgg needs 0 <= alpha <= 1, got {alpha}")
         self.alpha = alpha
 
-    def describe(self):
-        return {"name": self.name, "alpha": self.alpha, "ratio": self.ratio}
-
     def aggregate(self, ctx: RoundAPI, uploads: Mapping[str, Upload]) -> Any:
         clients, nu = _ordered(uploads)
         w = cost_weights(nu, self.ratios(uploads, clients), self.alpha)
@@ -266,9 +263,6 @@ class RegAgg(Protocol):
 
     def __init__(self, tau: float = TAU):
         self.tau = _checked_tau(tau)
-
-    def describe(self):
-        return {"name": self.name, "tau": self.tau}
 
     def _ratio(
         self, ctx: RoundAPI, uploads: Mapping[str, Upload], nu: Mapping[str, float]

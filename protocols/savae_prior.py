@@ -50,13 +50,13 @@ answered once keeps its last pseudo-points).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 
 from secagg import wire
 from secagg.errors import ConfigError, ProtocolStateError
-from secagg.options import Option
+from secagg.options import Flag
 from secagg.protocols.base import Capabilities, ClientAPI, RoundAPI, VectorStateHalf
 from secagg.protocols.fedavg import FedAvg
 from secagg.protocols.registry import register_protocol
@@ -135,20 +135,19 @@ class SAVAEPrior(FedAvg):
         client_dp_compatible=False,  # the pseudo-points are released without DP noise
     )
     client = SAVAEPriorClient
-    options = (
-        Option("n_pseudo", "savae-pseudo", int, 8, "pseudo-inputs per node (the task fixes it)"),
-    )
 
-    def __init__(self, n_pseudo: int = 8):
+    def __init__(
+        self,
+        n_pseudo: Annotated[
+            int, Flag("savae-pseudo", "pseudo-inputs per node (the task fixes it)")
+        ] = 8,
+    ):
         if not (isinstance(n_pseudo, int) and n_pseudo >= 1):
             raise ConfigError(f"savae_prior needs n_pseudo >= 1, got {n_pseudo!r}")
         self.n_pseudo = n_pseudo
         self.run_seed = 0
         self.roster: list[str] | None = None
         self.shared: dict[str, np.ndarray] = {}
-
-    def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "n_pseudo": self.n_pseudo}
 
     def seed(self, seed: int) -> None:
         self.run_seed = seed
@@ -186,6 +185,5 @@ register_protocol(
     SAVAEPrior,
     summary="SAVAE weight averaging with the joint pseudo-point prior, pseudo-points in "
     "plaintext (GenoMed4All D6.2 6.5.1)",
-    options=SAVAEPrior.options,
     _builtin=True,
 )

@@ -66,9 +66,6 @@ class TwoPhase(Protocol):
         then_cls, options = _parts(then, switch_round, then_options)
         return ComposedClientHalf([FedAvg.make_client(), then_cls.make_client(**options)])
 
-    def describe(self):
-        return {"name": self.name, "switch_round": self.switch_round, "then": self.then.describe()}
-
     def current(self, ctx: RoundAPI) -> Protocol:
         return self.first if ctx.round < self.switch_round else self.then
 

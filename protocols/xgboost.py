@@ -36,13 +36,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 
 from secagg import wire
 from secagg.errors import ConfigError, MalformedMessage, UnexpectedField
-from secagg.options import Option
+from secagg.options import Flag
 from secagg.protocols.base import (
     Capabilities,
     ClientAPI,
@@ -271,23 +271,21 @@ class XGBoost(Protocol):
         client_dp_compatible=False,
     )
     client = XGBoostClient
-    options = (
-        Option("depth", "xgb-depth", int, 3, "tree depth (the task's model fixes it)"),
-        Option("bins", "xgb-bins", int, 16, "histogram bins (the task's binning fixes them)"),
-        Option("eta", "xgb-eta", float, 0.3, "learning rate (xgboost's default)"),
-        Option("lam", "xgb-lambda", float, 1.0, "L2 weight on the leaves, lambda"),
-        Option("min_child_weight", "xgb-min-child-weight", float, 1.0, "least H in a child"),
-        Option("top_s", "xgb-top-s", int, 0, "the report's top-S split proposal (0: histograms)"),
-    )
 
     def __init__(
         self,
-        depth: int = 3,
-        bins: int = 16,
-        eta: float = 0.3,
-        lam: float = 1.0,
-        min_child_weight: float = 1.0,
-        top_s: int = 0,
+        depth: Annotated[int, Flag("xgb-depth", "tree depth (the task's model fixes it)")] = 3,
+        bins: Annotated[
+            int, Flag("xgb-bins", "histogram bins (the task's binning fixes them)")
+        ] = 16,
+        eta: Annotated[float, Flag("xgb-eta", "learning rate (xgboost's default)")] = 0.3,
+        lam: Annotated[float, Flag("xgb-lambda", "L2 weight on the leaves, lambda")] = 1.0,
+        min_child_weight: Annotated[
+            float, Flag("xgb-min-child-weight", "least H in a child")
+        ] = 1.0,
+        top_s: Annotated[
+            int, Flag("xgb-top-s", "the report's top-S split proposal (0: histograms)")
+        ] = 0,
     ):
         if not (depth >= 1 and bins >= 2 and eta > 0 and lam >= 0 and min_child_weight >= 0):
             raise ConfigError("xgboost needs depth >= 1, bins >= 2, eta > 0, lam >= 0")
@@ -310,9 +308,6 @@ class XGBoost(Protocol):
         self.width = 2 * self.internal + 2**depth
         self._present: np.ndarray = np.ones((0, bins), dtype=bool)
         self._n_total = 1.0
-
-    def describe(self) -> dict[str, Any]:
-        return {"name": self.name, **self._settings()}
 
     def _settings(self) -> dict[str, Any]:
         return {
@@ -428,6 +423,5 @@ register_protocol(
     XGBoost,
     summary="federated gradient-boosted trees from summed gradient histograms (or the "
     "report's top-S proposal), one tree per round (GenoMed4All D6.2 10.2)",
-    options=XGBoost.options,
     _builtin=True,
 )

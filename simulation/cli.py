@@ -310,9 +310,8 @@ def cmd_presets(args: argparse.Namespace) -> int:
     if args.show:
         print(S.preset_path(args.show).read_text(), end="")
         return 0
-    for path in sorted(S.PRESETS.glob("*.toml")):
-        first = path.read_text().splitlines()[0].lstrip("# ")
-        print(f"{path.stem:24s} {first}")
+    for name in S.preset_names():
+        print(f"{name:24s} {S.preset_summary(name)}")
     print("\n`secagg presets --show NAME` prints one; `secagg run --preset NAME` runs it")
     return 0
 

@@ -559,12 +559,21 @@ def check_keys(values: Mapping[str, Any], where: str) -> dict[str, Any]:
     return out
 
 
+def preset_names() -> list[str]:
+    """The bundled presets' names, sorted (``secagg presets``)."""
+    return sorted(p.stem for p in PRESETS.glob("*.toml"))
+
+
 def preset_path(name: str) -> Path:
     path = PRESETS / f"{name}.toml"
     if not path.is_file():
-        names = ", ".join(sorted(p.stem for p in PRESETS.glob("*.toml")))
-        raise ConfigError(f"unknown preset {name!r}; the presets are: {names}")
+        raise ConfigError(f"unknown preset {name!r}; the presets are: {', '.join(preset_names())}")
     return path
+
+
+def preset_summary(name: str) -> str:
+    """What a bundled preset runs: its file's first line, a comment."""
+    return preset_path(name).read_text().splitlines()[0].lstrip("# ")
 
 
 def layer(*layers: Mapping[str, Any]) -> dict[str, Any]:

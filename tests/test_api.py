@@ -1,5 +1,6 @@
 """The Python API: ``import secagg``, a custom task and protocol from outside the package,
-run in-process and in worker processes; the Python API page's example (docs/how-to/python-api.md) is run exactly as printed."""
+run in-process and in worker processes; the Python API page's example
+(docs/how-to/python-api.md) is run exactly as printed."""
 
 import re
 import subprocess
