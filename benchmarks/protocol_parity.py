@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from benchmarks.stats import markdown_table
-from secagg.protocols import PROTOCOLS, make_protocol
+from secagg.protocols import PROTOCOLS, make_protocol, protocol_spec
 from secagg.simulation.experiment import ExperimentConfig, run_experiment
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -32,46 +32,13 @@ SMALL = ExperimentConfig(rounds=2, seeds=[1], local_steps=3, backend="ckks")
 
 
 def short_run(protocol: str, **changes) -> ExperimentConfig:
-    """A short run of the protocol on its paper's kind of task."""
+    """A short run of the protocol on its own kind of task: the example registered with it
+    (``secagg.protocols.registry.Example``), then ``changes``."""
     allow = make_protocol(protocol).capabilities.needs_individual_updates  # medians: not sums
-    cfg = replace(SMALL, protocol=protocol, allow_plaintext_updates=allow, **changes)
-    if protocol == "feddisco":  # a β-VAE over images: the digits task
-        cfg = replace(
-            cfg,
-            task="digits-niid2",
-            local_epochs=1,
-            local_steps=ExperimentConfig.local_steps,  # epochs count here
-            batch_size=64,
-            client_lr="0.5",
-            vae_rounds=2,
-            protocol_options={"alpha": 0.0},
-        )
-    if protocol == "autofedrl":  # the agent's reward needs the clients' validation losses
-        cfg = replace(cfg, task="digits-dir8", batch_size=32, validation_split=0.2)
-    if protocol == "admm":  # linear models on the report's tabular sets
-        cfg = replace(cfg, task="diabetes-label")
-    if protocol == "sequential":  # each centre opens its predecessor's model alone
-        cfg = replace(cfg, backend_options={"min_contributors": 1})
-    if protocol == "ensemble":  # scores a pooled evaluation set
-        cfg = replace(cfg, task="deepcox-gbsg2-balanced")
-    if protocol == "coxph":  # the linear Cox model on (E, T) targets
-        cfg = replace(cfg, task="coxph-gbsg2-times")
-    if protocol == "pvi":  # a Gaussian posterior over logistic regression weights
-        cfg = replace(cfg, task="bayes-breast-cancer-label")
-    if protocol == "xgboost":  # boosted trees over binned features
-        cfg = replace(cfg, task="xgb-breast-cancer-label")
-    if protocol == "savae_prior":  # shares pseudo-points of a survival VAE's prior
-        cfg = replace(cfg, task="savae-prior-gbsg2", batch_size=32)
-    if protocol == "dgd":  # imputes missing values: a decoder and mixture over [values | mask]
-        cfg = replace(cfg, task="dgd-breast-cancer-label")
-    if protocol == "dec":  # clusters a table after its autoencoder pre-stage
-        cfg = replace(
-            cfg,
-            task="dec-breast-cancer-iid",
-            batch_size=32,
-            protocol_options={"pretrain_rounds": 2, "kmeans_iters": 2, "restarts": 2},
-        )
-    return cfg
+    settings = {**protocol_spec(protocol).example.settings, **changes}
+    if "local_epochs" in settings:  # epochs replace the short run's steps
+        settings.setdefault("local_steps", ExperimentConfig.local_steps)
+    return replace(SMALL, protocol=protocol, allow_plaintext_updates=allow, **settings)
 
 
 def gap(a: np.ndarray, b: np.ndarray) -> float:

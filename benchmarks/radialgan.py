@@ -57,7 +57,7 @@ def digits() -> tuple[np.ndarray, np.ndarray]:
 
 def two_nodes(x: np.ndarray, y: np.ndarray, share: float, seed: int) -> dict[str, Any]:
     """The seed's held-out digits and its good and bad node (bad: noised)."""
-    from secagg.protocols.radialgan import corrupt_with_noise
+    from benchmarks.radialgan_training import corrupt_with_noise
 
     rng = np.random.default_rng([seed, int(share * 1000)])
     test = np.concatenate(
@@ -129,7 +129,8 @@ def hand_over(nets: dict, data: dict, source: str, target: str, backend: str = "
 
 
 def run_seed(x: np.ndarray, y: np.ndarray, share: float, seed: int) -> tuple[dict, dict]:
-    from secagg.protocols.radialgan import joint, train_radialgan
+    from benchmarks.radialgan_training import train_radialgan
+    from secagg.protocols.radialgan import joint
 
     nodes = two_nodes(x, y, share, seed)
     start = time.perf_counter()

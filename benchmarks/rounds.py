@@ -32,6 +32,7 @@ from secagg.backends import (
 from secagg.dp import ClientDP
 from secagg.protocols import make_client_half, make_protocol
 from secagg.protocols.optimizers import StepSchedule, make_optimizer
+from secagg.protocols.pieces import FixedServerStep, piece
 from secagg.server.audit import AuditLog
 from secagg.server.engine import Server
 from secagg.server.plan import RunPolicy, TrainingPlan
@@ -240,7 +241,8 @@ def measure_rounds(
         public_signers(workload.provisions or {}),
     )
     protocol = make_protocol(workload.protocol)
-    step = protocol.server_step(len(ids)) or (
+    fixed = piece(protocol, FixedServerStep)
+    step = (fixed.server_step(len(ids)) if fixed is not None else None) or (
         {"name": "adam", "lr": 0.01} if workload.protocol == "fedadam" else {"name": "sgd"}
     )
     plan = TrainingPlan(

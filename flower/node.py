@@ -232,9 +232,12 @@ class NodeClient:
         """What this node's experiment runs per seed: the run (None) and its protocol's
         pre-stage, if it has one."""
         from secagg.protocols import make_protocol
+        from secagg.protocols.pieces import pre_stage_of
 
-        protocol = make_protocol(self.config.protocol, **self.config.protocol_options)
-        return {None, protocol.capabilities.pretrain}
+        return {
+            None,
+            pre_stage_of(make_protocol(self.config.protocol, **self.config.protocol_options)),
+        }
 
     def check_request(self, run: dict[str, Any], flower_run: int) -> tuple[int, str | None]:
         """(seed, stage) of a request, if this node's own experiment file allows it:

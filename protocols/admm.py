@@ -59,7 +59,8 @@ from secagg.errors import ClientInputError, ConfigError, ProtocolStateError, Sta
 from secagg.options import Flag
 from secagg.protocols.base import Capabilities, ClientAPI, ClientHalf, Protocol, RoundAPI, Upload
 from secagg.protocols.optimizers import ServerOptimizer, register_optimizer
-from secagg.protocols.registry import register_protocol
+from secagg.protocols.pieces import Convergence, FixedServerStep
+from secagg.protocols.registry import Example, register_protocol
 from secagg.wire import Envelope, Field
 
 PROBLEMS = ("ridge", "lasso", "logistic", "svm")
@@ -251,7 +252,7 @@ class ADMMClient(ClientHalf):
         self.residual = float(state["residual"])
 
 
-class ADMM(Protocol):
+class ADMM(Protocol, FixedServerStep, Convergence):
     name = "admm"
     capabilities = Capabilities(
         reveals=("global_update", "primal_residual_sq"),
@@ -370,5 +371,7 @@ register_protocol(
     "admm",
     ADMM,
     summary="consensus ADMM for ridge/lasso/logistic/SVM (GenoMed4All D6.2 §3.4)",
+    # linear models on tables
+    example=Example(settings={"task": "diabetes-label"}),
     _builtin=True,
 )

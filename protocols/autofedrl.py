@@ -35,7 +35,8 @@ import numpy as np
 from secagg.errors import ConfigError
 from secagg.protocols.base import Allowed, Capabilities, Protocol, RoundAPI, Upload
 from secagg.protocols.hpo_agents import ContinuousAgent, DiscreteAgent, MLPAgent, SearchSpace
-from secagg.protocols.registry import register_protocol
+from secagg.protocols.pieces import ValidationFeedback
+from secagg.protocols.registry import Example, register_protocol
 
 SEARCHABLE = ("client_lr", "local_steps", "aggregation_weights", "server_lr")
 AGENTS = ("cs", "ds", "mlp")
@@ -67,14 +68,13 @@ def parse_range(text: Any, name: str) -> tuple[float, float]:
     return lo, hi
 
 
-class AutoFedRL(Protocol):
+class AutoFedRL(Protocol, ValidationFeedback):
     name = "autofedrl"
     # this round's weights are drawn before training, so the uploads stream
     capabilities = Capabilities(
         reveals=("val_loss", "global_update"),
         client_scalars=("val_loss",),
         streams=True,
-        observes_validation=True,
     )
 
     def __init__(
@@ -248,5 +248,10 @@ register_protocol(
     "autofedrl",
     AutoFedRL,
     summary="online RL hyperparameter search (needs --validation-split)",
+    example=Example(
+        # the agent's reward needs the clients' validation losses; they train with Adam
+        settings={"task": "digits-dir8", "batch_size": 32, "validation_split": 0.2},
+        amplified=True,
+    ),
     _builtin=True,
 )

@@ -16,6 +16,9 @@ A protocol is one module with two halves that register together:
 
 What a protocol needs from the engine and shows the server is one value,
 :class:`Capabilities`; a composed protocol (RoLePRO's two phases) unites its parts'.
+Behaviours only some protocols have (a fixed server step, a pre-stage, scores made by the
+clients, ...) are not hooks here but pieces (:mod:`secagg.protocols.pieces`) that a protocol
+adds by subclassing them.
 """
 
 from __future__ import annotations
@@ -62,22 +65,12 @@ class Capabilities:
     #: the protocol converges to an exact optimum and needs its sums to about 1e-8 (ADMM):
     #: on ckks it keeps the precise server-weighted default preset even where it streams
     precise_sums: bool = False
-    #: clients report their validation loss of the global model before round 0 and after
-    #: every update (Auto-FedRL's reward); the engine then calls ``observe_validation``
-    observes_validation: bool = False
     #: releases one client's upload alone (Sequential's hops pass a centre's model to the
     #: next): the clients' release policy must allow one-contributor sums
     single_contributor_releases: bool = False
     #: every client's opens are of a different aggregate (Sequential: each centre opens its
     #: predecessor's model), so on threshold a key holder gives a share for each of them
     distinct_opens: bool = False
-    #: the run's evaluation set goes to the clients and the protocol scores it with
-    #: ``predictions`` (Ensemble: the centres' averaged risk scores); there is no global model
-    evaluates_on_clients: bool = False
-    #: a federated pre-stage the experiment runs before round 0 on the same clients and
-    #: backend, whose final model it hands to ``Protocol.use_pretrained`` (FedDisco:
-    #: "beta-vae"); None: none
-    pretrain: str | None = None
 
     def __post_init__(self):
         if not set(self.client_scalars) <= set(self.reveals):
@@ -90,8 +83,6 @@ class Capabilities:
     def union(self, other: Capabilities) -> Capabilities:
         """What a protocol made of both needs: every item either reveals, the larger reveal
         count, any requirement either has, and client DP only if both allow it."""
-        if self.pretrain and other.pretrain and self.pretrain != other.pretrain:
-            raise ConfigError(f"cannot combine pre-stages {self.pretrain!r} and {other.pretrain!r}")
         merged: dict[str, Any] = {}
         for f in fields(self):
             a, b = getattr(self, f.name), getattr(other, f.name)
@@ -398,6 +389,11 @@ class Protocol(ABC):
         """The client half for a run with these protocol options (most ignore them)."""
         return cls.client()
 
+    def piece[P](self, kind: type[P]) -> P | None:
+        """Its piece ``kind`` (:mod:`secagg.protocols.pieces`), or None; a protocol has a
+        piece by subclassing it, a composition answers for its parts."""
+        return self if isinstance(self, kind) else None
+
     def option_values(self) -> dict[str, Any]:
         """The value of each of its ``options``, by key (for requests that carry them)."""
         return {option.key: getattr(self, option.key) for option in self.options}
@@ -422,9 +418,6 @@ class Protocol(ABC):
         them (and refuses any other value); by default none varies."""
         return {}
 
-    def observe_validation(self, ctx: RoundAPI, losses: Mapping[str, float]) -> None:
-        """The clients' validation losses of the current global model."""
-
     def train_fields(self, ctx: RoundAPI, client: str) -> dict[str, Field]:
         """Extra fields for a client's training request (none by default)."""
         return {}
@@ -448,45 +441,6 @@ class Protocol(ABC):
     def check_upload(self, ctx: RoundAPI, client: str, upload: Upload) -> None:
         """Raise ClientInputError if an upload's extra scalars are unusable: the engine then
         excludes that client from the round instead of failing the run."""
-
-    def server_step(self, n_clients: int | None) -> dict[str, Any] | None:
-        """The server step this protocol fixes in place of the run's server optimizer, as an
-        optimizer config (ADMM's z-update for ``n_clients`` blocks; None: not known yet,
-        for the run's record); None: the run's optimizer."""
-        return None
-
-    def release_lengths(self, data: Any) -> tuple[int, ...]:
-        """The lengths of the vectors it releases besides the model's (Ensemble: the
-        evaluation set's size), from the task's data; clients refuse any other length."""
-        return ()
-
-    def use_evaluation_set(self, features: np.ndarray) -> None:
-        """The evaluation set's features (``Capabilities.evaluates_on_clients``)."""
-        raise ConfigError(f"{self.name} does not evaluate on the clients")
-
-    def predictions(self) -> np.ndarray | None:
-        """Its outputs for the evaluation set after the last round, where the protocol makes
-        them (Ensemble); None: the global model's outputs are the predictions."""
-        return None
-
-    def finished(self) -> str | None:
-        """Why the run can stop before its last round (ADMM's residuals under tolerance);
-        None: go on."""
-        return None
-
-    def initial_reveals(self) -> int:
-        """Aggregates ``initialise`` decrypts for the server before round 0 (DEC's k-means
-        sums): added to the decryption budget the clients consent to."""
-        return 0
-
-    def initialise(self, ctx: RoundAPI, params: np.ndarray) -> np.ndarray:
-        """The initial global model, from federated phases before round 0 (DEC's k-means
-        centroids from the pre-trained embedding); by default the task's initial model."""
-        return params
-
-    def use_pretrained(self, params: np.ndarray, layout: Mapping[str, Any]) -> None:
-        """The final model of the pre-stage ``capabilities.pretrain`` names, and its layout."""
-        raise ConfigError(f"{self.name} has no pre-stage")
 
     @abstractmethod
     def aggregate(self, ctx: RoundAPI, uploads: Mapping[str, Upload]) -> Any:

@@ -50,7 +50,8 @@ from secagg.protocols.base import (
     RoundAPI,
     Upload,
 )
-from secagg.protocols.registry import register_protocol
+from secagg.protocols.pieces import Convergence, ExtraReleases
+from secagg.protocols.registry import Example, register_protocol
 from secagg.wire import Envelope, Field
 
 
@@ -167,7 +168,7 @@ class CoxPHClient(ClientHalf):
         return {"statistics": client.protect(stats.ravel())}
 
 
-class CoxPH(Protocol):
+class CoxPH(Protocol, Convergence, ExtraReleases):
     name = "coxph"
     capabilities = Capabilities(
         reveals=("event_times", "risk_set_statistics"),
@@ -265,5 +266,11 @@ register_protocol(
     CoxPH,
     summary="exact federated Cox model: Newton steps from the summed per-event-time risk-set "
     "statistics (Efron ties; GenoMed4All D6.2 8.2.1)",
+    example=Example(
+        # the linear Cox model on (E, T) targets; each centre sends its event times once
+        settings={"task": "coxph-gbsg2-times"},
+        precise=True,
+        client_vectors={"event_times": "once"},
+    ),
     _builtin=True,
 )

@@ -55,7 +55,8 @@ from secagg.errors import ConfigError, ProtocolStateError
 from secagg.options import Flag
 from secagg.protocols.base import Capabilities, ClientAPI, ClientHalf, Protocol, RoundAPI, Upload
 from secagg.protocols.fedavg import sample_size_weights
-from secagg.protocols.registry import register_protocol
+from secagg.protocols.pieces import ExtraReleases, FederatedInitialisation, PreStage
+from secagg.protocols.registry import Example, register_protocol
 from secagg.wire import Envelope, Field
 
 ALPHA = 1.0
@@ -334,7 +335,7 @@ class DECClient(ClientHalf):
         return new - start
 
 
-class DEC(Protocol):
+class DEC(Protocol, PreStage, FederatedInitialisation, ExtraReleases):
     name = "dec"
     # k-means' sums and the soft frequencies are unplanned sums of weight 1, so the uploads
     # are buffered (no streaming); its pre-stage is not DP-accounted
@@ -342,9 +343,9 @@ class DEC(Protocol):
         reveals=("embedding_moments", "kmeans_sums", "cluster_frequencies", "global_update"),
         reveals_per_round=2,
         client_dp_compatible=False,
-        pretrain="autoencoder",
     )
     client = DECClient
+    pretrain = "autoencoder"
 
     def __init__(
         self,
@@ -406,6 +407,9 @@ class DEC(Protocol):
     def use_pretrained(self, params: np.ndarray, layout: Mapping[str, Any]) -> None:
         self.shape = dict(layout)
         self.encoder = np.asarray(params, dtype=np.float64)[: int(layout["n_encoder"])].copy()
+
+    def pre_stage_schedule(self) -> tuple[int, float]:
+        return self.pretrain_rounds, self.pretrain_lr
 
     def release_lengths(self, data: Any) -> tuple[int, ...]:
         shape = data_layout(data)
@@ -505,5 +509,13 @@ register_protocol(
     DEC,
     summary="deep embedded clustering: federated autoencoder, k-means by protected sums, "
     "KL(P||Q) refinement averaged (GenoMed4All D6.2 7.3-7.4)",
+    example=Example(
+        # clusters a table after its autoencoder pre-stage
+        settings={
+            "task": "dec-breast-cancer-iid",
+            "batch_size": 32,
+            "protocol_options": {"pretrain_rounds": 2, "kmeans_iters": 2, "restarts": 2},
+        }
+    ),
     _builtin=True,
 )

@@ -73,7 +73,7 @@ from secagg.protocols.base import (
     VectorStateHalf,
 )
 from secagg.protocols.fedavg import FedAvg
-from secagg.protocols.registry import register_protocol
+from secagg.protocols.registry import Example, register_protocol
 from secagg.wire import Envelope, Field
 
 #: the model every dgd task builds (the protocol's defaults): representation size, hidden
@@ -513,5 +513,7 @@ register_protocol(
     DGD,
     summary="deep generative decoder: decoder and mixture averaged, representations stay on "
     "the clients; imputes missing values (GenoMed4All D6.2 9)",
+    # [values | mask] tables
+    example=Example(settings={"task": "dgd-breast-cancer-label"}),
     _builtin=True,
 )

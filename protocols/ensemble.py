@@ -36,7 +36,8 @@ from secagg.protocols.base import (
     VectorStateHalf,
 )
 from secagg.protocols.fedavg import sample_size_weights
-from secagg.protocols.registry import register_protocol
+from secagg.protocols.pieces import ClientEvaluation, ExtraReleases
+from secagg.protocols.registry import Example, register_protocol
 from secagg.wire import Envelope, Field
 
 
@@ -76,11 +77,10 @@ class EnsembleClient(VectorStateHalf):
         return {"scores": client.protect(client.predict(self.own, evaluation_set(env)))}
 
 
-class Ensemble(Protocol):
+class Ensemble(Protocol, ClientEvaluation, ExtraReleases):
     name = "ensemble"
     capabilities = Capabilities(
         reveals=("ensemble_scores",),
-        evaluates_on_clients=True,
         server_computes_update=True,  # no global model: nothing to apply server-blind
         client_dp_compatible=False,
     )
@@ -118,5 +118,7 @@ register_protocol(
     Ensemble,
     summary="each centre trains its own model; their scores of the evaluation set are "
     "averaged as a protected weighted sum (GenoMed4All D6.2 8.2.4)",
+    # a pooled evaluation set
+    example=Example(settings={"task": "deepcox-gbsg2-balanced"}),
     _builtin=True,
 )

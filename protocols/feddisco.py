@@ -12,7 +12,7 @@ classifier's updates with
 n_k the relative dataset size. d_k is computed once (client data do not change) and is a
 declared plaintext scalar; the weighted sum itself runs on any backend.
 
-The β-VAE is a federated pre-stage (``Capabilities.pretrain = "beta-vae"``): the experiment
+The β-VAE is a federated pre-stage (a ``PreStage`` piece, ``pretrain = "beta-vae"``): the experiment
 trains it with FedAvg on the same clients and backend before round 0, and the server, which
 holds its final parameters, sends them with the discrepancy request (a declared plaintext
 vector, ``vae_model``). The client half runs the encoder in numpy on its own samples
@@ -39,7 +39,8 @@ from secagg.protocols.base import (
     RoundAPI,
     Upload,
 )
-from secagg.protocols.registry import register_protocol
+from secagg.protocols.pieces import PreStage
+from secagg.protocols.registry import Example, register_protocol
 from secagg.wire import Envelope, Field
 
 
@@ -102,16 +103,16 @@ class DiscoClient(ClientHalf):
         return {"discrepancy": client.report(discrepancy(encodings))}
 
 
-class FedDisco(Protocol):
+class FedDisco(Protocol, PreStage):
     name = "feddisco"
     # its β-VAE pretraining is not accounted, so no client-level DP
     capabilities = Capabilities(
         reveals=("discrepancy", "global_update"),
         client_scalars=("discrepancy",),
         client_dp_compatible=False,
-        pretrain="beta-vae",
     )
     client = DiscoClient
+    pretrain = "beta-vae"
 
     def __init__(self, alpha: float = 0.5, b: float = 0.1):
         if alpha < 0:
@@ -149,5 +150,16 @@ register_protocol(
     "feddisco",
     FedDisco,
     summary="beta-VAE discrepancy weights (pre-trains the VAE first)",
+    example=Example(
+        # a β-VAE over images: the digits task
+        settings={
+            "task": "digits-niid2",
+            "local_epochs": 1,
+            "batch_size": 64,
+            "client_lr": "0.5",
+            "vae_rounds": 2,
+            "protocol_options": {"alpha": 0.0},
+        }
+    ),
     _builtin=True,
 )

@@ -52,7 +52,7 @@ from secagg.protocols.base import (
     Upload,
     VectorStateHalf,
 )
-from secagg.protocols.registry import register_protocol
+from secagg.protocols.registry import Example, register_protocol
 from secagg.wire import Envelope, Field
 
 _NODES, _WEIGHTS = np.polynomial.hermite_e.hermegauss(32)  # ∫ f(z) φ(z) dz ≈ Σ w f(z) / √2π
@@ -305,5 +305,7 @@ register_protocol(
     PVI,
     summary="synchronous partitioned variational inference, Bayesian logistic regression "
     "(GenoMed4All D6.2 4.3)",
+    # logistic regression
+    example=Example(settings={"task": "bayes-breast-cancer-label"}),
     _builtin=True,
 )

@@ -9,12 +9,35 @@ registers its own names at its end, so adding a protocol is one module (and its 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from secagg.errors import ConfigError
 from secagg.options import Option
 from secagg.protocols.base import ClientHalf, Protocol
+
+
+@dataclass(frozen=True)
+class Example:
+    """A short run of the protocol on its own kind of task, registered with it: what the
+    generic tests (the audit on each encrypted backend, parity with plain) and
+    ``benchmarks.protocol_parity`` run, so that a new protocol touches its own module and its
+    test only.
+
+    ``settings``: the run's settings beyond two rounds of 3 local steps (``ExperimentConfig``
+    fields: its task, batch size, protocol options, ...); ``precise``: parity with plain is
+    checked on the ``wide`` preset, where ``compact``'s flooding would show (RegAgg's
+    τ-scaled sums, the Cox model's Newton step, XGBoost's near-tied splits); ``amplified``:
+    the clients train with Adam from the revealed model, which amplifies a backend's noise;
+    ``client_vectors``: plaintext vectors each client sends that are not sums, ``"round"``
+    (every round) or ``"once"`` (SAVAE's pseudo-points, the Cox model's event times).
+    """
+
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    precise: bool = False
+    amplified: bool = False
+    client_vectors: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -26,6 +49,7 @@ class ProtocolSpec:
     default_optimizer: dict[str, Any] = field(default_factory=lambda: {"name": "sgd", "lr": 1.0})
     summary: str = ""
     builtin: bool = False
+    example: Example = Example()
 
     @property
     def options(self) -> tuple[Option, ...]:
@@ -43,14 +67,16 @@ def register_protocol(
     *,
     default_optimizer: dict[str, Any] | None = None,
     summary: str = "",
+    example: Example | None = None,
     replace: bool = False,
     _builtin: bool = False,
 ) -> None:
     """Make ``protocol`` available as ``name`` (CLI ``--protocol``, configs, workers).
 
     ``default_optimizer`` is the server optimizer's configuration (``{"name": "adam",
-    "lr": 0.01, ...}``; default SGD with lr 1). A name already taken is refused unless
-    ``replace``.
+    "lr": 0.01, ...}``; default SGD with lr 1); ``example``: its short run for the generic
+    tests (:class:`Example`; default: two rounds of the default task). A name already taken
+    is refused unless ``replace``.
     """
     if not (isinstance(protocol, type) and issubclass(protocol, Protocol)):
         raise ConfigError(f"register_protocol({name!r}): {protocol!r} is not a Protocol class")
@@ -63,6 +89,7 @@ def register_protocol(
         dict(default_optimizer or {"name": "sgd", "lr": 1.0}),
         summary,
         _builtin,
+        example if example is not None else Example(),
     )
 
 

@@ -51,7 +51,7 @@ from secagg.protocols.base import (
     Upload,
 )
 from secagg.protocols.fedavg import sample_size_weights
-from secagg.protocols.registry import register_protocol
+from secagg.protocols.registry import Example, register_protocol
 from secagg.wire import Envelope, Field
 
 TAU = 1e-5
@@ -358,7 +358,23 @@ class TrimmedMean(_Individual):
         return trimmed_mean(gs, self.drop_fraction)
 
 
-for _cls in (CostWAgg, RoundCWAgg, RegCostAgg, TopKRegCost, RegAgg, SimAgg, RegMedAgg, TrimmedMean):
+#: (class, what it weighs by, whether parity with plain needs the precise preset: RegAgg's
+#: and SimAgg's sums hold τ-scaled terms of ~1e-5, which compact's flooding would move)
+_AGGREGATORS = (
+    (CostWAgg, "alpha nu + (1 - alpha) r / sum r, loss ratios of the run (Eq. 3)", False),
+    (RoundCWAgg, "CostWAgg with this round's loss ratios (Eq. 3)", False),
+    (RegCostAgg, "r nu / sum r nu (Eq. 5)", False),
+    (TopKRegCost, "unweighted mean of the best 80 % by nu r", False),
+    (RegAgg, "per coordinate 1 / |G - mean|, multiplicative (Eq. 4)", True),
+    (SimAgg, "per coordinate 1 / |G - mean|, additive with FedAvg (Eq. 4)", True),
+    (RegMedAgg, "median-centred RegAgg: every update in plaintext", False),
+    (TrimmedMean, "per-coordinate 20 % trimmed mean: every update in plaintext", False),
+)
+for _cls, _weights, _precise in _AGGREGATORS:
     register_protocol(
-        _cls.name, _cls, summary="RoLePRO judicious aggregator (FeTS 2022)", _builtin=True
+        _cls.name,
+        _cls,
+        summary=f"RoLePRO judicious aggregator (FeTS 2022): {_weights}",
+        example=Example(precise=_precise),
+        _builtin=True,
     )

@@ -59,7 +59,7 @@ from secagg.errors import ConfigError, ProtocolStateError
 from secagg.options import Flag
 from secagg.protocols.base import Capabilities, ClientAPI, RoundAPI, VectorStateHalf
 from secagg.protocols.fedavg import FedAvg
-from secagg.protocols.registry import register_protocol
+from secagg.protocols.registry import Example, register_protocol
 from secagg.wire import Envelope, Field
 
 PHASE = "savae_pseudo_points"
@@ -185,5 +185,11 @@ register_protocol(
     SAVAEPrior,
     summary="SAVAE weight averaging with the joint pseudo-point prior, pseudo-points in "
     "plaintext (GenoMed4All D6.2 6.5.1)",
+    example=Example(
+        # each node sends its prior's pseudo-points every round; local Adam
+        settings={"task": "savae-prior-gbsg2", "batch_size": 32},
+        amplified=True,
+        client_vectors={"pseudo_points": "round"},
+    ),
     _builtin=True,
 )

@@ -43,7 +43,7 @@ from secagg.protocols.base import (
     RoundAPI,
     Upload,
 )
-from secagg.protocols.registry import register_protocol
+from secagg.protocols.registry import Example, register_protocol
 from secagg.wire import Envelope, Field
 
 
@@ -124,5 +124,9 @@ register_protocol(
     Sequential,
     summary="one model visits the centres in a random order each round, encrypted between "
     "them (GenoMed4All D6.2 8.2.2)",
+    example=Example(
+        # each centre opens its predecessor's model alone
+        settings={"backend_options": {"min_contributors": 1}}
+    ),
     _builtin=True,
 )

@@ -9,15 +9,18 @@ Composition by delegation: every hook of a round goes to that round's protocol, 
 phase behaves exactly as it does alone (its upload checks, its agent, its validation phase).
 Hooks that are not tied to a round (the seed, the pre-stage, a client's validation loss
 before round 0) go to both. The capabilities are the union of the two: what either phase
-reveals, needs or refuses.
+reveals, needs or refuses. Of the pieces (``secagg.protocols.pieces``) it composes those a
+second phase can bring whole, the pre-stage and the validation feedback, and refuses a
+second phase with any other when it is built (ADMM's fixed server step would replace the
+first phase's optimizer too; the Cox model's and XGBoost's releases of other lengths were
+never provisioned for the first phase; DEC's initial model and Ensemble's scores have no
+first phase to follow).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
-
-import numpy as np
 
 from secagg.errors import ConfigError
 from secagg.protocols.base import (
@@ -29,7 +32,13 @@ from secagg.protocols.base import (
     Upload,
 )
 from secagg.protocols.fedavg import FedAvg
-from secagg.protocols.registry import make_protocol, protocol_spec, register_protocol
+from secagg.protocols.pieces import PreStage, ValidationFeedback, pieces_of
+from secagg.protocols.registry import (
+    Example,
+    make_protocol,
+    protocol_spec,
+    register_protocol,
+)
 from secagg.wire import Field
 
 
@@ -49,6 +58,10 @@ def _parts(
     return protocol_spec(then).protocol, then_options
 
 
+#: the pieces a second phase may bring: each works from either phase as it does alone
+COMPOSED_PIECES: tuple[type, ...] = (PreStage, ValidationFeedback)
+
+
 class TwoPhase(Protocol):
     name = "rolepro"
 
@@ -56,8 +69,20 @@ class TwoPhase(Protocol):
         _parts(then, switch_round, then_options)
         self.first: Protocol = FedAvg()
         self.then = make_protocol(then, **then_options)
+        refused = [k.__name__ for k in pieces_of(self.then) if k not in COMPOSED_PIECES]
+        if refused:
+            raise ConfigError(
+                f"two-phase cannot run {then!r} as its second phase: it brings "
+                f"{', '.join(refused)}, which a phase after FedAvg cannot have (a second "
+                f"phase may bring {', '.join(k.__name__ for k in COMPOSED_PIECES)}); run "
+                f"{then!r} alone"
+            )
         self.switch_round = switch_round
         self.capabilities = self.first.capabilities.union(self.then.capabilities)
+
+    def piece[P](self, kind: type[P]) -> P | None:
+        # the first phase is FedAvg, which has no piece: the second phase's are the run's
+        return self.then.piece(kind) if kind in COMPOSED_PIECES else None
 
     @classmethod
     def make_client(
@@ -73,18 +98,6 @@ class TwoPhase(Protocol):
     def seed(self, seed: int) -> None:
         self.first.seed(seed)
         self.then.seed(seed)
-
-    def use_pretrained(self, params: np.ndarray, layout: Mapping[str, Any]) -> None:
-        for part in (self.first, self.then):
-            if part.capabilities.pretrain:
-                part.use_pretrained(params, layout)
-
-    def observe_validation(self, ctx: RoundAPI, losses: Mapping[str, float]) -> None:
-        # the losses of round r's model are the reward of round r and the baseline of r + 1:
-        # whichever part observes validation sees every one of them
-        for part in (self.first, self.then):
-            if part.capabilities.observes_validation:
-                part.observe_validation(ctx, losses)
 
     def round_log(self) -> dict[str, float]:
         return {**self.first.round_log(), **self.then.round_log()}
@@ -122,5 +135,6 @@ register_protocol(
     "rolepro",
     TwoPhase,
     summary="FedAvg, then a judicious aggregator (then=..., switch_round=...)",
+    example=Example(precise=True),  # RegAgg, its default second phase
     _builtin=True,
 )

@@ -51,7 +51,8 @@ from secagg.protocols.base import (
     RoundAPI,
     Upload,
 )
-from secagg.protocols.registry import register_protocol
+from secagg.protocols.pieces import ExtraReleases
+from secagg.protocols.registry import Example, register_protocol
 from secagg.wire import Envelope, Field
 
 # ---- the math -------------------------------------------------------------------------------
@@ -261,7 +262,7 @@ class XGBoostClient(ClientHalf):
         return {"leaf_sums": client.protect(sums.ravel() * float(env.config("xgb")["scale"]))}
 
 
-class XGBoost(Protocol):
+class XGBoost(Protocol, ExtraReleases):
     name = "xgboost"
     #: with the default options; an instance's depend on its depth and top_s
     capabilities = Capabilities(
@@ -423,5 +424,7 @@ register_protocol(
     XGBoost,
     summary="federated gradient-boosted trees from summed gradient histograms (or the "
     "report's top-S proposal), one tree per round (GenoMed4All D6.2 10.2)",
+    # boosted trees over binned features
+    example=Example(settings={"task": "xgb-breast-cancer-label"}, precise=True),
     _builtin=True,
 )

@@ -177,6 +177,7 @@ def protocols_page() -> str:
     from secagg.ckks.presets import STREAMING_PRESET as CKKS_STREAMING
     from secagg.protocols import PROTOCOLS
     from secagg.protocols.base import Capabilities
+    from secagg.protocols.pieces import FixedServerStep, piece, pieces_of
     from secagg.protocols.registry import protocol_settings
     from secagg.simulation.settings import settings_table
 
@@ -209,7 +210,9 @@ def protocols_page() -> str:
         spec = PROTOCOLS[name]
         built = _built(name)
         capabilities = spec.protocol.capabilities if built is None else built.capabilities
-        fixed = None if built is None else built.server_step(None)
+        step = None if built is None else piece(built, FixedServerStep)
+        fixed = None if step is None else step.server_step(None)
+        own = [] if built is None else [k.__name__ for k in pieces_of(built)]
         optimizer = ", ".join(f"{k}={v!r}" for k, v in spec.default_optimizer.items())
         cls = spec.protocol
         body += [
@@ -219,6 +222,8 @@ def protocols_page() -> str:
             text(spec.summary) if spec.summary else "(no summary registered)",
             "",
             f"- Class: {code(f'{cls.__module__}.{cls.__qualname__}')}",
+            # the behaviours beyond the core (secagg.protocols.pieces)
+            f"- Pieces: {', '.join(code(k) for k in own) if own else 'none (the core only)'}",
             # a protocol with its own server step (ADMM's z-update) ignores the optimizer
             f"- Server step: fixed by the protocol ({code(fixed['name'])})"
             if fixed is not None

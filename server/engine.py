@@ -36,9 +36,10 @@ from secagg.dp import ClientDP, joint_noise_multiplier, realised_noise_multiplie
 from secagg.errors import ClientInputError, ConsentRefused, ProtocolStateError, RoundAborted
 from secagg.protocols.base import Protocol, RoundAPI, Upload
 from secagg.protocols.optimizers import ServerOptimizer, StepSchedule
+from secagg.protocols.pieces import FederatedInitialisation, ValidationFeedback, piece
 from secagg.server.audit import AuditLog
 from secagg.server.exchange import Exchange
-from secagg.server.plan import RunPolicy, TrainingPlan, check_run
+from secagg.server.plan import RunPolicy, TrainingPlan, check_protocol_run
 from secagg.server.round import RoundContext, StreamedSum
 from secagg.server.transport import Transport
 
@@ -203,9 +204,8 @@ class Server:
         self.plan = plan if plan is not None else TrainingPlan()
         self.policy = policy if policy is not None else RunPolicy()
         caps = protocol.capabilities
-        check_run(
-            protocol.name,
-            caps,
+        check_protocol_run(
+            protocol,
             backend=backend.name,
             backend_can_read=backend.can_read,
             policy=self.policy,
@@ -282,7 +282,10 @@ class Server:
         self.audit.begin_setup()  # audited as round 0, stage "setup"
         ctx = self._context(0)
         budget = rounds * self.protocol.capabilities.reveals_per_round
-        self.backend.setup(ctx, budget + self.protocol.initial_reveals())
+        initialisation = piece(self.protocol, FederatedInitialisation)
+        if initialisation is not None:
+            budget += initialisation.initial_reveals()
+        self.backend.setup(ctx, budget)
         if self.streaming:
             self.enrolment.run(ctx)
         self._initialise(ctx)
@@ -294,8 +297,11 @@ class Server:
 
     def _initialise(self, ctx: RoundContext) -> None:
         """The protocol's own initialisation of the global model (DEC's centroids)."""
+        initialisation = piece(self.protocol, FederatedInitialisation)
+        if initialisation is None:
+            return
         start = self.params.copy()
-        initial = np.asarray(self.protocol.initialise(ctx, start), dtype=np.float64)
+        initial = np.asarray(initialisation.initialise(ctx, start), dtype=np.float64)
         if initial.shape != start.shape or not np.all(np.isfinite(initial)):
             raise ProtocolStateError(
                 f"{self.protocol.name} initialised a model of shape {initial.shape} "
@@ -308,8 +314,9 @@ class Server:
         if self.server_lr is not None:
             self.optimizer.hyper["lr"] = self.server_lr.at(number)
         ctx = self._context(number, None if self.updates.blind else self.optimizer)
-        if number == 0 and self.protocol.capabilities.observes_validation:
-            self._validate(ctx, send_model=True)  # the public initial model
+        feedback = piece(self.protocol, ValidationFeedback)
+        if number == 0 and feedback is not None:
+            self._validate(ctx, feedback, send_model=True)  # the public initial model
         server_lr = self.protocol.begin_round(ctx)
         if server_lr is not None:
             self.optimizer.hyper["lr"] = float(server_lr)
@@ -320,8 +327,8 @@ class Server:
             if not exc.culprits:
                 raise  # every contributor refused: the request breaks the clients' policy
             return self._skipped(ctx, exc)
-        if self.protocol.capabilities.observes_validation:
-            self._validate(ctx, send_model=not self.updates.blind)
+        if feedback is not None:
+            self._validate(ctx, feedback, send_model=not self.updates.blind)
         self.ledger.record(ctx)
         return RoundReport(
             number, list(ctx.active), dict(ctx.excluded), dict(ctx.seconds), norm, reports
@@ -427,7 +434,7 @@ class Server:
         return None if plan is None else dict(plan)
 
     # ---- other engine phases -----------------------------------------------------------------
-    def _validate(self, ctx: RoundContext, send_model: bool) -> None:
+    def _validate(self, ctx: RoundContext, feedback: ValidationFeedback, send_model: bool) -> None:
         """Every client still in the run reports its validation loss of the current W.
 
         With ``send_model`` the request carries W and the clients keep it for the next
@@ -454,7 +461,7 @@ class Server:
                 phase="validate",
                 exclusions=ctx.excluded,
             )
-        self.protocol.observe_validation(ctx, losses)
+        feedback.observe_validation(ctx, losses)
 
     def sealed_model(self, round_number: int) -> tuple[str, bytes]:
         """The global model sealed by a client for the experimenter's key (server-blind runs:

@@ -11,10 +11,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from secagg import wire
 from secagg.errors import ConfigError
-from secagg.protocols.base import Capabilities
+from secagg.protocols.base import Capabilities, Protocol
+from secagg.protocols.pieces import ValidationFeedback, piece, pre_stage_of
 from secagg.protocols.plan import TrainingPlan
 
 __all__ = ["RunPolicy", "TrainingPlan", "check_run"]
@@ -59,10 +61,14 @@ def check_run(
     policy: RunPolicy,
     client_dp: bool,
     validation: bool | None = None,
+    pre_stage: str | None = None,
+    validation_feedback: bool = False,
 ) -> None:
     """Refuse combinations that cannot work, with what to do instead.
 
-    ``validation``: whether the clients hold validation samples (None: unknown here)."""
+    ``validation``: whether the clients hold validation samples (None: unknown here);
+    ``pre_stage`` and ``validation_feedback``: the protocol's pieces of those names
+    (:func:`check_protocol_run` reads them from the protocol)."""
     if policy.server_blind and backend_can_read:
         raise ConfigError(
             "server-blind runs need an encrypted backend (--backend ckks): on "
@@ -73,9 +79,9 @@ def check_run(
             f"{protocol} forms the global update in plaintext on the server "
             "(from revealed sums), so it cannot run server-blind"
         )
-    if policy.server_blind and capabilities.pretrain:
+    if policy.server_blind and pre_stage:
         raise ConfigError(
-            f"{protocol} pre-trains a model ({capabilities.pretrain}) that the "
+            f"{protocol} pre-trains a model ({pre_stage}) that the "
             "server hands to the clients, which a server-blind run would keep "
             "from it; run it without --server-blind"
         )
@@ -95,9 +101,20 @@ def check_run(
             "noised uploads, so client-level DP cannot be accounted for it; use "
             "a weighted-sum protocol (fedavg, fedadam, larc, costwagg, ...)"
         )
-    if capabilities.observes_validation and validation is False:
+    if validation_feedback and validation is False:
         raise ConfigError(
             f"{protocol} rewards its agent with the clients' validation loss: "
             "give the clients validation samples with --validation-split "
             "(e.g. 0.2)"
         )
+
+
+def check_protocol_run(protocol: Protocol, **run: Any) -> None:
+    """:func:`check_run` for a built protocol: its capabilities and its pieces."""
+    check_run(
+        protocol.name,
+        protocol.capabilities,
+        pre_stage=pre_stage_of(protocol),
+        validation_feedback=piece(protocol, ValidationFeedback) is not None,
+        **run,
+    )

@@ -30,7 +30,8 @@ from secagg.protocols import (
     protocol_spec,
 )
 from secagg.protocols.optimizers import OPTIMIZERS, StepSchedule, make_optimizer
-from secagg.server.plan import RunPolicy, TrainingPlan, check_run
+from secagg.protocols.pieces import FixedServerStep, ValidationFeedback, piece, pre_stage_of
+from secagg.server.plan import RunPolicy, TrainingPlan, check_protocol_run
 from secagg.threshold.params import DEFAULT_PRESET as THRESHOLD_DEFAULT
 from secagg.threshold.params import STREAMING_PRESET as THRESHOLD_STREAMING
 from secagg.threshold.params import get_preset as get_threshold_preset
@@ -160,9 +161,8 @@ class ExperimentConfig:
                 f"to open aggregates themselves, which backend {self.backend} does not do yet; "
                 "run it on ckks, or a protocol that only reveals (fedavg, fedadam, costwagg, ...)"
             )
-        check_run(
-            self.protocol,
-            protocol.capabilities,
+        check_protocol_run(
+            protocol,
             backend=self.backend,
             backend_can_read=self.backend == "plain",
             policy=self.policy(),
@@ -191,7 +191,7 @@ class ExperimentConfig:
             raise ConfigError(
                 f"{self.protocol} releases one client's upload alone (each centre opens its "
                 "predecessor's model), which the clients' release policy refuses by default; "
-                "if the clients accept that, run with --backend-option min_contributors=1"
+                "if the clients accept that, run with --min-contributors 1"
             )
         return self
 
@@ -243,9 +243,9 @@ class ExperimentConfig:
     def optimizer_config(self) -> dict[str, Any]:
         """The server optimizer's settings: the protocol's default updated by ``server_opt``,
         or the step the protocol fixes (ADMM's z-update; its block count is the run's)."""
-        fixed = make_protocol(self.protocol, **self.protocol_options).server_step(None)
-        if fixed is not None:
-            return fixed
+        step = piece(make_protocol(self.protocol, **self.protocol_options), FixedServerStep)
+        if step is not None:
+            return step.server_step(None)
         cfg = default_server_optimizer(self.protocol)
         if "name" in self.server_opt and self.server_opt["name"] != cfg["name"]:
             cfg = {"name": self.server_opt["name"]}  # a different optimizer: its own defaults
@@ -333,14 +333,15 @@ def inapplicable(config: ExperimentConfig) -> list[str]:
         if f.name not in ("seeds", "server_opt", "protocol_options", "backend_options")
         and getattr(config, f.name) != getattr(default, f.name)
     }
-    capabilities = PROTOCOLS[config.protocol].protocol.capabilities
+    protocol = make_protocol(config.protocol, **config.protocol_options)
+    capabilities, pre_stage = protocol.capabilities, pre_stage_of(protocol)
     out = []
     if config.local_epochs is not None and "local_steps" in changed:
         out.append(
             f"local_steps {config.local_steps} and local_epochs {config.local_epochs} both "
             "set the clients' work per round: give one of them"
         )
-    if capabilities.pretrain != "beta-vae":
+    if pre_stage != "beta-vae":
         stray = sorted(changed & {"vae_rounds", "vae_lr", "vae_beta"})
         if stray:
             out.append(
@@ -348,7 +349,7 @@ def inapplicable(config: ExperimentConfig) -> list[str]:
                 f"{config.protocol} has no beta-VAE pre-stage"
                 + (
                     " (dec's autoencoder: --dec-pretrain-rounds, --dec-pretrain-lr)"
-                    if capabilities.pretrain == "autoencoder"
+                    if pre_stage == "autoencoder"
                     else ""
                 )
             )
@@ -359,7 +360,8 @@ def inapplicable(config: ExperimentConfig) -> list[str]:
                 f"{', '.join(stray)} apply only with differential privacy "
                 "(dp_sgd, client_dp or scalar_dp), and none is on"
             )
-    fixed = make_protocol(config.protocol, **config.protocol_options).server_step(None)
+    step = piece(protocol, FixedServerStep)
+    fixed = step.server_step(None) if step is not None else None
     if fixed is not None and config.server_opt:
         out.append(
             f"{config.protocol} fixes its server step ({fixed['name']}), so server optimizer "
@@ -376,7 +378,7 @@ def inapplicable(config: ExperimentConfig) -> list[str]:
             f"{optimizer['name']} (it takes {', '.join(flag.get(k, k) for k in sorted(takes))}); "
             "choose another with server_opt"
         )
-    if config.validation_split is not None and not capabilities.observes_validation:
+    if config.validation_split is not None and piece(protocol, ValidationFeedback) is None:
         out.append(
             f"validation_split holds out samples for a protocol that rewards validation loss "
             f"(autofedrl); {config.protocol} would only train on fewer samples"

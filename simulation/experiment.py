@@ -40,10 +40,10 @@ from secagg.clients.tasks import (
 from secagg.clients.training import flat_params, resolve_device
 from secagg.errors import ConfigError, RoundAborted
 from secagg.protocols import (
-    PROTOCOLS,
     make_protocol,
 )
 from secagg.protocols.optimizers import StepSchedule, make_optimizer
+from secagg.protocols.pieces import ClientEvaluation, Convergence, PreStage, piece, pre_stage_of
 from secagg.server.audit import AuditLog
 from secagg.server.engine import Server
 from secagg.server.transport import InProcessTransport, Transport
@@ -163,8 +163,9 @@ def run_seed(
     protocol = make_protocol(config.protocol, **config.protocol_options)
     protocol.seed(seed)
     make_transport = transport_factory or default_transport
-    stage = protocol.capabilities.pretrain
-    if stage is not None:
+    pre_stage = piece(protocol, PreStage)
+    if pre_stage is not None:
+        stage = pre_stage.pretrain
         spec = STAGES[stage]
         pre = _run(
             spec.configure(config),
@@ -181,7 +182,7 @@ def run_seed(
         )
         if pre.aborted:
             return SeedRun(pre.rows[:0], pre.final_params, f"{stage}: {pre.aborted}")
-        protocol.use_pretrained(pre.final_params, spec.layout(data))
+        pre_stage.use_pretrained(pre.final_params, spec.layout(data))
     observer = None
     if config.server_blind and experimenter is not None:
         observer = experimenter(seed)
@@ -306,13 +307,20 @@ def _rounds(
         opened = observer.open(blob, f"{client}/round-{number - 1}")
         return None if opened is None else np.frombuffer(opened, dtype="<f8").copy()
 
-    if protocol.capabilities.evaluates_on_clients:
+    scoring = piece(protocol, ClientEvaluation)
+    if scoring is not None:
         if data.pooled_test is None:
             raise ConfigError(
                 f"{config.protocol} scores an evaluation set on the clients; {config.task} has "
                 "no pooled test set"
             )
-        protocol.use_evaluation_set(data.pooled_test.x.numpy().astype(np.float64))
+        scoring.use_evaluation_set(data.pooled_test.x.numpy().astype(np.float64))
+    convergence = piece(protocol, Convergence)
+
+    def predictions() -> np.ndarray | None:
+        # the protocol's own scores of the evaluation set (Ensemble), else the global model's
+        return scoring.predictions() if scoring is not None else None
+
     try:
         excluded = server.setup(config.rounds)
     except RoundAborted as exc:
@@ -361,7 +369,7 @@ def _rounds(
                 {}  # sealed for an experimenter elsewhere: nothing to evaluate here
                 if model is None
                 else evaluate(
-                    task, data, model, protocol.predictions(), device=resolve_device(config.device)
+                    task, data, model, predictions(), device=resolve_device(config.device)
                 )
             ),
             "clients": len(report.clients),
@@ -399,7 +407,7 @@ def _rounds(
                 + (f"  excluded {report.excluded}" if report.excluded else "")
                 + (f"  no update: {report.skipped}" if report.skipped else "")
             )
-        done = protocol.finished()
+        done = convergence.finished() if convergence is not None else None
         if done:
             if progress:
                 progress(f"  seed {seed} stops after round {number + 1}: {done}")
@@ -410,7 +418,7 @@ def _rounds(
         np.array(server.params if model is None else model, copy=True),
         None,
         list(server.privacy_events),
-        protocol.predictions(),
+        predictions(),
     )
 
 
@@ -591,7 +599,7 @@ def check_data(
 ) -> None:
     """What only the data can tell, before anything trains: a pre-stage's needs, and more
     worker processes than clients (the extra ones would idle)."""
-    stage = PROTOCOLS[config.protocol].protocol.capabilities.pretrain
+    stage = pre_stage_of(make_protocol(config.protocol, **config.protocol_options))
     if stage is not None:
         STAGES[stage].check(config, data)
     if config.workers > data.n_clients and progress:

@@ -40,7 +40,15 @@ from secagg.clients.training import LocalTrainer, flat_params, resolve_device
 from secagg.errors import ConfigError
 from secagg.plugins import import_user_modules
 from secagg.protocols import custom_protocols, make_client_half, make_protocol, register_protocol
-from secagg.protocols.dec import DEC, data_layout
+from secagg.protocols.dec import data_layout
+from secagg.protocols.pieces import (
+    ExtraReleases,
+    FederatedInitialisation,
+    FixedServerStep,
+    PreStage,
+    ValidationFeedback,
+    piece,
+)
 from secagg.simulation.config import ExperimentConfig
 
 if TYPE_CHECKING:  # client-side and key code: imported where a client is made
@@ -242,7 +250,7 @@ def seed_data(
 # ---- pre-stages ------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Stage:
-    """A federated pre-stage a protocol asks for (``Capabilities.pretrain``): its task, the
+    """A federated pre-stage a protocol asks for (its ``PreStage.pretrain``): its task, the
     protocol and settings it runs with, and the layout the main protocol receives."""
 
     task: Callable[[ExperimentConfig, FederatedData], Task]
@@ -299,18 +307,18 @@ def pre_stage_config(config: ExperimentConfig, rounds: int, lr: float) -> Experi
 
 
 def pretrain_settings(config: ExperimentConfig) -> tuple[int, float]:
-    """DEC's autoencoder stage: its rounds and client rate are protocol options."""
-    protocol = make_protocol(config.protocol, **config.protocol_options)
-    if not isinstance(protocol, DEC):
-        raise ConfigError(f"the autoencoder pre-stage is DEC's, not {config.protocol}'s")
-    return protocol.pretrain_rounds, protocol.pretrain_lr
+    """A pre-stage's rounds and client rate: the protocol's own (DEC's options), else the
+    run's β-VAE settings."""
+    stage = piece(make_protocol(config.protocol, **config.protocol_options), PreStage)
+    schedule = stage.pre_stage_schedule() if stage is not None else None
+    return schedule if schedule is not None else (config.vae_rounds, config.vae_lr)
 
 
 STAGES: dict[str, Stage] = {
     "beta-vae": Stage(
         vae_task,
         "fedavg",
-        lambda c: pre_stage_config(c, c.vae_rounds, c.vae_lr),
+        lambda c: pre_stage_config(c, *pretrain_settings(c)),
         lambda data: {"n_in": int(data.train[0].x.shape[1]), "hidden": 32, "latent": 4},
         check_unit_features,
     ),
@@ -327,8 +335,8 @@ STAGES: dict[str, Stage] = {
 def server_step(config: ExperimentConfig, protocol, n_clients: int) -> dict[str, Any]:
     """The server optimizer's config: the run's, or the step the protocol fixes (ADMM's
     z-update, for this run's number of clients; the config refuses optimizer settings)."""
-    fixed = protocol.server_step(n_clients)
-    return config.optimizer_config() if fixed is None else fixed
+    step = piece(protocol, FixedServerStep)
+    return config.optimizer_config() if step is None else step.server_step(n_clients)
 
 
 def release_budgets(
@@ -344,7 +352,11 @@ def release_budgets(
     shares = config.rounds * (
         caps.opens_per_round * data.n_clients + (1 if config.server_blind else 0)
     )
-    others = tuple(n for n in protocol.release_lengths(data) if n != n_params)
+    extra = piece(protocol, ExtraReleases)
+    lengths = extra.release_lengths(data) if extra is not None else ()
+    others = tuple(n for n in lengths if n != n_params)
+    initialisation = piece(protocol, FederatedInitialisation)
+    initial_reveals = initialisation.initial_reveals() if initialisation is not None else 0
     return {
         "share_budget": shares if caps.distinct_opens else None,
         # every reveal of the run, not ×2 for the check's second decryptor: a client
@@ -352,7 +364,7 @@ def release_budgets(
         # the flooding's t = roster × budget covers two (or three) decryptions per reveal
         "decryption_budget": 0
         if config.server_blind
-        else config.rounds * caps.reveals_per_round + protocol.initial_reveals(),
+        else config.rounds * caps.reveals_per_round + initial_reveals,
         "reveal_length": (n_params, *others) if others else n_params,
         "open_budget": config.rounds * opens_per_round,
         # one upload enters at most one reveal (none server-blind) and the round's opens
@@ -374,14 +386,15 @@ def client_policy(
     from secagg.clients.policy import ClientPolicy
 
     caps = protocol.capabilities
+    feedback = piece(protocol, ValidationFeedback) is not None
     phases = {"enroll", "train"}
-    if caps.observes_validation:
+    if feedback:
         phases.add("validate")
     if config.server_blind:
         phases |= {"apply", "observe"}
     if config.allow_plaintext_updates:
         phases.add("plaintext_update")
-    validations = config.rounds + 1 if caps.observes_validation else 0
+    validations = config.rounds + 1 if feedback else 0
     return ClientPolicy(
         phases=frozenset(phases),
         rounds=config.rounds,

@@ -30,6 +30,7 @@ from secagg.backends import BACKENDS
 from secagg.errors import ConfigError
 from secagg.plugins import import_user_modules
 from secagg.protocols import PROTOCOLS, make_protocol
+from secagg.protocols.pieces import FixedServerStep, piece
 from secagg.simulation.config import ExperimentConfig
 
 PRESETS = Path(__file__).parent / "presets"
@@ -647,7 +648,8 @@ def from_config(config: ExperimentConfig) -> dict[str, Any]:
             values[key] = value
     # a protocol that fixes its own server step (ADMM's z-update) takes its settings from
     # the protocol options, not from server_opt
-    if make_protocol(config.protocol, **config.protocol_options).server_step(None) is None:
+    protocol = make_protocol(config.protocol, **config.protocol_options)
+    if piece(protocol, FixedServerStep) is None:
         for name, value in config.optimizer_config().items():
             values[by_target[("server_opt", None, name)]] = value
     generic = {}

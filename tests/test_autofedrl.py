@@ -13,6 +13,7 @@ from secagg.clients.tasks import ClientData, get_task
 from secagg.clients.training import LocalTrainer, flat_params
 from secagg.errors import ConfigError
 from secagg.protocols.autofedrl import AutoFedRL, parse_range, searched_weights
+from secagg.protocols.pieces import ValidationFeedback, piece
 from secagg.simulation.experiment import ExperimentConfig, hold_out_validation, run_experiment
 
 
@@ -277,7 +278,7 @@ def test_autofedrl_as_rolepro_second_phase_runs_its_agent():
         return handle
 
     protocol = make_protocol("rolepro", then="autofedrl", switch_round=1, search="client_lr")
-    assert protocol.capabilities.observes_validation and protocol.capabilities.streams
+    assert piece(protocol, ValidationFeedback) is not None and protocol.capabilities.streams
     server = Server(
         protocol,
         make_backends("plain", ["a", "b"])[0],

@@ -15,11 +15,14 @@ from secagg.ckks.secret import SecretKeyHolder
 from secagg.protocols import PROTOCOLS, make_protocol
 from secagg.protocols.fedavg import sample_size_weights
 from secagg.protocols.optimizers import SGD
+from secagg.protocols.pieces import FederatedInitialisation, piece, pre_stage_of
+from secagg.protocols.twophase import TwoPhase
 from secagg.server.audit import AuditLog
 from secagg.server.engine import Server
 from secagg.server.plan import TrainingPlan
 from secagg.server.transport import InProcessTransport
 from secagg.simulation.experiment import ExperimentConfig, run_experiment
+from secagg.simulation.provisioning import pretrain_settings
 from secagg.wire import Envelope
 from tests.conftest import backend_client, make_server
 
@@ -31,16 +34,28 @@ def small(protocol: str, **changes) -> ExperimentConfig:
     return short_run(protocol, backend="ckks", **changes)
 
 
-#: items each client reveals once per run, not per round (the Cox model's event times)
-ONCE = {"event_times"}
+def decrypted_sums(config: ExperimentConfig) -> int:
+    """The sums a run of ``config`` decrypts for the server: every round's, those of the
+    protocol's federated initialisation and those of its pre-stage (FedAvg, one a round)."""
+    protocol = make_protocol(config.protocol, **config.protocol_options)
+    phases = [protocol] * config.rounds
+    if isinstance(protocol, TwoPhase):  # each round reveals as its phase does
+        phases = [protocol.first] * protocol.switch_round + [protocol.then] * config.rounds
+    count = sum(phase.capabilities.reveals_per_round for phase in phases[: config.rounds])
+    initialisation = piece(protocol, FederatedInitialisation)
+    count += initialisation.initial_reveals() if initialisation is not None else 0
+    if pre_stage_of(protocol) is not None:
+        count += pretrain_settings(config)[0]
+    return count
 
 
 @pytest.mark.parametrize("protocol", list(PROTOCOLS))
 def test_ckks_audit_lists_only_declared_items(protocol):
-    proto = make_protocol(protocol)
+    config = small(protocol)
+    proto = make_protocol(protocol, **config.protocol_options)
     # medians and trimmed means cannot run on sums
     allow = proto.capabilities.needs_individual_updates
-    result = run_experiment(small(protocol))
+    result = run_experiment(config)
     summary = result.audit.summary()
     assert summary["individual_updates_revealed"] is allow
     assert summary["undeclared_plaintext_items"] == []
@@ -51,31 +66,16 @@ def test_ckks_audit_lists_only_declared_items(protocol):
         if "plaintext vector" in v
     }
     assert vectors and set(vectors) <= set(proto.capabilities.reveals) | {"global_update"}
-    # every client's update, or one reveal per round decrypted by two clients whose flooded
-    # results must agree (a checked reveal)
-    per_round = 6 if allow else 2
-    rounds = SMALL.rounds + (small(protocol).vae_rounds if protocol == "feddisco" else 0)
-    if protocol == "xgboost":  # a reveal per tree level and one of the leaves, per round
-        assert sum(vectors.values()) == 2 * rounds * proto.capabilities.reveals_per_round, vectors
-    elif protocol == "savae_prior":  # each node's own pseudo-points, every round
-        assert vectors == {"global_update": 2 * rounds, "pseudo_points": 2 * rounds}, vectors
-    elif protocol == "dec":  # k-means before round 0; the pre-stage's updates are revealed too
-        assert vectors == {
-            "embedding_moments": 2,
-            "kmeans_sums": 4,
-            "cluster_frequencies": 2 * rounds,
-            "global_update": 2 * (rounds + 2),
-        }, vectors
+    # the plaintext vectors each client sends by design (the example names them), then
+    # every decrypted sum, each by two decryptors whose flooded results must agree (a checked
+    # reveal); or, for an aggregator that is not a sum, every client's update every round
+    n_clients = len({r["peer"] for r in result.audit.records if r.get("phase") == "train"})
+    for name, when in PROTOCOLS[protocol].example.client_vectors.items():
+        assert vectors.pop(name) == n_clients * (config.rounds if when == "round" else 1)
+    if allow:
+        assert vectors == {"pseudo_gradient": n_clients * config.rounds}, vectors
     else:
-        assert all(
-            count == rounds * per_round for name, count in vectors.items() if name not in ONCE
-        ), vectors
-    once = [
-        r["round"]
-        for r in result.audit.records
-        if r["event"] == "message" and any(f["name"] in ONCE for f in r["fields"])
-    ]
-    assert set(once) <= {1}, once  # each centre's one reply, in round 1 before its step
+        assert sum(vectors.values()) == 2 * decrypted_sums(config), vectors
     assert summary["exclusions"] == []
 
 
@@ -94,11 +94,9 @@ def test_plain_and_ckks_give_the_same_model(protocol):
         # FLamby's τ = 1e-8 lets Adam-type steps blow any difference in a near-zero gradient
         # up to order lr (README, "Parity"); compare at the iDASH baseline's τ = 1e-3
         cfg = replace(cfg, server_opt={"tau": 1e-3})
-    if protocol in ("regagg", "simagg", "rolepro", "coxph", "xgboost"):
-        # A and B hold τ-scaled entries ~1e-5: compact's flooding noise (~1e-10) is ~1e-5 of
-        # them; the wide preset's Δ = 2^80 makes it negligible. The Cox model's Newton step
-        # amplifies the error of its sums by N and H⁻¹ (protocols/coxph.py); compact's noise
-        # decides near-tied tree splits (protocols/xgboost.py)
+    if PROTOCOLS[protocol].example.precise:
+        # where compact's flooding would show (the example says why): on the wide preset,
+        # whose Δ = 2^80 makes it negligible
         cfg = replace(cfg, backend_options={"preset": "wide"})
     plain = run_experiment(replace(cfg, backend="plain", backend_options={}))
     ckks = run_experiment(cfg)

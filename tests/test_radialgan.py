@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from benchmarks import radialgan as bench
+from benchmarks import radialgan_training as training
 from secagg import wire
 from secagg.errors import ConfigError, MalformedMessage
 from secagg.protocols import radialgan as rg
@@ -21,9 +22,9 @@ P, K, H, Z = 5, 3, 4, 2  # tiny networks for the gradient checks
 def tiny(rng: np.random.Generator) -> rg.NodeNetworks:
     w = P + K
     return rg.NodeNetworks(
-        rg.init_network((w, H, Z), rng),
-        rg.init_network((Z, H, w), rng),
-        rg.init_network((w, H, 1), rng),
+        training.init_network((w, H, Z), rng),
+        training.init_network((Z, H, w), rng),
+        training.init_network((w, H, 1), rng),
         P,
         K,
         H,
@@ -48,14 +49,14 @@ def test_the_noise_replaces_exactly_the_stated_share_of_every_images_pixels():
     rng = np.random.default_rng(0)
     x = np.full((40, 64), 0.5)  # no clean pixel equals a noise value, so changes show
     for share in (0.5, 0.7, 0.9):
-        noisy, mask = rg.corrupt_with_noise(x, share, rng)
+        noisy, mask = training.corrupt_with_noise(x, share, rng)
         assert (mask.sum(1) == round(share * 64)).all()
         assert ((noisy != x) == mask).all()
         assert set(np.unique(noisy[mask])) == {0.0, 1.0}
-    _, mask = rg.corrupt_with_noise(x, 0.5, rng)
+    _, mask = training.corrupt_with_noise(x, 0.5, rng)
     assert len({row.tobytes() for row in mask}) > 1  # chosen per image, not one pattern
     with pytest.raises(ConfigError, match=r"\[0, 1\]"):
-        rg.corrupt_with_noise(x, 1.2, rng)
+        training.corrupt_with_noise(x, 1.2, rng)
 
 
 def test_every_gradient_is_the_derivative_of_its_objective():
@@ -66,22 +67,22 @@ def test_every_gradient_is_the_derivative_of_its_objective():
     alpha = [0.6, 0.4]
 
     def objective():
-        return rg.translator_objective(nets, xy, received, alpha, 0.7, 0.3)[0]
+        return training.translator_objective(nets, xy, received, alpha, 0.7, 0.3)[0]
 
-    _, d_enc, d_gen, d_received = rg.translator_objective(nets, xy, received, alpha, 0.7, 0.3)
+    _, d_enc, d_gen, d_received = training.translator_objective(nets, xy, received, alpha, 0.7, 0.3)
     for analytic, params in ((d_enc, nets.encoder), (d_gen, nets.generator)):
         np.testing.assert_allclose(numeric_gradient(objective, params), analytic, atol=1e-7)
     for analytic, code in zip(d_received, received):
         np.testing.assert_allclose(numeric_gradient(objective, code), analytic, atol=1e-7)
     fakes = [rg.decode(nets, z) for z in received]
-    _, d_disc = rg.discriminator_objective(nets, xy, fakes, alpha)
+    _, d_disc = training.discriminator_objective(nets, xy, fakes, alpha)
     numeric = numeric_gradient(
-        lambda: rg.discriminator_objective(nets, xy, fakes, alpha)[0], nets.discriminator
+        lambda: training.discriminator_objective(nets, xy, fakes, alpha)[0], nets.discriminator
     )
     np.testing.assert_allclose(numeric, d_disc, atol=1e-7)
     pull = rng.normal(size=(6, Z))
     numeric = numeric_gradient(lambda: float((rg.encode(nets, xy) * pull).sum()), nets.encoder)
-    np.testing.assert_allclose(numeric, rg.encoder_backward(nets, xy, pull), atol=1e-7)
+    np.testing.assert_allclose(numeric, training.encoder_backward(nets, xy, pull), atol=1e-7)
 
 
 def test_the_objectives_are_the_reports_losses():
@@ -92,13 +93,15 @@ def test_the_objectives_are_the_reports_losses():
     fake = rg.decode(nets, received[0])
     real_logits = rg.network(nets.discriminator, xy, nets.discriminator_shape)[0]
     fake_logits = rg.network(nets.discriminator, fake, nets.discriminator_shape)[0]
-    adv, _ = rg.discriminator_objective(nets, xy, [fake], alpha)
+    adv, _ = training.discriminator_objective(nets, xy, [fake], alpha)
     expected = np.mean(np.log(1 / (1 + np.exp(-real_logits)))) + np.mean(
         np.log(1 - 1 / (1 + np.exp(-fake_logits)))
     )
     assert adv == pytest.approx(expected, rel=1e-12)  # Eq. 5.5
-    cyc = rg.cycle_loss(xy, rg.translate(nets, nets, xy), received, [rg.encode(nets, fake)], alpha)
-    value = rg.translator_objective(nets, xy, received, alpha, lam)[0]
+    cyc = training.cycle_loss(
+        xy, rg.translate(nets, nets, xy), received, [rg.encode(nets, fake)], alpha
+    )
+    value = training.translator_objective(nets, xy, received, alpha, lam)[0]
     non_saturating = -np.mean(np.log(1 / (1 + np.exp(-fake_logits))))
     assert value == pytest.approx(non_saturating + lam * cyc, rel=1e-12)  # Eq. 5.6, 5.7
 
@@ -106,18 +109,18 @@ def test_the_objectives_are_the_reports_losses():
 def test_the_cycle_loss_is_zero_for_inverse_maps_and_the_mean_distance_otherwise():
     rng = np.random.default_rng(3)
     xy, codes = rng.normal(size=(5, 8)), [rng.normal(size=(4, 2)), rng.normal(size=(3, 2))]
-    assert rg.cycle_loss(xy, xy.copy(), codes, [c.copy() for c in codes], [0.5, 0.5]) == 0.0
+    assert training.cycle_loss(xy, xy.copy(), codes, [c.copy() for c in codes], [0.5, 0.5]) == 0.0
     shifted = xy.copy()
     shifted[:, 0] += 3.0  # every reconstruction 3 away
-    assert rg.cycle_loss(xy, shifted, codes, codes, [0.5, 0.5]) == pytest.approx(3.0)
+    assert training.cycle_loss(xy, shifted, codes, codes, [0.5, 0.5]) == pytest.approx(3.0)
     back = [codes[0] + np.array([0.0, 4.0]), codes[1]]  # the first node's codes 4 away
-    assert rg.cycle_loss(xy, xy, codes, back, [0.25, 0.75]) == pytest.approx(1.0)
+    assert training.cycle_loss(xy, xy, codes, back, [0.25, 0.75]) == pytest.approx(1.0)
 
 
 def two_trained_nodes(steps: int = 20):
     x, y = bench.digits()
     nodes = bench.two_nodes(x, y, 0.5, seed=0)
-    trained, log = rg.train_radialgan(
+    trained, log = training.train_radialgan(
         [rg.joint(*nodes["good"], 10), rg.joint(*nodes["bad"], 10)],
         n_features=64,
         n_classes=10,
@@ -140,12 +143,12 @@ def test_a_nodes_own_autoencoding_learns_in_the_warm_up():
     x, y = bench.digits()
     xy = rg.joint(x[:200], y[:200], 10)
     other = rg.joint(x[200:250], y[200:250], 10)
-    before, _ = rg.train_radialgan([xy, other], n_features=64, n_classes=10, steps=0, seed=0)
-    after, log = rg.train_radialgan(
+    before, _ = training.train_radialgan([xy, other], n_features=64, n_classes=10, steps=0, seed=0)
+    after, log = training.train_radialgan(
         [xy, other], n_features=64, n_classes=10, warmup=150, steps=0, seed=0
     )
     assert log.codes_bytes == 0  # nothing crosses while a node fits its own data
-    error = [rg.row_norms_mean(xy - rg.translate(n[0], n[0], xy)) for n in (before, after)]
+    error = [training.row_norms_mean(xy - rg.translate(n[0], n[0], xy)) for n in (before, after)]
     assert error[1] < 0.6 * error[0]
 
 

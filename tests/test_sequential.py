@@ -84,7 +84,7 @@ def test_encrypted_sequential_equals_plain_and_shows_the_server_no_centres_model
 
 
 def test_encrypted_sequential_needs_the_clients_to_accept_one_contributor_releases():
-    with pytest.raises(ConfigError, match="min_contributors=1"):
+    with pytest.raises(ConfigError, match="--min-contributors 1"):
         secagg.run(**SETTINGS, backend="ckks")
 
 
