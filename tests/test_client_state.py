@@ -394,3 +394,49 @@ def test_a_threshold_state_round_trips_and_refuses_another_clients_identity():
             client.restore_state(encode_state("client_0", meta, state))
         assert message in str(err.value)
         assert client.export_state() == before
+
+
+# ---- (e) one check of the key-holding part, for both encrypted halves ----------------------
+@pytest.fixture(scope="module")
+def holder_blobs(ckks_blobs):
+    """(factory, blobs) of a ckks run and of a threshold run (their halves share HolderState)."""
+    _, transport = fresh_run(replace(THRESHOLD, rounds=1))
+    return {"ckks": ckks_blobs, "threshold": (transport.factory, transport.blobs)}
+
+
+HOLDER_CASES = {
+    "another client's identity": (
+        lambda own, other: {"x25519_private": other["x25519_private"]},
+        "identity is not this client's",
+    ),
+    "another client's signing key": (
+        lambda own, other: {"signing_key": other["signing_key"]},
+        "signing key is not this client's",
+    ),
+    "a negative count": (lambda own, other: {"decryptions": -1}, "is not a count"),
+    "garbled applied weights": (lambda own, other: {"applied": {"d": 0}}, "applied weights"),
+    "garbled upload record": (lambda own, other: {"uploads": {"d": {"open": "x"}}}, "upload"),
+    "garbled bases": (lambda own, other: {"bases": {"d": 1}}, "upload bases"),
+    "another preset": (lambda own, other: {"preset": "other"}, "made under"),
+    "a missing part": (lambda own, other: {"opens": None, "__drop__": "opens"}, "state holds"),
+    "an extra part": (lambda own, other: {"secret_share": b"x"}, "state holds"),
+}
+
+
+@pytest.mark.parametrize("backend", ["ckks", "threshold"])
+@pytest.mark.parametrize("case", list(HOLDER_CASES))
+def test_both_encrypted_halves_refuse_a_bad_key_holding_part_alike(holder_blobs, backend, case):
+    factory, blobs = holder_blobs[backend]
+    meta, own = decode_state(blobs["client_0"], "client_0")
+    _, other = decode_state(blobs["client_1"], "client_1")
+    change, message = HOLDER_CASES[case]
+    state = copy.deepcopy(own)
+    edit = change(own["backend"], other["backend"])
+    state["backend"].update({k: v for k, v in edit.items() if k != "__drop__"})
+    state["backend"].pop(edit.get("__drop__", "-"), None)
+    client = _restored(factory, blobs["client_0"])
+    before = client.export_state()
+    with pytest.raises(StateError, match="nothing was changed") as err:
+        client.restore_state(encode_state("client_0", meta, state))
+    assert message in str(err.value)
+    assert client.export_state() == before

@@ -27,6 +27,7 @@ import numpy as np
 from secagg import wire
 from secagg.backends.base import ClientBackend, own_weight
 from secagg.backends.consenting import (
+    HolderState,
     as_bytes,
     check_applied_total,
     check_listed_weight,
@@ -34,10 +35,6 @@ from secagg.backends.consenting import (
     public_bytes,
     read_release,
     release_identity,
-    restored_bases,
-    restored_count,
-    restored_keys,
-    restored_uploads,
 )
 from secagg.ckks import native
 from secagg.ckks.first_polys import FreshLevel, checked_first_sums, load_first_sums
@@ -156,71 +153,50 @@ class CKKSClient(ClientBackend):
         return self._keys
 
     # ---- state between messages -------------------------------------------------------------
-    #: what :meth:`state_dict` holds; a state with other keys is not this half's
-    STATE_KEYS = (
-        "preset",
-        "params",
-        "x25519_private",
-        "secret_key",
-        "decryptions",
-        "opens",
-        "last_flooding_sigma",
-        "signing_key",
-        "uploads",
-        "applied",
-        "bases",
-    )
+    #: this half's own parts of its state, besides every key-holding half's (HolderState)
+    STATE_EXTRAS = ("secret_key", "last_flooding_sigma")
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything key setup and reveals leave behind. ``x25519_private`` and
-        ``secret_key`` (None before key setup) are secret bytes: whoever reads them can
-        decrypt every upload of the run."""
+        """Everything key setup and reveals leave behind. ``x25519_private``,
+        ``signing_key`` and ``secret_key`` (None before key setup) are secret bytes: whoever
+        reads the last can decrypt every upload of the run."""
+        held = HolderState(
+            self._wrapper,
+            self._signer,
+            self.decryptions,
+            self.opens,
+            self.uploads,
+            self.bases,
+            self.applied,
+        )
         return {
-            "preset": self.preset.name,
-            "params": self.fingerprint,
-            "x25519_private": self._wrapper.private_bytes(),
+            **held.export(self.preset.name, self.fingerprint),
             "secret_key": (self._keys.export_for_wrapping() if self._keys is not None else None),
-            "decryptions": self.decryptions,
-            "opens": self.opens,
             "last_flooding_sigma": self.last_flooding_sigma,
-            "signing_key": self._signer.private_bytes_raw(),
-            "uploads": {d: dict(kinds) for d, kinds in self.uploads.items()},
-            "bases": dict(self.bases),
-            "applied": dict(self.applied),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Load every key before assigning any, so a bad state leaves this half as it was."""
-        if set(state) != set(self.STATE_KEYS):
-            raise KeySetupError(
-                f"{self.id}: a CKKS client state holds {list(self.STATE_KEYS)}, got {sorted(state)}"
-            )
-        if state["preset"] != self.preset.name or state["params"] != self.fingerprint:
-            raise KeySetupError(
-                f"{self.id}: the state was made under CKKS preset "
-                f"{state['preset']} ({state['params']}), this client runs "
-                f"{self.preset.name} ({self.fingerprint})"
-            )
-        decryptions = restored_count(self.id, state["decryptions"], "decryption count")
-        opens = restored_count(self.id, state["opens"], "open count")
+        held = HolderState.restore(
+            self.id,
+            state,
+            backend="CKKS",
+            preset=self.preset.name,
+            params=self.fingerprint,
+            extras=self.STATE_EXTRAS,
+            roster=self.roster,
+            signers=self.signers,
+        )
         sigma = state["last_flooding_sigma"]
-        wrapper, signer = restored_keys(self.id, state, self.roster, self.signers)
-        uploads = restored_uploads(self.id, state["uploads"])
-        bases = restored_bases(self.id, state["bases"])
-        applied = state["applied"]
-        if not isinstance(applied, dict) or not all(
-            isinstance(d, str) and isinstance(k, int) and k > 0 for d, k in applied.items()
-        ):
-            raise KeySetupError(f"{self.id}: the state's record of applied weights is garbled")
         keys = (
             None
             if state["secret_key"] is None
             else SecretKeyHolder(self.preset, as_bytes(state["secret_key"]))
         )
-        self._wrapper, self._keys, self._signer = wrapper, keys, signer
+        self._wrapper, self._keys, self._signer = held.identity, keys, held.signer
         self._second_polys = None
-        self.uploads, self.applied, self.bases = uploads, dict(applied), bases
-        self.decryptions, self.opens = decryptions, opens
+        self.uploads, self.applied, self.bases = held.uploads, held.applied, held.bases
+        self.decryptions, self.opens = held.decryptions, held.opens
         self.last_flooding_sigma = None if sigma is None else float(sigma)
 
     # ---- key setup -----------------------------------------------------------------------

@@ -8,6 +8,8 @@ from __future__ import annotations
 import base64
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
@@ -186,6 +188,93 @@ def restored_bases(client_id: str, bases: object) -> dict[str, str]:
     ):
         raise KeySetupError(f"{client_id}: the state's record of upload bases is garbled")
     return dict(bases)
+
+
+@dataclass
+class HolderState:
+    """What a key-holding client half (``ckks``, ``threshold``) remembers between messages,
+    besides its backend's own parts: its identities (secret), its decryption and open
+    counts, and its consent records (the releases each upload entered, what each upload was
+    made from, the integer weight applied to it). :meth:`restore` is the one check of an
+    exported state for both halves: everything is checked before the half takes any of it."""
+
+    identity: KeyWrapper
+    signer: Ed25519PrivateKey
+    decryptions: int
+    opens: int
+    uploads: dict[str, dict[str, int]]
+    bases: dict[str, str]
+    applied: dict[str, int]
+
+    #: the keys of an exported state that every key-holding half writes
+    KEYS: ClassVar[tuple[str, ...]] = (
+        "preset",
+        "params",
+        "x25519_private",
+        "signing_key",
+        "decryptions",
+        "opens",
+        "uploads",
+        "bases",
+        "applied",
+    )
+
+    def export(self, preset: str, params: str) -> dict[str, Any]:
+        """The state's common part (``x25519_private`` and ``signing_key`` are secret bytes:
+        whoever reads them can act as this client)."""
+        return {
+            "preset": preset,
+            "params": params,
+            "x25519_private": self.identity.private_bytes(),
+            "signing_key": self.signer.private_bytes_raw(),
+            "decryptions": self.decryptions,
+            "opens": self.opens,
+            "uploads": {d: dict(kinds) for d, kinds in self.uploads.items()},
+            "bases": dict(self.bases),
+            "applied": dict(self.applied),
+        }
+
+    @classmethod
+    def restore(
+        cls,
+        client_id: str,
+        state: Mapping[str, Any],
+        *,
+        backend: str,
+        preset: str,
+        params: str,
+        extras: tuple[str, ...],
+        roster: Mapping[str, bytes],
+        signers: Mapping[str, bytes],
+    ) -> HolderState:
+        """The common part of ``state``, an export of a ``backend`` half under ``preset``
+        (fingerprint ``params``) whose own parts are ``extras``; KeySetupError if it is not
+        exactly that, or not this client's (its keys must be its entries in its rosters)."""
+        keys = cls.KEYS + extras
+        if set(state) != set(keys):
+            raise KeySetupError(
+                f"{client_id}: a {backend} client state holds {list(keys)}, got {sorted(state)}"
+            )
+        if state["preset"] != preset or state["params"] != params:
+            raise KeySetupError(
+                f"{client_id}: the state was made under {backend} preset {state['preset']} "
+                f"({state['params']}), this client runs {preset} ({params})"
+            )
+        identity, signer = restored_keys(client_id, state, roster, signers)
+        applied = state["applied"]
+        if not isinstance(applied, dict) or not all(
+            isinstance(d, str) and isinstance(k, int) and k > 0 for d, k in applied.items()
+        ):
+            raise KeySetupError(f"{client_id}: the state's record of applied weights is garbled")
+        return cls(
+            identity,
+            signer,
+            restored_count(client_id, state["decryptions"], "decryption count"),
+            restored_count(client_id, state["opens"], "open count"),
+            restored_uploads(client_id, state["uploads"]),
+            restored_bases(client_id, state["bases"]),
+            dict(applied),
+        )
 
 
 def check_listed_weight(client_id: str, info: object, weight: float, weight_bits: int) -> None:

@@ -37,16 +37,14 @@ import numpy as np
 from secagg import wire
 from secagg.backends.base import ClientBackend, own_weight
 from secagg.backends.consenting import (
+    HolderState,
     check_applied_total,
     check_listed_weight,
     consent,
     public_bytes,
     read_release,
     release_identity,
-    restored_bases,
     restored_count,
-    restored_keys,
-    restored_uploads,
 )
 from secagg.ckks.keywrap import KeyWrapper
 from secagg.ckks.release import Descriptor, check_entries
@@ -192,36 +190,24 @@ class ThresholdClient(ClientBackend):
         }
 
     # ---- state between messages ------------------------------------------------------------
-    #: what :meth:`state_dict` holds; a state with other keys is not this half's
-    STATE_KEYS = (
-        "preset",
-        "params",
-        "x25519_private",
-        "signing_key",
-        "decryptions",
-        "opens",
-        "open_shares",
-        "uploads",
-        "bases",
-        "applied",
-        "answered",
-        "sets",
-    )
+    #: this half's own parts of its state, besides every key-holding half's (HolderState)
+    STATE_EXTRAS = ("open_shares", "answered", "sets")
 
     def state_dict(self) -> dict[str, Any]:
         """The identities (secret bytes) and the record of what this client answered; no
         key of an upload outlives the upload."""
+        held = HolderState(
+            self._identity,
+            self._signer,
+            self.decryptions,
+            self.opens,
+            self.uploads,
+            self.bases,
+            self.applied,
+        )
         return {
-            "preset": self.preset.name,
-            "params": self.preset.fingerprint,
-            "x25519_private": self._identity.private_bytes(),
-            "signing_key": self._signer.private_bytes_raw(),
-            "decryptions": self.decryptions,
-            "opens": self.opens,
+            **held.export(self.preset.name, self.preset.fingerprint),
             "open_shares": self.open_shares,
-            "uploads": {d: dict(kinds) for d, kinds in self.uploads.items()},
-            "bases": dict(self.bases),
-            "applied": dict(self.applied),
             "answered": {r: list(t) for r, t in self.answered.items()},
             "sets": {d: list(s) for d, s in self.sets.items()},
         }
@@ -229,28 +215,18 @@ class ThresholdClient(ClientBackend):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Load and check everything before assigning anything, so a bad state leaves this
         half as it was."""
-        if set(state) != set(self.STATE_KEYS):
-            raise KeySetupError(
-                f"{self.id}: a threshold client state holds {list(self.STATE_KEYS)}, got "
-                f"{sorted(state)}"
-            )
-        if state["preset"] != self.preset.name or state["params"] != self.preset.fingerprint:
-            raise KeySetupError(
-                f"{self.id}: the state was made under threshold preset {state['preset']} "
-                f"({state['params']}), this client runs {self.preset.name} "
-                f"({self.preset.fingerprint})"
-            )
-        identity, signer = restored_keys(self.id, state, self.roster, self.signers)
-        counts = {
-            k: restored_count(self.id, state[k], k) for k in ("decryptions", "opens", "open_shares")
-        }
-        uploads = restored_uploads(self.id, state["uploads"])
-        bases = restored_bases(self.id, state["bases"])
-        applied, answered, sets = state["applied"], state["answered"], state["sets"]
-        if not isinstance(applied, dict) or not all(
-            isinstance(d, str) and isinstance(k, int) and k > 0 for d, k in applied.items()
-        ):
-            raise KeySetupError(f"{self.id}: the state's record of applied weights is garbled")
+        held = HolderState.restore(
+            self.id,
+            state,
+            backend="threshold",
+            preset=self.preset.name,
+            params=self.preset.fingerprint,
+            extras=self.STATE_EXTRAS,
+            roster=self.roster,
+            signers=self.signers,
+        )
+        open_shares = restored_count(self.id, state["open_shares"], "open share count")
+        answered, sets = state["answered"], state["sets"]
         for what, record in (("answered releases", answered), ("contributor sets", sets)):
             if not isinstance(record, dict) or not all(
                 isinstance(k, str)
@@ -259,12 +235,11 @@ class ThresholdClient(ClientBackend):
                 for k, v in record.items()
             ):
                 raise KeySetupError(f"{self.id}: the state's record of {what} is garbled")
-        self._identity, self._signer = identity, signer
-        self.uploads, self.bases, self.applied = uploads, bases, dict(applied)
+        self._identity, self._signer = held.identity, held.signer
+        self.uploads, self.bases, self.applied = held.uploads, held.bases, held.applied
         self.answered = {r: list(v) for r, v in answered.items()}
         self.sets = {d: list(v) for d, v in sets.items()}
-        self.decryptions, self.opens = counts["decryptions"], counts["opens"]
-        self.open_shares = counts["open_shares"]
+        self.decryptions, self.opens, self.open_shares = held.decryptions, held.opens, open_shares
 
     # ---- data path -----------------------------------------------------------------------------
     def protect(self, values: np.ndarray, weight: float | None = None, *, basis: str = "") -> Field:
