@@ -388,13 +388,16 @@ def measure(
     for pair in range(1, pairs + 1):
         for case, config in configs.items():
             inproc = work / f"{case}-in-process-{pair}"
+            load = os.getloadavg()[0]  # the machine's other load, as each run starts
             secagg.run(config, out=inproc)
             rows += [
-                {**r, "warmup": r["round"] <= warmup}
+                {**r, "warmup": r["round"] <= warmup, "load_1m": load}
                 for r in _rounds(inproc, case, "in-process", pair)
             ]
             plans[case] = plan = message_plan(inproc / "traffic.csv", SEQUENCES[case])
-            rows += echo_rows(run_echo(echo[case], plan, rounds), plan, case, pair, warmup)
+            load = os.getloadavg()[0]
+            echoed = echo_rows(run_echo(echo[case], plan, rounds), plan, case, pair, warmup)
+            rows += [{**r, "load_1m": load} for r in echoed]
             shutil.rmtree(inproc, ignore_errors=True)
             last = pd.DataFrame(rows[-2 * rounds :])
             measured = last[~last["warmup"]].set_index("transport")["wall_s"]
@@ -460,6 +463,13 @@ def report(
         ratio, extra = wall["echo"] / wall["in-process"], wall["echo"] - wall["in-process"]
         plan = plans.get(case, [])
         up, down = round_bytes(plan) if plan else (0, 0)
+        load = (
+            f" The machine's 1-minute load average as each run started: "
+            f"{rows['load_1m'].min():.1f} to {rows['load_1m'].max():.1f} "
+            f"({machine['cores']} cores)."
+            if "load_1m" in rows and rows["load_1m"].notna().any()
+            else ""
+        )
         lines += [
             "",
             f"## {case}",
@@ -474,7 +484,8 @@ def report(
                 f"Flower: at most +{LARC_TARGET_S:g} s)."
                 if case == "larc"
                 else "."
-            ),
+            )
+            + load,
             "",
             "| pair | in-process s | echo s | echo / in-process |",
             "|---|---|---|---|",

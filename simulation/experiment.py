@@ -135,6 +135,21 @@ ExperimenterFactory = Callable[[int], Any]
 INTERRUPTED = threading.Event()
 
 
+@dataclass(frozen=True)
+class SeedContext:
+    """What the runs of one seed share (its pre-stage's and its main run): the seed, the
+    audit they write, how the server reaches the clients, the clients' public signing keys
+    where a deployment provisioned them, and whom to tell of each round."""
+
+    seed: int
+    audit: AuditLog
+    make_transport: TransportFactory
+    progress: Callable[[str], None] | None = None
+    signers: Mapping[str, bytes] | None = None
+    on_round: Callable[[int, dict[str, Any]], None] | None = None
+    on_model: ModelCallback | None = None
+
+
 def stop_if_interrupted() -> None:
     if INTERRUPTED.is_set():
         raise KeyboardInterrupt
@@ -162,23 +177,27 @@ def run_seed(
     data, _ = seed_data(config, seed, data if data is not None else task.load())
     protocol = make_protocol(config.protocol, **config.protocol_options)
     protocol.seed(seed)
-    make_transport = transport_factory or default_transport
+    shared = SeedContext(
+        seed,
+        audit,
+        transport_factory or default_transport,
+        progress,
+        signers,
+        on_round,
+        on_model,
+    )
     pre_stage = piece(protocol, PreStage)
     if pre_stage is not None:
         stage = pre_stage.pretrain
         spec = STAGES[stage]
         pre = _run(
+            replace(shared, on_round=None, on_model=None),  # rows of the main run only
             spec.configure(config),
-            seed,
-            audit,
             spec.task(config, data),
             data,
             make_protocol(spec.protocol),
             ClientFactory(config, seed, stage=stage),
-            make_transport,
-            progress,
             label=f"{seed}-{stage}",
-            signers=signers,
         )
         if pre.aborted:
             return SeedRun(pre.rows[:0], pre.final_params, f"{stage}: {pre.aborted}")
@@ -193,40 +212,21 @@ def run_seed(
     factory = ClientFactory(
         config, seed, observer_public=observer.public_bytes if observer else None
     )
-    return _run(
-        config,
-        seed,
-        audit,
-        task,
-        data,
-        protocol,
-        factory,
-        make_transport,
-        progress,
-        label=str(seed),
-        observer=observer,
-        on_round=on_round,
-        signers=signers,
-        on_model=on_model,
-    )
+    return _run(shared, config, task, data, protocol, factory, label=str(seed), observer=observer)
 
 
 def _run(
+    shared: SeedContext,
     config: ExperimentConfig,
-    seed: int,
-    audit: AuditLog,
     task: Task,
     data: FederatedData,
     protocol,
     factory: ClientFactory,
-    make_transport: TransportFactory,
-    progress,
     label: str,
     observer: Any = None,
-    on_round: Callable[[int, dict[str, Any]], None] | None = None,
-    signers: Mapping[str, bytes] | None = None,
-    on_model: ModelCallback | None = None,
 ) -> SeedRun:
+    """One federated run of ``config`` (a seed's main run, or its pre-stage's)."""
+    seed, signers = shared.seed, shared.signers
     task_data = task.load() if factory.stage is not None else data
     torch.manual_seed(seed)  # FLamby: the seed fixes the initial model (and the clients'
     initial = flat_params(task.make_model())  # batch order)
@@ -236,9 +236,9 @@ def _run(
             factory,
             provisions=provision(ids, **release_budgets(config, protocol, initial.size, task_data)),
         )
-    transport = make_transport(factory, ids)
+    transport = shared.make_transport(factory, ids)
     try:
-        audit.run = label
+        shared.audit.run = label
         server = Server(
             protocol,
             make_server_backend(
@@ -256,21 +256,9 @@ def _run(
                 if config.server_lr_schedule
                 else None
             ),
-            audit=audit,
+            audit=shared.audit,
         )
-        return _rounds(
-            config,
-            seed,
-            audit,
-            task,
-            task_data,
-            server,
-            protocol,
-            progress,
-            observer,
-            on_round,
-            on_model,
-        )
+        return _rounds(shared, config, task, task_data, server, protocol, observer)
     finally:
         close = getattr(transport, "close", None)
         if close is not None:
@@ -278,18 +266,16 @@ def _run(
 
 
 def _rounds(
+    shared: SeedContext,
     config: ExperimentConfig,
-    seed: int,
-    audit: AuditLog,
     task: Task,
     data: FederatedData,
     server: Server,
     protocol,
-    progress,
     observer: Any,
-    on_round: Callable[[int, dict[str, Any]], None] | None = None,
-    on_model: ModelCallback | None = None,
 ) -> SeedRun:
+    seed, audit, progress = shared.seed, shared.audit, shared.progress
+    on_round, on_model = shared.on_round, shared.on_model
     base = {
         "seed": seed,
         "task": config.task,

@@ -194,14 +194,14 @@ def _rows() -> pd.DataFrame:
                 {
                     "case": "fedavg-1m", "pair": pair, "transport": "in-process",
                     "round": rnd, "warmup": warm, "wall_s": inproc * slow,
-                    "phase_train_s": inproc / 2, "phase_load_s": 0.05,
+                    "phase_train_s": inproc / 2, "phase_load_s": 0.05, "load_1m": 1 + pair / 10,
                 }
             )  # fmt: skip
             rows.append(
                 {
                     "case": "fedavg-1m", "pair": pair, "transport": "echo", "round": rnd,
                     "warmup": warm, "wall_s": echo * slow, "phase_train_s": echo / 2,
-                    "phase_consent_s": 0.8, "phase_reveal_s": 1.0,
+                    "phase_consent_s": 0.8, "phase_reveal_s": 1.0, "load_1m": 1.0,
                 }
             )  # fmt: skip
     return pd.DataFrame(rows)
@@ -225,6 +225,7 @@ def test_the_report_gives_each_round_the_ratio_and_the_echos_phases():
     assert "`python -m benchmarks.flower_floor --rounds 3` on 2026-01-02 03:04 UTC" in text
     assert "Some CPU, 2 cores, 24 GiB; Python 3.13.0, flwr 1.42.0" in text
     assert "1 warm-up round first" in text
+    assert "load average as each run started: 1.0 to 1.3 (2 cores)" in text
     assert "| 1 | 2.00 | 4.00 | 2.00 |" in text
     assert "| 2 | 1.90 | 4.20 | 2.21 |" in text
     assert "| median | 2.00 | 4.10 | 2.00 |" in text
