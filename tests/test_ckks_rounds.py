@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 
 import numpy as np
@@ -21,7 +22,7 @@ from secagg.server.audit import AuditLog
 from secagg.server.engine import Server
 from secagg.server.plan import TrainingPlan
 from secagg.server.transport import InProcessTransport
-from secagg.simulation.experiment import ExperimentConfig, run_experiment
+from secagg.simulation.experiment import ExperimentConfig, ExperimentResult, run_experiment
 from secagg.simulation.provisioning import pretrain_settings
 from secagg.wire import Envelope
 from tests.conftest import backend_client, make_server
@@ -32,6 +33,31 @@ SMALL = ExperimentConfig(rounds=2, seeds=[1], local_steps=3, backend="ckks")
 def small(protocol: str, **changes) -> ExperimentConfig:
     """A short run of the protocol on its paper's kind of task (on ckks)."""
     return short_run(protocol, backend="ckks", **changes)
+
+
+def example(protocol: str) -> ExperimentConfig:
+    """The protocol's example run on ckks, for its audit and its parity with plain: three
+    rounds; adaptive server steps at τ = 1e-3 (FLamby's τ = 1e-8 lets Adam-type steps blow
+    any difference in a near-zero gradient up to order lr: docs, "Parity"); on the wide
+    preset where the example says compact's flooding would show."""
+    cfg = small(protocol, rounds=3)
+    if cfg.optimizer_config()["name"] in ("adam", "yogi", "adagrad"):
+        cfg = replace(cfg, server_opt={"tau": 1e-3})
+    if PROTOCOLS[protocol].example.precise:
+        cfg = replace(cfg, backend_options={"preset": "wide"})
+    return cfg
+
+
+@functools.cache
+def example_runs(protocol: str) -> tuple[ExperimentConfig, ExperimentResult, ExperimentResult]:
+    """(config, plain run, ckks run) of the protocol's example: one pair per protocol, which
+    its audit and parity tests share."""
+    cfg = example(protocol)
+    return (
+        cfg,
+        run_experiment(replace(cfg, backend="plain", backend_options={})),
+        run_experiment(cfg),
+    )
 
 
 def decrypted_sums(config: ExperimentConfig) -> int:
@@ -51,11 +77,10 @@ def decrypted_sums(config: ExperimentConfig) -> int:
 
 @pytest.mark.parametrize("protocol", list(PROTOCOLS))
 def test_ckks_audit_lists_only_declared_items(protocol):
-    config = small(protocol)
+    config, _, result = example_runs(protocol)
     proto = make_protocol(protocol, **config.protocol_options)
     # medians and trimmed means cannot run on sums
     allow = proto.capabilities.needs_individual_updates
-    result = run_experiment(config)
     summary = result.audit.summary()
     assert summary["individual_updates_revealed"] is allow
     assert summary["undeclared_plaintext_items"] == []
@@ -89,17 +114,7 @@ def test_aggregators_that_are_not_sums_are_refused_on_ckks_without_consent():
 
 @pytest.mark.parametrize("protocol", list(PROTOCOLS))
 def test_plain_and_ckks_give_the_same_model(protocol):
-    cfg = small(protocol, rounds=3)
-    if cfg.optimizer_config()["name"] in ("adam", "yogi", "adagrad"):
-        # FLamby's τ = 1e-8 lets Adam-type steps blow any difference in a near-zero gradient
-        # up to order lr (README, "Parity"); compare at the iDASH baseline's τ = 1e-3
-        cfg = replace(cfg, server_opt={"tau": 1e-3})
-    if PROTOCOLS[protocol].example.precise:
-        # where compact's flooding would show (the example says why): on the wide preset,
-        # whose Δ = 2^80 makes it negligible
-        cfg = replace(cfg, backend_options={"preset": "wide"})
-    plain = run_experiment(replace(cfg, backend="plain", backend_options={}))
-    ckks = run_experiment(cfg)
+    cfg, plain, ckks = example_runs(protocol)
     difference = np.max(np.abs(plain.final_params[1] - ckks.final_params[1]))
     metrics = np.abs(plain.metrics["test_pooled"] - ckks.metrics["test_pooled"]).max()
     if cfg.resolved_backend_options()["preset"] == "lean":
