@@ -387,13 +387,19 @@ def test_a_threshold_state_round_trips_and_refuses_another_clients_identity():
     for message, change in cases.items():
         state = copy.deepcopy(own)
         state["backend"].update(change)
-        meta, _ = decode_state(blobs["client_0"], "client_0")
-        client = _restored(factory, blobs["client_0"])
-        before = client.export_state()
-        with pytest.raises(StateError, match="nothing was changed") as err:
-            client.restore_state(encode_state("client_0", meta, state))
-        assert message in str(err.value)
-        assert client.export_state() == before
+        assert_refused_unchanged(factory, blobs["client_0"], state, message)
+
+
+def assert_refused_unchanged(factory, blob: bytes, state: dict, message: str) -> None:
+    """A client restored from ``blob`` refuses ``state`` (saying ``message``) and keeps
+    exactly what it had."""
+    meta, _ = decode_state(blob, "client_0")
+    client = _restored(factory, blob)
+    before = client.export_state()
+    with pytest.raises(StateError, match="nothing was changed") as err:
+        client.restore_state(encode_state("client_0", meta, state))
+    assert message in str(err.value)
+    assert client.export_state() == before
 
 
 # ---- (e) one check of the key-holding part, for both encrypted halves ----------------------
@@ -427,16 +433,11 @@ HOLDER_CASES = {
 @pytest.mark.parametrize("case", list(HOLDER_CASES))
 def test_both_encrypted_halves_refuse_a_bad_key_holding_part_alike(holder_blobs, backend, case):
     factory, blobs = holder_blobs[backend]
-    meta, own = decode_state(blobs["client_0"], "client_0")
+    _, own = decode_state(blobs["client_0"], "client_0")
     _, other = decode_state(blobs["client_1"], "client_1")
     change, message = HOLDER_CASES[case]
     state = copy.deepcopy(own)
     edit = change(own["backend"], other["backend"])
     state["backend"].update({k: v for k, v in edit.items() if k != "__drop__"})
     state["backend"].pop(edit.get("__drop__", "-"), None)
-    client = _restored(factory, blobs["client_0"])
-    before = client.export_state()
-    with pytest.raises(StateError, match="nothing was changed") as err:
-        client.restore_state(encode_state("client_0", meta, state))
-    assert message in str(err.value)
-    assert client.export_state() == before
+    assert_refused_unchanged(factory, blobs["client_0"], state, message)
