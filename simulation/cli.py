@@ -32,6 +32,8 @@ BENCHMARKS = {
     "bytes per round, Flower's framing per message",
     "flower_load": "many rounds over a local Flower deployment beside busy processes: any "
     "message lost, exclusions, load average",
+    "flower_floor": "a bare Flower App echoing a secagg round's messages over a local "
+    "deployment vs the round in process: Flower's own floor",
     "admm": "consensus ADMM (ridge, lasso, logistic, SVM) against the centralised optimum "
     "per iteration, over splits and backends",
     "cox_strategies": "federated Cox strategies (Sequential, Weights Averaging, Ensemble) on "
