@@ -62,9 +62,15 @@ from secagg.wire import Envelope, Field
 #: (~5e-5 absolute in the sums on ckks compact, ~1e-12 relative on the wide presets) must
 #: not decide them, so: gains within TIE (relative) count as tied, the first in (feature,
 #: bin) order winning as in xgboost; H within HESS_TOL of min_child_weight meets it; |G|
-#: below G_TOL is a balanced leaf (weight 0). Genuine values that close are rare; each
-#: changes a margin by at most ~η G_TOL.
-TIE, HESS_TOL, G_TOL = 1e-6, 1e-3, 1e-3
+#: below G_TOL is a balanced leaf (weight 0). Genuine values that close are rare; a leaf
+#: zeroed changes a margin by at most ~η G_TOL. HESS_TOL is far above the precise presets'
+#: noise and far below a genuine shortfall: it was 1e-3, which let a child of H = 0.99904
+#: through where xgboost's H ≥ min_child_weight refuses it (from tree 28 of 50 every backend
+#: then built other trees, margins 0.59 apart); at 1e-6 plain float64, ckks wide and
+#: threshold wide build xgboost's 50 trees (margins within 2.4e-6). On compact the noise
+#: (~5e-5) exceeds it, so a child of H = 1 exactly may be refused there: compact's trees
+#: already differ in near-ties (use wide).
+TIE, HESS_TOL, G_TOL = 1e-6, 1e-6, 1e-3
 
 
 def slot_width(depth: int) -> int:

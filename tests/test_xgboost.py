@@ -44,6 +44,27 @@ def test_the_federated_trees_are_xgboosts_hist_trees():
     assert {"gradient_histograms", "leaf_sums"} <= set(summary["learned_in_plaintext"])
 
 
+def test_fifty_trees_are_xgboosts_too():
+    """At the task's maximum of 50 trees (a 1e-3 tolerance on min_child_weight once let a
+    child of H = 0.99904 through from tree 28, which xgboost refuses: margins 0.59 apart)."""
+    x, _, x_test, _ = trees.binned_pooled()
+    result = run(rounds=50, backend_options={"dtype": "float64"})
+    model = reference(50)
+    for data in (x, x_test):
+        ours = trees.ensemble_margin(result.final_params[0], data)
+        np.testing.assert_allclose(ours, model.predict(data, output_margin=True), atol=1e-5)
+
+
+def test_a_child_below_min_child_weight_is_refused_as_xgboost_refuses_it():
+    # one feature, two bins: the left child holds H = h_left, the right the rest (H = 5)
+    def gains(h_left):
+        hist = np.array([[[1.0, h_left], [-1.0, 5.0]]])
+        return fed.split_gains(hist, lam=1.0, min_child_weight=1.0)
+
+    assert np.isfinite(gains(1.0)).all() and np.isfinite(gains(1.0 - 1e-9)).all()
+    assert np.isneginf(gains(0.99904)).all()
+
+
 def test_ckks_builds_the_same_trees_on_its_wide_preset():
     """On compact the noise in the summed histograms (~5e-5) decides near-ties between
     splits, so its trees differ from plain's in a few nodes; wide's (~1e-12) does not."""
