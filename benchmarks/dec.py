@@ -16,11 +16,14 @@ federated on ckks ("federated (ckks)"), paired with plain: on digits the two dri
 is discontinuous), so parity there is a matter of distributions, not of models.
 
     python -m benchmarks.dec --seeds 10 --out benchmarks/results
+
+Writes dec_runs.csv (one row per dataset, seed, method and client) and dec.md from it.
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -29,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from benchmarks.options import output_folder, positive
+from benchmarks.reproduce import Check, made_by
 from benchmarks.stats import (
     clear_sign,
     format_difference,
@@ -41,6 +45,24 @@ OUTPUTS = ("dec.md", "dec_runs.csv")
 DATASETS = (("digits", "niid1"), ("breast-cancer", "label"))
 SETTINGS = {"rounds": 10, "local_steps": 20, "batch_size": 32}
 OPTIONS = {"pretrain_rounds": 20}
+#: ``--methods`` names: the runs' ``method`` (the per-client runs are one per client)
+METHODS = {
+    "federated": "federated",
+    "centralised": "centralised",
+    "per-client": "per-client",
+    "federated-ckks": "federated (ckks)",
+}
+SCORES = ("acc_init_own", "acc_train", "nmi_train", "ari_train", "acc_test", "nmi_test", "ari_test")
+#: ``secagg bench dec --check``: seed 0 of both datasets, federated, centralised and each
+#: client alone, on plain
+CHECK = Check(
+    args=("--seeds", "1", "--methods", "federated,centralised,per-client"),
+    csv="dec_runs.csv",
+    keys=("dataset", "seed", "method", "backend", "client"),
+    columns=dict.fromkeys(SCORES, 1e-9),
+    why="plain DEC is deterministic per seed (one torch thread); the scores are of integer "
+    "cluster assignments, equal to rounding or apart by at least a point's share",
+)
 
 
 def scores(task_name: str, params: np.ndarray, dataset: str, split: str) -> dict[str, float]:
@@ -81,9 +103,29 @@ def run(task_name: str, seed: int, backend: str = "plain") -> tuple[np.ndarray, 
     return result.final_params, float(result.rows[0]["train_pooled"])
 
 
+def command(args: argparse.Namespace, out: Path | None) -> str:
+    """The complete command that regenerates this run's outputs (in ``out``)."""
+    if args.report_only is not None:
+        argv = ["--report-only", str(args.report_only)]
+    else:
+        argv = ["--seeds", str(args.seeds), "--datasets", args.datasets]
+        argv += ["--methods", args.methods, "--out", str(out)]
+        if args.overwrite:
+            argv.append("--overwrite")
+    return "python -m benchmarks.dec " + shlex.join(argv)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=positive, default=10, help="seeds per dataset")
+    parser.add_argument(
+        "--datasets",
+        default=",".join(f"{d}-{s}" for d, s in DATASETS),
+        help="comma-separated, of " + ", ".join(f"{d}-{s}" for d, s in DATASETS),
+    )
+    parser.add_argument(
+        "--methods", default=",".join(METHODS), help=f"comma-separated, of {list(METHODS)}"
+    )
     parser.add_argument("--out", type=Path)
     parser.add_argument("--overwrite", action="store_true")
     parser.add_argument(
@@ -93,13 +135,20 @@ def main(argv: list[str] | None = None) -> None:
         help="rebuild dec.md from an earlier run's dec_runs.csv (no training)",
     )
     args = parser.parse_args(argv)
+    datasets = [(d, s) for d, s in DATASETS if f"{d}-{s}" in args.datasets.split(",")]
+    methods = args.methods.split(",")
+    if len(datasets) != len(args.datasets.split(",")) or set(methods) - set(METHODS):
+        parser.error(
+            f"datasets from {[f'{d}-{s}' for d, s in DATASETS]}, methods from {list(METHODS)}"
+        )
     if args.report_only is not None:
         frame = pd.read_csv(args.report_only)
-        text = report(frame, int(frame["seed"].nunique()))
+        text = report(frame, int(frame["seed"].nunique()), made_by(command(args, None)))
         (args.report_only.parent / "dec.md").write_text(text)
         print(text)
         return
     out = output_folder(parser, args.out, "dec", OUTPUTS, args.overwrite)
+    provenance = made_by(command(args, out))
 
     import torch
 
@@ -108,15 +157,22 @@ def main(argv: list[str] | None = None) -> None:
 
     torch.set_num_threads(1)
     rows: list[dict] = []
-    for dataset, split in DATASETS:
+    for dataset, split in datasets:
         n_clients = tasks_dec.load(dataset, split).n_clients
         variants: dict[str, int | None] = {"federated": None, "centralised": -1}
         variants.update({f"client {c}": c for c in range(n_clients)})
+        variants["federated (ckks)"] = None
+        chosen = [METHODS[m] for m in methods]
+        variants = {
+            k: v
+            for k, v in variants.items()
+            if k in chosen or (k.startswith("client") and "per-client" in chosen)
+        }
         for only in variants.values():
             if only is not None:
                 register_task(dec_task(dataset, split, only).name, dec_task(dataset, split, only))
         for seed in range(args.seeds):
-            for name, only in [*variants.items(), ("federated (ckks)", None)]:
+            for name, only in variants.items():
                 task_name = dec_task(dataset, split, only).name
                 start = time.perf_counter()
                 params, init_acc = run(task_name, seed, "ckks" if "ckks" in name else "plain")
@@ -141,11 +197,11 @@ def main(argv: list[str] | None = None) -> None:
             pd.DataFrame(rows).to_csv(out / "dec_runs.csv", index=False)
     frame = pd.DataFrame(rows)
     frame.to_csv(out / "dec_runs.csv", index=False)
-    (out / "dec.md").write_text(report(frame, args.seeds))
+    (out / "dec.md").write_text(report(frame, args.seeds, provenance))
     print((out / "dec.md").read_text())
 
 
-def report(frame: pd.DataFrame, seeds: int) -> str:
+def report(frame: pd.DataFrame, seeds: int, provenance: str) -> str:
     per_seed = (
         frame.groupby(["dataset", "method", "seed"], sort=False)
         .mean(numeric_only=True)
@@ -154,13 +210,14 @@ def report(frame: pd.DataFrame, seeds: int) -> str:
     lines = [
         "# Federated DEC against centralised and per-client DEC",
         "",
+        provenance,
+        "",
         f"Mean ± SD over {seeds} seeds (per-client: each client's DEC, averaged over the "
         "clients first). ACC: DEC's clustering accuracy (Hungarian matching of clusters to "
         "labels), on every client's training points (train) and the held-out points (test); "
         "`acc k-means init`: the accuracy after k-means on the pre-trained embedding, before "
         "the KL refinement, on the points that run clustered (its own). Settings: "
-        f"{SETTINGS}, DEC options {OPTIONS} (otherwise the protocol's defaults). Produced by "
-        "`python -m benchmarks.dec`.",
+        f"{SETTINGS}, DEC options {OPTIONS} (otherwise the protocol's defaults).",
         "",
     ]
     metrics = ["acc_init_own", "acc_train", "nmi_train", "ari_train", "acc_test", "nmi_test"]
@@ -176,7 +233,11 @@ def report(frame: pd.DataFrame, seeds: int) -> str:
     lines += [markdown_table(pd.DataFrame(table)), "", "Paired differences (95 % interval):", ""]
     for dataset, group in per_seed.groupby("dataset", sort=False):
         wide = group.pivot(index="seed", columns="method")
+        if "federated" not in wide["acc_train"]:
+            continue
         for other in ("centralised", "per-client", "federated (ckks)"):
+            if other not in wide["acc_train"]:
+                continue
             for metric in ("acc_train", "nmi_train"):
                 d = paired_difference(wide[metric]["federated"], wide[metric][other])
                 lines.append(f"- {dataset}: federated − {other}, {metric}: {format_difference(d)}")
@@ -192,6 +253,8 @@ def report(frame: pd.DataFrame, seeds: int) -> str:
     ]
     for dataset, group in per_seed.groupby("dataset", sort=False):
         wide = group.pivot(index="seed", columns="method")
+        if not {"federated", "centralised", "per-client"} <= set(wide["acc_train"]):
+            continue
         loss = paired_difference(wide["acc_train"]["federated"], wide["acc_train"]["centralised"])
         gain = paired_difference(wide["acc_train"]["federated"], wide["acc_train"]["per-client"])
         refine = paired_difference(

@@ -12,17 +12,20 @@ is one fixed sample of patients, so a second interval resamples the patients as 
 
 Both arms of a pair share the seed: same initial model, same batch order, same split.
 
-    python -m benchmarks.idash_larc [--seeds 0-49] [--full-data-seeds 0-99]
+    python -m benchmarks.idash_larc --seeds 0-49 --full-data-seeds 0-99 \
+        --out benchmarks/results --overwrite
 
 ``--seeds`` are study 2's seeds, ``--full-data-seeds`` those of studies 1 and 3 (one set of
 runs on all 900 patients serves both).
 
-Writes benchmarks/results/idash_larc_runs.csv, idash_larc.md and idash_larc.png.
+Writes idash_larc_runs.csv, idash_larc.md and idash_larc.png to ``--out`` (default: a new
+folder under results/bench).
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -35,6 +38,8 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
+from benchmarks.options import output_folder  # noqa: E402
+from benchmarks.reproduce import Check, made_by  # noqa: E402
 from benchmarks.stats import (  # noqa: E402
     format_difference,
     mean_std,
@@ -48,6 +53,16 @@ from secagg.simulation.cli import parse_seeds  # noqa: E402
 from secagg.simulation.experiment import ExperimentConfig, stderr_progress  # noqa: E402
 
 HERE = Path(__file__).parent
+OUTPUTS = ("idash_larc_runs.csv", "idash_larc.md", "idash_larc.png")
+#: ``secagg bench idash_larc --check``: seeds 0 and 1 of every study, both arms
+CHECK = Check(
+    args=("--seeds", "0,1", "--full-data-seeds", "0,1"),
+    csv="idash_larc_runs.csv",
+    keys=("study", "arm", "seed"),
+    columns={"c_index": 1e-9, "split": 0},
+    why="plain float64 aggregation of torch CPU training with fixed seeds: two runs of this "
+    "subset gave bit-for-bit equal c-indices, so 1e-9 only allows for rounding",
+)
 IDASH = ExperimentConfig(
     task="tcga-brca-idash", client_lr="0.1", server_opt={"name": "adam", "lr": 0.01, "tau": 1e-3}
 )
@@ -171,18 +186,35 @@ def interval_marker(ax, x: float, mean: float, bounds, marker: str, color: str, 
     )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--seeds", type=parse_seeds, default=parse_seeds("0-49"), help="study 2's seeds"
+def command(args: argparse.Namespace, out: Path) -> str:
+    """The command that makes these results again (every option spelled out)."""
+    try:
+        folder = str(out.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        folder = str(out)
+    argv = ["--seeds", args.seeds_text, "--full-data-seeds", args.full_data_seeds_text]
+    return shlex.join(["python", "-m", "benchmarks.idash_larc", *argv, "--out", folder]) + (
+        " --overwrite" if args.overwrite else ""
     )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", default="0-49", help="study 2's seeds (e.g. 0-49 or 0,1)")
     parser.add_argument(
         "--full-data-seeds",
-        type=parse_seeds,
-        default=parse_seeds("0-99"),
+        default="0-99",
         help="seeds of the runs on all 900 patients (studies 1 and 3)",
     )
-    args = parser.parse_args()
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--overwrite", action="store_true")
+    args = parser.parse_args(argv)
+    args.seeds_text, args.full_data_seeds_text = args.seeds, args.full_data_seeds
+    try:
+        args.seeds, args.full_data_seeds = map(parse_seeds, (args.seeds, args.full_data_seeds))
+    except ValueError as exc:
+        parser.error(str(exc))
+    out = output_folder(parser, args.out, "idash_larc", OUTPUTS, args.overwrite)
     started = time.perf_counter()
     unused, unused_info = unused_patients()
     idash_train = ClientData.concat(get_task(IDASH.task).load().train)
@@ -210,8 +242,6 @@ def main() -> None:
             row(SPLITS, arm, seed, test_pooled[seed], seed % SPLIT_COUNT)
     runs = pd.DataFrame(rows)
     runs["split"] = runs["split"].astype("Int64")
-    out = HERE / "results"
-    out.mkdir(exist_ok=True)
     runs.to_csv(out / "idash_larc_runs.csv", index=False)
 
     boot = seeds_and_patients_bootstrap(unused, finals[list(ARMS)[1]], finals[list(ARMS)[0]])
@@ -282,7 +312,8 @@ def main() -> None:
     regions = ", ".join(f"{n}" for n in unused_info["per_region"])
     (out / "idash_larc.md").write_text(
         "# LARC vs FedAdam on the iDASH 2024 variant (5 rounds, 100 steps, batch 8, client lr "
-        "0.1, server Adam lr 0.01, tau 1e-3)\n\nThe paper reports 69.02% → 74.28% (training "
+        "0.1, server Adam lr 0.01, tau 1e-3)\n\n" + made_by(command(args, out)) + "\n\n"
+        "The paper reports 69.02% → 74.28% (training "
         "set) and 65.08% → 69.15% (held-out splits).\n\n" + table + "\n\n"
         f"Studies 1 and 3 score the same {len(args.full_data_seeds)} pairs of final models "
         "(trained on all 900 patients); study 2 has its own "
@@ -302,6 +333,7 @@ def main() -> None:
     )
     print(table)
     print(f"benchmark time: {time.perf_counter() - started:.0f} s")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

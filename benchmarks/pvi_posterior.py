@@ -5,25 +5,55 @@ Per split (IID, by label, by the most predictive feature) and backend (plain flo
 the largest error of the posterior means and the relative error of the variances against
 the centralised optimum of the global ELBO (``secagg.protocols.pvi.fit_gaussian`` on the
 pooled data and the prior), per round, and the held-out accuracy and predictive
-log-likelihood of both. Damping 0.5 (undamped synchronous PVI oscillates here).
+log-likelihood of both. Damping 0.5 (undamped synchronous PVI oscillates here). The
+Bayesian MLP (``--mlp``, on by default) is compared by its predictive only.
 
-    python -m benchmarks.pvi_posterior --rounds 60 --out benchmarks/results
+    python -m benchmarks.pvi_posterior --rounds 60 --mlp-rounds 15 --out benchmarks/results
+
+Writes pvi_posterior_runs.csv (one row per model, split and backend: the numbers of the
+tables), pvi_posterior_trace.csv (the errors per round), pvi_posterior.md and its plot.
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from benchmarks.options import output_folder, positive
+from benchmarks.reproduce import Check, made_by
 from benchmarks.stats import markdown_table
 
-OUTPUTS = ("pvi_posterior.md", "pvi_posterior_trace.csv", "pvi_posterior.png")
+OUTPUTS = (
+    "pvi_posterior.md",
+    "pvi_posterior_runs.csv",
+    "pvi_posterior_trace.csv",
+    "pvi_posterior.png",
+)
 SPLITS = ("iid", "label", "feature")
 BACKENDS = {"plain (float64)": ("plain", {"dtype": "float64"}), "ckks": ("ckks", {})}
+#: ``--backends`` names: the table's labels
+BACKEND_NAMES = {"plain": "plain (float64)", "ckks": "ckks"}
+#: ``secagg bench pvi_posterior --check``: the logistic regression on plain float64, the IID
+#: split, the full 60 rounds (no MLP)
+CHECK = Check(
+    args=("--rounds", "60", "--splits", "iid", "--backends", "plain", "--no-mlp"),
+    csv="pvi_posterior_runs.csv",
+    keys=("model", "split", "backend", "rounds"),
+    columns={
+        "mean_error": 1e-9,
+        "variance_error": 1e-9,
+        "test_accuracy": 0,
+        "test_log_lik": 1e-9,
+        "central_log_lik": 1e-9,
+        "bytes_up": 0,
+    },
+    why="plain float64 PVI and its reference are deterministic (Newton fits, exact expected "
+    "log-likelihood): errors and log-likelihoods to rounding; accuracies and bytes exactly",
+)
 
 
 def predictive(natural: np.ndarray, v: np.ndarray, y: np.ndarray) -> tuple[float, float]:
@@ -36,14 +66,38 @@ def predictive(natural: np.ndarray, v: np.ndarray, y: np.ndarray) -> tuple[float
     return float(np.mean(np.sign(logit) == y)), float(-np.mean(np.logaddexp(0, -y * logit)))
 
 
+def command(args: argparse.Namespace, out: Path) -> str:
+    """The complete command that regenerates this run's outputs in ``out``."""
+    argv = ["--rounds", str(args.rounds), "--mlp-rounds", str(args.mlp_rounds)]
+    argv += ["--splits", args.splits, "--backends", args.backends]
+    argv += ["--mlp" if args.mlp else "--no-mlp", "--out", str(out)]
+    if args.overwrite:
+        argv.append("--overwrite")
+    return "python -m benchmarks.pvi_posterior " + shlex.join(argv)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=positive, default=60)
     parser.add_argument("--mlp-rounds", type=positive, default=15)
+    parser.add_argument("--splits", default=",".join(SPLITS), help="comma-separated splits")
+    parser.add_argument(
+        "--backends", default=",".join(BACKEND_NAMES), help="comma-separated: plain, ckks"
+    )
+    parser.add_argument(
+        "--mlp",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also the Bayesian MLP (compared by its predictive)",
+    )
     parser.add_argument("--out", type=Path)
     parser.add_argument("--overwrite", action="store_true")
     args = parser.parse_args(argv)
+    splits, backends = args.splits.split(","), args.backends.split(",")
+    if set(splits) - set(SPLITS) or set(backends) - set(BACKEND_NAMES):
+        parser.error(f"splits from {list(SPLITS)}, backends from {list(BACKEND_NAMES)}")
     out = output_folder(parser, args.out, "pvi_posterior", OUTPUTS, args.overwrite)
+    provenance = made_by(command(args, out))
 
     from secagg.clients.tasks import tabular
     from secagg.protocols import pvi
@@ -58,8 +112,9 @@ def main(argv: list[str] | None = None) -> None:
     mean_ref, var_ref = pvi.to_moments(reference)
     ref_acc, ref_ll = predictive(reference, v_test, y_test)
     trace, rows = [], []
-    for split in SPLITS:
-        for label, (backend, options) in BACKENDS.items():
+    for split in splits:
+        for label in (BACKEND_NAMES[b] for b in backends):
+            backend, options = BACKENDS[label]
             models: dict[int, np.ndarray] = {}
             config = ExperimentConfig(
                 task=f"bayes-breast-cancer-{split}",
@@ -86,39 +141,89 @@ def main(argv: list[str] | None = None) -> None:
             acc, ll = predictive(models[args.rounds], v_test, y_test)
             rows.append(
                 {
+                    "model": "logistic",
                     "split": split,
                     "backend": label,
-                    "max abs error of μ": f"{trace[-1]['mean_error']:.1e}",
-                    "max relative error of σ²": f"{trace[-1]['variance_error']:.1e}",
-                    "test accuracy (PVI / central)": f"{acc:.4f} / {ref_acc:.4f}",
-                    "test log-lik (PVI / central)": f"{ll:.4f} / {ref_ll:.4f}",
-                    "kB up / round": f"{run.rows[-1]['bytes_up'] / 1e3:.1f}",
+                    "rounds": args.rounds,
+                    "mean_error": trace[-1]["mean_error"],
+                    "variance_error": trace[-1]["variance_error"],
+                    "test_accuracy": acc,
+                    "test_log_lik": ll,
+                    "central_accuracy": ref_acc,
+                    "central_log_lik": ref_ll,
+                    "bytes_up": run.rows[-1]["bytes_up"],
                 }
             )
-            print(f"{split:8s} {label:16s} {rows[-1]['max abs error of μ']}", flush=True)
-    mlp = mlp_rows(args.mlp_rounds, progress=lambda line: print(line, flush=True))
+            print(f"{split:8s} {label:16s} {rows[-1]['mean_error']:.1e}", flush=True)
+    if args.mlp:
+        rows += mlp_rows(
+            args.mlp_rounds, splits, backends, progress=lambda line: print(line, flush=True)
+        )
+    runs = pd.DataFrame(rows)
+    runs.to_csv(out / "pvi_posterior_runs.csv", index=False)
     frame = pd.DataFrame(trace)
     frame.to_csv(out / "pvi_posterior_trace.csv", index=False)
     plot(frame, out / "pvi_posterior.png")
-    table = pd.DataFrame(rows)
-    text = (
-        "# Partitioned variational inference against the centralised posterior\n\n"
-        f"Bayesian logistic regression, prior N(0, 1), mean-field Gaussian q, 4 clients, "
-        f"{args.rounds} synchronous rounds, damping 0.5.\n\n"
-        + markdown_table(table)
-        + "\n\n![error of the posterior means per round](pvi_posterior.png)\n\n"
-        + f"## Bayesian MLP 30-8-1 (tanh), {args.mlp_rounds} rounds\n\n"
-        "Monte Carlo local fits (200 Adam steps of 8 draws a round, rate 0.01), damping 0.5. "
-        "The posterior is not unique (hidden units permute), so only the predictive is "
-        "compared: held-out accuracy and predictive log-likelihood of the task's 64-draw "
-        "Monte Carlo predictive, against the centralised fit (3,000 steps on the pooled "
-        "data).\n\n" + markdown_table(mlp) + "\n"
-    )
+    text = report(runs, provenance)
     (out / "pvi_posterior.md").write_text(text)
     print(text)
 
 
-def mlp_rows(rounds: int, progress) -> pd.DataFrame:
+def report(runs: pd.DataFrame, provenance: str) -> str:
+    """pvi_posterior.md from the runs' numbers (pvi_posterior_runs.csv)."""
+
+    def pair(a: pd.Series, b: pd.Series) -> pd.Series:
+        return a.map("{:.4f}".format) + " / " + b.map("{:.4f}".format)
+
+    logistic = runs[runs["model"] == "logistic"]
+    table = pd.DataFrame(
+        {
+            "split": logistic["split"],
+            "backend": logistic["backend"],
+            "max abs error of μ": logistic["mean_error"].map("{:.1e}".format),
+            "max relative error of σ²": logistic["variance_error"].map("{:.1e}".format),
+            "test accuracy (PVI / central)": pair(
+                logistic["test_accuracy"], logistic["central_accuracy"]
+            ),
+            "test log-lik (PVI / central)": pair(
+                logistic["test_log_lik"], logistic["central_log_lik"]
+            ),
+            "kB up / round": (logistic["bytes_up"] / 1e3).map("{:.1f}".format),
+        }
+    )
+    text = (
+        "# Partitioned variational inference against the centralised posterior\n\n"
+        + provenance
+        + "\n\n"
+        f"Bayesian logistic regression, prior N(0, 1), mean-field Gaussian q, 4 clients, "
+        f"{int(logistic['rounds'].max())} synchronous rounds, damping 0.5.\n\n"
+        + markdown_table(table)
+        + "\n\n![error of the posterior means per round](pvi_posterior.png)\n"
+    )
+    mlp = runs[runs["model"] == "mlp"]
+    if len(mlp):
+        table = pd.DataFrame(
+            {
+                "split": mlp["split"],
+                "backend": mlp["backend"],
+                "test accuracy (PVI / central)": pair(
+                    mlp["test_accuracy"], mlp["central_accuracy"]
+                ),
+                "test log-lik (PVI / central)": pair(mlp["test_log_lik"], mlp["central_log_lik"]),
+            }
+        )
+        text += (
+            f"\n## Bayesian MLP 30-8-1 (tanh), {int(mlp['rounds'].max())} rounds\n\n"
+            "Monte Carlo local fits (200 Adam steps of 8 draws a round, rate 0.01), damping "
+            "0.5. The posterior is not unique (hidden units permute), so only the predictive "
+            "is compared: held-out accuracy and predictive log-likelihood of the task's "
+            "64-draw Monte Carlo predictive, against the centralised fit (3,000 steps on the "
+            "pooled data).\n\n" + markdown_table(table) + "\n"
+        )
+    return text
+
+
+def mlp_rows(rounds: int, splits, backends, progress) -> list[dict]:
     """The Bayesian MLP's predictive, federated (per split and backend) beside centralised."""
     import torch
 
@@ -145,8 +250,9 @@ def mlp_rows(rounds: int, progress) -> pd.DataFrame:
     )
     ref_acc, ref_ll = scores(central)
     rows = []
-    for split in SPLITS:
-        for label, (backend, options) in BACKENDS.items():
+    for split in splits:
+        for label in (BACKEND_NAMES[b] for b in backends):
+            backend, options = BACKENDS[label]
             result = secagg.run(
                 task=f"bayes-mlp-breast-cancer-{split}",
                 protocol="pvi",
@@ -156,16 +262,22 @@ def mlp_rows(rounds: int, progress) -> pd.DataFrame:
                 seeds=[0],
             )
             acc, ll = scores(result.final_params[0])
+            metrics = result.metrics[result.metrics["round"] > 0]
             rows.append(
                 {
+                    "model": "mlp",
                     "split": split,
                     "backend": label,
-                    "test accuracy (PVI / central)": f"{acc:.4f} / {ref_acc:.4f}",
-                    "test log-lik (PVI / central)": f"{ll:.4f} / {ref_ll:.4f}",
+                    "rounds": rounds,
+                    "test_accuracy": acc,
+                    "test_log_lik": ll,
+                    "central_accuracy": ref_acc,
+                    "central_log_lik": ref_ll,
+                    "bytes_up": metrics["bytes_up"].iloc[-1],
                 }
             )
             progress(f"mlp {split:8s} {label:16s} accuracy {acc:.4f}")
-    return pd.DataFrame(rows)
+    return rows
 
 
 def plot(frame: pd.DataFrame, path: Path) -> None:

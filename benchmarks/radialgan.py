@@ -24,6 +24,7 @@ the isolated bad node with 95 % t-intervals.
 from __future__ import annotations
 
 import argparse
+import shlex
 import time
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from benchmarks.options import output_folder, positive
+from benchmarks.reproduce import Check, made_by
 from benchmarks.stats import (
     clear_sign,
     format_difference,
@@ -41,6 +43,24 @@ from benchmarks.stats import (
 )
 
 OUTPUTS = ("radialgan.md", "radialgan.csv")
+#: ``secagg bench radialgan --check``: seed 0 at every noise share (about 30 s)
+CHECK = Check(
+    args=("--seeds", "1"),
+    csv="radialgan.csv",
+    keys=("share", "seed"),
+    columns={
+        **{
+            f"{arm}{tag}": 1e-12
+            for arm in ("good_isolated", "bad_isolated", "bad_radialgan", "bad_real_good")
+            for tag in ("", "_noised")
+        },
+        "translated_label_agreement": 1e-12,
+        "bytes_per_step": 0,
+    },
+    why="the split, the noise and the GAN are seeded, float64 numpy and scikit-learn's lbfgs "
+    "are deterministic: the same classifiers, so the same accuracies (ratios of counts); "
+    "bytes are counted exactly",
+)
 SHARES = (0.5, 0.7, 0.9)
 N_GOOD, N_BAD, N_CLASSES, N_FEATURES = 500, 50, 10, 64
 #: RadialGAN's settings here (see the module docstring of secagg.protocols.radialgan)
@@ -253,7 +273,21 @@ def main(argv: list[str] | None = None) -> None:
     text = "\n\n".join(
         [
             "# RadialGAN federated data augmentation (GenoMed4All D6.2 §5, §6.6.2.1)",
-            f"`python -m benchmarks.radialgan --seeds {args.seeds} --out DIR`: scikit-learn "
+            made_by(
+                shlex.join(
+                    [
+                        "python",
+                        "-m",
+                        "benchmarks.radialgan",
+                        "--seeds",
+                        str(args.seeds),
+                        "--out",
+                        str(out),
+                        "--overwrite",
+                    ]
+                )
+            ),
+            "Scikit-learn "
             f"digits, good node {N_GOOD} clean digits, bad node {N_BAD} digits with the stated "
             "share of pixels replaced by binary noise; logistic-regression classifiers; "
             f"{args.seeds} seeds per share (the split, the noise and the GAN's initialisation "

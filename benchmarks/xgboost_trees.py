@@ -8,18 +8,23 @@ bins and settings, the largest margin difference to xgboost on the training and 
 ckks (compact and wide) and threshold (wide); the report's top-S proposal (S = 5) on plain.
 Deterministic but for the encrypted backends' noise: one run per cell.
 
-    python -m benchmarks.xgboost_trees --trees 20 --out benchmarks/results
+    python -m benchmarks.xgboost_trees --trees 50 --out benchmarks/results
+
+Writes xgboost_trees.csv (one row per split and run, the report's numbers), xgboost_trees.md
+and its plot.
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from benchmarks.options import output_folder, positive
+from benchmarks.reproduce import Check, made_by
 from benchmarks.stats import markdown_table
 
 OUTPUTS = ("xgboost_trees.md", "xgboost_trees.csv", "xgboost_trees.png")
@@ -31,6 +36,26 @@ RUNS = {
     "threshold wide": ("threshold", {"preset": "wide"}, {}),
     "plain, top-S (S = 5)": ("plain", {"dtype": "float64"}, {"top_s": 5}),
 }
+#: ``--runs`` names of the runs above
+RUN_NAMES = {
+    "plain": "plain (float64)",
+    "ckks-compact": "ckks compact",
+    "ckks-wide": "ckks wide",
+    "threshold-wide": "threshold wide",
+    "top-s": "plain, top-S (S = 5)",
+}
+MARGINS = ("max abs margin diff to xgboost (train)", "max abs margin diff to xgboost (test)")
+#: ``secagg bench xgboost_trees --check``: the 50 trees on plain float64, top-S and ckks wide
+#: (the encrypted run that builds xgboost's trees) on every split (~50 s)
+CHECK = Check(
+    args=("--trees", "50", "--runs", "plain,top-s,ckks-wide", "--splits", "iid,label,feature"),
+    csv="xgboost_trees.csv",
+    keys=("split", "run", "trees"),
+    columns={"test accuracy": 0, "test AUC": 1e-9, **dict.fromkeys(MARGINS, 1e-5)},
+    why="the trees are the same splits (accuracy, AUC exactly but for rounding); the margin "
+    "differences to xgboost are float32-scale (~1e-6) on plain and CKKS-noisy on ckks wide, "
+    "so within 1e-5, the threshold for building xgboost's trees",
+)
 
 
 def centralised(n_trees: int):
@@ -51,20 +76,40 @@ def centralised(n_trees: int):
     )
 
 
+def command(args: argparse.Namespace, out: Path) -> str:
+    """The complete command that regenerates this run's outputs in ``out``."""
+    if args.from_csv is not None:
+        argv = ["--from-csv", str(args.from_csv)]
+    else:
+        argv = ["--trees", str(args.trees), "--splits", args.splits, "--runs", args.runs]
+    argv += ["--out", str(out)]
+    if args.overwrite:
+        argv.append("--overwrite")
+    return "python -m benchmarks.xgboost_trees " + shlex.join(argv)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trees", type=positive, default=20)
+    parser.add_argument("--splits", default=",".join(SPLITS), help="comma-separated splits")
+    parser.add_argument(
+        "--runs", default=",".join(RUN_NAMES), help=f"comma-separated, of {list(RUN_NAMES)}"
+    )
     parser.add_argument("--out", type=Path)
     parser.add_argument("--overwrite", action="store_true")
     parser.add_argument(
         "--from-csv", type=Path, help="redraw the report from an earlier xgboost_trees.csv"
     )
     args = parser.parse_args(argv)
+    splits, runs = args.splits.split(","), args.runs.split(",")
+    if set(splits) - set(SPLITS) or set(runs) - set(RUN_NAMES):
+        parser.error(f"splits from {list(SPLITS)}, runs from {list(RUN_NAMES)}")
     out = output_folder(parser, args.out, "xgboost_trees", OUTPUTS, args.overwrite)
+    provenance = made_by(command(args, out))
     if args.from_csv is not None:
         frame = pd.read_csv(args.from_csv)
         frame.to_csv(out / "xgboost_trees.csv", index=False)
-        write_report(out, frame, args.trees)
+        write_report(out, frame, provenance)
         return
 
     from sklearn.metrics import roc_auc_score
@@ -80,12 +125,14 @@ def main(argv: list[str] | None = None) -> None:
         {
             "split": "pooled",
             "run": "xgboost hist, centralised",
+            "trees": args.trees,
             "test accuracy": float(np.mean((ref_test > 0) == (y_test > 0.5))),
             "test AUC": float(roc_auc_score(y_test, ref_test)),
         }
     ]
-    for split in SPLITS:
-        for label, (backend, options, protocol_options) in RUNS.items():
+    for split in splits:
+        for label in (RUN_NAMES[r] for r in runs):
+            backend, options, protocol_options = RUNS[label]
             result = secagg.run(
                 task=f"xgb-breast-cancer-{split}",
                 protocol="xgboost",
@@ -104,6 +151,7 @@ def main(argv: list[str] | None = None) -> None:
                 {
                     "split": split,
                     "run": label,
+                    "trees": args.trees,
                     "test accuracy": float(np.mean((test > 0) == (y_test > 0.5))),
                     "test AUC": float(roc_auc_score(y_test, test)),
                     "max abs margin diff to xgboost (train)": np.abs(train - ref_train).max(),
@@ -115,17 +163,19 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{split:8s} {label:22s} acc {rows[-1]['test accuracy']:.4f}", flush=True)
     frame = pd.DataFrame(rows)
     frame.to_csv(out / "xgboost_trees.csv", index=False)
-    write_report(out, frame, args.trees)
+    write_report(out, frame, provenance)
 
 
-def write_report(out: Path, frame: pd.DataFrame, n_trees: int) -> None:
-    same = frame[frame["max abs margin diff to xgboost (test)"] < 1e-5]
+def write_report(out: Path, frame: pd.DataFrame, provenance: str) -> None:
+    same = frame[(frame[list(MARGINS)] < 1e-5).all(axis=1)]
     plot(frame, out / "xgboost_trees.png")
     text = (
         "# Federated XGBoost against xgboost's hist (GenoMed4All D6.2 §10.2)\n\n"
-        f"{n_trees} trees of depth 3, η 0.3, λ 1, min_child_weight 1, 16 shared bins, "
-        "4 clients.\n\n"
-        + markdown_table(frame.fillna(""), ".4g")
+        + provenance
+        + "\n\n"
+        f"{int(frame['trees'].max())} trees of depth 3, η 0.3, λ 1, min_child_weight 1, "
+        "16 shared bins, 4 clients.\n\n"
+        + markdown_table(frame.drop(columns="trees").fillna(""), ".4g")
         + f"\n\n{len(same)} of {len(frame) - 1} federated runs build xgboost's trees (every "
         "margin within 1e-5 on the training and test sets): "
         + ", ".join(f"{r.split} / {r.run}" for r in same.itertuples())

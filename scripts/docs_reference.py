@@ -498,6 +498,62 @@ def cli_page() -> str:
     )
 
 
+# ---- benchmarks ---------------------------------------------------------------------------------
+def _module_constant(module: Path, name: str) -> Any:
+    """The value assigned to ``name`` at the top of a benchmark's source: a literal, or for
+    a call (``CHECK = Check(...)``) its keywords' literals; None if none or not literal.
+    Read from the source: importing a benchmark would import torch and Flower."""
+    import ast
+
+    for node in ast.parse(module.read_text()).body:
+        if isinstance(node, ast.Assign) and any(
+            getattr(target, "id", None) == name for target in node.targets
+        ):
+            if isinstance(node.value, ast.Call):  # its literal keywords (a check's args)
+                found = {}
+                for keyword in node.value.keywords:
+                    try:
+                        found[keyword.arg] = ast.literal_eval(keyword.value)
+                    except ValueError:
+                        found[keyword.arg] = None
+                return found
+            try:
+                return ast.literal_eval(node.value)
+            except ValueError:
+                return None
+    return None
+
+
+def benchmarks_page() -> str:
+    from secagg.simulation.cli import BENCHMARKS
+
+    root = Path(__file__).resolve().parents[1] / "benchmarks"
+    rows = []
+    for name, summary in BENCHMARKS.items():
+        source = root / f"{name}.py"
+        check = _module_constant(source, "CHECK")
+        outputs = _module_constant(source, "OUTPUTS") or (f"{name}.md",)
+        results = [o for o in outputs if o.endswith(".md") and (root / "results" / o).is_file()]
+        rerun = None if check is None else " ".join(check.get("args") or ("(its declared subset)",))
+        rows.append(
+            [
+                code(name),
+                text(summary),
+                "no" if rerun is None else code(f"secagg bench {name} {rerun}".rstrip()),
+                ", ".join(f"[{r}](../results/data/{r})" for r in results) or "—",
+            ]
+        )
+    return page(
+        "Benchmarks",
+        "Every benchmark `secagg bench NAME` runs (from a source checkout), what it measures, "
+        "the subset `secagg bench NAME --check` re-runs to compare with the committed results "
+        "(within the tolerances it declares; the full test lane runs every check), and its "
+        "committed results in `benchmarks/results/`, each of which opens with the command, "
+        "commit, libraries and machine that made it.",
+        table(["Benchmark", "What it measures", "`--check` re-runs", "Results"], rows),
+    )
+
+
 # ---- main ---------------------------------------------------------------------------------------
 #: file name -> the function that renders it
 PAGES: dict[str, Callable[[], str]] = {
@@ -505,6 +561,7 @@ PAGES: dict[str, Callable[[], str]] = {
     "tasks.md": tasks_page,
     "presets.md": presets_page,
     "cli.md": cli_page,
+    "benchmarks.md": benchmarks_page,
 }
 
 

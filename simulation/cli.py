@@ -51,6 +51,22 @@ BENCHMARKS = {
     "per-client, column mean and k-NN",
     "radialgan": "RadialGAN augmentation of a noisy bad node's digits against the isolated "
     "good/bad bounds",
+    "flamby_tcga": "FLamby's FedAvg and FedAdam configs on Fed-TCGA-BRCA over many seeds, beside "
+    "FLamby's published runs",
+    "idash_larc": "LARC against its FedAdam baseline on the iDASH 2024 variant, paired seeds, "
+    "three studies",
+    "rolepro_tcga": "RoLePRO's aggregators and two-phase protocol on Fed-TCGA-BRCA against FedAvg",
+    "feddisco_digits": "FedDisco-style discrepancy weights on label-skewed digits: an alpha sweep",
+    "autofedrl_digits": "Auto-FedRL's agents against FedAvg, FedProx and a tuned FedAvg on digits",
+    "dp_tcga": "privacy against utility on Fed-TCGA-BRCA: c-index against epsilon, client-level "
+    "DP and DP-SGD",
+    "dp_epsilon_joint": "client-level epsilon accounted per release, jointly, and by Google's "
+    "accountants",
+    "parity": "the same runs on plain and an encrypted backend: the models' largest difference",
+    "protocol_parity": "every protocol's short run on an encrypted backend against plain",
+    "dominant_weight": "how much of one client's update a deviating server reads from a sum where "
+    "it gives that client the largest weight the policy allows",
+    "flooding_bound": "the decryption error of weighted sums against the flooding bound E",
 }
 
 
@@ -171,7 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
         + "; `secagg bench NAME --help` for its options",
         description="Run a benchmark from a source checkout: "
         + "; ".join(f"{k}: {v}" for k, v in BENCHMARKS.items())
-        + ". Options after NAME go to the benchmark (`secagg bench NAME --help`).",
+        + ". Options after NAME go to the benchmark (`secagg bench NAME --help`); "
+        "`secagg bench NAME --check` re-runs the subset it declares and compares it with its "
+        "committed results (exit status 1 if a value differs beyond its tolerance).",
     )
     bench.add_argument("name", choices=list(BENCHMARKS))
     bench.add_argument("rest", nargs=argparse.REMAINDER, help="the benchmark's own options")
@@ -349,8 +367,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
     root = str(benchmarks_root())
     if root not in sys.path:
         sys.path.insert(0, root)
-    importlib.import_module(f"benchmarks.{args.name}").main(args.rest)
-    return 0
+    module = importlib.import_module(f"benchmarks.{args.name}")
+    if "--check" not in args.rest:
+        module.main(args.rest)
+        return 0
+    from benchmarks import reproduce
+
+    check = getattr(module, "CHECK", None)
+    if check is None or len(args.rest) > 1:
+        raise SecaggError(
+            f"--check takes no other option, and {args.name} "
+            + ("declares no CHECK" if check is None else "runs its declared subset")
+        )
+    table = reproduce.run_check(args.name, check, module.main)
+    print(reproduce.report(args.name, check, table))
+    return 0 if reproduce.reproduces(table) else 1
 
 
 def load_user_code(argv: list[str]) -> None:

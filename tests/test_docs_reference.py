@@ -19,7 +19,7 @@ from secagg.protocols.fedavg import FedAvg
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "docs_reference.py"
-PAGES = ("protocols.md", "tasks.md", "presets.md", "cli.md")
+PAGES = ("protocols.md", "tasks.md", "presets.md", "cli.md", "benchmarks.md")
 
 
 def load_generator() -> ModuleType:

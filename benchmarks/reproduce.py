@@ -1,0 +1,150 @@
+"""How a committed result was made, and whether the current code still makes it.
+
+- :func:`made_by` is the line a results file opens with: the command that made it, the commit
+  (and whether the checkout had uncommitted changes), the libraries' versions, the machine
+  and the date, so that a reader can tell which code a number came from.
+- :class:`Check` is what ``secagg bench NAME --check`` re-runs: a declared subset of the
+  benchmark (a few seeds or splits, its own arguments), written to a scratch folder, and the
+  committed CSV's columns it must reproduce, joined on the rows' keys, each within its
+  stated tolerance. A benchmark declares its ``CHECK`` next to its ``main``.
+- :func:`run_check` runs one and returns a table of every compared value; the full test lane
+  runs every benchmark's check (``tests/test_reproduce.py``).
+
+A check compares numbers the benchmark computes (models, metrics, iteration counts, bytes),
+never seconds: timings move with the machine's load and are reported, not reproduced.
+"""
+
+from __future__ import annotations
+
+import shlex
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def made_by(command: str) -> str:
+    """One Markdown paragraph: how this result was made (command, commit, versions, machine,
+    date), for the top of a results file."""
+    from secagg.simulation.provenance import git_commit, library_versions, machine
+    from secagg.simulation.provenance import provenance as now
+
+    git = git_commit()
+    commit = "not a git checkout" if git is None else git["commit"][:12]
+    if git is not None and git["dirty"]:
+        commit += " with uncommitted changes"
+    libraries = ", ".join(f"{k} {v}" for k, v in library_versions().items() if v is not None)
+    host = machine()
+    cpu = host.get("processor") or host.get("machine")
+    return (
+        f"Made by `{command}` at commit {commit}, {now()['started_utc']}; "
+        f"{cpu}, {host['cpus']} CPUs, Python {host['python']}; {libraries}."
+    )
+
+
+@dataclass(frozen=True)
+class Check:
+    """A subset of a benchmark that must reproduce its committed CSV.
+
+    ``args``: the benchmark's own arguments for the subset (``--out`` is added); ``csv``:
+    the file it writes and the committed one it is compared with; ``keys``: the columns that
+    identify a row (the subset's rows must all be among the committed ones); ``columns``:
+    each compared column and its tolerance: absolute (0: equal; strings compare equal), or
+    (absolute, relative), within if |fresh − committed| ≤ absolute + relative·|committed|
+    (for values that move with fresh encryption noise across orders of magnitude)."""
+
+    args: Sequence[str]
+    csv: str
+    keys: Sequence[str]
+    columns: Mapping[str, float | tuple[float, float]]
+    #: rows of the subset to compare (a pandas query on the subset's CSV), "" for all
+    rows: str = ""
+    #: why the tolerances are what they are (shown with the result)
+    why: str = ""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+def compare(check: Check, fresh: pd.DataFrame, committed: pd.DataFrame) -> pd.DataFrame:
+    """One row per compared value: keys, column, committed, fresh, difference, tolerance,
+    within. A subset row missing from the committed CSV is a mismatch (``committed`` NaN)."""
+    if check.rows:
+        fresh = fresh.query(check.rows)
+    missing = [c for c in (*check.keys, *check.columns) if c not in fresh or c not in committed]
+    if missing:
+        raise ValueError(f"{check.csv}: no column {missing} in the fresh or the committed CSV")
+    joined = fresh.merge(
+        committed, on=list(check.keys), how="left", suffixes=("_fresh", "_committed")
+    )
+    rows = []
+    for _, row in joined.iterrows():
+        key = {k: row[k] for k in check.keys}
+        for column, tolerance in check.columns.items():
+            new, old = row[f"{column}_fresh"], row[f"{column}_committed"]
+            if isinstance(new, str) or isinstance(old, str):
+                within = bool(new == old)
+                difference: float | None = None
+            else:
+                absolute, relative = tolerance if isinstance(tolerance, tuple) else (tolerance, 0.0)
+                same = float(new) == float(old) or (pd.isna(new) and pd.isna(old))  # ∞ too
+                difference = 0.0 if same else abs(float(new) - float(old))
+                allowed = absolute + relative * abs(float(old))
+                within = same or bool(difference <= allowed)
+            rows.append(
+                {
+                    **key,
+                    "column": column,
+                    "committed": old,
+                    "fresh": new,
+                    "difference": difference,
+                    "tolerance": tolerance,
+                    "within": within,
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def run_check(
+    name: str,
+    check: Check,
+    main: Callable[[list[str]], Any],
+    committed: Path = RESULTS,
+) -> pd.DataFrame:
+    """Run ``check``'s subset of benchmark ``name`` (its ``main``) in a scratch folder and
+    compare it with the committed CSV in ``committed``."""
+    reference = committed / check.csv
+    if not reference.is_file():
+        raise FileNotFoundError(
+            f"{reference} does not exist: run the benchmark with --out {committed} first"
+        )
+    with tempfile.TemporaryDirectory(prefix=f"secagg-check-{name}-") as scratch:
+        main([*check.args, "--out", scratch])
+        fresh = pd.read_csv(Path(scratch) / check.csv)
+    return compare(check, fresh, pd.read_csv(reference))
+
+
+def report(name: str, check: Check, table: pd.DataFrame) -> str:
+    """What ``--check`` prints: the command it re-ran, every compared value, the verdict."""
+    lines = [
+        f"secagg bench {name} --check: re-ran `secagg bench {name} {shlex.join(check.args)}` "
+        f"and compared {check.csv} with the committed one ({len(table)} values"
+        + (f"; {check.why}" if check.why else "")
+        + ")",
+        table.to_string(index=False),
+    ]
+    if reproduces(table):
+        lines.append(f"{name}: all {len(table)} values reproduce")
+    elif table.empty:
+        lines.append(f"{name}: nothing compared (no row of the subset is in the committed CSV)")
+    else:
+        lines.append(f"{name}: {int((~table['within']).sum())} of {len(table)} values differ")
+    return "\n".join(lines)
+
+
+def reproduces(table: pd.DataFrame) -> bool:
+    """Whether a check passed: something was compared, and every value within tolerance."""
+    return not table.empty and bool(table["within"].all())

@@ -1,0 +1,89 @@
+"""Committed results regenerate: every benchmark that declares a ``CHECK`` re-runs its subset
+and matches its committed CSV (the full lane); the comparison itself is checked on small
+frames (the gating lane)."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import pkgutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import benchmarks
+from benchmarks import reproduce
+from benchmarks.reproduce import Check, compare
+from tests.test_plugins import registries  # noqa: F401  (the fixture)
+
+
+def declares_check(name: str) -> bool:
+    """Whether benchmark ``name`` assigns a CHECK at its top level, read from its source:
+    importing every benchmark here would import torch and Flower, and register what some of
+    them register (a task), for every later test."""
+    source = Path(benchmarks.__path__[0]) / f"{name}.py"
+    return any(
+        isinstance(node, ast.Assign)
+        and any(getattr(t, "id", None) == "CHECK" for t in node.targets)
+        for node in ast.parse(source.read_text()).body
+    )
+
+
+CHECKED = sorted(
+    m.name for m in pkgutil.iter_modules(benchmarks.__path__) if declares_check(m.name)
+)
+
+CHECK = Check(args=(), csv="x.csv", keys=("split", "seed"), columns={"auc": 1e-6, "trees": 0})
+COMMITTED = pd.DataFrame(
+    {"split": ["a", "a", "b"], "seed": [0, 1, 0], "auc": [0.9, 0.8, 0.7], "trees": [3, 3, 4]}
+)
+
+
+def test_a_fresh_subset_that_matches_the_committed_rows_reproduces():
+    fresh = COMMITTED.iloc[[0, 2]].assign(auc=[0.9 + 1e-9, 0.7])
+    table = compare(CHECK, fresh, COMMITTED)
+    assert len(table) == 4 and reproduce.reproduces(table)
+
+
+def test_a_value_beyond_its_tolerance_or_a_row_not_committed_does_not():
+    drifted = COMMITTED.iloc[[0]].assign(auc=[0.9 + 1e-3])
+    assert not reproduce.reproduces(compare(CHECK, drifted, COMMITTED))
+    changed_count = COMMITTED.iloc[[1]].assign(trees=[4])
+    assert not reproduce.reproduces(compare(CHECK, changed_count, COMMITTED))
+    new_row = pd.DataFrame({"split": ["c"], "seed": [0], "auc": [0.9], "trees": [3]})
+    assert not reproduce.reproduces(compare(CHECK, new_row, COMMITTED))
+    # nothing compared is no pass
+    assert not reproduce.reproduces(compare(CHECK, COMMITTED.iloc[:0], COMMITTED))
+
+
+def test_the_results_files_say_how_they_were_made():
+    line = reproduce.made_by("python -m benchmarks.admm --rounds 3")
+    assert "`python -m benchmarks.admm --rounds 3`" in line and "commit" in line
+    assert "numpy" in line and "CPUs" in line
+
+
+def test_some_benchmarks_declare_a_check():
+    assert "admm" in CHECKED
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("registries")  # what a benchmark registers goes with the test
+@pytest.mark.parametrize("name", CHECKED)
+def test_each_declared_check_reproduces_the_committed_results(name):
+    module = importlib.import_module(f"benchmarks.{name}")
+    table = reproduce.run_check(name, module.CHECK, module.main)
+    assert reproduce.reproduces(table), reproduce.report(name, module.CHECK, table)
+
+
+def test_infinite_values_that_agree_reproduce():
+    check = Check(args=(), csv="x.csv", keys=("arm",), columns={"epsilon": 1e-3})
+    frame = pd.DataFrame({"arm": ["none", "dp"], "epsilon": [float("inf"), 4.0]})
+    assert reproduce.reproduces(compare(check, frame, frame))
+    assert not reproduce.reproduces(compare(check, frame.assign(epsilon=[4.0, 4.0]), frame))
+
+
+def test_every_checked_benchmark_is_one_secagg_bench_runs():
+    from secagg.simulation.cli import BENCHMARKS
+
+    assert set(CHECKED) <= set(BENCHMARKS)
