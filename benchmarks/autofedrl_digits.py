@@ -41,7 +41,7 @@ import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
 from benchmarks.options import output_folder, positive  # noqa: E402
-from benchmarks.reproduce import Check, made_by  # noqa: E402
+from benchmarks.reproduce import Check, made_by, shown_path  # noqa: E402
 from benchmarks.stats import (  # noqa: E402
     format_difference,
     mean_std,
@@ -283,10 +283,7 @@ def plot(rounds_df: pd.DataFrame, path: Path) -> None:
 
 def command(args: argparse.Namespace, out: Path) -> str:
     """The command that makes these results again (every option spelled out)."""
-    try:
-        folder = str(out.resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        folder = str(out)
+    folder = shown_path(out)
     argv = ["--seeds", args.seeds, "--rounds", str(args.rounds), "--methods", args.methods]
     argv += ["--no-agent-cost"] if args.no_agent_cost else []
     return shlex.join(["python", "-m", "benchmarks.autofedrl_digits", *argv, "--out", folder]) + (

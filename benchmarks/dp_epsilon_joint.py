@@ -25,9 +25,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from benchmarks.dp_tcga import BASE, CLIP, NOISES, seeds_text
+from benchmarks.dp_tcga import BASE, CLIP, NOISES
 from benchmarks.options import output_folder
-from benchmarks.reproduce import Check, made_by
+from benchmarks.reproduce import Check, made_by, seeds_text
 from benchmarks.stats import markdown_table, run_complete
 from secagg.simulation.cli import parse_seeds
 from secagg.simulation.privacy import client_level_epsilon

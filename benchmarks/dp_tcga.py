@@ -41,7 +41,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from benchmarks.options import output_folder  # noqa: E402
-from benchmarks.reproduce import Check, made_by  # noqa: E402
+from benchmarks.reproduce import Check, made_by, seeds_text  # noqa: E402
 from benchmarks.stats import format_difference, mean_std, paired_difference  # noqa: E402
 from secagg.simulation.cli import parse_seeds  # noqa: E402
 from secagg.simulation.experiment import ExperimentConfig, run_experiment, stderr_progress  # noqa
@@ -135,17 +135,6 @@ def arms() -> list[tuple[str, str, dict, str]]:
                 )
             )
     return out
-
-
-def seeds_text(seeds: list[int]) -> str:
-    """``parse_seeds``' inverse: "0-9", "0,2,5-7"."""
-    parts: list[list[int]] = []
-    for s in seeds:
-        if parts and s == parts[-1][1] + 1:
-            parts[-1][1] = s
-        else:
-            parts.append([s, s])
-    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in parts)
 
 
 def command(args: argparse.Namespace) -> str:

@@ -21,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 from benchmarks.options import output_folder, positive
-from benchmarks.reproduce import Check, made_by
+from benchmarks.reproduce import Check, made_by, shown_path
 from benchmarks.stats import (
     format_difference,
     mean_std,
@@ -45,10 +45,7 @@ CHECK = Check(
 
 def command(args: argparse.Namespace, out: Path) -> str:
     """The command that makes these results again (every option spelled out)."""
-    try:
-        folder = str(out.resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        folder = str(out)
+    folder = shown_path(out)
     argv = ["--split", args.split, "--seeds", args.seeds, "--alphas", args.alphas]
     argv += ["--rounds", str(args.rounds), "--out", folder]
     return shlex.join(["python", "-m", "benchmarks.feddisco_digits", *argv]) + (

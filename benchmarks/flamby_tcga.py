@@ -18,7 +18,7 @@ import pandas as pd
 from scipy import stats
 
 from benchmarks.options import output_folder
-from benchmarks.reproduce import Check, made_by
+from benchmarks.reproduce import Check, made_by, shown_path
 from benchmarks.stats import (
     format_difference,
     mean_std,
@@ -72,18 +72,10 @@ def flamby_published() -> pd.DataFrame:
 
 def command(args: argparse.Namespace, out: Path) -> str:
     """The command that makes these results again (every option spelled out)."""
-    argv = ["--seeds", args.seeds, "--out", relative(out)]
+    argv = ["--seeds", args.seeds, "--out", shown_path(out)]
     return shlex.join(["python", "-m", "benchmarks.flamby_tcga", *argv]) + (
         " --overwrite" if args.overwrite else ""
     )
-
-
-def relative(path: Path) -> str:
-    """``path`` relative to the working directory where it lies below it."""
-    try:
-        return str(path.resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(path)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -39,7 +39,7 @@ import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
 from benchmarks.options import output_folder  # noqa: E402
-from benchmarks.reproduce import Check, made_by  # noqa: E402
+from benchmarks.reproduce import Check, made_by, shown_path  # noqa: E402
 from benchmarks.stats import (  # noqa: E402
     format_difference,
     mean_std,
@@ -188,10 +188,7 @@ def interval_marker(ax, x: float, mean: float, bounds, marker: str, color: str, 
 
 def command(args: argparse.Namespace, out: Path) -> str:
     """The command that makes these results again (every option spelled out)."""
-    try:
-        folder = str(out.resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        folder = str(out)
+    folder = shown_path(out)
     argv = ["--seeds", args.seeds_text, "--full-data-seeds", args.full_data_seeds_text]
     return shlex.join(["python", "-m", "benchmarks.idash_larc", *argv, "--out", folder]) + (
         " --overwrite" if args.overwrite else ""

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from benchmarks.reproduce import Check, made_by
+from benchmarks.reproduce import Check, made_by, seeds_text
 from benchmarks.stats import (
     markdown_table,
     run_complete,
@@ -53,17 +53,6 @@ CONFIGS = {
     "fedadam": ExperimentConfig(protocol="fedadam", client_lr="0.01"),
     "larc": ExperimentConfig(protocol="larc", client_lr="0.1"),
 }
-
-
-def seeds_text(seeds: list[int]) -> str:
-    """``parse_seeds``' inverse: "42-46", "42,44"."""
-    parts: list[list[int]] = []
-    for s in seeds:
-        if parts and s == parts[-1][1] + 1:
-            parts[-1][1] = s
-        else:
-            parts.append([s, s])
-    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in parts)
 
 
 def runs_on(protocol: str, backend: str, preset: str) -> bool:

@@ -47,6 +47,26 @@ def made_by(command: str) -> str:
     )
 
 
+def shown_path(path: Path) -> str:
+    """``path`` as a command in a results file shows it: relative to the working directory
+    where it lies below it (``benchmarks/results``), else as given."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def seeds_text(seeds: Sequence[int]) -> str:
+    """``parse_seeds``' inverse, for a command line: [0, 1, 2, 5] -> "0-2,5"."""
+    parts: list[list[int]] = []
+    for s in seeds:
+        if parts and s == parts[-1][1] + 1:
+            parts[-1][1] = s
+        else:
+            parts.append([s, s])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in parts)
+
+
 @dataclass(frozen=True)
 class Check:
     """A subset of a benchmark that must reproduce its committed CSV.

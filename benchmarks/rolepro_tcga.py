@@ -26,7 +26,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from benchmarks.options import output_folder, positive  # noqa: E402
-from benchmarks.reproduce import Check, made_by  # noqa: E402
+from benchmarks.reproduce import Check, made_by, shown_path  # noqa: E402
 from benchmarks.stats import (  # noqa: E402
     format_difference,
     mean_std,
@@ -86,10 +86,7 @@ def summarize_run(metrics: pd.DataFrame, last: int = 5) -> pd.DataFrame:
 
 def command(args: argparse.Namespace, out: Path) -> str:
     """The command that makes these results again (every option spelled out)."""
-    try:
-        folder = str(out.resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        folder = str(out)
+    folder = shown_path(out)
     argv = ["--seeds", args.seeds, "--rounds", str(args.rounds), "--tables", args.tables]
     argv += ["--aggregators", args.aggregators, "--out", folder]
     return shlex.join(["python", "-m", "benchmarks.rolepro_tcga", *argv]) + (
