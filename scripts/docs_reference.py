@@ -548,8 +548,8 @@ def benchmarks_page() -> str:
         "Every benchmark `secagg bench NAME` runs (from a source checkout), what it measures, "
         "the subset `secagg bench NAME --check` re-runs to compare with the committed results "
         "(within the tolerances it declares; the full test lane runs every check), and its "
-        "committed results in `benchmarks/results/`, each of which opens with the command, "
-        "commit, libraries and machine that made it.",
+        "committed results in `benchmarks/results/`. A results file made by the current "
+        "benchmark code opens with the command, commit, libraries and machine that made it.",
         table(["Benchmark", "What it measures", "`--check` re-runs", "Results"], rows),
     )
 
