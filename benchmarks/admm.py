@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from benchmarks.options import output_folder, positive
-from benchmarks.reproduce import Check, made_by
+from benchmarks.reproduce import Check, made_by, shown_path
 from benchmarks.stats import markdown_table
 
 OUTPUTS = ("admm.md", "admm_trace.csv", "admm.png")
@@ -219,12 +219,12 @@ def plot(frame: pd.DataFrame, path: Path) -> None:
 
 def command(args: argparse.Namespace, out: Path) -> str:
     """The complete command that regenerates this run's outputs in ``out``."""
-    argv = ["--out", str(out)]
+    argv = ["--out", shown_path(out)]
     if args.from_trace is not None:
         argv = ["--from-trace", str(args.from_trace), *argv]
     else:
         argv = ["--rounds", str(args.rounds), "--backends", args.backends]
-        argv += ["--problems", args.problems, "--out", str(out)]
+        argv += ["--problems", args.problems, "--out", shown_path(out)]
     if args.overwrite:
         argv.append("--overwrite")
     return "python -m benchmarks.admm " + shlex.join(argv)

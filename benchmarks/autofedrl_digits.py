@@ -40,7 +40,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
-from benchmarks.options import output_folder, positive  # noqa: E402
+from benchmarks.options import output_folder, positive, seed_list  # noqa: E402
 from benchmarks.reproduce import Check, made_by, shown_path  # noqa: E402
 from benchmarks.stats import (  # noqa: E402
     format_difference,
@@ -52,7 +52,6 @@ from secagg.clients.tasks import TASKS, get_task, register_task  # noqa: E402
 from secagg.clients.training import set_flat_params  # noqa: E402
 from secagg.protocols.autofedrl import AutoFedRL  # noqa: E402
 from secagg.protocols.hpo_agents import ContinuousAgent, DiscreteAgent, MLPAgent  # noqa: E402
-from secagg.simulation.cli import parse_seeds  # noqa: E402
 from secagg.simulation.experiment import (  # noqa: E402
     ExperimentConfig,
     hold_out_validation,
@@ -304,10 +303,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--overwrite", action="store_true")
     args = parser.parse_args(argv)
-    try:
-        seeds = parse_seeds(args.seeds)
-    except ValueError as exc:
-        parser.error(str(exc))
+    seeds = seed_list(parser, args.seeds)
     chosen = set(args.methods.split(","))
     if unknown := sorted(chosen - set(METHODS)):
         parser.error(f"unknown methods {unknown}; choose from {list(METHODS)}")

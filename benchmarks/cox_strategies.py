@@ -114,7 +114,7 @@ def federation(
     centre). Otherwise split ``split``: ⌊n/4⌋ test patients drawn from outside the tuning
     partition, every other patient in training. Scaling and centre layouts as
     ``secagg.clients.tasks.survival.split``."""
-    from secagg.clients.tasks.survival import centre_order, pooled
+    from secagg.clients.tasks.survival import centres_and_test, pooled
 
     x, y = pooled(dataset)
     n = len(y)
@@ -126,10 +126,7 @@ def federation(
         rng = np.random.default_rng([SPLIT_SEED, split])
         test = np.sort(rng.choice(pool, n // 4, replace=False))
         train = rng.permutation(np.setdiff1d(np.arange(n), test))
-    low, high = x[train].min(0), x[train].max(0)
-    x = (x - low) / np.where(high > low, high - low, 1.0)
-    parts = centre_order(x[train], y[train], scenario, rng)
-    return [(x[train][p], y[train][p]) for p in parts], (x[test], y[test])
+    return centres_and_test(x, y, train, test, scenario, rng)
 
 
 def load_federation(
@@ -137,27 +134,11 @@ def load_federation(
 ):
     """The FederatedData of :func:`federation` (``only`` and ``holdout`` as
     ``secagg.clients.tasks.survival.load``'s)."""
-    import torch
-
-    from secagg.clients.tasks.tcga_brca import ClientData, FederatedData
-
-    def data(x: np.ndarray, y: np.ndarray) -> ClientData:
-        return ClientData(
-            torch.from_numpy(x.astype(np.float32)), torch.from_numpy(y.astype(np.float32))
-        )
+    from secagg.clients.tasks.survival import federated
 
     centres, test = federation(dataset, scenario, split)
     name = f"{dataset}[{scenario}, " + ("tuning" if split is None else f"split {split}") + "]"
-    if holdout is not None:
-        test = centres[holdout]
-        centres = centres[:holdout] + centres[holdout + 1 :]
-        name += f"/without centre {holdout}"
-    parts = [data(x, y) for x, y in centres]
-    if only == -1:
-        parts, name = [ClientData.concat(parts)], f"{name}/pooled"
-    elif only is not None:
-        parts, name = [parts[only]], f"{name}/centre {only}"
-    return FederatedData(name=name, train=parts, test=None, pooled_test=data(*test))
+    return federated(centres, test, name, only, holdout)
 
 
 def make_task(job: dict[str, Any]):

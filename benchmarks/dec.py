@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from benchmarks.options import output_folder, positive
-from benchmarks.reproduce import Check, made_by
+from benchmarks.reproduce import Check, made_by, shown_path
 from benchmarks.stats import (
     clear_sign,
     format_difference,
@@ -109,7 +109,7 @@ def command(args: argparse.Namespace, out: Path | None) -> str:
         argv = ["--report-only", str(args.report_only)]
     else:
         argv = ["--seeds", str(args.seeds), "--datasets", args.datasets]
-        argv += ["--methods", args.methods, "--out", str(out)]
+        argv += ["--methods", args.methods, "--out", shown_path(out)]
         if args.overwrite:
             argv.append("--overwrite")
     return "python -m benchmarks.dec " + shlex.join(argv)

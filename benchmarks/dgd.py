@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from benchmarks.options import output_folder, positive
-from benchmarks.reproduce import Check, made_by
+from benchmarks.reproduce import Check, made_by, shown_path
 from benchmarks.stats import (
     clear_sign,
     format_difference,
@@ -234,7 +234,7 @@ def ckks_check(dataset: str, split: str, rounds: int, steps: int) -> dict:
 def command(args: argparse.Namespace, out: Path) -> str:
     """The complete command that regenerates this run's outputs in ``out``."""
     argv = ["--seeds", str(args.seeds), "--rounds", str(args.rounds), "--steps", str(args.steps)]
-    argv += ["--sets", args.sets, "--ckks" if args.ckks else "--no-ckks", "--out", str(out)]
+    argv += ["--sets", args.sets, "--ckks" if args.ckks else "--no-ckks", "--out", shown_path(out)]
     if args.overwrite:
         argv.append("--overwrite")
     return "python -m benchmarks.dgd " + shlex.join(argv)

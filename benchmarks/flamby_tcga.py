@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 from scipy import stats
 
-from benchmarks.options import output_folder
+from benchmarks.options import output_folder, seed_list
 from benchmarks.reproduce import Check, made_by, shown_path
 from benchmarks.stats import (
     format_difference,
@@ -25,7 +25,6 @@ from benchmarks.stats import (
     paired_difference,
     run_complete,
 )
-from secagg.simulation.cli import parse_seeds
 from secagg.simulation.experiment import ExperimentConfig, stderr_progress
 
 HERE = Path(__file__).parent
@@ -84,10 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--overwrite", action="store_true")
     args = parser.parse_args(argv)
-    try:
-        seeds = parse_seeds(args.seeds)
-    except ValueError as exc:
-        parser.error(str(exc))
+    seeds = seed_list(parser, args.seeds)
     out = output_folder(parser, args.out, "flamby_tcga", OUTPUTS, args.overwrite)
 
     rows = []

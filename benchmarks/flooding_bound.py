@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from benchmarks.options import output_folder, positive
-from benchmarks.reproduce import Check, made_by
+from benchmarks.reproduce import Check, made_by, shown_path
 from benchmarks.stats import markdown_table
 from secagg.ckks.flooding import error_bound, flooding_sigma, realised_security_bits, slot_sigma
 from secagg.ckks.presets import get_preset
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
             "--preset",
             args.preset,
             "--out",
-            str(out),
+            shown_path(out),
             "--overwrite",
         ]
     )

@@ -59,6 +59,7 @@ from typing import Any
 import pandas as pd
 
 from benchmarks.flower import FEDAVG_TARGET_RATIO, LARC_TARGET_S, case_config
+from secagg.flower.deployment import app_pyproject
 
 NAME = "flower-floor"
 OUTPUTS = ("flower-floor.md", "flower-floor.csv")
@@ -73,34 +74,13 @@ SEQUENCES: dict[str, tuple[str, ...]] = {
 CASES = tuple(SEQUENCES)
 #: the echo App's module, written into the deployment's app/ folder
 ECHO_MODULE = "secagg_flower_floor_echo"
-ECHO_TOML = f"""\
-# The echo App of benchmarks/flower_floor.py: Flower's path without secagg's work
-[build-system]
-requires = ["hatchling"]
-build-backend = "hatchling.build"
-
-[project]
-name = "secagg-flower-floor"
-version = "1.0.0"
-description = "echoes a secagg round's messages, computing nothing"
-dependencies = []
-
-[tool.hatch.build.targets.wheel]
-packages = ["."]
-
-[tool.flwr.app]
-publisher = "secagg"
-
-[tool.flwr.app.components]
-serverapp = "{ECHO_MODULE}:server_app"
-clientapp = "{ECHO_MODULE}:client_app"
-
-[tool.flwr.app.config]
-deployment = ""
-out = ""
-plan = ""
-timeout = 300.0
-"""
+ECHO_TOML = app_pyproject(
+    comment="The echo App of benchmarks/flower_floor.py: Flower's path without secagg's work",
+    name="secagg-flower-floor",
+    description="echoes a secagg round's messages, computing nothing",
+    module=ECHO_MODULE,
+    config='deployment = ""\nout = ""\nplan = ""\ntimeout = 300.0\n',
+)
 ECHO_SOURCE = '''"""The echo App of benchmarks/flower_floor.py (written by it).
 
 A ServerApp that sends the messages of a secagg round (the plan: a JSON file) and a

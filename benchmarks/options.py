@@ -69,3 +69,15 @@ def positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
+
+
+def seed_list(parser: argparse.ArgumentParser, text: str) -> list[int]:
+    """The seeds ``text`` names ("0-9", "0,2,5-7"), or the run ends through ``parser.error``
+    with what is wrong (exit status 2). The text itself stays the option's value, so the
+    results can show the command as given."""
+    from secagg.simulation.settings import parse_seeds
+
+    try:
+        return parse_seeds(text)
+    except ValueError as exc:
+        parser.error(str(exc))

@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from benchmarks.options import output_folder, positive
-from benchmarks.reproduce import Check, made_by
+from benchmarks.reproduce import Check, made_by, shown_path
 from benchmarks.stats import markdown_table
 
 OUTPUTS = (
@@ -70,7 +70,7 @@ def command(args: argparse.Namespace, out: Path) -> str:
     """The complete command that regenerates this run's outputs in ``out``."""
     argv = ["--rounds", str(args.rounds), "--mlp-rounds", str(args.mlp_rounds)]
     argv += ["--splits", args.splits, "--backends", args.backends]
-    argv += ["--mlp" if args.mlp else "--no-mlp", "--out", str(out)]
+    argv += ["--mlp" if args.mlp else "--no-mlp", "--out", shown_path(out)]
     if args.overwrite:
         argv.append("--overwrite")
     return "python -m benchmarks.pvi_posterior " + shlex.join(argv)

@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from benchmarks.options import output_folder, positive
-from benchmarks.reproduce import Check, made_by
+from benchmarks.reproduce import Check, made_by, shown_path
 from benchmarks.stats import (
     clear_sign,
     format_difference,
@@ -282,7 +282,7 @@ def main(argv: list[str] | None = None) -> None:
                         "--seeds",
                         str(args.seeds),
                         "--out",
-                        str(out),
+                        shown_path(out),
                         "--overwrite",
                     ]
                 )

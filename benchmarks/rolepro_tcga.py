@@ -25,7 +25,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from benchmarks.options import output_folder, positive  # noqa: E402
+from benchmarks.options import output_folder, positive, seed_list  # noqa: E402
 from benchmarks.reproduce import Check, made_by, shown_path  # noqa: E402
 from benchmarks.stats import (  # noqa: E402
     format_difference,
@@ -33,7 +33,6 @@ from benchmarks.stats import (  # noqa: E402
     paired_difference,
     run_complete,
 )
-from secagg.simulation.cli import parse_seeds  # noqa: E402
 from secagg.simulation.experiment import ExperimentConfig, run_experiment, stderr_progress  # noqa
 
 HERE = Path(__file__).parent
@@ -109,10 +108,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--overwrite", action="store_true")
     args = parser.parse_args(argv)
-    try:
-        seeds = parse_seeds(args.seeds)
-    except ValueError as exc:
-        parser.error(str(exc))
+    seeds = seed_list(parser, args.seeds)
     tables = args.tables.split(",")
     aggregators = args.aggregators.split(",")
     if unknown := sorted(set(tables) - set(TABLES)):

@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from benchmarks.options import output_folder, positive
-from benchmarks.reproduce import Check, made_by
+from benchmarks.reproduce import Check, made_by, shown_path
 from benchmarks.stats import (
     clear_sign,
     format_difference,
@@ -236,7 +236,7 @@ def main(argv: list[str] | None = None) -> None:
     words += ["--client-lr", f"{args.client_lr:g}", "--datasets", *args.datasets]
     if args.no_ckks:
         words.append("--no-ckks")
-    command = shlex.join([*words, "--out", str(out), "--overwrite"])
+    command = shlex.join([*words, "--out", shown_path(out), "--overwrite"])
 
     import torch
 

@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from benchmarks.options import output_folder, positive
-from benchmarks.reproduce import Check, made_by
+from benchmarks.reproduce import Check, made_by, shown_path
 from benchmarks.stats import markdown_table
 
 OUTPUTS = ("xgboost_trees.md", "xgboost_trees.csv", "xgboost_trees.png")
@@ -82,7 +82,7 @@ def command(args: argparse.Namespace, out: Path) -> str:
         argv = ["--from-csv", str(args.from_csv)]
     else:
         argv = ["--trees", str(args.trees), "--splits", args.splits, "--runs", args.runs]
-    argv += ["--out", str(out)]
+    argv += ["--out", shown_path(out)]
     if args.overwrite:
         argv.append("--overwrite")
     return "python -m benchmarks.xgboost_trees " + shlex.join(argv)

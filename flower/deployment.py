@@ -56,16 +56,21 @@ from secagg.flower.node import NODE_SETTINGS, check_runs_on_flower
 from secagg.simulation.config import ExperimentConfig
 from secagg.simulation.settings import from_config, to_toml
 
-APP_TOML = """\
-# The Flower App of a secagg deployment: its code is the installed secagg package
+
+def app_pyproject(*, comment: str, name: str, description: str, module: str, config: str) -> str:
+    """The pyproject.toml of a Flower App whose ServerApp and ClientApp are ``module``'s
+    ``server_app`` and ``client_app``, opening with the line ``# comment``, with the
+    run-config section ``config`` (TOML lines)."""
+    return f"""\
+# {comment}
 [build-system]
 requires = ["hatchling"]
 build-backend = "hatchling.build"
 
 [project]
-name = "secagg-flower"
+name = "{name}"
 version = "1.0.0"
-description = "secagg's protocols over Flower"
+description = "{description}"
 dependencies = []
 
 [tool.hatch.build.targets.wheel]
@@ -75,17 +80,27 @@ packages = ["."]
 publisher = "secagg"
 
 [tool.flwr.app.components]
-serverapp = "secagg.flower.apps:server_app"
-clientapp = "secagg.flower.apps:client_app"
+serverapp = "{module}:server_app"
+clientapp = "{module}:client_app"
 
 [tool.flwr.app.config]
-# the deployment folder on the machine that submits the run: `flwr run app secagg
-# --run-config 'deployment="/path/to/it"'` (the App itself names no path: it can move)
-deployment = ""
-out = ""
-timeout = {timeout}
-connect-timeout = 120.0
-"""
+{config}"""
+
+
+def app_toml(timeout: float) -> str:
+    """The pyproject.toml of a secagg deployment's App: its code is the installed package."""
+    return app_pyproject(
+        comment="The Flower App of a secagg deployment: its code is the installed secagg package",
+        name="secagg-flower",
+        description="secagg's protocols over Flower",
+        module="secagg.flower.apps",
+        config=(
+            "# the deployment folder on the machine that submits the run: `flwr run app secagg\n"
+            "# --run-config 'deployment=\"/path/to/it\"'` (the App itself names no path: "
+            "it can move)\n"
+            f'deployment = ""\nout = ""\ntimeout = {float(timeout)}\nconnect-timeout = 120.0\n'
+        ),
+    )
 
 
 def client_ids(config: ExperimentConfig) -> list[str]:
@@ -218,7 +233,7 @@ def prepare(
     signers = {c: p["ed25519"] for c, p in shown.items()} if shown else identities[ids[0]].signers
     write_signers(folder / "server" / "signers.json", signers)
     (folder / "app").mkdir()
-    (folder / "app" / "pyproject.toml").write_text(APP_TOML.format(timeout=float(timeout)))
+    (folder / "app" / "pyproject.toml").write_text(app_toml(timeout))
     # the only App the nodes will run: what `flwr run app/` builds from this folder
     app = app_digest(build_app(folder / "app"))
     nodes = {}

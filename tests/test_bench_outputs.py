@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import crypto, options, overhead
+from tests.test_plugins import registries  # noqa: F401  (the fixture)
 
 BENCHES = {"crypto": crypto, "overhead": overhead}
 
@@ -131,3 +132,21 @@ def test_quick_fills_in_smaller_defaults_but_keeps_given_values(tmp_path):
     assert (args.rounds, args.local_steps, args.repeats) == (3, 10, 1)
     args = overhead.parse_args(["--out", str(tmp_path)])
     assert (args.rounds, args.local_steps, args.repeats) == (3, 100, 3)
+
+
+@pytest.mark.usefixtures("registries")  # autofedrl_digits registers a task when imported
+@pytest.mark.parametrize(
+    "module", ["flamby_tcga", "rolepro_tcga", "autofedrl_digits", "feddisco_digits"]
+)
+@pytest.mark.parametrize("seeds", ["9-3", "one"])
+def test_bad_seeds_end_the_run_with_what_is_wrong(module, seeds, tmp_path, capsys):
+    # the command-line parser raised an argparse type error these benchmarks did not catch:
+    # a traceback instead of a message
+    import importlib
+
+    bench = importlib.import_module(f"benchmarks.{module}")
+    with pytest.raises(SystemExit) as stop:
+        bench.main(["--seeds", seeds, "--out", str(tmp_path)])
+    assert stop.value.code == 2
+    assert "seed" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # nothing written

@@ -116,10 +116,21 @@ def split(
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(y))
     n_test = len(y) // 4
-    test, train = order[:n_test], order[n_test:]
+    return centres_and_test(x, y, order[n_test:], order[:n_test], scenario, rng)
+
+
+def centres_and_test(
+    x: np.ndarray,
+    y: np.ndarray,
+    train: np.ndarray,
+    test: np.ndarray,
+    scenario: str,
+    rng: np.random.Generator,
+) -> tuple[list[tuple[np.ndarray, np.ndarray]], tuple[np.ndarray, np.ndarray]]:
+    """The ``train`` patients over the 8 centres of ``scenario`` and the ``test`` patients,
+    features scaled to [0, 1] by the training patients' range."""
     low, high = x[train].min(0), x[train].max(0)
-    scale = np.where(high > low, high - low, 1.0)
-    x = (x - low) / scale
+    x = (x - low) / np.where(high > low, high - low, 1.0)
     parts = centre_order(x[train], y[train], scenario, rng)
     return [(x[train][p], y[train][p]) for p in parts], (x[test], y[test])
 
@@ -140,8 +151,20 @@ def load(
     training patients in one centre (the centralised bound). ``holdout``: centre k leaves
     the training and is the test set instead (a fold of centre-based cross-validation,
     §8.2.5; ``only`` then counts the remaining centres)."""
-    centres, (x_test, y_test) = split(dataset, scenario, seed)
-    name = f"{dataset}[{scenario}, split {seed}]"
+    centres, test = split(dataset, scenario, seed)
+    return federated(centres, test, f"{dataset}[{scenario}, split {seed}]", only, holdout)
+
+
+def federated(
+    centres: list[tuple[np.ndarray, np.ndarray]],
+    test: tuple[np.ndarray, np.ndarray],
+    name: str,
+    only: int | None = None,
+    holdout: int | None = None,
+) -> FederatedData:
+    """The centres' ``(x, y)`` as clients and ``test`` as the pooled test set (``only`` and
+    ``holdout`` as :func:`load`'s)."""
+    x_test, y_test = test
     if holdout is not None:
         x_test, y_test = centres[holdout]
         centres = centres[:holdout] + centres[holdout + 1 :]
