@@ -112,7 +112,7 @@ import tenseal as ts
 
 from benchmarks import secaggplus
 from benchmarks.options import output_folder, positive
-from benchmarks.reproduce import made_by
+from benchmarks.reproduce import Check, made_by
 from benchmarks.stats import markdown_table
 from secagg.backends import make_backends
 from secagg.backends.base import applied_weight
@@ -138,6 +138,28 @@ from secagg.threshold import params as threshold
 from secagg.wire import Envelope
 
 OUTPUTS = ("crypto.csv", "crypto.md")
+#: ``secagg bench crypto --check``: the 100,000-parameter rows, every configuration and client
+#: count (the same inputs as the full run's: the same generator, drawn for 10 clients), one
+#: repeat; bytes and errors only, never timings
+CHECK = Check(
+    args=("--sizes", "100000", "--clients", "3,6,10", "--repeats", "1"),
+    csv="crypto.csv",
+    keys=("config", "params", "clients"),
+    columns={
+        "upload_B_per_param": 0.02,
+        "upload_masked_B_per_param": 0.02,
+        "download_B_per_param": 0.02,
+        "holder_down_B_per_reveal": 0,
+        "holder_up_B_per_reveal": 0,
+        "rel_error": (0.0, 0.5),
+        "rel_error_flooded": (0.0, 0.5),
+        "rel_error_noise": (0.0, 0.5),
+    },
+    why="bytes are the format's (zstd on compact and NVFlare moves them by about 0.01 B a "
+    "parameter, noise being incompressible); the errors are those of fresh encryption and "
+    "flooding noise, so they move run to run (by up to 30 %) but must stay at their order "
+    "of magnitude",
+)
 NVFLARE = "NVFlare default"
 NVFLARE_PK = "NVFlare public-key"
 #: how a row run without the native extension (SECAGG_NATIVE=off) is named, and one whose
