@@ -135,7 +135,8 @@ class Client:
         self._g: np.ndarray | None = None  # this client's pseudo-gradient of the current round
         self._optimizer: ServerOptimizer | None = None  # server-blind runs only
         #: where this client's time goes (for overhead benchmarks; never sent): "train"
-        #: (local SGD), "protect" (encode + encrypt), "open" (decrypt an aggregate), and the
+        #: (local SGD), "protect" (encode + encrypt, online), "protect_offline" (the
+        #: uploads' masks, made beside training), "open" (decrypt an aggregate), and the
         #: whole handling of each phase as "phase:<name>" (envelopes included)
         self.seconds: dict[str, float] = defaultdict(float)
         engine = {
@@ -191,6 +192,8 @@ class Client:
                 fields["basis"] = wire.config({"basis": self._basis})
         finally:
             self._request = None
+            self.backend.discard_prepared()  # no upload mask outlives its request
+            self.seconds["protect_offline"] = self.backend.offline_seconds
         reply = Envelope(self.id, SERVER, env.round, env.phase, fields).to_bytes()
         self.guard.answered(env.round)
         return reply
@@ -383,6 +386,8 @@ class Client:
                 self._optimizer = make_optimizer(opt_cfg)
             if "lr" in opt_cfg:  # phase-wise server rates (a proximal step has none)
                 self._optimizer.hyper["lr"] = opt_cfg["lr"]
+        # the upload's value-independent part (its masks) is made beside the training
+        self.backend.prepare_upload(self.n_params)
         # a protocol with its own local solver (ADMM's x-update) answers first; else SGD
         own = self._timed("train", self.protocol.local_update, self, env)
         self._g = (

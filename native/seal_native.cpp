@@ -4,6 +4,11 @@
 //  * SecretKeyCKKS.encrypt (a client's upload): encode N reals a chunk (two per complex slot,
 //    as secagg's Python path does) and encrypt them with SEAL's seeded symmetric encryption,
 //    written in SEAL's own uncompressed format (8 bytes a value, no zstd, no scratch file).
+//  * SecretKeyCKKS.masks / encrypt_masked (the same upload, split in time): SEAL's seeded
+//    symmetric encryption is an encryption of zero, (−a·s + e, seed of a), to which the encoded
+//    plaintext is added (Encryptor::encrypt_internal). masks() makes the encryptions of zero
+//    ahead of time, while the client trains; encrypt_masked() is then encode + add + save,
+//    and uses each mask once (UploadMasks).
 //  * SeedExpander.sum (a decryptor's check): per chunk, Σ k_i·a_i over the uploads of a
 //    release, a_i the second polynomial SEAL expands from upload i's seed (what
 //    Ciphertext::load does for a seeded ciphertext) and k_i its weight (or 1).
@@ -95,6 +100,33 @@ public:
     seal::SEALContext context;
 };
 
+// One upload's precomputed masks: per chunk a seeded symmetric encryption of zero at the first
+// data level (util::encrypt_zero_symmetric, what Encryptor::encrypt_symmetric starts with).
+// They are key material: each set is used once (taking it wipes it, whether or not the
+// encryption then succeeds) and never leaves this object (no pickling, no bytes out).
+class UploadMasks {
+public:
+    UploadMasks() = default;
+    UploadMasks(const UploadMasks &) = delete;
+    UploadMasks &operator=(const UploadMasks &) = delete;
+    ~UploadMasks() { wipe(); }
+
+    std::size_t chunks() const { return cts_.size(); }
+    bool used() const { return used_; }
+    void wipe() {
+        for (auto &ct : cts_) {
+            if (ct.size()) std::fill(ct.data(), ct.data() + ct.size() * ct.poly_modulus_degree() *
+                                                            ct.coeff_modulus_size(), 0);
+            ct.release();
+        }
+        cts_.clear();
+        used_ = true;
+    }
+
+    std::vector<seal::Ciphertext> cts_;
+    bool used_ = false;
+};
+
 class SecretKeyCKKS {
 public:
     // secret_key: a SEAL SecretKey, uncompressed (secagg's checked_blob output)
@@ -155,6 +187,90 @@ public:
                 }
             });
         }
+        return py::bytes(out);
+    }
+
+    // ``chunks`` fresh masks for one upload (the work of encrypt() that does not depend on the
+    // values: expanding a from a new seed, sampling e, −a·s + e in the NTT domain).
+    std::unique_ptr<UploadMasks> masks(std::size_t chunks, std::size_t threads) const {
+        if (chunks == 0) throw std::invalid_argument("an upload has at least one chunk");
+        auto out = std::make_unique<UploadMasks>();
+        out->cts_.resize(chunks);
+        {
+            py::gil_scoped_release release;
+            parallel_ranges(chunks, threads, [&](std::size_t begin, std::size_t end) {
+                for (std::size_t j = begin; j < end; j++) {
+                    seal::util::encrypt_zero_symmetric(secret_, context_,
+                                                       context_.first_parms_id(), true, true,
+                                                       out->cts_[j]);
+                }
+            });
+        }
+        return out;
+    }
+
+    // encrypt() with precomputed masks: the same bytes a fresh encrypt() would write for these
+    // values and these masks' seeds and noise. The masks are taken (wiped) first, so that a
+    // failure cannot leave them for a second use.
+    py::bytes encrypt_masked(UploadMasks &masks,
+                             py::array_t<double, py::array::c_style | py::array::forcecast> values,
+                             double scale, std::size_t threads) const {
+        if (masks.used()) throw std::invalid_argument("these masks were used already");
+        std::vector<seal::Ciphertext> cts = std::move(masks.cts_);
+        masks.wipe();
+        auto view = values.unchecked<1>();
+        const double *data = view.data(0);
+        std::size_t count = static_cast<std::size_t>(view.shape(0));
+        std::size_t half = encoder_.slot_count(), per = 2 * half;
+        std::size_t chunks = std::max<std::size_t>(1, (count + per - 1) / per);
+        auto wipe = [&cts] {
+            for (auto &ct : cts) {
+                std::fill(ct.data(), ct.data() + ct.size() * ct.poly_modulus_degree() *
+                                                     ct.coeff_modulus_size(), 0);
+                ct.release();
+            }
+        };
+        if (chunks != cts.size()) {
+            wipe();
+            throw std::invalid_argument("the masks were made for another number of chunks");
+        }
+        auto data_ptr = context_.first_context_data();
+        const auto &moduli = data_ptr->parms().coeff_modulus();
+        std::size_t n = data_ptr->parms().poly_modulus_degree();
+        std::string out(chunks * ct_bytes_, '\0');
+        char *dst = out.data();
+        try {
+            py::gil_scoped_release release;
+            parallel_ranges(chunks, threads, [&](std::size_t begin, std::size_t end) {
+                std::vector<std::complex<double>> slots(half);
+                seal::Plaintext pt;
+                for (std::size_t j = begin; j < end; j++) {
+                    std::size_t at = j * per;
+                    for (std::size_t i = 0; i < half; i++) {
+                        double re = at + i < count ? data[at + i] : 0.0;
+                        double im = at + half + i < count ? data[at + half + i] : 0.0;
+                        slots[i] = {re, im};
+                    }
+                    encoder_.encode(slots, scale, pt);
+                    seal::Ciphertext &ct = cts[j];
+                    // Encryptor::encrypt_internal's CKKS branch: the plaintext into c_0
+                    for (std::size_t k = 0; k < moduli.size(); k++) {
+                        seal::util::add_poly_coeffmod(ct.data(0) + k * n, pt.data() + k * n, n,
+                                                      moduli[k], ct.data(0) + k * n);
+                    }
+                    ct.scale() = pt.scale();
+                    auto written = ct.save(reinterpret_cast<seal::seal_byte *>(dst + j * ct_bytes_),
+                                           ct_bytes_, seal::compr_mode_type::none);
+                    if (static_cast<std::size_t>(written) != ct_bytes_) {
+                        throw std::runtime_error("a seeded ciphertext changed size");
+                    }
+                }
+            });
+        } catch (...) {
+            wipe();
+            throw;
+        }
+        wipe();
         return py::bytes(out);
     }
 
@@ -743,11 +859,18 @@ PYBIND11_MODULE(_seal_native, m) {
                              std::to_string(SEAL_VERSION_PATCH);
     py::class_<Parameters>(m, "Parameters")
         .def(py::init<std::size_t, std::vector<int>>(), py::arg("n"), py::arg("coeff_bits"));
+    py::class_<UploadMasks>(m, "UploadMasks")
+        .def_property_readonly("chunks", &UploadMasks::chunks)
+        .def_property_readonly("used", &UploadMasks::used)
+        .def("wipe", &UploadMasks::wipe);
     py::class_<SecretKeyCKKS>(m, "SecretKeyCKKS")
         .def(py::init<const Parameters &, py::bytes>(), py::arg("parameters"),
              py::arg("secret_key"))
         .def_property_readonly("first_parms_id", &SecretKeyCKKS::first_parms_id)
         .def_property_readonly("ciphertext_bytes", &SecretKeyCKKS::ciphertext_bytes)
+        .def("masks", &SecretKeyCKKS::masks, py::arg("chunks"), py::arg("threads"))
+        .def("encrypt_masked", &SecretKeyCKKS::encrypt_masked, py::arg("masks"),
+             py::arg("values"), py::arg("scale"), py::arg("threads"))
         .def("encrypt", &SecretKeyCKKS::encrypt, py::arg("values"), py::arg("scale"),
              py::arg("threads") = 1)
         .def("open", &SecretKeyCKKS::open, py::arg("c0"), py::arg("c1"), py::arg("scale"),

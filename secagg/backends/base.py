@@ -77,6 +77,18 @@ class ClientBackend(ABC):
         """Phases the backend itself answers (key setup, reveals); none for plain."""
         return {}
 
+    #: seconds spent on uploads' value-independent part, beside training (prepare_upload)
+    offline_seconds: float = 0.0
+
+    def prepare_upload(self, n_values: int) -> None:
+        """Start, beside the client's training, the part of its next upload of ``n_values``
+        values that does not depend on them (``secagg.ckks.offline``); the next
+        :meth:`protect` of that size uses it. Nothing on a backend without such a part."""
+
+    def discard_prepared(self) -> None:
+        """Wipe whatever :meth:`prepare_upload` made that no upload used: the client calls
+        it at the end of every request, answered or refused."""
+
     def state_dict(self) -> dict[str, Any]:
         """What this half remembers between messages (keys, key setup, counters), for a
         client that runs as a fresh process per message (``Client.export_state``).

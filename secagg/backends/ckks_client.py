@@ -36,7 +36,7 @@ from secagg.backends.consenting import (
     read_release,
     release_identity,
 )
-from secagg.ckks import native
+from secagg.ckks import native, offline
 from secagg.ckks.first_polys import FreshLevel, checked_first_sums, load_first_sums
 from secagg.ckks.flooding import error_bound, flooding_sigma
 from secagg.ckks.keywrap import KeyWrapper
@@ -130,6 +130,7 @@ class CKKSClient(ClientBackend):
         self.applied: dict[str, int] = {}
         self._keys: SecretKeyHolder | None = None
         self._second_polys: SecondPolynomials | None = None
+        self._pending: offline.PendingMasks | None = None  # never in the state: key material
         self.decryptions = 0
         self.last_flooding_sigma: float | None = None
 
@@ -265,15 +266,33 @@ class CKKSClient(ClientBackend):
         return {"installed": wire.config({"params": self.fingerprint})}
 
     # ---- data path -------------------------------------------------------------------------
+    def prepare_upload(self, n_values: int) -> None:
+        self.discard_prepared()
+        if self._keys is not None:
+            self._pending = offline.start(self._keys, n_values)
+
+    def discard_prepared(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.discard()
+            self.offline_seconds += pending.seconds
+
     def protect(self, values: np.ndarray, weight: float | None = None, *, basis: str = "") -> Field:
         """Encrypt ``values``; on a client-weighted preset, ``weight`` (the planned weight
         the server sent with the training request) times ``values``, and the integer weight
-        applied is remembered: this client consents only to sums listing that weight."""
+        applied is remembered: this client consents only to sums listing that weight.
+        Masks made beside training (:meth:`prepare_upload`) for this size are used, once."""
         applied = own_weight(self.id, self.preset, weight)
+        pending, self._pending = self._pending, None
+        masks = None
+        if pending is not None:
+            masks = pending.take(np.size(values))
+            self.offline_seconds += pending.seconds
         parts = self.keys.encrypt(
             values,
             bound=self.preset.client_bound(len(self.roster)),
             factor=1.0 if applied is None else applied / self.preset.client_weight_unit,
+            masks=masks,
         )
         most = ciphertext_raw_bytes(
             self.preset.poly_modulus_degree, self.keys.public.n_primes, True

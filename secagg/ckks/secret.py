@@ -10,6 +10,7 @@ it in the client's own state export (``Client.export_state``, kept on the client
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import tenseal.sealapi as seal
@@ -116,23 +117,36 @@ class SecretKeyHolder:
         return to_bytes(self._secret)
 
     # ---- encryption -----------------------------------------------------------------------
-    def encrypt(self, values: np.ndarray, bound: float, factor: float = 1.0) -> list[bytes]:
+    def encrypt(
+        self, values: np.ndarray, bound: float, factor: float = 1.0, *, masks: Any = None
+    ) -> list[bytes]:
         """Seeded symmetric encryptions of ``factor · values`` packed N reals per ciphertext.
 
         ``bound`` is the largest |value| the aggregate's headroom allows for one client;
         CKKS would overflow silently past it, so refuse instead. It applies to ``values``
         themselves; ``factor`` (a client-weighted preset's applied weight, at most 1) only
-        shrinks them.
+        shrinks them. ``masks``: this upload's precomputed encryptions of zero
+        (``secagg.ckks.offline``), used once: wiped whether or not the encryption succeeds.
         """
-        values = self.checked(values, bound)
-        if factor != 1.0:
-            values = values * factor
-        encryptor = self._native()
-        if encryptor is not None:
-            blob = encryptor.encrypt(values, self.public.scale, native.threads())
-            size = encryptor.ciphertext_bytes
-            parts = [blob[at : at + size] for at in range(0, len(blob), size)]
-            return [compressed(p) for p in parts] if compresses(self.preset) else parts
+        try:
+            values = self.checked(values, bound)
+            if factor != 1.0:
+                values = values * factor
+            encryptor = self._native()
+            if encryptor is None:
+                return self._encrypt_tenseal(values)
+            if masks is None:
+                blob = encryptor.encrypt(values, self.public.scale, native.threads())
+            else:
+                blob = encryptor.encrypt_masked(masks, values, self.public.scale, native.threads())
+        finally:
+            if masks is not None:
+                masks.wipe()
+        size = encryptor.ciphertext_bytes
+        parts = [blob[at : at + size] for at in range(0, len(blob), size)]
+        return [compressed(p) for p in parts] if compresses(self.preset) else parts
+
+    def _encrypt_tenseal(self, values: np.ndarray) -> list[bytes]:
         per = self.preset.values_per_ciphertext
         half = per // 2
         out = []
@@ -144,6 +158,11 @@ class SecretKeyHolder:
             self._encoder.encode((chunk[:half] + 1j * chunk[half:]).tolist(), self.public.scale, pt)
             out.append(to_bytes(self._encryptor.encrypt_symmetric(pt)))
         return out
+
+    def native_encryptor(self):
+        """The native encryptor for this key, or None on the TenSEAL path (what
+        ``secagg.ckks.offline`` makes an upload's masks with)."""
+        return self._native()
 
     def _native(self):
         """The native encryptor for this key (``native.py``), or None on the TenSEAL path."""
