@@ -97,7 +97,7 @@ from benchmarks.rounds import (  # noqa: E402, F401 - the workloads, re-exported
     preset_option,
 )
 from benchmarks.stats import markdown_table  # noqa: E402
-from secagg.ckks import native  # noqa: E402
+from secagg.ckks import native, offline  # noqa: E402
 
 SIZES = (1_000, 10_000, 100_000, 1_000_000, 10_000_000)
 CLIENTS = (2, 5, 10, 20, 50, 100)
@@ -114,6 +114,11 @@ SWEEPS = ("ratio", "sizes", "clients", "dp", "presets", "buffered", "steps")
 THRESHOLD_SWEEP = "threshold"
 #: how the paired ratios name the ckks rounds without the native extension
 TENSEAL_ONLY = "tenseal-only"
+#: ... and those whose clients encrypt each upload afresh after training (no masks made
+#: beside it: ``SECAGG_UPLOAD_MASKS=off``)
+NO_MASKS = "no-masks"
+#: the critical-path targets (a deployment's parallel clients; ckks / plain, same run)
+CRITICAL_TARGETS = {"mlp": 1.1, "synthetic": 2.0, "mlp larc": 2.0}
 ALL_SWEEPS = (*SWEEPS, THRESHOLD_SWEEP)
 #: the threshold preset the sweep runs: what a streaming FedAdam run picks by default
 THRESHOLD_PRESET = "lean"
@@ -128,6 +133,7 @@ CONFIG_KEYS = [
     "backend",
     "preset",
     "native",
+    "masks",
     "n_params",
     "model_params",
     "n_clients",
@@ -158,7 +164,11 @@ def run_config(
             [sys.executable, "-m", "benchmarks.rounds", str(given), str(result)],
             cwd=ROOT,
             # the server process and its client workers: the native path or TenSEAL's alone
-            env={**os.environ, native.ENV: "on" if workload.native else "off"},
+            env={
+                **os.environ,
+                native.ENV: "on" if workload.native else "off",
+                offline.ENV: "on" if workload.masks else "off",
+            },
         )
         if not result.exists():
             raise RuntimeError(
@@ -234,8 +244,17 @@ def plan(
                 for kind in ("mlp", "synthetic")
                 for backend in ("plain", "ckks")
             ]
-            # the before: the same ckks rounds on TenSEAL's binding alone (a full run's
-            # measurement; the smoke check's native path covers the same code)
+            # the befores: the same ckks rounds with every upload encrypted afresh after
+            # training, and on TenSEAL's binding alone (a full run's measurements; the smoke
+            # check runs the first once)
+            out += [
+                (
+                    f"ratio#{rep}",
+                    Workload(kind, n, 10, "ckks", masks=False, local_steps=steps),
+                    {},
+                )
+                for kind in (("synthetic",) if quick else ("mlp", "synthetic"))
+            ]
             out += (
                 []
                 if quick
@@ -297,11 +316,13 @@ def plan(
 def earlier_rows(path: Path) -> list[dict[str, Any]]:
     """An earlier run's rounds (``--reuse``), with the configuration keys that rows written
     before a key existed lack: the protocol (FedAdam, the only one then) and the native path
-    (rows from before it ran on TenSEAL's binding alone)."""
+    (rows from before it ran on TenSEAL's binding alone) and the masks (rows from before the
+    clients made them beside training)."""
     rows = pd.read_csv(path).to_dict("records")
     for r in rows:
         r.setdefault("protocol", "fedadam")
         r.setdefault("native", False)
+        r.setdefault("masks", False)
     return rows
 
 
@@ -422,8 +443,11 @@ def breakdown_table(summary: pd.DataFrame) -> pd.DataFrame:
         "server_optimizer_s": "server: optimizer",
         "clients_train_s": "clients: training",
         "clients_protect_s": "clients: encode + encrypt",
+        "clients_protect_offline_s": "clients: masks, beside training",
         "clients_envelope_s": "clients: envelopes",
         "decryptor_reveal_s": "decryptor: decrypt + flood",
+        "critical_path_s": "critical path (clients in parallel)",
+        "cpu_s": "CPU, every party",
     }
     rows = []
     for _, r in summary.iterrows():
@@ -444,6 +468,7 @@ def main_rows(summary: pd.DataFrame, steps: int = 100) -> pd.DataFrame:
         (summary["protocol"] == "fedadam")
         & (summary["preset"] == CKKS_PRESET)
         & summary["native"]
+        & summary["masks"]
         & summary["streaming"]
         & ~summary["client_dp"]
         & (summary["local_steps"] == steps)
@@ -464,18 +489,50 @@ def bytes_table(summary: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def paired_ratios(rounds: pd.DataFrame) -> dict[str, list[float]]:
-    """ckks/plain per interleaved repeat (medians of its warm rounds), per workload."""
+def paired_ratios(rounds: pd.DataFrame, column: str = "wall_s") -> dict[str, list[float]]:
+    """ckks/plain per interleaved repeat (medians of its warm rounds' ``column``: the wall
+    time, or the critical path), per workload and, for the befores, per path."""
     out: dict[str, list[float]] = {}
     rep = rounds[rounds["label"].astype(str).str.startswith("ratio") & rounds["warm"]]
+    if column not in rep:
+        return out
+    if "masks" not in rep:
+        rep = rep.assign(masks=True)
     for (protocol, kind, label), g in rep.groupby(["protocol", "kind", "label"]):
-        walls = g.groupby(["backend", "native"])["wall_s"].median()
-        plain = walls.get(("plain", True))
+        times = g.groupby(["backend", "native", "masks"])[column].median()
+        plain = times.get(("plain", True, True))
         key = kind if protocol == "fedadam" else f"{kind} {protocol}"
-        for native_path, name in ((True, key), (False, f"{key} {TENSEAL_ONLY}")):
-            ckks = walls.get(("ckks", native_path))
-            if plain is not None and ckks is not None:
+        for path, name in (
+            ((True, True), key),
+            ((True, False), f"{key} {NO_MASKS}"),
+            ((False, True), f"{key} {TENSEAL_ONLY}"),
+        ):
+            ckks = times.get(("ckks", *path))
+            if plain is not None and ckks is not None and not np.isnan(ckks):
                 out.setdefault(name, []).append(float(ckks / plain))
+    return out
+
+
+def critical_path_targets(critical: dict[str, list[float]]) -> list[str]:
+    """The critical-path targets against this run's paired ratios, with the befores."""
+    out = []
+    for key, target in CRITICAL_TARGETS.items():
+        pairs = critical.get(key, [])
+        if not pairs:
+            continue
+        ratio = float(np.median(pairs))
+        line = (
+            f"- critical path (a deployment's clients in parallel), {key}: paired ratios "
+            f"{', '.join(f'{r:.2f}' for r in pairs)}, median {ratio:.2f}× (target ≤ "
+            f"{target}×: {'met' if ratio <= target else 'NOT met'})"
+        )
+        before = critical.get(f"{key} {NO_MASKS}", [])
+        if before:
+            line += (
+                f"; without the masks made beside training (the before, same run): "
+                f"{', '.join(f'{r:.2f}' for r in before)}, median {float(np.median(before)):.2f}×"
+            )
+        out.append(line)
     return out
 
 
@@ -756,7 +813,10 @@ def write_report(
     args,
     elapsed: float,
     paired: dict[str, list[float]] | None = None,
+    critical: dict[str, list[float]] | None = None,
 ) -> str:
+    """The report; ``paired`` and ``critical``: the interleaved repeats' ckks/plain ratios of
+    the round's wall time and of its critical path (:func:`paired_ratios`)."""
     m = machine()
     n = headline_size(args.quick)
     main = main_rows(summary, args.local_steps)
@@ -800,6 +860,16 @@ def write_report(
         "## Targets",
         "",
         *targets(summary, args.quick, args.local_steps, paired),
+        *critical_path_targets(critical or {}),
+        "",
+        "The wall time is the in-process round: 10 clients share this machine's cores in "
+        f"{args.workers} worker processes, one after another. The critical path is what a "
+        "deployment whose clients run in parallel, each on its own machine, would wait for "
+        "(network left out): the server's own work plus, per phase, the slowest client's "
+        "answer, every server step counted as serial (an upper bound: a deployment folds "
+        "uploads as they arrive). CPU is the busy seconds of every party summed, the masks "
+        "clients make beside training included (`benchmarks/rounds.py`, "
+        "`deployment_seconds`).",
         "",
     ]
     sizes = main[main["n_clients"] == 10]
@@ -1154,6 +1224,11 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
             f"{workload.kind} {workload.backend} {workload.n_params:.0e} params "
             f"× {workload.n_clients} clients, {workload.local_steps} steps, {workload.preset}"
             + ("" if workload.native or workload.backend != "ckks" else " (TenSEAL binding only)")
+            + (
+                ""
+                if workload.masks or workload.backend != "ckks"
+                else " (no masks beside training)"
+            )
             + "".join(f" {k}={v}" for k, v in opts.items())
         )
         key = (  # CONFIG_KEYS' order, then the label
@@ -1162,6 +1237,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
             workload.backend,
             workload.preset,
             workload.native,
+            workload.masks,
             workload.n_params,
             workload.model_params(),
             workload.n_clients,
@@ -1182,6 +1258,9 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         print(
             "    "
             + "  ".join(f"{r['wall_s']:.2f} s" for r in got)
+            + "  (critical path "
+            + "  ".join(f"{r['critical_path_s']:.2f} s" for r in got)
+            + ")"
             + f"  server peak {max(r['server_peak_rss_MB'] for r in got):.0f} MB",
             flush=True,
         )
@@ -1203,7 +1282,15 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
             written = plot(summary, args.out, args.local_steps)
             for stale in {f for f in OUTPUTS if f.endswith(".png")} - set(written):
                 (args.out / stale).unlink(missing_ok=True)  # an earlier run's plot this lacks
-            print(write_report(summary, args.out, args, elapsed, paired_ratios(rounds)))
+            report = write_report(
+                summary,
+                args.out,
+                args,
+                elapsed,
+                paired_ratios(rounds),
+                paired_ratios(rounds, "critical_path_s"),
+            )
+            print(report)
         (args.out / machine_json).write_text(
             json.dumps({**machine(), "measuring_minutes": elapsed / 60}, indent=2)
         )

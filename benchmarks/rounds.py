@@ -99,6 +99,9 @@ class Workload:
     #: CKKS through the native extension (``secagg/ckks/native.py``); False: TenSEAL's binding
     #: alone (``SECAGG_NATIVE=off``), the before of the before-and-after
     native: bool = True
+    #: clients make each upload's masks beside training (``secagg.ckks.offline``); False:
+    #: every upload encrypted afresh after training (``SECAGG_UPLOAD_MASKS=off``), the before
+    masks: bool = True
     local_steps: int = 100
     batch_size: int = 32
     seed: int = 0
@@ -198,6 +201,48 @@ def client_seconds(stats: list[dict]) -> dict[str, float]:
     return total
 
 
+def seconds_by_client(stats: list[dict]) -> dict[str, dict[str, float]]:
+    """Each client's seconds per component (its worker's record)."""
+    return {cid: dict(seconds) for worker in stats for cid, seconds in worker["clients"].items()}
+
+
+def deployment_seconds(
+    wall: float,
+    server: dict[str, float],
+    clients: dict[str, dict[str, float]],
+) -> dict[str, float]:
+    """A round as a deployment whose clients run in parallel, each on its own machine,
+    would spend it (network time left out), from one in-process round: ``wall`` its wall
+    time, ``server`` the engine's seconds (per phase asked: the time inside the exchange,
+    waiting for the clients and decoding their replies ("receive"); per own step: load,
+    aggregate, optimizer, a reveal it forms itself), ``clients`` each client's seconds
+    this round ("phase:<name>" its whole answer to a request; "protect_offline" the masks
+    it made on a thread beside training).
+
+    - server work: the round's wall time less the time the server waited inside the
+      exchanges (its replies' decoding, "receive", counted back in);
+    - critical path: the server's work plus, for each phase asked, the slowest client's
+      answer (the others answer at the same time). Everything the server does counts as
+      serial: in a deployment it folds uploads as they arrive, while slower clients still
+      train, so this bounds the critical path from above;
+    - CPU: the server's work plus every client's answers and masks (busy seconds summed over
+      all parties, what the round costs in machine time).
+    """
+    asked = {
+        k[len("phase:") :]
+        for c in clients.values()
+        for k, v in c.items()
+        if k.startswith("phase:") and v > 0
+    }
+    waited = sum(server.get(p, 0.0) for p in asked) - server.get("receive", 0.0)
+    work = max(wall - waited, 0.0)
+    slowest = sum(max(c.get(f"phase:{p}", 0.0) for c in clients.values()) for p in asked)
+    busy = sum(v for c in clients.values() for k, v in c.items() if k.startswith("phase:")) + sum(
+        c.get("protect_offline", 0.0) for c in clients.values()
+    )
+    return {"server_work_s": work, "critical_path_s": work + slowest, "cpu_s": work + busy}
+
+
 def plan_policy(plan: TrainingPlan, protocol: Any, rounds: int, optimizer: dict[str, Any]) -> Any:
     """Each client's own policy for the plan the benchmark's server runs."""
     from secagg.clients.policy import ClientPolicy
@@ -268,7 +313,9 @@ def measure_rounds(
         server.setup(rounds)
         setup_seconds = time.perf_counter() - start
         setup_bytes = sum(r["bytes"] for r in audit.records if r["event"] == "message")
-        before = client_seconds(transport.stats())
+        first_stats = transport.stats()
+        before = client_seconds(first_stats)
+        before_each = seconds_by_client(first_stats)
         for rnd in range(rounds):
             transport.reset_peaks()
             first = len(audit.records)
@@ -282,6 +329,12 @@ def measure_rounds(
             after = client_seconds(stats)
             spent = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
             before = after
+            after_each = seconds_by_client(stats)
+            spent_each = {
+                c: {k: v - before_each.get(c, {}).get(k, 0.0) for k, v in seconds.items()}
+                for c, seconds in after_each.items()
+            }
+            before_each = after_each
             row = {
                 "label": label,
                 **{k: v for k, v in asdict(workload).items() if k != "provisions"},
@@ -299,6 +352,8 @@ def measure_rounds(
                 **{f"server_{k}_s": v for k, v in report.seconds.items()},
                 "clients_train_s": spent.get("train", 0.0),
                 "clients_protect_s": spent.get("protect", 0.0),
+                "clients_protect_offline_s": spent.get("protect_offline", 0.0),
+                **deployment_seconds(wall, dict(report.seconds), spent_each),
                 "clients_open_s": spent.get("open", 0.0),
                 "decryptor_reveal_s": spent.get("phase:reveal", 0.0),
                 "clients_consent_s": spent.get("phase:consent", 0.0),

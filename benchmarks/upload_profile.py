@@ -20,7 +20,10 @@ backend's own functions, stage by stage, each timed separately (median of ``--re
 
 Each preset runs twice, on TenSEAL's binding alone (``SECAGG_NATIVE=off``, the stages
 above) and on the native extension (``secagg/ckks/native.py``): there the client's encode,
-encrypt and serialise are one call (then zstd where the preset compresses), the decryptor
+encrypt and serialise are one call (then zstd where the preset compresses), or the same
+split in time (``secagg.ckks.offline``): the masks, made while the client trains, and the
+online encode + add + serialise, each timed on its own (the upload the later stages use is
+the one-call one), the decryptor
 expands the seeds in one call, and on ``lean`` opens the aggregate in one more;
 ``--no-native`` skips the second run.
 
@@ -142,6 +145,19 @@ def native_client_stages(keys: SecretKeyHolder, x: np.ndarray, weight: float | N
     blob, seconds["client: encode + encrypt + serialise (one native call)"] = median_seconds(
         lambda: encryptor.encrypt(values, keys.public.scale, native.threads()), repeats
     )
+    # the same upload split in time (``secagg.ckks.offline``): the masks, made beside
+    # training, then the online encode + add + save; timed apart, each on fresh masks
+    chunks = chunks_for(values.size, preset)
+    _, seconds["client: masks (offline, beside training)"] = median_seconds(
+        lambda: encryptor.masks(chunks, native.threads()).wipe(), repeats
+    )
+    online = []
+    for _ in range(repeats):
+        masks = encryptor.masks(chunks, native.threads())
+        start = time.perf_counter()
+        encryptor.encrypt_masked(masks, values, keys.public.scale, native.threads())
+        online.append(time.perf_counter() - start)
+    seconds["client: encode + add + serialise, masks made (online)"] = statistics.median(online)
     size = encryptor.ciphertext_bytes
     parts = [blob[at : at + size] for at in range(0, len(blob), size)]
     if compresses(preset):

@@ -16,7 +16,7 @@ from secagg.ckks import native, offline
 from secagg.ckks.presets import get_preset
 from secagg.ckks.public import SEED_INFO_BYTES
 from secagg.ckks.secret import SecretKeyHolder
-from secagg.errors import ValueRangeError
+from secagg.errors import ConfigError, ValueRangeError
 from secagg.simulation.config import ExperimentConfig
 from secagg.simulation.experiment import run_experiment
 from tests.harness import BackendRound
@@ -200,3 +200,11 @@ def test_a_client_whose_training_fails_wipes_its_masks(monkeypatch):
     refused = [e for e in result.audit.summary()["exclusions"] if e["peer"] == "client_1"]
     assert refused and len(masks) == 6
     assert all(m is not None and m.used for m in masks)
+
+
+def test_the_switch_turns_the_masks_off_and_is_checked(monkeypatch, keys):
+    monkeypatch.setenv(offline.ENV, "off")
+    assert offline.start(keys, VALUES.size) is None
+    monkeypatch.setenv(offline.ENV, "sometimes")
+    with pytest.raises(ConfigError, match="on or off"):
+        offline.start(keys, VALUES.size)

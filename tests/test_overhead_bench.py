@@ -10,6 +10,7 @@ from benchmarks.overhead import (
     SIZES,
     SWEEPS,
     Workload,
+    critical_path_targets,
     earlier_rows,
     linear_fit,
     machine,
@@ -22,6 +23,7 @@ from benchmarks.overhead import (
     summarise,
     targets,
 )
+from benchmarks.rounds import deployment_seconds
 
 
 @pytest.mark.parametrize("n", [1_000, 1_000_000, 10_000_000])
@@ -51,6 +53,10 @@ def test_a_tiny_configuration_measures_every_part():
     for r in rows:
         assert r["clients_used"] == 3 and r["excluded"] == 0 and r["streaming"]
         assert r["wall_s"] > 0 and r["clients_protect_s"] > 0 and r["server_load_s"] > 0
+        # the clients made their uploads' masks beside training; the critical path is at
+        # most the CPU of every party, and at least the server's own work
+        assert r["clients_protect_offline_s"] > 0
+        assert 0 < r["server_work_s"] <= r["critical_path_s"] <= r["cpu_s"]
         # three uploads of one 4096-value ciphertext each on lean (about 33 kB: one 60-bit
         # prime), and one reveal
         assert 3 * 30_000 < r["bytes_train_up"] < 3 * 45_000
@@ -68,6 +74,7 @@ def test_targets_say_met_or_not_from_the_figures():
         kind="synthetic",
         preset="lean",
         native=True,
+        masks=True,
         streaming=True,
         client_dp=False,
         local_steps=100,
@@ -110,16 +117,21 @@ def test_an_unknown_sweep_is_refused_before_anything_runs(capsys):
 
 def test_the_full_plan_covers_every_sweep_at_full_scale():
     configs = plan(list(SWEEPS), quick=False)
-    assert len(configs) == 80
+    assert len(configs) == 86
     workloads = [w for _, w, _ in configs]
     assert {w.n_params for w in workloads} == set(SIZES)
     assert {w.n_clients for w in workloads} == set(CLIENTS)
     assert {w.local_steps for w in workloads} == {100, 200, 400}
-    # each repeat: FedAdam plain and ckks (native and TenSEAL's binding alone), mlp and
-    # synthetic, and LARC (mlp) plain and ckks
-    assert sum(s.startswith("ratio#") for s, _, _ in configs) == 3 * 8
+    # each repeat: FedAdam plain and ckks (native with and without masks made beside
+    # training, and TenSEAL's binding alone), mlp and synthetic, and LARC (mlp) plain and ckks
+    assert sum(s.startswith("ratio#") for s, _, _ in configs) == 3 * 10
     before = [w for _, w, _ in configs if not w.native]
     assert {(w.kind, w.backend) for w in before} == {("mlp", "ckks"), ("synthetic", "ckks")}
+    unmasked = [w for s, w, _ in configs if not w.masks]
+    assert {(w.kind, w.backend, w.native) for w in unmasked} == {
+        ("mlp", "ckks", True),
+        ("synthetic", "ckks", True),
+    } and len(unmasked) == 3 * 2
     larc = [w for _, w, _ in configs if w.protocol == "larc"]
     assert {(w.kind, w.preset) for w in larc} == {("mlp", "compact")} and len(larc) == 3 * 2
 
@@ -127,7 +139,7 @@ def test_the_full_plan_covers_every_sweep_at_full_scale():
 def test_quick_runs_every_code_path_once_at_toy_sizes():
     configs = plan(list(SWEEPS), quick=True, steps=10, repeats=1)
     assert {s.split("#")[0] for s, _, _ in configs} == set(SWEEPS)
-    assert len(configs) <= 17  # each costs seconds of process start-up alone
+    assert len(configs) <= 18  # each costs seconds of process start-up alone
     workloads = [w for _, w, _ in configs]
     assert {(w.kind, w.backend) for w in workloads} == {
         (kind, backend) for kind in ("mlp", "synthetic") for backend in ("plain", "ckks")
@@ -142,9 +154,10 @@ def test_quick_runs_every_code_path_once_at_toy_sizes():
     keys = [(w, tuple(sorted(o.items()))) for _, w, o in configs]
     assert len(keys) == len(set(keys))  # nothing runs twice
     ratio = [w for s, w, _ in configs if s == "ratio#0"]
-    assert len(ratio) == 6 and {w.n_clients for w in ratio} == {10}
+    assert len(ratio) == 7 and {w.n_clients for w in ratio} == {10}
+    assert [w.kind for w in ratio if not w.masks] == ["synthetic"]  # the before, once
     # more repeats are more runs
-    assert len(plan(list(SWEEPS), quick=True, steps=10, repeats=2)) == len(configs) + 6
+    assert len(plan(list(SWEEPS), quick=True, steps=10, repeats=2)) == len(configs) + 7
 
 
 def test_paired_ratios_keep_the_native_path_and_the_before_apart():
@@ -156,17 +169,52 @@ def test_paired_ratios_keep_the_native_path_and_the_before_apart():
             "kind": "mlp",
             "backend": backend,
             "native": native,
+            "masks": masks,
             "wall_s": wall * (1 + rep),
+            "critical_path_s": wall * (1 + rep) / 2,
         }
         for rep in range(2)
-        for backend, native, wall in (
-            ("plain", True, 2.0),
-            ("ckks", True, 2.6),
-            ("ckks", False, 3.6),
+        for backend, native, masks, wall in (
+            ("plain", True, True, 2.0),
+            ("ckks", True, True, 2.6),
+            ("ckks", True, False, 3.0),
+            ("ckks", False, True, 3.6),
         )
     ]
     pairs = paired_ratios(pd.DataFrame(rows))
-    assert pairs == {"mlp": [1.3, 1.3], "mlp tenseal-only": [1.8, 1.8]}
+    expected = {"mlp": 1.3, "mlp no-masks": 1.5, "mlp tenseal-only": 1.8}
+    assert set(pairs) == set(expected)
+    for name, ratio in expected.items():
+        assert pairs[name] == pytest.approx([ratio, ratio])
+    critical = paired_ratios(pd.DataFrame(rows), "critical_path_s")
+    assert critical == pairs  # every time halved: the same ratios
+    lines = "\n".join(critical_path_targets(critical))
+    assert "median 1.30× (target ≤ 1.1×: NOT met)" in lines
+    assert "without the masks made beside training (the before, same run): 1.50, 1.50" in lines
+
+
+def test_deployment_seconds_takes_the_slowest_client_per_phase():
+    """10 s of wall in process: the server waited 6 s in the training phase (0.5 s of it
+    decoding replies) and 2 s in the reveal; the clients' answers took 1, 2 and 3 s
+    (training) and the decryptor's 1.5 s (reveal), one made masks for 0.4 s beside."""
+    clients = {
+        "a": {"phase:train": 1.0, "protect_offline": 0.4},
+        "b": {"phase:train": 2.0},
+        "c": {"phase:train": 3.0, "phase:reveal": 1.5},
+    }
+    server = {"train": 6.0, "receive": 0.5, "reveal": 2.0, "load": 0.7, "optimizer": 0.1}
+    got = deployment_seconds(10.0, server, clients)
+    work = 10.0 - (6.0 + 2.0 - 0.5)  # the server's own: 2.5 s
+    assert got == pytest.approx(
+        {
+            "server_work_s": work,
+            "critical_path_s": work + 3.0 + 1.5,
+            "cpu_s": work + 1.0 + 2.0 + 3.0 + 1.5 + 0.4,
+        }
+    )
+    # plain: the server's own "reveal" is its own work (no client answered one)
+    plain = deployment_seconds(10.0, {"train": 6.0, "reveal": 2.0}, {"a": {"phase:train": 5.0}})
+    assert plain["server_work_s"] == pytest.approx(4.0)
 
 
 def test_rows_from_before_the_protocol_and_native_keys_reuse_as_what_they_were(tmp_path):

@@ -18,16 +18,30 @@ The masks are key material, handled like keys:
 - on a failure while they are made, the client encrypts afresh, as without them.
 
 Only the native path has them; on TenSEAL's binding a client encrypts as before.
+``SECAGG_UPLOAD_MASKS=off`` turns them off (every upload encrypted afresh, after training: the
+before of the overhead benchmark's before-and-after); ``on``, the default, makes them.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import Any
 
 from secagg.ckks import native
 from secagg.ckks.presets import CKKSPreset, chunks_for
+from secagg.errors import ConfigError
+
+ENV = "SECAGG_UPLOAD_MASKS"
+
+
+def enabled() -> bool:
+    """Whether clients make their uploads' masks beside training (``SECAGG_UPLOAD_MASKS``)."""
+    value = os.environ.get(ENV, "on").strip().lower() or "on"
+    if value not in ("on", "off"):
+        raise ConfigError(f"{ENV}={value!r}: choose on or off")
+    return value == "on"
 
 
 class PendingMasks:
@@ -77,6 +91,8 @@ class PendingMasks:
 def start(keys: Any, n_values: int) -> PendingMasks | None:
     """Begin making the masks of an upload of ``n_values`` values under ``keys`` (a
     :class:`~secagg.ckks.secret.SecretKeyHolder`), or None on TenSEAL's binding."""
+    if not enabled():
+        return None
     encryptor = keys.native_encryptor()
     if encryptor is None or n_values < 1:
         return None
