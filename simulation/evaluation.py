@@ -45,7 +45,7 @@ def evaluate(
         scores = torch.as_tensor(predictions, dtype=torch.float32).reshape(n_test, -1)
         truth = data.pooled_test.y
         out = {
-            "test_pooled": task.metric(truth.numpy(), scores.numpy()),
+            "test_pooled": _score(task.metric, truth, scores),
             "test_loss": float(task.loss(scores, truth)),
         }
         out.update(_extra(task, "test", truth, scores))

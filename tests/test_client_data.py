@@ -298,6 +298,18 @@ def test_extra_metrics_score_an_ensembles_predictions():
     assert out["test_mean_risk"] == float(np.mean(predictions.astype(np.float32)))
 
 
+def test_an_ensembles_predictions_on_a_set_without_events_score_nan():
+    """A test set with no admissible pair (no event: a small centre held out in a
+    cross-validation) has no c-index: NaN, as for a model's outputs, not a crash that ends
+    the run (lifelines raises ZeroDivisionError)."""
+    part = tcga().test[0]
+    censored = ClientData(part.x, torch.stack([torch.zeros(len(part)), part.y[:, 1]], 1))
+    data = replace(tcga(), pooled_test=censored)
+    predictions = np.linspace(-1, 1, len(censored))
+    out = evaluate(TCGA, data, np.zeros(40), predictions)
+    assert np.isnan(out["test_pooled"]) and np.isfinite(out["test_loss"])
+
+
 def test_batched_and_dataset_evaluation_equal_whole_tensor_evaluation():
     data = tcga()
     w = flat_params(TCGA.make_model()) - 0.03
