@@ -38,6 +38,11 @@ from typing import Any
 import pandas as pd
 
 OUTPUTS = ("flower.md", "flower.csv")
+#: why ``secagg bench flower --check`` has nothing to re-run
+NO_CHECK = (
+    "a local Flower deployment's times per round: no tolerance makes them a check "
+    "(tests/test_flower_e2e.py runs the deployment)"
+)
 CASES = ("larc", "fedavg-1m")
 #: the module that defines the fedavg-1m case's task, written into the work folder
 TASK_MODULE = "secagg_flower_bench_task.py"

@@ -63,6 +63,11 @@ from secagg.flower.deployment import app_pyproject
 
 NAME = "flower-floor"
 OUTPUTS = ("flower-floor.md", "flower-floor.csv")
+#: why ``secagg bench flower_floor --check`` has nothing to re-run
+NO_CHECK = (
+    "a local Flower deployment's times per round: no tolerance makes them a check "
+    "(tests/test_flower_e2e.py runs the deployment)"
+)
 #: where the results go unless --out says otherwise (refused if they exist: --overwrite)
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 #: the exchanges of one round of each case, in order (traffic.csv counts a phase's

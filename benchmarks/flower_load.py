@@ -26,6 +26,11 @@ from pathlib import Path
 import pandas as pd
 
 OUTPUTS = ("flower-load.md",)
+#: why ``secagg bench flower_load --check`` has nothing to re-run
+NO_CHECK = (
+    "a local Flower deployment's times and lost messages under load: no tolerance makes "
+    "them a check (tests/test_flower_e2e.py runs the deployment)"
+)
 
 
 def burn(stop) -> None:  # a busy process: the load the run competes with

@@ -99,6 +99,12 @@ from benchmarks.rounds import (  # noqa: E402, F401 - the workloads, re-exported
 from benchmarks.stats import markdown_table  # noqa: E402
 from secagg.ckks import native, offline  # noqa: E402
 
+#: why ``secagg bench overhead --check`` has nothing to re-run (``docs/reference/benchmarks.md``)
+NO_CHECK = (
+    "every figure it reports is a time or a peak memory on a shared machine, which no "
+    "tolerance makes a check; the bytes its rounds send are the formats the crypto and "
+    "upload_profile checks hold"
+)
 SIZES = (1_000, 10_000, 100_000, 1_000_000, 10_000_000)
 CLIENTS = (2, 5, 10, 20, 50, 100)
 #: ``--quick`` is a smoke check, not a measurement: each code path (both workloads and

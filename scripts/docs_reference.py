@@ -532,6 +532,7 @@ def benchmarks_page() -> str:
     for name, summary in BENCHMARKS.items():
         source = root / f"{name}.py"
         check = _module_constant(source, "CHECK")
+        why_not = _module_constant(source, "NO_CHECK")
         outputs = _module_constant(source, "OUTPUTS") or (f"{name}.md",)
         results = [o for o in outputs if o.endswith(".md") and (root / "results" / o).is_file()]
         rerun = None if check is None else " ".join(check.get("args") or ("(its declared subset)",))
@@ -539,7 +540,9 @@ def benchmarks_page() -> str:
             [
                 code(name),
                 text(summary),
-                "no" if rerun is None else code(f"secagg bench {name} {rerun}".rstrip()),
+                (text(f"no: {why_not}") if why_not else "no")
+                if rerun is None
+                else code(f"secagg bench {name} {rerun}".rstrip()),
                 ", ".join(f"[{r}](../results/data/{r})" for r in results) or "—",
             ]
         )

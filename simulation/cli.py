@@ -377,7 +377,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if check is None or len(args.rest) > 1:
         raise SecaggError(
             f"--check takes no other option, and {args.name} "
-            + ("declares no CHECK" if check is None else "runs its declared subset")
+            + (
+                f"declares no CHECK ({getattr(module, 'NO_CHECK', 'none written yet')})"
+                if check is None
+                else "runs its declared subset"
+            )
         )
     table = reproduce.run_check(args.name, check, module.main)
     print(reproduce.report(args.name, check, table))

@@ -18,14 +18,15 @@ from benchmarks.reproduce import Check, compare
 from tests.test_plugins import registries  # noqa: F401  (the fixture)
 
 
-def declares_check(name: str) -> bool:
-    """Whether benchmark ``name`` assigns a CHECK at its top level, read from its source:
-    importing every benchmark here would import torch and Flower, and register what some of
-    them register (a task), for every later test."""
+def declares_check(name: str, constant: str = "CHECK") -> bool:
+    """Whether benchmark ``name`` assigns ``constant`` (CHECK, or NO_CHECK: why it has none)
+    at its top level, read from its source: importing every benchmark here would import
+    torch and Flower, and register what some of them register (a task), for every later
+    test."""
     source = Path(benchmarks.__path__[0]) / f"{name}.py"
     return any(
         isinstance(node, ast.Assign)
-        and any(getattr(t, "id", None) == "CHECK" for t in node.targets)
+        and any(getattr(t, "id", None) == constant for t in node.targets)
         for node in ast.parse(source.read_text()).body
     )
 
@@ -87,3 +88,11 @@ def test_every_checked_benchmark_is_one_secagg_bench_runs():
     from secagg.simulation.cli import BENCHMARKS
 
     assert set(CHECKED) <= set(BENCHMARKS)
+
+
+def test_every_benchmark_declares_a_check_or_why_it_has_none():
+    from secagg.simulation.cli import BENCHMARKS
+
+    for name in BENCHMARKS:
+        has, why_not = declares_check(name), declares_check(name, "NO_CHECK")
+        assert has != why_not, f"{name}: declare CHECK, or NO_CHECK saying why there is none"
