@@ -34,7 +34,9 @@ def made_by(command: str) -> str:
     from secagg.simulation.provenance import git_commit, library_versions, machine
     from secagg.simulation.provenance import provenance as now
 
-    git = git_commit()
+    # the benchmark is rewriting committed results files: those are its outputs, not changes
+    # to the code that made them
+    git = git_commit(ignore=("benchmarks/results",))
     commit = "not a git checkout" if git is None else git["commit"][:12]
     if git is not None and git["dirty"]:
         commit += " with uncommitted changes"

@@ -12,6 +12,7 @@ import platform
 import shlex
 import subprocess
 import sys
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
@@ -44,10 +45,12 @@ def library_versions() -> dict[str, str | None]:
     return out
 
 
-def git_commit() -> dict[str, Any] | None:
+def git_commit(ignore: Sequence[str] = (), source: Path | None = None) -> dict[str, Any] | None:
     """The commit of the checkout secagg runs from (and whether it has uncommitted
-    changes), or None for an installed wheel or when git is unavailable."""
-    source = Path(secagg.__file__).resolve().parents[1]
+    changes, outside the folders ``ignore`` names: a benchmark's own committed results,
+    which it is rewriting), or None for an installed wheel or when git is unavailable.
+    ``source``: the checkout (default: the one secagg is imported from)."""
+    source = source or Path(secagg.__file__).resolve().parents[1]
     if not (source / ".git").exists():
         return None
     try:
@@ -59,7 +62,17 @@ def git_commit() -> dict[str, Any] | None:
             check=True,
         ).stdout.strip()
         status = subprocess.run(
-            ["git", "-C", str(source), "status", "--porcelain", "--untracked-files=no"],
+            [
+                "git",
+                "-C",
+                str(source),
+                "status",
+                "--porcelain",
+                "--untracked-files=no",
+                "--",
+                ".",
+                *(f":(exclude){path}" for path in ignore),
+            ],
             capture_output=True,
             text=True,
             timeout=10,

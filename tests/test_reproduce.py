@@ -64,6 +64,30 @@ def test_the_results_files_say_how_they_were_made():
     assert "numpy" in line and "CPUs" in line
 
 
+def test_a_benchmark_rewriting_its_results_leaves_the_checkout_clean(tmp_path):
+    """A benchmark writes its CSV, then the Markdown that says how it was made: its own
+    results files are not uncommitted changes to the code; a changed module is."""
+    import subprocess
+
+    from secagg.simulation.provenance import git_commit
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    (tmp_path / "benchmarks" / "results").mkdir(parents=True)
+    (tmp_path / "benchmarks" / "results" / "x.csv").write_text("a\n1\n")
+    (tmp_path / "benchmarks" / "x.py").write_text("A = 1\n")
+    git("init", "-q")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x")
+    (tmp_path / "benchmarks" / "results" / "x.csv").write_text("a\n2\n")
+    ignore = ("benchmarks/results",)
+    assert git_commit(ignore, tmp_path)["dirty"] is False
+    assert git_commit((), tmp_path)["dirty"] is True
+    (tmp_path / "benchmarks" / "x.py").write_text("A = 2\n")
+    assert git_commit(ignore, tmp_path)["dirty"] is True
+
+
 def test_some_benchmarks_declare_a_check():
     assert "admm" in CHECKED
 
