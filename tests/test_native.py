@@ -294,3 +294,91 @@ def test_a_server_refuses_a_malformed_uncompressed_upload(monkeypatch, forge, er
     first_polynomials(level, [upload], 8)  # as sent: accepted
     with pytest.raises(MalformedCiphertext, match=error):
         first_polynomials(level, [forge(upload)], 8)
+
+
+# ---- a server-weighted aggregate, read and opened natively -----------------------------------
+def _compact_release(monkeypatch, mode):
+    """A compact round of three clients on ``mode``'s path: the run, the honest reveal
+    request's fields for client_0, and the expected sum."""
+    from tests.security.test_reveals import release
+
+    monkeypatch.setenv(native.ENV, mode)
+    plan = {"client_0": 0.5, "client_1": 0.25, "client_2": 0.25}
+    values = {c: np.linspace(-0.3, 0.3, 5000) * (i + 1) for i, c in enumerate(plan)}
+    run = BackendRound(list(plan), 5000, decryption_budget=8, reveal_length=5000)
+    ctx = run.ctx()
+    total = ctx.weighted_sum(run.uploads(values), plan)
+    expected = sum(plan[c] * values[c] for c in plan)
+    return run, release(run, ctx, total), expected
+
+
+def _revealed(run, fields):
+    from secagg.wire import Envelope
+
+    return Envelope("c", "s", 0, "r", run.ask("client_0", "reveal", fields)).vector("global_update")
+
+
+@pytest.mark.parametrize("mode", ["on", "off"])
+def test_a_compact_reveal_opens_the_same_sum_on_both_paths(monkeypatch, mode):
+    run, fields, expected = _compact_release(monkeypatch, mode)
+    np.testing.assert_allclose(_revealed(run, fields), expected, atol=1e-6)
+    assert run.clients["client_0"].decryptions == 1
+
+
+def _forged(fields, edit):
+    """The aggregate's chunks, uncompressed, edited by ``edit(raw, chunk)``, as a deviating
+    server would send them."""
+    from secagg import wire
+    from secagg.ckks.public import uncompressed_blob
+    from secagg.wire import Envelope
+
+    env = Envelope.from_bytes(Envelope("s", "c", 0, "r", dict(fields)).to_bytes())
+    parts = []
+    for j, part in enumerate(env.ciphertext_parts("aggregate")):
+        raw = bytearray(raw_body(part, 10**7, "aggregate"))
+        edit(raw, j)
+        parts.append(uncompressed_blob(bytes(raw)))
+    return {**fields, "aggregate": wire.ciphertext(parts)}
+
+
+def test_a_native_compact_reveal_refuses_every_forged_aggregate(monkeypatch):
+    """What the native read takes over from SEAL's loader, attacked: each forgery is
+    refused, counts no decryption, and the honest request still opens."""
+    import struct
+
+    from secagg.ckks.public import CIPHERTEXT_META, COUNT, SEAL_HEADER
+    from secagg.errors import MalformedCiphertext, WrongContext
+
+    run, fields, expected = _compact_release(monkeypatch, "on")
+    keys = run.clients["client_0"].keys
+    n, primes = keys.preset.poly_modulus_degree, keys.public.n_primes
+    data = CIPHERTEXT_META.size + SEAL_HEADER.size + COUNT.size
+    scale_at = 32 + 1 + 8 * 3
+    prime = keys.public.context.first_context_data().parms().coeff_modulus()[0].value()
+
+    def second_coefficient(raw, j):  # C1 one off: not Σ k_i·a_i
+        at = data + 8 * n * primes + 8 * 5
+        (v,) = struct.unpack_from("<Q", raw, at)
+        struct.pack_into("<Q", raw, at, (v + 1) % prime)
+
+    def first_out_of_range(raw, j):  # a C0 coefficient at its prime
+        struct.pack_into("<Q", raw, data, prime)
+
+    def other_scale(raw, j):  # chunks at different scales
+        if j == 1:
+            (s,) = struct.unpack_from("<d", raw, scale_at)
+            struct.pack_into("<d", raw, scale_at, s / 2)
+
+    def not_ntt(raw, j):
+        raw[32] = 0
+
+    for edit, error, match in (
+        (second_coefficient, ReleaseRefused, "not the weighted sum"),
+        (first_out_of_range, MalformedCiphertext, "does not open"),
+        (other_scale, WrongContext, "different scales"),
+        (not_ntt, MalformedCiphertext, "NTT form"),
+    ):
+        with pytest.raises(error, match=match):
+            run.ask("client_0", "reveal", _forged(fields, edit))
+        assert run.clients["client_0"].decryptions == 0, edit.__name__
+    np.testing.assert_allclose(_revealed(run, fields), expected, atol=1e-6)

@@ -346,6 +346,9 @@ class CKKSClient(ClientBackend):
                 return d, self._second_polys.expanded(d, seeds, first, scale)
             firsts = load_first_sums(level, parts, d.n_values)
             return d, self._second_polys.build(d, seeds, firsts)
+        if native.module() is not None:  # read and opened natively: no SEAL load or save
+            first, second, scale = self.keys.public.aggregate_polynomials(parts, d.n_values)
+            return d, self._second_polys.checked_polynomials(d, seeds, first, second, scale)
         cts = self.keys.load_aggregate(parts, d.n_values)
         self._second_polys.check(d, seeds, cts)
         return d, cts

@@ -453,6 +453,44 @@ class PublicCKKS:
             out.append(ct)
         return out
 
+    def aggregate_polynomials(
+        self, parts: Sequence[bytes | memoryview], n_values: int
+    ) -> tuple[np.ndarray, np.ndarray, float]:
+        """A server-weighted aggregate's two polynomials, read out of its bytes without SEAL
+        (the native path opens them in one call): every size checked as for
+        :meth:`load_ciphertexts` (``raw_body``, ``check_ciphertext_layout``), both
+        polynomials present (not seeded), the fresh level, NTT form, one scale in
+        [:attr:`min_aggregate_scale`, :attr:`sum_scale`] for all chunks. Returns (C0, C1),
+        each (chunks, primes·N) uint64, and the scale; the native open refuses a coefficient
+        outside its prime."""
+        self.check_chunks(parts, n_values)
+        n, primes = self._degree, self._primes
+        width, full = n * primes, ciphertext_raw_bytes(n, primes, seeded=False)
+        first = parms_id_bytes(self.context.first_parms_id())
+        polys = np.empty((2, len(parts), width), dtype=np.uint64)
+        scales = set()
+        for i, data in enumerate(parts):
+            what = f"aggregate ciphertext {i}"
+            raw = raw_body(data, self.max_raw_bytes, what)
+            check_ciphertext_layout(raw, n, primes, what)
+            if len(raw) != full:
+                raise MalformedCiphertext(f"{what} is seeded: a sum carries both polynomials")
+            parms, ntt, _, _, _, scale, correction = _CT_META.unpack_from(raw)
+            if parms != first:
+                raise WrongContext(f"{what} is not at this preset's fresh level")
+            if ntt != 1 or correction != 1:
+                raise MalformedCiphertext(f"{what} is not a CKKS ciphertext in NTT form")
+            if not self.min_aggregate_scale <= scale <= self.sum_scale:
+                raise WrongContext(f"{what} has scale 2^{np.log2(scale):.1f}, outside its range")
+            scales.add(scale)
+            at = _CT_META.size + _HEADER.size + _COUNT.size
+            polys[:, i] = np.frombuffer(raw, dtype="<u8", count=2 * width, offset=at).reshape(
+                2, width
+            )
+        if len(scales) > 1:
+            raise WrongContext("the aggregate's chunks carry different scales")
+        return polys[0], polys[1], scales.pop()
+
     def check_chunks(self, parts: Sequence, n_values: int) -> None:
         """MalformedCiphertext unless ``parts`` has one chunk per N values."""
         expected = chunks_for(n_values, self.preset)

@@ -305,9 +305,11 @@ def check_entries(
 
 @dataclass(frozen=True)
 class ExpandedAggregate:
-    """A client-weighted aggregate as the native path opens it (``SecretKeyHolder``): per
-    chunk the server's summed first polynomial C0 (checked: ``first_polys``) and the Σ a_i
-    this opener expanded from the entries' seeds itself, both (chunks, primes·N) uint64."""
+    """An aggregate as the native path opens it (``SecretKeyHolder``): per chunk its first
+    polynomial C0 (checked: ``first_polys``, ``PublicCKKS.aggregate_polynomials``) and its
+    second, the Σ k_i·a_i of the entries' seeds (expanded by this opener on a
+    client-weighted preset, checked equal to it on the others), both (chunks, primes·N)
+    uint64."""
 
     first: np.ndarray
     second: np.ndarray
@@ -355,6 +357,29 @@ class SecondPolynomials:
                 raise ReleaseRefused(
                     f"{d.name}: chunk {j} is not the weighted sum of the listed uploads"
                 )
+
+    def checked_polynomials(
+        self,
+        d: Descriptor,
+        seeds: Sequence[bytes],
+        first: np.ndarray,
+        second: np.ndarray,
+        scale: float,
+    ) -> ExpandedAggregate:
+        """:meth:`check` on the native path, for a server-weighted aggregate read without
+        SEAL (``PublicCKKS.aggregate_polynomials``): ReleaseRefused unless every chunk's
+        second polynomial is Σ k_i·a_i(seed_i); the aggregate, for the native open."""
+        if len(second) != d.chunks:
+            raise ReleaseRefused(f"{d.name}: {len(second)} ciphertexts for {d.chunks} chunks")
+        sums = self._native_sums(d, seeds, [k for _, k, _ in d.entries])
+        if sums is None:
+            raise ConfigError(f"{native.ENV}: the native extension is off or not built")
+        for j in range(d.chunks):
+            if not np.array_equal(sums[j], second[j]):
+                raise ReleaseRefused(
+                    f"{d.name}: chunk {j} is not the weighted sum of the listed uploads"
+                )
+        return ExpandedAggregate(first, second, scale)
 
     def build(
         self, d: Descriptor, seeds: Sequence[bytes], firsts: Sequence[seal.Plaintext]
