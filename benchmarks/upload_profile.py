@@ -23,9 +23,10 @@ above) and on the native extension (``secagg/ckks/native.py``): there the client
 encrypt and serialise are one call (then zstd where the preset compresses), or the same
 split in time (``secagg.ckks.offline``): the masks, made while the client trains, and the
 online encode + add + serialise, each timed on its own (the upload the later stages use is
-the one-call one), the decryptor
-expands the seeds in one call, and on ``lean`` opens the aggregate in one more;
-``--no-native`` skips the second run.
+the one-call one); the decryptor expands the seeds in one call and opens the aggregate in
+one more, having read a server-weighted aggregate's polynomials out of its checked bytes
+without SEAL's loader (``PublicCKKS.aggregate_polynomials``); ``--no-native`` skips the
+second run.
 
 Writes upload_profile.csv and upload_profile.md into --out (default: a new folder
 results/bench/upload_profile-<date-time>); ``--out benchmarks/results --overwrite``
@@ -266,6 +267,14 @@ def _profile(
             lambda: second.build(d, seeds, sums), repeats
         )
         multipliers = [1] * clients
+    elif native_path:  # read without SEAL, checked against the seeds, opened in one call
+        (c0, c1, scale), row["decryptor: aggregate"] = median_seconds(
+            lambda: keys.public.aggregate_polynomials(aggregate, n), repeats
+        )
+        cts, row["decryptor: second polynomial"] = median_seconds(
+            lambda: second.checked_polynomials(d, seeds, c0, c1, scale), repeats
+        )
+        multipliers = ks
     else:
         cts, row["decryptor: aggregate"] = median_seconds(
             lambda: keys.load_aggregate(aggregate, n), repeats
@@ -275,7 +284,7 @@ def _profile(
         )
         multipliers = ks
     sigma = flooding_sigma(error_bound(multipliers, chunks * preset.poly_modulus_degree), clients)
-    if level is not None and native_path:  # the native open changes nothing it is given
+    if native_path:  # the native open changes nothing it is given
         _, row["decryptor: decrypt"] = median_seconds(
             lambda: keys.open_flooded(cts, n, sigma), repeats
         )
