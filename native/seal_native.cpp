@@ -100,6 +100,15 @@ public:
     seal::SEALContext context;
 };
 
+// Zero a ciphertext's coefficients, then free them (the mask of an upload is key material).
+void wipe_ciphertext(seal::Ciphertext &ct) {
+    if (ct.size()) {
+        std::fill(ct.data(), ct.data() + ct.size() * ct.poly_modulus_degree() *
+                                             ct.coeff_modulus_size(), 0);
+    }
+    ct.release();
+}
+
 // One upload's precomputed masks: per chunk a seeded symmetric encryption of zero at the first
 // data level (util::encrypt_zero_symmetric, what Encryptor::encrypt_symmetric starts with).
 // They are key material: each set is used once (taking it wipes it, whether or not the
@@ -114,13 +123,16 @@ public:
     std::size_t chunks() const { return cts_.size(); }
     bool used() const { return used_; }
     void wipe() {
-        for (auto &ct : cts_) {
-            if (ct.size()) std::fill(ct.data(), ct.data() + ct.size() * ct.poly_modulus_degree() *
-                                                            ct.coeff_modulus_size(), 0);
-            ct.release();
-        }
+        for (auto &ct : cts_) wipe_ciphertext(ct);
         cts_.clear();
         used_ = true;
+    }
+    // the masks, handed over once: this object holds nothing after
+    std::vector<seal::Ciphertext> take() {
+        if (used_) throw std::invalid_argument("these masks were used already");
+        std::vector<seal::Ciphertext> out = std::move(cts_);
+        wipe();
+        return out;
     }
 
     std::vector<seal::Ciphertext> cts_;
@@ -157,37 +169,9 @@ public:
     // seeded ciphertexts back to back, ciphertext_bytes() each.
     py::bytes encrypt(py::array_t<double, py::array::c_style | py::array::forcecast> values,
                       double scale, std::size_t threads) const {
-        auto view = values.unchecked<1>();
-        const double *data = view.data(0);
-        std::size_t count = static_cast<std::size_t>(view.shape(0));
-        std::size_t half = encoder_.slot_count(), per = 2 * half;
-        // at least one chunk, as secagg's chunks_for: an empty vector is one chunk of zeros
-        std::size_t chunks = std::max<std::size_t>(1, (count + per - 1) / per);
-        std::string out(chunks * ct_bytes_, '\0');
-        char *dst = out.data();
-        {
-            py::gil_scoped_release release;
-            parallel_ranges(chunks, threads, [&](std::size_t begin, std::size_t end) {
-                std::vector<std::complex<double>> slots(half);
-                seal::Plaintext pt;
-                for (std::size_t j = begin; j < end; j++) {
-                    std::size_t at = j * per;
-                    for (std::size_t i = 0; i < half; i++) {
-                        double re = at + i < count ? data[at + i] : 0.0;
-                        double im = at + half + i < count ? data[at + half + i] : 0.0;
-                        slots[i] = {re, im};
-                    }
-                    encoder_.encode(slots, scale, pt);
-                    auto written = encryptor_->encrypt_symmetric(pt).save(
-                        reinterpret_cast<seal::seal_byte *>(dst + j * ct_bytes_), ct_bytes_,
-                        seal::compr_mode_type::none);
-                    if (static_cast<std::size_t>(written) != ct_bytes_) {
-                        throw std::runtime_error("a seeded ciphertext changed size");
-                    }
-                }
-            });
-        }
-        return py::bytes(out);
+        return encode_chunks(values, scale, threads, [&](std::size_t, seal::Plaintext &pt) {
+            return encryptor_->encrypt_symmetric(pt);
+        });
     }
 
     // ``chunks`` fresh masks for one upload (the work of encrypt() that does not depend on the
@@ -209,72 +193,39 @@ public:
         return out;
     }
 
-    // encrypt() with precomputed masks: the same bytes a fresh encrypt() would write for these
-    // values and these masks' seeds and noise. The masks are taken (wiped) first, so that a
-    // failure cannot leave them for a second use.
+    // encrypt() with precomputed masks: the bytes encrypt() writes for these values with these
+    // masks' seeds and noise. The masks are taken out of ``masks`` (which is wiped) before
+    // anything else, so that no failure leaves them for a second use; wiped here on return.
     py::bytes encrypt_masked(UploadMasks &masks,
                              py::array_t<double, py::array::c_style | py::array::forcecast> values,
                              double scale, std::size_t threads) const {
-        if (masks.used()) throw std::invalid_argument("these masks were used already");
-        std::vector<seal::Ciphertext> cts = std::move(masks.cts_);
-        masks.wipe();
-        auto view = values.unchecked<1>();
-        const double *data = view.data(0);
-        std::size_t count = static_cast<std::size_t>(view.shape(0));
-        std::size_t half = encoder_.slot_count(), per = 2 * half;
-        std::size_t chunks = std::max<std::size_t>(1, (count + per - 1) / per);
-        auto wipe = [&cts] {
-            for (auto &ct : cts) {
-                std::fill(ct.data(), ct.data() + ct.size() * ct.poly_modulus_degree() *
-                                                     ct.coeff_modulus_size(), 0);
-                ct.release();
+        struct Wiped {  // the taken masks, wiped however this call ends
+            std::vector<seal::Ciphertext> cts;
+            ~Wiped() {
+                for (auto &ct : cts) wipe_ciphertext(ct);
             }
-        };
-        if (chunks != cts.size()) {
-            wipe();
+        } taken{masks.take()};
+        if (chunks_of(values) != taken.cts.size()) {
             throw std::invalid_argument("the masks were made for another number of chunks");
         }
-        auto data_ptr = context_.first_context_data();
-        const auto &moduli = data_ptr->parms().coeff_modulus();
-        std::size_t n = data_ptr->parms().poly_modulus_degree();
-        std::string out(chunks * ct_bytes_, '\0');
-        char *dst = out.data();
-        try {
-            py::gil_scoped_release release;
-            parallel_ranges(chunks, threads, [&](std::size_t begin, std::size_t end) {
-                std::vector<std::complex<double>> slots(half);
-                seal::Plaintext pt;
-                for (std::size_t j = begin; j < end; j++) {
-                    std::size_t at = j * per;
-                    for (std::size_t i = 0; i < half; i++) {
-                        double re = at + i < count ? data[at + i] : 0.0;
-                        double im = at + half + i < count ? data[at + half + i] : 0.0;
-                        slots[i] = {re, im};
-                    }
-                    encoder_.encode(slots, scale, pt);
-                    seal::Ciphertext &ct = cts[j];
-                    // Encryptor::encrypt_internal's CKKS branch: the plaintext into c_0
-                    for (std::size_t k = 0; k < moduli.size(); k++) {
-                        seal::util::add_poly_coeffmod(ct.data(0) + k * n, pt.data() + k * n, n,
-                                                      moduli[k], ct.data(0) + k * n);
-                    }
-                    ct.scale() = pt.scale();
-                    auto written = ct.save(reinterpret_cast<seal::seal_byte *>(dst + j * ct_bytes_),
-                                           ct_bytes_, seal::compr_mode_type::none);
-                    if (static_cast<std::size_t>(written) != ct_bytes_) {
-                        throw std::runtime_error("a seeded ciphertext changed size");
-                    }
-                }
-            });
-        } catch (...) {
-            wipe();
-            throw;
-        }
-        wipe();
-        return py::bytes(out);
+        auto data = context_.first_context_data();
+        const auto &moduli = data->parms().coeff_modulus();
+        std::size_t n = data->parms().poly_modulus_degree();
+        return encode_chunks(values, scale, threads,
+                             [&](std::size_t j, seal::Plaintext &pt) -> const seal::Ciphertext & {
+            seal::Ciphertext &ct = taken.cts[j];
+            // Encryptor::encrypt_internal's CKKS branch: the plaintext into c_0
+            for (std::size_t k = 0; k < moduli.size(); k++) {
+                seal::util::add_poly_coeffmod(ct.data(0) + k * n, pt.data() + k * n, n,
+                                              moduli[k], ct.data(0) + k * n);
+            }
+            ct.scale() = pt.scale();
+            return ct;
+        });
     }
 
-    // A client-weighted aggregate, opened: per chunk the ciphertext (c0[j], c1[j]) at the
+    // An aggregate, opened (a client-weighted one, or a server-weighted one read out of its
+    // checked bytes): per chunk the ciphertext (c0[j], c1[j]) at the
     // first data level and ``scale``, plus ``noise`` (slot values, as the values are laid
     // out; empty for none) encoded at the ciphertext's scale and added before decryption,
     // then decrypted and decoded. Returns chunks * N reals.
@@ -341,6 +292,52 @@ public:
     }
 
 private:
+    // at least one chunk, as secagg's chunks_for: an empty vector is one chunk of zeros
+    std::size_t chunks_of(const py::array_t<double, py::array::c_style | py::array::forcecast> &v)
+        const {
+        std::size_t per = 2 * encoder_.slot_count();
+        return std::max<std::size_t>(1, (static_cast<std::size_t>(v.size()) + per - 1) / per);
+    }
+
+    // Every chunk of ``values`` encoded at ``scale`` (slot i = values[at + i] + 1j ·
+    // values[at + half + i], zero-padded) and turned into its seeded ciphertext by
+    // ``seal_chunk(j, plaintext)``, saved uncompressed: the chunks back to back,
+    // ciphertext_bytes() each. On ``threads`` threads, without the GIL.
+    template <typename F>
+    py::bytes encode_chunks(py::array_t<double, py::array::c_style | py::array::forcecast> values,
+                            double scale, std::size_t threads, F seal_chunk) const {
+        auto view = values.unchecked<1>();
+        const double *data = view.data(0);
+        std::size_t count = static_cast<std::size_t>(view.shape(0));
+        std::size_t half = encoder_.slot_count(), per = 2 * half;
+        std::size_t chunks = chunks_of(values);
+        std::string out(chunks * ct_bytes_, '\0');
+        char *dst = out.data();
+        {
+            py::gil_scoped_release release;
+            parallel_ranges(chunks, threads, [&](std::size_t begin, std::size_t end) {
+                std::vector<std::complex<double>> slots(half);
+                seal::Plaintext pt;
+                for (std::size_t j = begin; j < end; j++) {
+                    std::size_t at = j * per;
+                    for (std::size_t i = 0; i < half; i++) {
+                        double re = at + i < count ? data[at + i] : 0.0;
+                        double im = at + half + i < count ? data[at + half + i] : 0.0;
+                        slots[i] = {re, im};
+                    }
+                    encoder_.encode(slots, scale, pt);
+                    auto written = seal_chunk(j, pt).save(
+                        reinterpret_cast<seal::seal_byte *>(dst + j * ct_bytes_), ct_bytes_,
+                        seal::compr_mode_type::none);
+                    if (static_cast<std::size_t>(written) != ct_bytes_) {
+                        throw std::runtime_error("a seeded ciphertext changed size");
+                    }
+                }
+            });
+        }
+        return py::bytes(out);
+    }
+
     seal::SEALContext context_;
     seal::CKKSEncoder encoder_;
     seal::SecretKey secret_;

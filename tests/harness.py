@@ -18,6 +18,17 @@ from secagg.server.round import RoundContext
 from secagg.server.transport import InProcessTransport
 from secagg.wire import Envelope, Field
 
+#: a planned weighting of three clients, and each client's values under it (its sum is known)
+PLAN = {"client_0": 0.5, "client_1": 0.25, "client_2": 0.25}
+
+
+def planned_values(n: int = 5000) -> dict[str, np.ndarray]:
+    return {c: np.linspace(-0.3, 0.3, n) * (i + 1) for i, c in enumerate(PLAN)}
+
+
+def planned_sum(values: dict[str, np.ndarray]) -> np.ndarray:
+    return sum(PLAN[c] * values[c] for c in PLAN)
+
 
 class BackendRound:
     def __init__(self, ids: list[str], n_values: int, backend: str = "ckks", **options: Any):
@@ -54,6 +65,15 @@ class BackendRound:
         self, values: dict[str, np.ndarray], weights: dict[str, float] | None = None
     ) -> dict[str, Any]:
         return {c: self.upload(c, v, (weights or {}).get(c)) for c, v in values.items()}
+
+    def reveal_running_sum(self, handles: dict[str, Any], plan: dict[str, float]) -> np.ndarray:
+        """The server adds the uploads as they arrive (a running sum of planned weights, as a
+        streaming round does) and has the sum revealed."""
+        ctx = self.ctx()
+        total = ctx.running_sum(plan)
+        for c in plan:
+            total.add(c, handles[c])
+        return ctx.reveal(total.result(), "global_update")
 
     def request(self, to: str, phase: str, fields: dict[str, Field]) -> Envelope:
         """A request from the server to ``to``, as the client receives it."""

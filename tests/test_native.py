@@ -25,7 +25,7 @@ from secagg.ckks.public import (
 from secagg.ckks.release import SecondPolynomials
 from secagg.ckks.secret import SecretKeyHolder
 from secagg.errors import ConfigError, ReleaseRefused
-from tests.harness import BackendRound
+from tests.harness import PLAN, BackendRound, planned_sum, planned_values
 
 pytestmark = pytest.mark.skipif(
     os.environ.get(native.ENV, "").lower() == "off", reason="SECAGG_NATIVE=off: not built"
@@ -158,16 +158,10 @@ def test_weighted_seed_expansion_is_seals_multiply_plain_bit_for_bit(monkeypatch
 @pytest.mark.parametrize("mode", ["on", "off"])
 def test_a_lean_round_reveals_the_same_sum_on_both_paths(monkeypatch, mode):
     monkeypatch.setenv(native.ENV, mode)
-    plan = {"client_0": 0.5, "client_1": 0.25, "client_2": 0.25}
-    values = {c: np.linspace(-0.3, 0.3, 5000) * (i + 1) for i, c in enumerate(plan)}
-    run = BackendRound(list(plan), 5000, decryption_budget=4, reveal_length=5000, preset="lean")
-    handles = run.uploads(values, plan)
-    ctx = run.ctx()
-    total = ctx.running_sum(plan)
-    for c in plan:
-        total.add(c, handles[c])
-    expected = sum(plan[c] * values[c] for c in plan)
-    np.testing.assert_allclose(ctx.reveal(total.result(), "global_update"), expected, atol=2e-3)
+    values = planned_values()
+    run = BackendRound(list(PLAN), 5000, decryption_budget=4, reveal_length=5000, preset="lean")
+    revealed = run.reveal_running_sum(run.uploads(values, PLAN), PLAN)
+    np.testing.assert_allclose(revealed, planned_sum(values), atol=2e-3)
 
 
 def test_a_seed_of_an_unknown_prng_is_refused(monkeypatch):
@@ -303,13 +297,11 @@ def _compact_release(monkeypatch, mode):
     from tests.security.test_reveals import release
 
     monkeypatch.setenv(native.ENV, mode)
-    plan = {"client_0": 0.5, "client_1": 0.25, "client_2": 0.25}
-    values = {c: np.linspace(-0.3, 0.3, 5000) * (i + 1) for i, c in enumerate(plan)}
-    run = BackendRound(list(plan), 5000, decryption_budget=8, reveal_length=5000)
+    values = planned_values()
+    run = BackendRound(list(PLAN), 5000, decryption_budget=8, reveal_length=5000)
     ctx = run.ctx()
-    total = ctx.weighted_sum(run.uploads(values), plan)
-    expected = sum(plan[c] * values[c] for c in plan)
-    return run, release(run, ctx, total), expected
+    total = ctx.weighted_sum(run.uploads(values), PLAN)
+    return run, release(run, ctx, total), planned_sum(values)
 
 
 def _revealed(run, fields):

@@ -19,7 +19,7 @@ from secagg.ckks.secret import SecretKeyHolder
 from secagg.errors import ConfigError, ValueRangeError
 from secagg.simulation.config import ExperimentConfig
 from secagg.simulation.experiment import run_experiment
-from tests.harness import BackendRound
+from tests.harness import PLAN, BackendRound, planned_sum, planned_values
 
 pytestmark = pytest.mark.skipif(
     os.environ.get(native.ENV, "").lower() == "off", reason="SECAGG_NATIVE=off: not built"
@@ -58,19 +58,14 @@ def test_a_server_sums_masked_and_fresh_uploads_alike(monkeypatch):
     """Two clients upload with masks made beside training, one without: the revealed
     weighted sum is theirs, through the real server and client halves."""
     monkeypatch.setenv(native.ENV, "on")
-    plan = {"client_0": 0.5, "client_1": 0.25, "client_2": 0.25}
-    values = {c: np.linspace(-0.3, 0.3, 5000) * (i + 1) for i, c in enumerate(plan)}
-    run = BackendRound(list(plan), 5000, decryption_budget=4, reveal_length=5000, preset="lean")
+    values = planned_values()
+    run = BackendRound(list(PLAN), 5000, decryption_budget=4, reveal_length=5000, preset="lean")
     for c in ("client_0", "client_1"):
         run.clients[c].prepare_upload(5000)
-    handles = run.uploads(values, plan)
+    handles = run.uploads(values, PLAN)
     assert all(run.clients[c].offline_seconds > 0 for c in ("client_0", "client_1"))
-    ctx = run.ctx()
-    total = ctx.running_sum(plan)
-    for c in plan:
-        total.add(c, handles[c])
-    expected = sum(plan[c] * values[c] for c in plan)
-    np.testing.assert_allclose(ctx.reveal(total.result(), "global_update"), expected, atol=2e-3)
+    revealed = run.reveal_running_sum(handles, PLAN)
+    np.testing.assert_allclose(revealed, planned_sum(values), atol=2e-3)
 
 
 def test_masks_are_used_once(keys):
