@@ -37,7 +37,7 @@ BENCHMARKS = {
     "admm": "consensus ADMM (ridge, lasso, logistic, SVM) against the centralised optimum "
     "per iteration, over splits and backends",
     "cox_strategies": "federated Cox strategies (Sequential, Weights Averaging, Ensemble) on "
-    "8 centres, 4 scenarios, 20 splits, against isolated/centralised bounds and the exact "
+    "8 centres, 4 scenarios, 10 splits, against isolated/centralised bounds and the exact "
     "federated Cox model",
     "xgboost_trees": "federated XGBoost (histograms, top-S) against xgboost hist trained "
     "centrally, over splits and backends",
