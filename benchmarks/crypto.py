@@ -146,19 +146,19 @@ CHECK = Check(
     csv="crypto.csv",
     keys=("config", "params", "clients"),
     columns={
-        "upload_B_per_param": 0.02,
-        "upload_masked_B_per_param": 0.02,
-        "download_B_per_param": 0.02,
+        "upload_B_per_param": (0.0, 0.002),
+        "upload_masked_B_per_param": (0.0, 0.002),
+        "download_B_per_param": (0.0, 0.002),
         "holder_down_B_per_reveal": 0,
         "holder_up_B_per_reveal": 0,
-        "rel_error": (0.0, 0.5),
-        "rel_error_flooded": (0.0, 0.5),
-        "rel_error_noise": (0.0, 0.5),
+        "rel_error": (0.0, 1.0),
+        "rel_error_flooded": (0.0, 1.0),
+        "rel_error_noise": (0.0, 1.0),
     },
-    why="bytes are the format's (zstd on compact and NVFlare moves them by about 0.01 B a "
-    "parameter, noise being incompressible); the errors are those of fresh encryption and "
-    "flooding noise, so they move run to run (by up to 30 %) but must stay at their order "
-    "of magnitude",
+    why="bytes are the format's (zstd on compact and NVFlare moves them by up to 0.1 %: "
+    "the noise it compresses is fresh each run; within 0.2 %); the errors are those of "
+    "fresh encryption and flooding noise, so they move run to run (by up to 30 % seen) but "
+    "must stay at their order of magnitude: at most twice the committed value",
 )
 NVFLARE = "NVFlare default"
 NVFLARE_PK = "NVFlare public-key"
