@@ -121,8 +121,9 @@ SWEEPS = ("ratio", "sizes", "clients", "dp", "presets", "buffered", "steps")
 THRESHOLD_SWEEP = "threshold"
 #: how the paired ratios name the ckks rounds without the native extension
 TENSEAL_ONLY = "tenseal-only"
-#: ... and those whose clients encrypt each upload afresh after training (no masks made
-#: beside it: ``SECAGG_UPLOAD_MASKS=off``)
+#: ... and those whose clients encrypt each upload afresh after training and whose decryptors
+#: expand every check at the reveal (no masks or checks made beside training:
+#: ``SECAGG_UPLOAD_MASKS=off``)
 NO_MASKS = "no-masks"
 #: the critical-path targets (a deployment's parallel clients; ckks / plain, same run)
 CRITICAL_TARGETS = {"mlp": 1.1, "synthetic": 2.0, "mlp larc": 2.0}
@@ -450,10 +451,11 @@ def breakdown_table(summary: pd.DataFrame) -> pd.DataFrame:
         "server_optimizer_s": "server: optimizer",
         "clients_train_s": "clients: training",
         "clients_protect_s": "clients: encode + encrypt",
-        "clients_protect_offline_s": "clients: masks, beside training",
+        "clients_protect_offline_s": "clients: masks and checks, beside training",
         "clients_envelope_s": "clients: envelopes",
         "decryptor_reveal_s": "decryptor: decrypt + flood",
-        "critical_path_s": "critical path (clients in parallel)",
+        "critical_path_s": "critical path (clients in parallel, folds as uploads arrive)",
+        "critical_path_serial_s": "critical path, every server step serial",
         "cpu_s": "CPU, every party",
     }
     rows = []
@@ -520,8 +522,11 @@ def paired_ratios(rounds: pd.DataFrame, column: str = "wall_s") -> dict[str, lis
     return out
 
 
-def critical_path_targets(critical: dict[str, list[float]]) -> list[str]:
-    """The critical-path targets against this run's paired ratios, with the befores."""
+def critical_path_targets(
+    critical: dict[str, list[float]], serial: dict[str, list[float]] | None = None
+) -> list[str]:
+    """The critical-path targets against this run's paired ratios, with the befores and,
+    from ``serial``, the upper bound that counts every server step after the last upload."""
     out = []
     for key, target in CRITICAL_TARGETS.items():
         pairs = critical.get(key, [])
@@ -536,9 +541,12 @@ def critical_path_targets(critical: dict[str, list[float]]) -> list[str]:
         before = critical.get(f"{key} {NO_MASKS}", [])
         if before:
             line += (
-                f"; without the masks made beside training (the before, same run): "
+                f"; without the masks and checks made beside training (the before, same run): "
                 f"{', '.join(f'{r:.2f}' for r in before)}, median {float(np.median(before)):.2f}×"
             )
+        bound = (serial or {}).get(key, [])
+        if bound:
+            line += f"; every server step serial (upper bound): median {np.median(bound):.2f}×"
         out.append(line)
     return out
 
@@ -820,9 +828,11 @@ def write_report(
     elapsed: float,
     paired: dict[str, list[float]] | None = None,
     critical: dict[str, list[float]] | None = None,
+    serial: dict[str, list[float]] | None = None,
 ) -> str:
-    """The report; ``paired`` and ``critical``: the interleaved repeats' ckks/plain ratios of
-    the round's wall time and of its critical path (:func:`paired_ratios`)."""
+    """The report; ``paired``, ``critical`` and ``serial``: the interleaved repeats'
+    ckks/plain ratios of the round's wall time, of its critical path and of that path's
+    upper bound (:func:`paired_ratios`)."""
     m = machine()
     n = headline_size(args.quick)
     main = main_rows(summary, args.local_steps)
@@ -865,15 +875,17 @@ def write_report(
         "## Targets",
         "",
         *targets(summary, args.quick, args.local_steps, paired),
-        *critical_path_targets(critical or {}),
+        *critical_path_targets(critical or {}, serial),
         "",
         "The wall time is the in-process round: 10 clients share this machine's cores in "
         f"{args.workers} worker processes, one after another. The critical path is what a "
         "deployment whose clients run in parallel, each on its own machine, would wait for "
         "(network left out): the server's own work plus, per phase, the slowest client's "
-        "answer, every server step counted as serial (an upper bound: a deployment folds "
-        "uploads as they arrive). CPU is the busy seconds of every party summed, the masks "
-        "clients make beside training included (`benchmarks/rounds.py`, "
+        "answer, except that the server folds each upload as it arrives (at its client's "
+        "measured answer time, taking the round's mean load and add time), so the training "
+        "phase ends when the last upload is folded; the upper bound counts every server step "
+        "after the last answer. CPU is the busy seconds of every party summed, the masks "
+        "and checks clients make beside training included (`benchmarks/rounds.py`, "
         "`deployment_seconds`).",
         "",
     ]
@@ -1294,6 +1306,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
                 elapsed,
                 paired_ratios(rounds),
                 paired_ratios(rounds, "critical_path_s"),
+                paired_ratios(rounds, "critical_path_serial_s"),
             )
             print(report)
         (args.out / machine_json).write_text(

@@ -206,10 +206,22 @@ def seconds_by_client(stats: list[dict]) -> dict[str, dict[str, float]]:
     return {cid: dict(seconds) for worker in stats for cid, seconds in worker["clients"].items()}
 
 
+def folded_by(arrivals: list[float], fold_each: float) -> float:
+    """When a server that folds uploads one at a time, in the order they arrive, has folded
+    the last: upload i arrives at ``arrivals[i]`` seconds into the phase and takes
+    ``fold_each`` seconds to load and add."""
+    done = 0.0
+    for t in sorted(arrivals):
+        done = max(done, t) + fold_each
+    return done
+
+
 def deployment_seconds(
     wall: float,
     server: dict[str, float],
     clients: dict[str, dict[str, float]],
+    *,
+    streaming: bool = True,
 ) -> dict[str, float]:
     """A round as a deployment whose clients run in parallel, each on its own machine,
     would spend it (network time left out), from one in-process round: ``wall`` its wall
@@ -221,10 +233,14 @@ def deployment_seconds(
 
     - server work: the round's wall time less the time the server waited inside the
       exchanges (its replies' decoding, "receive", counted back in);
-    - critical path: the server's work plus, for each phase asked, the slowest client's
-      answer (the others answer at the same time). Everything the server does counts as
-      serial: in a deployment it folds uploads as they arrive, while slower clients still
-      train, so this bounds the critical path from above;
+    - critical path, serial: the server's work plus, for each phase asked, the slowest
+      client's answer (the others answer at the same time). Everything the server does
+      counts as serial, after the last answer: an upper bound;
+    - critical path, folded: the same, except that the training phase ends when the server
+      has folded the last upload, each upload arriving when its client's answer ends (its
+      measured answer time) and taking the round's mean load (and, ``streaming``, add)
+      time: a deployment folds uploads while slower clients still train. Clients that all
+      finish together leave it at the serial figure;
     - CPU: the server's work plus every client's answers and masks (busy seconds summed over
       all parties, what the round costs in machine time).
     """
@@ -240,7 +256,18 @@ def deployment_seconds(
     busy = sum(v for c in clients.values() for k, v in c.items() if k.startswith("phase:")) + sum(
         c.get("protect_offline", 0.0) for c in clients.values()
     )
-    return {"server_work_s": work, "critical_path_s": work + slowest, "cpu_s": work + busy}
+    arrivals = [c["phase:train"] for c in clients.values() if c.get("phase:train", 0.0) > 0]
+    fold = server.get("load", 0.0) + (server.get("aggregate", 0.0) if streaming else 0.0)
+    folded = work + slowest
+    if arrivals and fold > 0:
+        train = max(arrivals)
+        folded += folded_by(arrivals, fold / len(arrivals)) - train - fold
+    return {
+        "server_work_s": work,
+        "critical_path_s": folded,
+        "critical_path_serial_s": work + slowest,
+        "cpu_s": work + busy,
+    }
 
 
 def plan_policy(plan: TrainingPlan, protocol: Any, rounds: int, optimizer: dict[str, Any]) -> Any:
@@ -353,7 +380,9 @@ def measure_rounds(
                 "clients_train_s": spent.get("train", 0.0),
                 "clients_protect_s": spent.get("protect", 0.0),
                 "clients_protect_offline_s": spent.get("protect_offline", 0.0),
-                **deployment_seconds(wall, dict(report.seconds), spent_each),
+                **deployment_seconds(
+                    wall, dict(report.seconds), spent_each, streaming=streaming and server.streaming
+                ),
                 "clients_open_s": spent.get("open", 0.0),
                 "decryptor_reveal_s": spent.get("phase:reveal", 0.0),
                 "clients_consent_s": spent.get("phase:consent", 0.0),

@@ -54,6 +54,7 @@ from typing import Any
 
 import numpy as np
 
+from secagg.ckks.release import PRECHECK
 from secagg.errors import PolicyRefused, StateError
 from secagg.protocols.base import Allowed
 from secagg.protocols.plan import TrainingPlan
@@ -63,8 +64,10 @@ from secagg.wire import Field
 ENGINE_PHASES = ("enroll", "train", "validate", "apply", "plaintext_update", "observe")
 #: request fields that legitimately differ between the clients of one sum: the model (the
 #: basis holds the digest of the model the client actually trained from, sent or held) and
-#: the client's own planned weight (its consent binds the weight it applied)
-PER_CLIENT_FIELDS = frozenset({"model", "upload_weight"})
+#: the client's own planned weight (its consent binds the weight it applied), and a planned
+#: decryptor's precheck (which uploads to expand a check for while it trains: a hint it
+#: verifies against the signed release, that changes nothing its upload is made from)
+PER_CLIENT_FIELDS = frozenset({"model", "upload_weight", PRECHECK, f"{PRECHECK}.seeds"})
 
 
 @dataclass(frozen=True, kw_only=True)

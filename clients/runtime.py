@@ -388,6 +388,8 @@ class Client:
                 self._optimizer.hyper["lr"] = opt_cfg["lr"]
         # the upload's value-independent part (its masks) is made beside the training
         self.backend.prepare_upload(self.n_params)
+        # a planned decryptor also starts the round's check (a hint: it verifies the release)
+        self.backend.prepare_release(env, self.n_params)
         # a protocol with its own local solver (ADMM's x-update) answers first; else SGD
         own = self._timed("train", self.protocol.local_update, self, env)
         self._g = (
@@ -402,6 +404,7 @@ class Client:
             "pseudo_gradient": self.protect(self._g, weight),
             "n_samples": wire.scalar(len(self.trainer.data)),
             **self._reports(cfg.get("reports", {})),
+            **self.backend.commit_next_upload(self.n_params),
         }
         reply.update(self.protocol.train_reply(self, env))
         return reply

@@ -8,7 +8,8 @@
 //    symmetric encryption is an encryption of zero, (−a·s + e, seed of a), to which the encoded
 //    plaintext is added (Encryptor::encrypt_internal). masks() makes the encryptions of zero
 //    ahead of time, while the client trains; encrypt_masked() is then encode + add + save,
-//    and uses each mask once (UploadMasks).
+//    and uses each mask once (UploadMasks). fresh_seeds / masks_from: the same masks with the
+//    public seeds drawn ahead (committed with the previous upload) and the noise fresh.
 //  * SeedExpander.sum (a decryptor's check): per chunk, Σ k_i·a_i over the uploads of a
 //    release, a_i the second polynomial SEAL expands from upload i's seed (what
 //    Ciphertext::load does for a seeded ciphertext) and k_i its weight (or 1).
@@ -49,6 +50,9 @@
 namespace py = pybind11;
 
 namespace {
+
+// a seeded ciphertext ends with its PRNG's type (one byte) and 64-byte seed
+constexpr std::size_t kSeedInfo = 1 + seal::prng_seed_byte_count;
 
 seal::SEALContext make_context(std::size_t n, const std::vector<int> &coeff_bits) {
     seal::EncryptionParameters parms(seal::scheme_type::ckks);
@@ -187,6 +191,93 @@ public:
                     seal::util::encrypt_zero_symmetric(secret_, context_,
                                                        context_.first_parms_id(), true, true,
                                                        out->cts_[j]);
+                }
+            });
+        }
+        return out;
+    }
+
+    // Seeds for ``chunks`` future masks (65 bytes a chunk: the PRNG type, then its 64-byte seed,
+    // as a seeded ciphertext ends), drawn as util::encrypt_zero_symmetric draws its public seed:
+    // from a fresh PRNG of the parameters' random generator. They are public (the a they expand
+    // to is in the upload); what must never happen twice is their use (masks_from).
+    py::bytes fresh_seeds(std::size_t chunks) const {
+        if (chunks == 0) throw std::invalid_argument("an upload has at least one chunk");
+        const auto &parms = context_.first_context_data()->parms();
+        std::string out(chunks * kSeedInfo, '\0');
+        for (std::size_t j = 0; j < chunks; j++) {
+            seal::prng_seed_type seed;
+            parms.random_generator()->create()->generate(
+                seal::prng_seed_byte_count, reinterpret_cast<seal::seal_byte *>(seed.data()));
+            auto info = seal::UniformRandomGeneratorFactory::DefaultFactory()->create(seed)->info();
+            out[j * kSeedInfo] = static_cast<char>(info.type());
+            std::memcpy(out.data() + j * kSeedInfo + 1, info.seed().data(),
+                        seal::prng_seed_byte_count);
+        }
+        return py::bytes(out);
+    }
+
+    // masks() for given public seeds (fresh_seeds' output, committed before the upload): the
+    // encryptions of zero util::encrypt_zero_symmetric makes, each with its chunk's seed for a
+    // and fresh noise e from the parameters' random generator, as there. The caller uses a
+    // seed once: two uploads under one a and one key would give away the difference of their
+    // values (secagg.ckks.offline keeps that promise; CKKSClient refuses a repeated seed).
+    std::unique_ptr<UploadMasks> masks_from(py::bytes seeds, std::size_t threads) const {
+        std::string raw = seeds;
+        if (raw.empty() || raw.size() % kSeedInfo) {
+            throw std::invalid_argument("seeds must be 65 bytes a chunk, for at least one chunk");
+        }
+        std::size_t chunks = raw.size() / kSeedInfo;
+        auto default_type =
+            seal::UniformRandomGeneratorFactory::DefaultFactory()->create()->info().type();
+        for (std::size_t j = 0; j < chunks; j++) {
+            if (static_cast<seal::prng_type>(static_cast<std::uint8_t>(raw[j * kSeedInfo])) !=
+                default_type) {
+                throw std::invalid_argument("a seed names another PRNG than SEAL's default");
+            }
+        }
+        auto data = context_.first_context_data();
+        const auto &parms = data->parms();
+        const auto &moduli = parms.coeff_modulus();
+        std::size_t n = parms.poly_modulus_degree(), primes = moduli.size();
+        auto ntt_tables = data->small_ntt_tables();
+        std::size_t info_bytes = static_cast<std::size_t>(
+            seal::UniformRandomGeneratorInfo::SaveSize(seal::compr_mode_type::none));
+        auto out = std::make_unique<UploadMasks>();
+        out->cts_.resize(chunks);
+        {
+            py::gil_scoped_release release;
+            parallel_ranges(chunks, threads, [&](std::size_t begin, std::size_t end) {
+                // the noise lives in a pool that clears itself, as SEAL's does
+                auto pool = seal::MemoryManager::GetPool(seal::mm_prof_opt::mm_force_new, true);
+                for (std::size_t j = begin; j < end; j++) {
+                    seal::Ciphertext &ct = out->cts_[j];
+                    ct.resize(context_, context_.first_parms_id(), 2);
+                    ct.is_ntt_form() = true;
+                    ct.scale() = 1.0;
+                    ct.correction_factor() = 1;
+                    seal::prng_seed_type seed;
+                    std::memcpy(seed.data(), raw.data() + j * kSeedInfo + 1,
+                                seal::prng_seed_byte_count);
+                    auto ciphertext_prng =
+                        seal::UniformRandomGeneratorFactory::DefaultFactory()->create(seed);
+                    std::uint64_t *c0 = ct.data(), *c1 = ct.data(1);
+                    seal::util::sample_poly_uniform(ciphertext_prng, parms, c1);
+                    auto noise = seal::util::allocate_poly(n, primes, pool);
+                    auto bootstrap_prng = parms.random_generator()->create();
+                    seal::util::SEAL_NOISE_SAMPLER(bootstrap_prng, parms, noise.get());
+                    for (std::size_t k = 0; k < primes; k++) {
+                        seal::util::dyadic_product_coeffmod(secret_.data().data() + k * n,
+                                                            c1 + k * n, n, moduli[k], c0 + k * n);
+                        seal::util::ntt_negacyclic_harvey(noise.get() + k * n, ntt_tables[k]);
+                        seal::util::add_poly_coeffmod(noise.get() + k * n, c0 + k * n, n,
+                                                      moduli[k], c0 + k * n);
+                        seal::util::negate_poly_coeffmod(c0 + k * n, n, moduli[k], c0 + k * n);
+                    }
+                    // the seed, where a seeded ciphertext keeps it (after an indicator word)
+                    c1[0] = static_cast<std::uint64_t>(0xFFFFFFFFFFFFFFFFULL);
+                    ciphertext_prng->info().save(reinterpret_cast<seal::seal_byte *>(c1 + 1),
+                                                 info_bytes, seal::compr_mode_type::none);
                 }
             });
         }
@@ -866,6 +957,8 @@ PYBIND11_MODULE(_seal_native, m) {
         .def_property_readonly("first_parms_id", &SecretKeyCKKS::first_parms_id)
         .def_property_readonly("ciphertext_bytes", &SecretKeyCKKS::ciphertext_bytes)
         .def("masks", &SecretKeyCKKS::masks, py::arg("chunks"), py::arg("threads"))
+        .def("fresh_seeds", &SecretKeyCKKS::fresh_seeds, py::arg("chunks"))
+        .def("masks_from", &SecretKeyCKKS::masks_from, py::arg("seeds"), py::arg("threads"))
         .def("encrypt_masked", &SecretKeyCKKS::encrypt_masked, py::arg("masks"),
              py::arg("values"), py::arg("scale"), py::arg("threads"))
         .def("encrypt", &SecretKeyCKKS::encrypt, py::arg("values"), py::arg("scale"),

@@ -390,6 +390,7 @@ class Server:
             **{name: wire.SCALAR for name in self.plan.reports},
             **self.protocol.train_reply(ctx),
         }
+        optional = self.backend.train_reply_fields
         reports: dict[str, dict[str, float]] = {}
 
         def upload(client: str, env: wire.Envelope) -> Upload:
@@ -400,6 +401,7 @@ class Server:
             extra = {k: env.scalar(k) for k in self.protocol.train_reply(ctx)}
             start = time.perf_counter()
             loaded = Upload(self.backend.load(env, "pseudo_gradient", self.n_params), n, extra)
+            self.backend.remember_upload(client, env)
             ctx.seconds["load"] += time.perf_counter() - start
             self.protocol.check_upload(ctx, client, loaded)
             reports[client] = {name: env.scalar(name) for name in self.plan.reports}
@@ -408,21 +410,22 @@ class Server:
         plan = self._planned_weights(ctx)
         requests = self._requests(ctx)
         if plan is None:
-            uploads = ctx.ask("train", requests, expect=expect, on_reply=upload)
+            uploads = ctx.ask("train", requests, expect=expect, on_reply=upload, optional=optional)
             self._enough(ctx, len(uploads))
             return self.protocol.aggregate(ctx, uploads), reports
         total: StreamedSum = ctx.running_sum(plan)
         requests = {c: r for c, r in requests.items() if c in total.weights}  # enrolled only
-        if self.backend.weights_at_client:  # each client applies its own planned weight
-            for c, request in requests.items():
+        for c, request in requests.items():
+            if self.backend.weights_at_client:  # each client applies its own planned weight
                 request["upload_weight"] = wire.scalar(total.weights[c])
+            request.update(self.backend.training_fields(ctx, c, total.weights))
 
         def fold(client: str, env: wire.Envelope) -> None:
             loaded = upload(client, env)
             self.enrolment.check(client, loaded)
             total.add(client, loaded.handle)
 
-        ctx.ask("train", requests, expect=expect, on_reply=fold)
+        ctx.ask("train", requests, expect=expect, on_reply=fold, optional=optional)
         self._enough(ctx, len(total.folded))
         return total.result(), reports
 

@@ -75,10 +75,12 @@ class Exchange:
         expect: Mapping[str, str] | None = None,
         reach_excluded: bool = False,
         on_reply: Callable[[str, Envelope], Any] | None = None,
+        optional: Mapping[str, str] | None = None,
     ) -> dict[str, Any]:
         """Send each active client its fields; return the replies that pass every check.
 
         ``expect`` maps reply field names to wire kinds; scalars are also checked finite.
+        ``optional``: fields a reply may carry besides, each of its kind if present.
         ``reach_excluded`` also addresses clients excluded earlier in the round (to keep
         their state in step); a failure then is recorded but changes nothing else.
         ``on_reply(client, envelope)`` is called as each good reply arrives and its result
@@ -105,7 +107,7 @@ class Exchange:
                     raise raw
                 begin = time.perf_counter()
                 try:
-                    reply = self._accept(client, phase, raw, expect or {})
+                    reply = self._accept(client, phase, raw, expect or {}, optional or {})
                 finally:  # decoding and checking envelopes: the server's share of an upload
                     self.seconds["receive"] += time.perf_counter() - begin
                 del raw
@@ -125,7 +127,14 @@ class Exchange:
             self.abort_if_empty(phase)
         return {c: replies[c] for c in targets if c in replies}
 
-    def _accept(self, client: str, phase: str, raw: bytes, expect: Mapping[str, str]) -> Envelope:
+    def _accept(
+        self,
+        client: str,
+        phase: str,
+        raw: bytes,
+        expect: Mapping[str, str],
+        optional: Mapping[str, str],
+    ) -> Envelope:
         try:
             reply = Envelope.from_bytes(raw, self.max_message_bytes)
         except ClientInputError as exc:
@@ -143,8 +152,11 @@ class Exchange:
             reply.get(name, kind)
             if kind == wire.SCALAR:
                 reply.scalar(name)
+        for name, kind in optional.items():
+            if name in reply.fields:
+                reply.get(name, kind)
         # ``basis``: what a client's protected upload was made from (its consent binds it)
-        extra = set(reply.fields) - set(expect) - {"basis"}
+        extra = set(reply.fields) - set(expect) - set(optional) - {"basis"}
         if expect and extra:
             raise UnexpectedField(f"{client} sent undeclared fields {sorted(extra)}")
         return reply

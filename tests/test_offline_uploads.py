@@ -150,8 +150,8 @@ def _recording(monkeypatch):
     made: list = []
     original = offline.PendingMasks._make
 
-    def make(self, encryptor):
-        original(self, encryptor)
+    def make(self, encryptor, seeds):
+        original(self, encryptor, seeds)
         made.append(self._masks)
 
     monkeypatch.setattr(offline.PendingMasks, "_make", make)

@@ -190,7 +190,9 @@ def test_paired_ratios_keep_the_native_path_and_the_before_apart():
     assert critical == pairs  # every time halved: the same ratios
     lines = "\n".join(critical_path_targets(critical))
     assert "median 1.30× (target ≤ 1.1×: NOT met)" in lines
-    assert "without the masks made beside training (the before, same run): 1.50, 1.50" in lines
+    assert "without the masks and checks made beside training (the before, same run): 1.50" in lines
+    serial = "\n".join(critical_path_targets(critical, {"mlp": [1.6, 1.8]}))
+    assert "every server step serial (upper bound): median 1.70×" in serial
 
 
 def test_deployment_seconds_takes_the_slowest_client_per_phase():
@@ -205,13 +207,26 @@ def test_deployment_seconds_takes_the_slowest_client_per_phase():
     server = {"train": 6.0, "receive": 0.5, "reveal": 2.0, "load": 0.7, "optimizer": 0.1}
     got = deployment_seconds(10.0, server, clients)
     work = 10.0 - (6.0 + 2.0 - 0.5)  # the server's own: 2.5 s
+    # folded: uploads arrive at 1, 2 and 3 s and take 0.7 / 3 s each to load: the first two
+    # are folded while c still trains, the last ends the phase at 3 + 0.7 / 3
     assert got == pytest.approx(
         {
             "server_work_s": work,
-            "critical_path_s": work + 3.0 + 1.5,
+            "critical_path_s": (work - 0.7) + (3.0 + 0.7 / 3) + 1.5,
+            "critical_path_serial_s": work + 3.0 + 1.5,
             "cpu_s": work + 1.0 + 2.0 + 3.0 + 1.5 + 0.4,
         }
     )
+    # clients that finish together: the folds queue up, the serial figure
+    together = {c: {"phase:train": 3.0} for c in "abc"}
+    tied = deployment_seconds(10.0, server, together)
+    assert tied["critical_path_s"] == pytest.approx(tied["critical_path_serial_s"])
+    # a buffered run adds after the last upload: only the loads overlap
+    server["aggregate"] = 0.3
+    buffered = deployment_seconds(10.0, server, clients, streaming=False)
+    assert buffered["critical_path_s"] == pytest.approx((work - 0.7) + (3.0 + 0.7 / 3) + 1.5)
+    streamed = deployment_seconds(10.0, server, clients)
+    assert streamed["critical_path_s"] == pytest.approx((work - 1.0) + (3.0 + 1.0 / 3) + 1.5)
     # plain: the server's own "reveal" is its own work (no client answered one)
     plain = deployment_seconds(10.0, {"train": 6.0, "reveal": 2.0}, {"a": {"phase:train": 5.0}})
     assert plain["server_work_s"] == pytest.approx(4.0)

@@ -89,6 +89,15 @@ class ClientBackend(ABC):
         """Wipe whatever :meth:`prepare_upload` made that no upload used: the client calls
         it at the end of every request, answered or refused."""
 
+    def commit_next_upload(self, n_values: int) -> dict[str, Field]:
+        """Reply fields a training upload carries about this client's next one (on ckks the
+        seeds it will use: ``secagg.ckks.offline``); none here."""
+        return {}
+
+    def prepare_release(self, envelope: Envelope, n_values: int) -> None:
+        """Start, beside training, the check of a release the training request says this
+        client will be asked to open (on ckks a precomputed check); nothing here."""
+
     def state_dict(self) -> dict[str, Any]:
         """What this half remembers between messages (keys, key setup, counters), for a
         client that runs as a fresh process per message (``Client.export_state``).
@@ -199,6 +208,19 @@ class ServerBackend(ABC):
     #: request carries each one's ``upload_weight``) and the server only adds; such a
     #: backend can form no other weighted sum
     weights_at_client: bool = False
+    #: fields a training reply may carry besides the upload (``ClientBackend.commit_next_upload``)
+    train_reply_fields: Mapping[str, str] = {}
+
+    def remember_upload(self, client: str, envelope: Envelope) -> None:
+        """Read what a training reply's :attr:`train_reply_fields` say about ``client``'s
+        next upload (ClientInputError if malformed); nothing here."""
+
+    def training_fields(
+        self, ctx: Any, client: str, weights: Mapping[str, float]
+    ) -> dict[str, Field]:
+        """Fields for ``client``'s training request in a round whose planned weights are
+        ``weights`` (on ckks, a planned decryptor's precheck); none here."""
+        return {}
 
     @abstractmethod
     def load(self, envelope: Envelope, name: str, length: int) -> Any:

@@ -40,7 +40,7 @@ from secagg.ckks import native, offline
 from secagg.ckks.first_polys import FreshLevel, checked_first_sums, load_first_sums
 from secagg.ckks.flooding import error_bound, flooding_sigma
 from secagg.ckks.keywrap import KeyWrapper
-from secagg.ckks.presets import CKKSPreset
+from secagg.ckks.presets import CKKSPreset, chunks_for
 from secagg.ckks.public import (
     SEED_INFO_BYTES,
     ciphertext_raw_bytes,
@@ -48,13 +48,15 @@ from secagg.ckks.public import (
     raw_body,
 )
 from secagg.ckks.release import (
+    NEXT_SEEDS,
+    PRECHECK,
     Descriptor,
     SecondPolynomials,
     check_entries,
     seed_digest,
 )
 from secagg.ckks.secret import SecretKeyHolder
-from secagg.errors import KeySetupError, ProtocolStateError, ReleaseRefused
+from secagg.errors import KeySetupError, MalformedMessage, ProtocolStateError, ReleaseRefused
 from secagg.wire import Envelope, Field
 
 
@@ -131,6 +133,13 @@ class CKKSClient(ClientBackend):
         self._keys: SecretKeyHolder | None = None
         self._second_polys: SecondPolynomials | None = None
         self._pending: offline.PendingMasks | None = None  # never in the state: key material
+        #: the seeds this client committed for its next upload: in memory only, taken once
+        #: (``prepare_upload``), so that no restored state or retried request replays one
+        self._next_seeds = b""
+        #: a precomputed check for the round's reveal (``prepare_release``), used once
+        self._precheck: offline.PendingCheck | None = None
+        #: releases this client checked with a precomputed sum (the rest expanded theirs)
+        self.prechecks_used = 0
         self.decryptions = 0
         self.last_flooding_sigma: float | None = None
 
@@ -196,6 +205,7 @@ class CKKSClient(ClientBackend):
         )
         self._wrapper, self._keys, self._signer = held.identity, keys, held.signer
         self._second_polys = None
+        self._next_seeds, self._precheck = b"", None  # a restored client commits afresh
         self.uploads, self.applied, self.bases = held.uploads, held.applied, held.bases
         self.decryptions, self.opens = held.decryptions, held.opens
         self.last_flooding_sigma = None if sigma is None else float(sigma)
@@ -268,8 +278,58 @@ class CKKSClient(ClientBackend):
     # ---- data path -------------------------------------------------------------------------
     def prepare_upload(self, n_values: int) -> None:
         self.discard_prepared()
+        # the committed seeds are forgotten before anything is made with them: whatever
+        # happens to this request, they serve one upload at most
+        seeds, self._next_seeds = self._next_seeds, b""
         if self._keys is not None:
-            self._pending = offline.start(self._keys, n_values)
+            self._pending = offline.start(self._keys, n_values, seeds)
+
+    def commit_next_upload(self, n_values: int) -> dict[str, Field]:
+        """The seeds of this client's next upload of ``n_values`` values (public: the a they
+        expand to travels in every upload), sent with this one so that the round's decryptors
+        can expand its check ahead (``secagg.ckks.offline``); none where uploads are not
+        masked ahead."""
+        self._next_seeds = b"" if self._keys is None else offline.commit_seeds(self._keys, n_values)
+        return {NEXT_SEEDS: wire.ciphertext(self._next_seeds)} if self._next_seeds else {}
+
+    def prepare_release(self, env: Envelope, n_values: int) -> None:
+        """Begin this round's check if the training request names this client a planned
+        decryptor (``precheck``: the planned uploads' committed seeds and integer weights).
+        The server's word is only a hint: the sum is used only for a release whose signed
+        seeds and weights are exactly these (``_checked``)."""
+        self._drop_precheck()
+        if PRECHECK not in env.fields or self._keys is None:
+            return
+        entries = env.config(PRECHECK).get("entries")
+        seeds = [bytes(p) for p in env.ciphertext_parts(f"{PRECHECK}.seeds")]
+        chunks = chunks_for(n_values, self.preset)
+        if (
+            not isinstance(entries, list)
+            or not 0 < len(entries) == len(seeds) <= len(self.signers)
+            or not all(
+                isinstance(e, list)
+                and len(e) == 2
+                and e[0] in self.signers
+                and isinstance(e[1], int)
+                and not isinstance(e[1], bool)
+                for e in entries
+            )
+            or len({e[0] for e in entries}) != len(entries)
+            or any(len(s) != chunks * SEED_INFO_BYTES for s in seeds)
+        ):
+            raise MalformedMessage(
+                f"{self.id}: a precheck lists [client, integer weight] for at most "
+                f"{len(self.signers)} roster clients, each with {chunks} seeds of its size"
+            )
+        weighted = not self.preset.weighted_by_clients
+        factors = [k if weighted else 1 for _, k in entries]
+        self._precheck = offline.start_check(self._keys, list(zip(factors, seeds)), chunks)
+
+    def _drop_precheck(self) -> None:
+        precheck, self._precheck = self._precheck, None
+        if precheck is not None:
+            precheck.discard()
+            self.offline_seconds += precheck.seconds
 
     def discard_prepared(self) -> None:
         pending, self._pending = self._pending, None
@@ -299,6 +359,8 @@ class CKKSClient(ClientBackend):
         )
         seeds = b"".join(raw_body(p, most, "own upload")[-SEED_INFO_BYTES:] for p in parts)
         digest = seed_digest(seeds)
+        if digest in self.uploads:  # never reached: a seed is used once (prepare_upload)
+            raise ProtocolStateError(f"{self.id} refuses to send a second upload on one seed")
         self.uploads[digest], self.bases[digest] = {}, basis
         if applied is not None:
             self.applied[digest] = applied
@@ -337,18 +399,23 @@ class CKKSClient(ClientBackend):
         if self._second_polys is None:
             self._second_polys = SecondPolynomials(self.keys.public, self.keys.seeded_template())
         parts = env.ciphertext_parts(field)
+        ready = None
+        if self._precheck is not None:  # expanded ahead: used only for exactly these uploads
+            factors = self._second_polys.factors(d)
+            ready = self._precheck.sums(list(zip(factors, seeds)), d.chunks)
+            self.prechecks_used += ready is not None
         if self.preset.weighted_by_clients:
             # the server sent its summed first polynomials only: the second polynomial this
             # client decrypts with is the one it expands from the seeds itself
             level = FreshLevel(self.keys.public)
             if native.module() is not None:  # the native path opens it in one call
                 first, scale = checked_first_sums(level, parts, d.n_values)
-                return d, self._second_polys.expanded(d, seeds, first, scale)
+                return d, self._second_polys.expanded(d, seeds, first, scale, ready)
             firsts = load_first_sums(level, parts, d.n_values)
             return d, self._second_polys.build(d, seeds, firsts)
         if native.module() is not None:  # read and opened natively: no SEAL load or save
             first, second, scale = self.keys.public.aggregate_polynomials(parts, d.n_values)
-            return d, self._second_polys.checked_polynomials(d, seeds, first, second, scale)
+            return d, self._second_polys.checked_polynomials(d, seeds, first, second, scale, ready)
         cts = self.keys.load_aggregate(parts, d.n_values)
         self._second_polys.check(d, seeds, cts)
         return d, cts
@@ -387,9 +454,20 @@ class CKKSClient(ClientBackend):
         d, cts = self._checked(envelope, name, "open", name)
         if d.n_values != length:
             raise ReleaseRefused(f"{self.id}: {name} has {d.n_values} values, expected {length}")
-        values, _ = self.keys.open_flooded(cts, d.n_values, self._coeff_sigma(d))
+        values, _ = self.keys.open_flooded(
+            cts, d.n_values, self._coeff_sigma(d), self._precomputed_normals(d)
+        )
         self.opens += 1
         return values
+
+    def _precomputed_normals(self, d: Descriptor) -> np.ndarray | None:
+        """The flooding normals drawn ahead with this round's check, for one opening; the
+        precheck is spent after it (a second release of the round draws its own)."""
+        if self._precheck is None:
+            return None
+        normals = self._precheck.normals(d.chunks * self.preset.values_per_ciphertext)
+        self._drop_precheck()
+        return normals
 
     def on_reveal(self, env: Envelope) -> dict[str, Field]:
         """Decrypt a checked aggregate for the server, flooded; with the flooding σ per
@@ -404,7 +482,7 @@ class CKKSClient(ClientBackend):
             )
         d, cts = self._checked(env, "aggregate", "reveal")
         values, self.last_flooding_sigma = self.keys.open_flooded(
-            cts, d.n_values, self._coeff_sigma(d)
+            cts, d.n_values, self._coeff_sigma(d), self._precomputed_normals(d)
         )
         self.decryptions += 1
         return {

@@ -31,13 +31,21 @@ from secagg.ckks.first_polys import (
 )
 from secagg.ckks.presets import CKKSPreset
 from secagg.ckks.public import (
+    SEED_INFO_BYTES,
     CiphertextSum,
     PublicCKKS,
     params_fingerprint,
     quantise,
     to_bytes,
 )
-from secagg.ckks.release import Descriptor, Entry, common_basis, upload_basis_of
+from secagg.ckks.release import (
+    NEXT_SEEDS,
+    PRECHECK,
+    Descriptor,
+    Entry,
+    common_basis,
+    upload_basis_of,
+)
 from secagg.errors import (
     ClientInputError,
     ConfigError,
@@ -153,6 +161,8 @@ class CKKSServer(ServerBackend):
         self._level = FreshLevel(self.public) if self.weights_at_client else None
         self.signers = dict(signers) if signers is not None else None
         self._reveals = 0
+        #: each client's seeds for its next upload, as its last upload committed them
+        self._committed: dict[str, bytes] = {}
 
     def setup_config(self) -> dict[str, Any]:
         """What the server proposes: the parameter set. Everything a client's security rests
@@ -221,6 +231,40 @@ class CKKSServer(ServerBackend):
         cts, seeds = self.public.load_upload(parts, length)
         entries = (Entry(envelope.sender, 0, seeds, upload_basis_of(envelope)),)
         return CKKSHandle(cts, length, self.public.scale, entries)
+
+    # ---- precomputed checks: committed seeds relayed to the planned decryptors ----------------
+    train_reply_fields = {NEXT_SEEDS: wire.CIPHERTEXT}
+
+    def remember_upload(self, client: str, envelope: Envelope) -> None:
+        if NEXT_SEEDS not in envelope.fields:  # not masked ahead (TenSEAL's binding, off)
+            self._committed.pop(client, None)
+            return
+        parts = envelope.ciphertext_parts(NEXT_SEEDS)
+        if len(parts) != 1 or not parts[0] or len(parts[0]) % SEED_INFO_BYTES:
+            raise MalformedCiphertext(
+                f"{client} commits its next seeds as one part of {SEED_INFO_BYTES} bytes a chunk"
+            )
+        self._committed[client] = bytes(parts[0])
+
+    def training_fields(
+        self, ctx: Any, client: str, weights: Mapping[str, float]
+    ) -> dict[str, Field]:
+        """For each of the round's two planned decryptors (the next in the rotation
+        :meth:`reveal` follows), the planned uploads' committed seeds and integer weights,
+        if every planned client committed: it expands the check while it trains."""
+        active = list(ctx.active)
+        planned = {active[(self._reveals + i) % len(active)] for i in range(min(2, len(active)))}
+        if client not in planned or not weights or not set(weights) <= set(self._committed):
+            return {}
+        if self.weights_at_client:
+            ks = {c: applied_weight(w, self.preset) for c, w in weights.items()}
+        else:
+            ks = {c: quantise(w, self.preset.weight_bits) for c, w in weights.items()}
+        listed = [c for c in weights if ks[c] != 0]  # as a sum lists them (``_weighted``)
+        return {
+            PRECHECK: wire.config({"entries": [[c, ks[c]] for c in listed]}),
+            f"{PRECHECK}.seeds": wire.ciphertext([self._committed[c] for c in listed]),
+        }
 
     def weighted_sum(self, handles: Sequence[CKKSHandle], weights: Sequence[float]) -> CKKSHandle:
         if self.weights_at_client:

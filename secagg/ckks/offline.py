@@ -17,9 +17,23 @@ The masks are key material, handled like keys:
   (the client discards whatever that request did not use, on success and on failure);
 - on a failure while they are made, the client encrypts afresh, as without them.
 
+Committed seeds (precomputed checks). A decryptor checks a release by expanding every
+contributor's seeds into Σ k_i·a_i (``release.SecondPolynomials``): ten uploads' worth, most of
+a reveal. So each upload also commits its client's *next* upload's seeds (``fresh_seeds``:
+public randomness, drawn as SEAL draws an encryption's seed), the server relays the seeds of a
+round's planned contributors to the round's planned decryptors with their training requests,
+and a decryptor expands the sum while it trains (:class:`PendingCheck`), with the unit normals
+of its flooding noise beside it. At the reveal it uses the sum only if the release's signed
+seeds and weights are exactly the ones it expanded: a server that relays other seeds only
+costs it the precomputation. A committed seed is used once: the client takes it out of memory
+before it starts that upload's masks (a retried request gets fresh seeds), never writes it to
+its state (a restored state cannot replay it), and refuses an upload whose seeds it has
+already sent (``CKKSClient.protect``); its noise is always fresh.
+
 Only the native path has them; on TenSEAL's binding a client encrypts as before.
-``SECAGG_UPLOAD_MASKS=off`` turns them off (every upload encrypted afresh, after training: the
-before of the overhead benchmark's before-and-after); ``on``, the default, makes them.
+``SECAGG_UPLOAD_MASKS=off`` turns masks and committed seeds off (every upload encrypted
+afresh, after training, and every check computed at the reveal: the before of the overhead
+benchmark's before-and-after); ``on``, the default, makes them.
 """
 
 from __future__ import annotations
@@ -30,7 +44,9 @@ import time
 from typing import Any
 
 from secagg.ckks import native
+from secagg.ckks.flooding import csprng_normal
 from secagg.ckks.presets import CKKSPreset, chunks_for
+from secagg.ckks.public import SEED_INFO_BYTES
 from secagg.errors import ConfigError
 
 ENV = "SECAGG_UPLOAD_MASKS"
@@ -48,21 +64,24 @@ class PendingMasks:
     """One upload's masks, being made on a background thread (the native call releases the
     GIL, so it runs beside the client's training)."""
 
-    def __init__(self, encryptor: Any, preset: CKKSPreset, n_values: int):
+    def __init__(self, encryptor: Any, preset: CKKSPreset, n_values: int, seeds: bytes = b""):
         self.preset = preset
         self.chunks = chunks_for(n_values, preset)
         self.seconds = 0.0  # the masks' own time, off the critical path when training is longer
         self._masks: Any = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(
-            target=self._make, args=(encryptor,), name="secagg-upload-masks", daemon=True
+            target=self._make, args=(encryptor, seeds), name="secagg-upload-masks", daemon=True
         )
         self._thread.start()
 
-    def _make(self, encryptor: Any) -> None:
+    def _make(self, encryptor: Any, seeds: bytes) -> None:
         start = time.perf_counter()
         try:
-            self._masks = encryptor.masks(self.chunks, native.threads())
+            if seeds:  # committed with the previous upload; the noise is drawn now
+                self._masks = encryptor.masks_from(seeds, native.threads())
+            else:
+                self._masks = encryptor.masks(self.chunks, native.threads())
         except BaseException as exc:  # noqa: BLE001 - reported by take(): encrypt afresh
             self._error = exc
         finally:
@@ -88,12 +107,91 @@ class PendingMasks:
             masks.wipe()
 
 
-def start(keys: Any, n_values: int) -> PendingMasks | None:
+def start(keys: Any, n_values: int, seeds: bytes = b"") -> PendingMasks | None:
     """Begin making the masks of an upload of ``n_values`` values under ``keys`` (a
-    :class:`~secagg.ckks.secret.SecretKeyHolder`), or None on TenSEAL's binding."""
+    :class:`~secagg.ckks.secret.SecretKeyHolder`), or None on TenSEAL's binding. ``seeds``:
+    the ones this client committed for the upload (:func:`commit_seeds`), used if they are
+    for its size (the caller has already forgotten them); else fresh ones."""
     if not enabled():
         return None
     encryptor = keys.native_encryptor()
     if encryptor is None or n_values < 1:
         return None
-    return PendingMasks(encryptor, keys.preset, n_values)
+    if len(seeds) != chunks_for(n_values, keys.preset) * SEED_INFO_BYTES:
+        seeds = b""
+    return PendingMasks(encryptor, keys.preset, n_values, seeds)
+
+
+def commit_seeds(keys: Any, n_values: int) -> bytes:
+    """Fresh seeds for this client's next upload of ``n_values`` values, to send with this
+    one, or b"" where uploads are not masked ahead (TenSEAL's binding, the switch off)."""
+    if not enabled() or n_values < 1:
+        return b""
+    encryptor = keys.native_encryptor()
+    if encryptor is None:
+        return b""
+    return bytes(encryptor.fresh_seeds(chunks_for(n_values, keys.preset)))
+
+
+class PendingCheck:
+    """A decryptor's precomputed check, made on a background thread while it trains: Σ k_i·a_i
+    of a round's planned uploads, expanded from the seeds their clients committed (public), and
+    the unit normals of its flooding noise (secret: used once, by one opening).
+
+    ``entries``: (integer factor, seeds) per planned upload, the factor 1 for every upload on a
+    client-weighted preset (the server only adds there)."""
+
+    def __init__(self, expander: Any, entries: list[tuple[int, bytes]], chunks: int, slots: int):
+        self.key = sorted(entries)
+        self.chunks, self.slots = chunks, slots
+        self.seconds = 0.0
+        self._sums: Any = None
+        self._normals: Any = None
+        self._thread = threading.Thread(
+            target=self._make, args=(expander,), name="secagg-precheck", daemon=True
+        )
+        self._thread.start()
+
+    def _make(self, expander: Any) -> None:
+        start = time.perf_counter()
+        try:
+            self._sums = expander.sum(
+                seeds=[s for _, s in self.key],
+                chunks=self.chunks,
+                factors=[k for k, _ in self.key],
+                threads=native.threads(),
+            )
+            self._normals = csprng_normal(self.chunks * self.slots)
+        except Exception:  # noqa: BLE001 - nothing precomputed: the reveal computes its own
+            self._sums = self._normals = None
+        finally:
+            self.seconds = time.perf_counter() - start
+
+    def sums(self, entries: list[tuple[int, bytes]], chunks: int) -> Any:
+        """Σ k_i·a_i if ``entries`` (a checked release's (factor, seeds) per upload) are
+        exactly the ones expanded, for ``chunks`` chunks; else None. Once."""
+        self._thread.join()
+        sums, self._sums = self._sums, None
+        return sums if sorted(entries) == self.key and chunks == self.chunks else None
+
+    def normals(self, size: int) -> Any:
+        """``size`` standard normals for one flooding, or None. Once: wiped from here."""
+        self._thread.join()
+        normals, self._normals = self._normals, None
+        return normals if normals is not None and normals.size == size else None
+
+    def discard(self) -> None:
+        self._thread.join()
+        if self._normals is not None:
+            self._normals.fill(0.0)
+        self._sums = self._normals = None
+
+
+def start_check(keys: Any, entries: list[tuple[int, bytes]], chunks: int) -> PendingCheck | None:
+    """Begin a decryptor's precomputed check (:class:`PendingCheck`), or None where there is
+    none to make (TenSEAL's binding, the switch off)."""
+    if not enabled() or native.module() is None or not entries:
+        return None
+    preset = keys.preset
+    expander = native.seed_expander(preset.poly_modulus_degree, tuple(preset.coeff_bits))
+    return PendingCheck(expander, entries, chunks, preset.values_per_ciphertext)

@@ -63,6 +63,11 @@ from secagg.ckks.public import (
 from secagg.errors import ConfigError, ReleaseRefused
 
 KINDS = ("reveal", "open")
+#: an upload's reply field committing its client's next upload's seeds (``offline``)
+NEXT_SEEDS = "next_seeds"
+#: a planned decryptor's training-request field: the round's planned uploads, as
+#: [client, integer weight] in ``precheck`` and their committed seeds in ``precheck.seeds``
+PRECHECK = "precheck"
 SIGNATURE_BYTES = 64
 _CONSENT_CONTEXT = b"secagg release consent v1"
 
@@ -365,13 +370,16 @@ class SecondPolynomials:
         first: np.ndarray,
         second: np.ndarray,
         scale: float,
+        ready: np.ndarray | None = None,
     ) -> ExpandedAggregate:
         """:meth:`check` on the native path, for a server-weighted aggregate read without
         SEAL (``PublicCKKS.aggregate_polynomials``): ReleaseRefused unless every chunk's
-        second polynomial is Σ k_i·a_i(seed_i); the aggregate, for the native open."""
+        second polynomial is Σ k_i·a_i(seed_i); the aggregate, for the native open.
+        ``ready``: that Σ, expanded ahead from exactly these seeds and weights
+        (``offline.PendingCheck``), or None to expand it here."""
         if len(second) != d.chunks:
             raise ReleaseRefused(f"{d.name}: {len(second)} ciphertexts for {d.chunks} chunks")
-        sums = self._native_sums(d, seeds, [k for _, k, _ in d.entries])
+        sums = ready if ready is not None else self._native_sums(d, seeds, self.factors(d))
         if sums is None:
             raise ConfigError(f"{native.ENV}: the native extension is off or not built")
         for j in range(d.chunks):
@@ -403,16 +411,27 @@ class SecondPolynomials:
         return out
 
     def expanded(
-        self, d: Descriptor, seeds: Sequence[bytes], first: np.ndarray, scale: float
+        self,
+        d: Descriptor,
+        seeds: Sequence[bytes],
+        first: np.ndarray,
+        scale: float,
+        ready: np.ndarray | None = None,
     ) -> ExpandedAggregate:
         """:meth:`build` on the native path (the caller chose it: ``native.module()``): the
-        server's checked C0 (``checked_first_sums``) with the Σ a_i expanded here, left for
-        ``SecretKeyHolder`` to open in one native call."""
+        server's checked C0 (``checked_first_sums``) with the Σ a_i expanded here (or
+        ``ready``, expanded ahead from exactly these seeds), left for ``SecretKeyHolder`` to
+        open in one native call."""
         self._check_client_weighted(d, len(first))
-        sums = self._native_sums(d, seeds)
+        sums = ready if ready is not None else self._native_sums(d, seeds)
         if sums is None:
             raise ConfigError(f"{native.ENV}: the native extension is off or not built")
         return ExpandedAggregate(first, sums, scale)
+
+    def factors(self, d: Descriptor) -> list[int]:
+        """What each entry's a_i is multiplied by in the aggregate's second polynomial: its
+        k on a server-weighted preset, 1 on a client-weighted one (the server only added)."""
+        return [1 if self.public.preset.weighted_by_clients else k for _, k, _ in d.entries]
 
     def _check_client_weighted(self, d: Descriptor, chunks: int) -> None:
         """A client-weighted release of the descriptor's chunk count, or ReleaseRefused."""

@@ -228,14 +228,18 @@ class SecretKeyHolder:
         cts: list[seal.Ciphertext] | ExpandedAggregate,
         n_values: int,
         coeff_sigma: float,
+        normals: np.ndarray | None = None,
     ) -> tuple[np.ndarray, float]:
         """Add Gaussian noise of ``coeff_sigma`` per coefficient to each ciphertext, then
         decrypt: the noise is in before the decryption is reduced mod q, so whatever the
         ciphertext's first polynomial (the server chose it), every value released is a
         function of flooded coefficients. The noise is encoded as slot values (σ per real
-        component, ``slot_sigma``) and rounded to integer coefficients by the encoder."""
+        component, ``slot_sigma``) and rounded to integer coefficients by the encoder.
+        ``normals``: the noise's standard normals, drawn ahead from the same CSPRNG
+        (``offline.PendingCheck``) for this opening alone (the native path uses and wipes
+        them), or None to draw them now."""
         if isinstance(cts, ExpandedAggregate):
-            return self._open_native(cts, n_values, coeff_sigma)
+            return self._open_native(cts, n_values, coeff_sigma, normals)
         sigma = slot_sigma(coeff_sigma, self.preset.poly_modulus_degree, cts[0].scale)
         if sigma > 0:
             half = self.preset.values_per_ciphertext // 2
@@ -249,7 +253,11 @@ class SecretKeyHolder:
         return self._decode(cts, n_values), sigma
 
     def _open_native(
-        self, aggregate: ExpandedAggregate, n_values: int, coeff_sigma: float
+        self,
+        aggregate: ExpandedAggregate,
+        n_values: int,
+        coeff_sigma: float,
+        normals: np.ndarray | None = None,
     ) -> tuple[np.ndarray, float]:
         """:meth:`open_flooded` in one native call: the same noise (σ per real component of
         every slot, encoded at the ciphertext's scale and added before decryption), the
@@ -259,13 +267,18 @@ class SecretKeyHolder:
             raise KeySetupError("an aggregate expanded natively needs the native extension")
         sigma = slot_sigma(coeff_sigma, self.preset.poly_modulus_degree, aggregate.scale)
         size = len(aggregate.first) * self.preset.values_per_ciphertext
-        noise = sigma * csprng_normal(size) if sigma > 0 else np.empty(0)
+        if normals is None or normals.size != size:
+            normals = csprng_normal(size) if sigma > 0 else np.empty(0)
+        noise = sigma * normals if sigma > 0 else np.empty(0)
+        normals.fill(0.0)  # one opening's: nothing later can reuse them
         try:
             values = encryptor.open(
                 aggregate.first, aggregate.second, aggregate.scale, noise, native.threads()
             )
         except ValueError as exc:
             raise MalformedCiphertext(f"the aggregate does not open: {exc}") from None
+        finally:
+            noise.fill(0.0)
         return values[:n_values], sigma
 
     def seeded_template(self) -> bytes:

@@ -1,0 +1,316 @@
+"""Precomputed checks (``secagg.ckks.offline``): each upload commits its client's next upload's
+seeds, the server relays a round's planned seeds to its planned decryptors, and a decryptor
+expands the release's check while it trains.
+
+What must hold, attacked through the real halves: a committed seed serves one upload at most
+(a retried request, a restored state or a bug cannot send a second upload on it); the
+decryptor uses a precomputed sum only for a release whose signed seeds and weights are exactly
+the ones it expanded, so a server that relays anything else gets the same checked reveal (and
+a forged aggregate is refused as before); the flooding normals drawn ahead serve one opening."""
+
+from __future__ import annotations
+
+import os
+import pickle
+
+import numpy as np
+import pytest
+
+from secagg import wire
+from secagg.ckks import native, offline
+from secagg.ckks.public import SEED_INFO_BYTES
+from secagg.ckks.release import NEXT_SEEDS, PRECHECK
+from secagg.errors import MalformedCiphertext, MalformedMessage, ProtocolStateError
+from secagg.simulation.config import ExperimentConfig
+from secagg.simulation.experiment import run_experiment
+from secagg.wire import Envelope
+from tests.harness import PLAN, BackendRound, planned_sum, planned_values
+
+pytestmark = pytest.mark.skipif(
+    os.environ.get(native.ENV, "").lower() == "off", reason="SECAGG_NATIVE=off: not built"
+)
+N = 5000
+
+
+@pytest.fixture(autouse=True)
+def native_on(monkeypatch):
+    monkeypatch.setenv(native.ENV, "on")
+    monkeypatch.setenv(offline.ENV, "on")
+
+
+def upload_seeds(field: wire.Field) -> bytes:
+    ends = np.cumsum(field.parts)
+    return b"".join(field.data[end - SEED_INFO_BYTES : end] for end in ends)
+
+
+def committed(run: BackendRound, client: str) -> bytes:
+    (seeds,) = Envelope(
+        "c", "s", 0, "train", run.clients[client].commit_next_upload(N)
+    ).ciphertext_parts(NEXT_SEEDS)
+    return bytes(seeds)
+
+
+def test_an_upload_uses_the_seeds_its_client_committed_once():
+    run = BackendRound(list(PLAN), N, preset="lean")
+    client = run.clients["client_0"]
+    seeds = committed(run, "client_0")
+    assert len(seeds) == 2 * SEED_INFO_BYTES  # 5000 values: two chunks of 4096
+    client.prepare_upload(N)
+    assert client._next_seeds == b""  # forgotten before the masks are made from them
+    assert upload_seeds(client.protect(planned_values()["client_0"], 0.5)) == seeds
+    client.discard_prepared()
+    client.prepare_upload(N)  # the next request, nothing committed since: fresh seeds
+    assert upload_seeds(client.protect(planned_values()["client_0"], 0.5)) != seeds
+
+
+def test_a_retried_request_gets_fresh_seeds():
+    """A request refused after its masks were started (its seeds taken), then asked again:
+    the second upload cannot reuse the committed seeds, under any noise."""
+    run = BackendRound(list(PLAN), N, preset="lean")
+    client = run.clients["client_0"]
+    seeds = committed(run, "client_0")
+    client.prepare_upload(N)
+    client.discard_prepared()  # the request ended in a refusal
+    client.prepare_upload(N)
+    assert upload_seeds(client.protect(planned_values()["client_0"], 0.5)) != seeds
+
+
+def test_no_second_upload_leaves_on_one_seed():
+    """Defence in depth: were a committed seed handed out twice (a bug), the client refuses the
+    second upload it made on it: two uploads under one a and one key give away the difference
+    of their values."""
+    run = BackendRound(list(PLAN), N, preset="lean")
+    client = run.clients["client_0"]
+    seeds = committed(run, "client_0")
+    client.prepare_upload(N)
+    client.protect(planned_values()["client_0"], 0.5)
+    client._next_seeds = seeds  # the bug
+    client.prepare_upload(N)
+    with pytest.raises(ProtocolStateError, match="second upload on one seed"):
+        client.protect(planned_values()["client_1"], 0.5)
+
+
+def test_committed_seeds_never_reach_the_state():
+    run = BackendRound(list(PLAN), N, preset="lean")
+    client = run.clients["client_0"]
+    seeds = committed(run, "client_0")
+    state = client.state_dict()
+    assert seeds not in pickle.dumps(state)
+    client.load_state_dict(state)
+    assert client._next_seeds == b""  # a restored client commits afresh
+
+
+def test_the_switch_turns_committed_seeds_off(monkeypatch):
+    run = BackendRound(list(PLAN), N, preset="lean")
+    monkeypatch.setenv(offline.ENV, "off")
+    fields = run.clients["client_0"].commit_next_upload(N)
+    assert fields == {}
+    env = Envelope.from_bytes(Envelope("client_0", "server", 0, "train", fields).to_bytes())
+    run.server.remember_upload("client_0", env)
+    assert run.server.training_fields(run.ctx(), "client_0", PLAN) == {}
+
+
+def round_with_prechecks(preset: str, hint=None):
+    """Every client commits, the server relays the planned seeds to the planned decryptors
+    (or ``hint(fields)``'s edit of them), the uploads are made and the sum revealed."""
+    values = planned_values()
+    run = BackendRound(list(PLAN), N, preset=preset, decryption_budget=4, reveal_length=N)
+    for c in PLAN:
+        fields = run.clients[c].commit_next_upload(N)
+        env = Envelope.from_bytes(Envelope(c, "server", 0, "train", fields).to_bytes())
+        run.server.remember_upload(c, env)
+    ctx = run.ctx()
+    decryptors = [c for c in PLAN if run.server.training_fields(ctx, c, PLAN)]
+    assert len(decryptors) == 2
+    for c in decryptors:
+        fields = run.server.training_fields(ctx, c, PLAN)
+        run.clients[c].prepare_release(run.request(c, "train", hint(fields) if hint else fields), N)
+    for c in PLAN:
+        run.clients[c].prepare_upload(N)
+    weights = PLAN if preset == "lean" else None
+    handles = run.uploads(values, weights)
+    if preset == "lean":
+        revealed = run.reveal_running_sum(handles, PLAN)
+    else:
+        ctx = run.ctx()
+        revealed = ctx.reveal(ctx.weighted_sum(handles, PLAN), "g")
+    used = {c: run.clients[c].prechecks_used for c in decryptors}
+    return run, revealed, planned_sum(values), used
+
+
+@pytest.mark.parametrize("preset", ["lean", "compact"])
+def test_a_precomputed_check_reveals_the_same_sum(preset):
+    _, revealed, expected, used = round_with_prechecks(preset)
+    np.testing.assert_allclose(revealed, expected, atol=2e-3)
+    assert list(used.values()) == [1, 1]
+
+
+def _other_seeds(fields):
+    parts = Envelope("s", "c", 0, "t", fields).ciphertext_parts(f"{PRECHECK}.seeds")
+    swapped = [bytes(p[:-1]) + bytes([p[-1] ^ 1]) for p in parts]
+    return {**fields, f"{PRECHECK}.seeds": wire.ciphertext(swapped)}
+
+
+def _other_weights(fields):
+    entries = [
+        [c, k + 1] for c, k in Envelope("s", "c", 0, "t", fields).config(PRECHECK)["entries"]
+    ]
+    return {**fields, PRECHECK: wire.config({"entries": entries})}
+
+
+def _one_missing(fields):
+    env = Envelope("s", "c", 0, "t", fields)
+    entries, parts = env.config(PRECHECK)["entries"], env.ciphertext_parts(f"{PRECHECK}.seeds")
+    return {
+        PRECHECK: wire.config({"entries": entries[:-1]}),
+        f"{PRECHECK}.seeds": wire.ciphertext([bytes(p) for p in parts[:-1]]),
+    }
+
+
+@pytest.mark.parametrize("edit", [_other_seeds, _other_weights, _one_missing])
+def test_a_server_relaying_other_seeds_only_costs_the_precomputation(edit):
+    """A deviating server's precheck (a seed flipped, other weights, an upload left out):
+    the decryptors expand the release's own check and reveal the same checked sum."""
+    _, revealed, expected, used = round_with_prechecks("compact", edit)
+    np.testing.assert_allclose(revealed, expected, atol=2e-3)
+    assert list(used.values()) == [0, 0]
+
+
+def test_a_forged_aggregate_is_refused_even_with_a_matching_precheck(monkeypatch):
+    """The precheck was expanded from exactly the release's seeds, and the server's second
+    polynomial is one off: refused, nothing decrypted, the precomputed sum spent."""
+    import struct
+
+    from secagg.ckks.public import CIPHERTEXT_META, COUNT, SEAL_HEADER
+    from secagg.errors import ReleaseRefused
+    from tests.security.test_reveals import release
+    from tests.test_native import _forged
+
+    values = planned_values()
+    run = BackendRound(list(PLAN), N, preset="compact", decryption_budget=4, reveal_length=N)
+    for c in PLAN:
+        env = Envelope.from_bytes(
+            Envelope(c, "server", 0, "train", run.clients[c].commit_next_upload(N)).to_bytes()
+        )
+        run.server.remember_upload(c, env)
+        run.clients[c].prepare_upload(N)
+    ctx = run.ctx()
+    hint = run.server.training_fields(ctx, "client_0", PLAN)
+    assert hint
+    client = run.clients["client_0"]
+    client.prepare_release(run.request("client_0", "train", hint), N)
+    total = ctx.weighted_sum(run.uploads(values), PLAN)
+    fields = release(run, ctx, total)
+    keys = client.keys
+    n, primes = keys.preset.poly_modulus_degree, keys.public.n_primes
+    prime = keys.public.context.first_context_data().parms().coeff_modulus()[0].value()
+
+    def second_coefficient(raw, j):
+        at = CIPHERTEXT_META.size + SEAL_HEADER.size + COUNT.size + 8 * n * primes + 8 * 5
+        (v,) = struct.unpack_from("<Q", raw, at)
+        struct.pack_into("<Q", raw, at, (v + 1) % prime)
+
+    with pytest.raises(ReleaseRefused, match="not the weighted sum"):
+        run.ask("client_0", "reveal", _forged(fields, second_coefficient))
+    assert client.prechecks_used == 1 and client.decryptions == 0
+    revealed = Envelope("c", "s", 0, "r", run.ask("client_0", "reveal", fields))
+    np.testing.assert_allclose(revealed.vector("global_update"), planned_sum(values), atol=1e-6)
+
+
+def test_the_flooding_normals_drawn_ahead_serve_one_opening():
+    run = BackendRound(list(PLAN), N, preset="lean")
+    client = run.clients["client_0"]
+    pending = offline.start_check(client.keys, [(1, committed(run, "client_1"))], 2)
+    size = 2 * client.preset.values_per_ciphertext
+    normals = pending.normals(size)
+    assert normals is not None and normals.size == size and np.std(normals) > 0.9
+    assert pending.normals(size) is None  # taken: no second opening gets them
+
+
+@pytest.mark.parametrize(
+    "fields, why",
+    [
+        (
+            lambda s: {
+                PRECHECK: wire.config({"entries": [["client_1", 5]]}),
+                f"{PRECHECK}.seeds": wire.ciphertext([s[:-1]]),
+            },
+            "seed size",
+        ),
+        (
+            lambda s: {
+                PRECHECK: wire.config({"entries": [["mallory", 5]]}),
+                f"{PRECHECK}.seeds": wire.ciphertext([s]),
+            },
+            "not in the roster",
+        ),
+        (
+            lambda s: {
+                PRECHECK: wire.config({"entries": [["client_1", 5], ["client_1", 5]]}),
+                f"{PRECHECK}.seeds": wire.ciphertext([s, s]),
+            },
+            "a client twice",
+        ),
+        (
+            lambda s: {
+                PRECHECK: wire.config({"entries": [["client_1", True]]}),
+                f"{PRECHECK}.seeds": wire.ciphertext([s]),
+            },
+            "a boolean weight",
+        ),
+        (
+            lambda s: {
+                PRECHECK: wire.config({"entries": [["client_1", 5]] * 2}),
+                f"{PRECHECK}.seeds": wire.ciphertext([s]),
+            },
+            "counts differ",
+        ),
+        (
+            lambda s: {
+                PRECHECK: wire.config({"entries": [[f"client_{i % 3}", 1] for i in range(4)]}),
+                f"{PRECHECK}.seeds": wire.ciphertext([s] * 4),
+            },
+            "more than the roster",
+        ),
+    ],
+    ids=lambda x: x if isinstance(x, str) else "",
+)
+def test_a_malformed_precheck_is_refused(fields, why):
+    run = BackendRound(list(PLAN), N, preset="lean")
+    seeds = committed(run, "client_1")
+    with pytest.raises(MalformedMessage, match="precheck lists"):
+        run.clients["client_0"].prepare_release(run.request("client_0", "train", fields(seeds)), N)
+    assert run.clients["client_0"]._precheck is None
+
+
+@pytest.mark.parametrize("parts", [[b"x" * 64], [b"x" * 65, b"x" * 65]], ids=["size", "two"])
+def test_the_server_refuses_a_malformed_commitment(parts):
+    run = BackendRound(list(PLAN), N, preset="lean")
+    env = Envelope("client_0", "server", 0, "train", {NEXT_SEEDS: wire.ciphertext(parts)})
+    with pytest.raises(MalformedCiphertext, match="commits its next seeds"):
+        run.server.remember_upload("client_0", Envelope.from_bytes(env.to_bytes()))
+
+
+def test_a_run_checks_every_reveal_after_the_first_round_ahead(monkeypatch):
+    """Three rounds of FedAvg on lean through the real engine and clients: round 0 has no
+    commitments; in rounds 1 and 2 both decryptors use the sum they expanded while training."""
+    used: list[bool] = []
+    original = offline.PendingCheck.sums
+
+    def recording(self, entries, chunks):
+        sums = original(self, entries, chunks)
+        used.append(sums is not None)
+        return sums
+
+    monkeypatch.setattr(offline.PendingCheck, "sums", recording)
+    run = ExperimentConfig(
+        task="tcga-brca",
+        protocol="fedavg",
+        backend="ckks",
+        rounds=3,
+        seeds=[3],
+        backend_options={"preset": "lean"},
+    )
+    result = run_experiment(run)
+    assert not result.audit.summary()["exclusions"]
+    assert used == [True] * 4
