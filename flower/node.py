@@ -312,4 +312,9 @@ class NodeClient:
             budgets = factory.release_budgets(loaded=loaded)
             provision = self.identity.provision(**budgets)
             factory = replace(factory, provisions={self.client_id: provision})
-            return factory([self.client_id], loaded=loaded)[self.client_id]
+            client = factory([self.client_id], loaded=loaded)[self.client_id]
+        # this process answers one message: seeds it committed for its next upload would die
+        # with it (they are never written to the state), and decryptors would expand a check
+        # for uploads that will not use them
+        client.backend.commits_ahead = False
+        return client

@@ -200,7 +200,7 @@ def test_a_node_brings_its_own_code_and_data_in_its_node_toml(tmp_path):
         "from secagg.flower.node import NodeClient\n"
         f"node = NodeClient({str(node)!r})\n"
         "client = node._client(0, None)\n"
-        "print(len(client.trainer.data))\n"
+        "print(len(client.trainer.data), client.backend.commits_ahead)\n"
     )
     (node / "node.toml").write_text(
         f'imports = ["code/sites_task.py"]\n[environment]\nSITES_DIR = "{node / "data"}"\n'
@@ -209,7 +209,9 @@ def test_a_node_brings_its_own_code_and_data_in_its_node_toml(tmp_path):
         [sys.executable, "-c", build], cwd=tmp_path, capture_output=True, text=True
     )
     assert fresh.returncode == 0, fresh.stderr
-    assert fresh.stdout.split() == ["91"]  # site 2's 91 samples (make_sites.py's split)
+    assert fresh.stdout.split()[0] == "91"  # site 2's 91 samples (make_sites.py's split)
+    # a process that answers one message commits no seeds it would not live to use
+    assert fresh.stdout.split()[1] == "False"
 
 
 @pytest.mark.parametrize(

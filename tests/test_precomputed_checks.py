@@ -100,6 +100,15 @@ def test_committed_seeds_never_reach_the_state():
     assert client._next_seeds == b""  # a restored client commits afresh
 
 
+def test_a_client_living_for_one_message_commits_nothing():
+    """A Flower node's client (``flower/node.py`` sets it): its commitment would die with
+    its process, and the decryptors would expand a check for nothing."""
+    run = BackendRound(list(PLAN), N, preset="lean")
+    run.clients["client_0"].commits_ahead = False
+    assert run.clients["client_0"].commit_next_upload(N) == {}
+    assert run.clients["client_0"]._next_seeds == b""
+
+
 def test_the_switch_turns_committed_seeds_off(monkeypatch):
     run = BackendRound(list(PLAN), N, preset="lean")
     monkeypatch.setenv(offline.ENV, "off")

@@ -89,6 +89,10 @@ class ClientBackend(ABC):
         """Wipe whatever :meth:`prepare_upload` made that no upload used: the client calls
         it at the end of every request, answered or refused."""
 
+    #: whether this client lives to make its next upload in memory (False for a process
+    #: that answers one message, as a Flower node's: what it committed would be lost)
+    commits_ahead: bool = True
+
     def commit_next_upload(self, n_values: int) -> dict[str, Field]:
         """Reply fields a training upload carries about this client's next one (on ckks the
         seeds it will use: ``secagg.ckks.offline``); none here."""

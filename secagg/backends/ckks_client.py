@@ -289,7 +289,8 @@ class CKKSClient(ClientBackend):
         expand to travels in every upload), sent with this one so that the round's decryptors
         can expand its check ahead (``secagg.ckks.offline``); none where uploads are not
         masked ahead."""
-        self._next_seeds = b"" if self._keys is None else offline.commit_seeds(self._keys, n_values)
+        keys = self._keys if self.commits_ahead else None
+        self._next_seeds = b"" if keys is None else offline.commit_seeds(keys, n_values)
         return {NEXT_SEEDS: wire.ciphertext(self._next_seeds)} if self._next_seeds else {}
 
     def prepare_release(self, env: Envelope, n_values: int) -> None:

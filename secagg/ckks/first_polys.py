@@ -126,18 +126,23 @@ class FirstPolynomialSum:
     def __init__(self, level: FreshLevel):
         self.level = level
         self.total: np.ndarray | None = None
+        self._less: np.ndarray | None = None  # scratch: the sum less the prime
 
     def add(self, first: np.ndarray) -> None:
         if self.total is None:
             self.total = first.copy()
+            self._less = np.empty_like(self.total)
             return
         if first.shape != self.total.shape:
             raise MalformedCiphertext(
                 f"{first.shape[0]} chunks, the running sum has {self.total.shape[0]}"
             )
+        assert self._less is not None
         self.total += first
-        moduli = self.level.moduli
-        np.subtract(self.total, moduli, out=self.total, where=self.total >= moduli)
+        # t − q wraps around above t where t < q: the minimum is t mod q (a fifth of the time
+        # of a masked subtraction, which builds a boolean array a fold)
+        np.subtract(self.total, self.level.moduli, out=self._less)
+        np.minimum(self.total, self._less, out=self.total)
 
 
 def plaintext_blobs(level: FreshLevel, total: np.ndarray, scale: float) -> list[bytes]:

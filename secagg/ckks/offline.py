@@ -60,6 +60,12 @@ def enabled() -> bool:
     return value == "on"
 
 
+def beside_training() -> int:
+    """Threads for work made beside training: all but one of a native call's, the one left
+    to the training itself (a single-threaded trainer, as secagg's runs are by default)."""
+    return max(1, native.threads() - 1)
+
+
 class PendingMasks:
     """One upload's masks, being made on a background thread (the native call releases the
     GIL, so it runs beside the client's training)."""
@@ -79,9 +85,9 @@ class PendingMasks:
         start = time.perf_counter()
         try:
             if seeds:  # committed with the previous upload; the noise is drawn now
-                self._masks = encryptor.masks_from(seeds, native.threads())
+                self._masks = encryptor.masks_from(seeds, beside_training())
             else:
-                self._masks = encryptor.masks(self.chunks, native.threads())
+                self._masks = encryptor.masks(self.chunks, beside_training())
         except BaseException as exc:  # noqa: BLE001 - reported by take(): encrypt afresh
             self._error = exc
         finally:
@@ -159,7 +165,7 @@ class PendingCheck:
                 seeds=[s for _, s in self.key],
                 chunks=self.chunks,
                 factors=[k for k, _ in self.key],
-                threads=native.threads(),
+                threads=beside_training(),
             )
             self._normals = csprng_normal(self.chunks * self.slots)
         except Exception:  # noqa: BLE001 - nothing precomputed: the reveal computes its own
