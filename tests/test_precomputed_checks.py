@@ -236,59 +236,30 @@ def test_the_flooding_normals_drawn_ahead_serve_one_opening():
     assert pending.normals(size) is None  # taken: no second opening gets them
 
 
-@pytest.mark.parametrize(
-    "fields, why",
-    [
-        (
-            lambda s: {
-                PRECHECK: wire.config({"entries": [["client_1", 5]]}),
-                f"{PRECHECK}.seeds": wire.ciphertext([s[:-1]]),
-            },
-            "seed size",
-        ),
-        (
-            lambda s: {
-                PRECHECK: wire.config({"entries": [["mallory", 5]]}),
-                f"{PRECHECK}.seeds": wire.ciphertext([s]),
-            },
-            "not in the roster",
-        ),
-        (
-            lambda s: {
-                PRECHECK: wire.config({"entries": [["client_1", 5], ["client_1", 5]]}),
-                f"{PRECHECK}.seeds": wire.ciphertext([s, s]),
-            },
-            "a client twice",
-        ),
-        (
-            lambda s: {
-                PRECHECK: wire.config({"entries": [["client_1", True]]}),
-                f"{PRECHECK}.seeds": wire.ciphertext([s]),
-            },
-            "a boolean weight",
-        ),
-        (
-            lambda s: {
-                PRECHECK: wire.config({"entries": [["client_1", 5]] * 2}),
-                f"{PRECHECK}.seeds": wire.ciphertext([s]),
-            },
-            "counts differ",
-        ),
-        (
-            lambda s: {
-                PRECHECK: wire.config({"entries": [[f"client_{i % 3}", 1] for i in range(4)]}),
-                f"{PRECHECK}.seeds": wire.ciphertext([s] * 4),
-            },
-            "more than the roster",
-        ),
-    ],
-    ids=lambda x: x if isinstance(x, str) else "",
-)
-def test_a_malformed_precheck_is_refused(fields, why):
+def _hint(entries: list, seeds: list[bytes]) -> dict[str, wire.Field]:
+    return {
+        PRECHECK: wire.config({"entries": entries}),
+        f"{PRECHECK}.seeds": wire.ciphertext(seeds),
+    }
+
+
+#: a deviating server's prechecks, each given client_1's committed seeds
+MALFORMED = {
+    "seed size": lambda s: _hint([["client_1", 5]], [s[:-1]]),
+    "not in the roster": lambda s: _hint([["mallory", 5]], [s]),
+    "a client twice": lambda s: _hint([["client_1", 5]] * 2, [s, s]),
+    "a boolean weight": lambda s: _hint([["client_1", True]], [s]),
+    "counts differ": lambda s: _hint([["client_1", 5], ["client_2", 5]], [s]),
+    "more than the roster": lambda s: _hint([[f"client_{i % 3}", 1] for i in range(4)], [s] * 4),
+}
+
+
+@pytest.mark.parametrize("why", list(MALFORMED))
+def test_a_malformed_precheck_is_refused(why):
     run = BackendRound(list(PLAN), N, preset="lean")
-    seeds = committed(run, "client_1")
+    fields = MALFORMED[why](committed(run, "client_1"))
     with pytest.raises(MalformedMessage, match="precheck lists"):
-        run.clients["client_0"].prepare_release(run.request("client_0", "train", fields(seeds)), N)
+        run.clients["client_0"].prepare_release(run.request("client_0", "train", fields), N)
     assert run.clients["client_0"]._precheck is None
 
 
