@@ -234,6 +234,9 @@ def test_the_flooding_normals_drawn_ahead_serve_one_opening():
     normals = pending.normals(size)
     assert normals is not None and normals.size == size and np.std(normals) > 0.9
     assert pending.normals(size) is None  # taken: no second opening gets them
+    other = offline.start_check(client.keys, [(1, committed(run, "client_2"))], 2)
+    assert other.normals(size - 1) is None  # another size: not these (and they are wiped)
+    assert other.normals(size) is None
 
 
 def _hint(entries: list, seeds: list[bytes]) -> dict[str, wire.Field]:

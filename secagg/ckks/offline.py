@@ -184,7 +184,10 @@ class PendingCheck:
         """``size`` standard normals for one flooding, or None. Once: wiped from here."""
         self._thread.join()
         normals, self._normals = self._normals, None
-        return normals if normals is not None and normals.size == size else None
+        if normals is not None and normals.size != size:  # drawn for another release's size
+            normals.fill(0.0)
+            return None
+        return normals
 
     def discard(self) -> None:
         self._thread.join()
