@@ -54,6 +54,7 @@ from secagg.ckks.release import (
     SecondPolynomials,
     check_entries,
     seed_digest,
+    server_multipliers,
 )
 from secagg.ckks.secret import SecretKeyHolder
 from secagg.errors import KeySetupError, MalformedMessage, ProtocolStateError, ReleaseRefused
@@ -322,8 +323,7 @@ class CKKSClient(ClientBackend):
                 f"{self.id}: a precheck lists [client, integer weight] for at most "
                 f"{len(self.signers)} roster clients, each with {chunks} seeds of its size"
             )
-        weighted = not self.preset.weighted_by_clients
-        factors = [k if weighted else 1 for _, k in entries]
+        factors = server_multipliers(self.preset.weighted_by_clients, (k for _, k in entries))
         self._precheck = offline.start_check(self._keys, list(zip(factors, seeds)), chunks)
 
     def _drop_precheck(self) -> None:
@@ -430,9 +430,8 @@ class CKKSClient(ClientBackend):
         total = (self.decryption_budget + self.open_budget) * len(self.roster)
         # the server multiplied each upload's encryption noise by its k, or on a
         # client-weighted preset only added (the clients weighted before encrypting)
-        multipliers = [1 if self.preset.weighted_by_clients else k for _, k, _ in d.entries]
         error = error_bound(
-            multipliers,
+            server_multipliers(self.preset.weighted_by_clients, (k for _, k, _ in d.entries)),
             d.chunks * self.preset.poly_modulus_degree,
             self.flooding_bits,
         )

@@ -47,7 +47,7 @@ from secagg.backends.consenting import (
     restored_count,
 )
 from secagg.ckks.keywrap import KeyWrapper
-from secagg.ckks.release import Descriptor, check_entries
+from secagg.ckks.release import Descriptor, check_entries, server_multipliers
 from secagg.errors import (
     ConfigError,
     KeySetupError,
@@ -470,7 +470,7 @@ class ThresholdClient(ClientBackend):
                 unopened.append(client)
         if unopened:
             return None, False, unopened
-        weights = [1 if self.preset.weighted_by_clients else k for _, k, _ in d.entries]
+        weights = server_multipliers(self.preset.weighted_by_clients, (k for _, k, _ in d.entries))
         share = self.ring.combine(np.stack(mine), weights)
         self.answered[release] = holder_set
         for _, _, digest in d.entries:

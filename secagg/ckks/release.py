@@ -39,7 +39,7 @@ import base64
 import binascii
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -181,6 +181,13 @@ class Descriptor:
         if not isinstance(basis, str) or len(basis) > 128:
             raise ReleaseRefused("a release's basis must be a digest")
         return cls(kind, name, *counts, tuple((c, k, d) for c, k, d in entries), basis)
+
+
+def server_multipliers(weighted_by_clients: bool, ks: Iterable[int]) -> list[int]:
+    """What the server multiplied each listed upload by in a sum (its second polynomial, its
+    noise, its key share): the integer weight k, or 1 on a client-weighted preset, where the
+    clients weighted before protecting and the server only added."""
+    return [1 if weighted_by_clients else k for k in ks]
 
 
 def _keys(cfg: Any) -> list[str]:
@@ -429,9 +436,10 @@ class SecondPolynomials:
         return ExpandedAggregate(first, sums, scale)
 
     def factors(self, d: Descriptor) -> list[int]:
-        """What each entry's a_i is multiplied by in the aggregate's second polynomial: its
-        k on a server-weighted preset, 1 on a client-weighted one (the server only added)."""
-        return [1 if self.public.preset.weighted_by_clients else k for _, k, _ in d.entries]
+        """What each entry's a_i is multiplied by in the aggregate's second polynomial."""
+        return server_multipliers(
+            self.public.preset.weighted_by_clients, (k for _, k, _ in d.entries)
+        )
 
     def _check_client_weighted(self, d: Descriptor, chunks: int) -> None:
         """A client-weighted release of the descriptor's chunk count, or ReleaseRefused."""
