@@ -90,6 +90,24 @@ def test_no_second_upload_leaves_on_one_seed():
         client.protect(planned_values()["client_1"], 0.5)
 
 
+def test_the_native_masks_refuse_seeds_they_cannot_use():
+    """``masks_from`` at the native boundary: no seeds, a partial chunk, and a PRNG other than
+    SEAL's default (whose expansion the server's and decryptor's loads would not reproduce)."""
+    run = BackendRound(list(PLAN), N, preset="lean")
+    encryptor = run.clients["client_0"].keys.native_encryptor()
+    seeds = committed(run, "client_0")
+    other_prng = bytes([seeds[0] ^ 3]) + seeds[1:]
+    for bad, match in (
+        (b"", "65 bytes a chunk"),
+        (seeds[:-1], "65 bytes a chunk"),
+        (other_prng, "another PRNG"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            encryptor.masks_from(bad, 1)
+    with pytest.raises(ValueError, match="at least one chunk"):
+        encryptor.fresh_seeds(0)
+
+
 def test_committed_seeds_never_reach_the_state():
     run = BackendRound(list(PLAN), N, preset="lean")
     client = run.clients["client_0"]
