@@ -32,6 +32,7 @@ config field with the JSON-able parts, ``array:<path>`` float64 vector fields an
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -129,6 +130,7 @@ class Client:
         self.refusals: list[tuple[int, str, str]] = []
         self._request: Envelope | None = None  # the request being answered (for the basis)
         self._basis: str | None = None  # what this request's uploads were made from
+        self._request_id = ""  # names the request being answered (``protect``'s ``request``)
         self._plaintext_sent = -1  # the round whose update went out in plaintext
         self._w: np.ndarray | None = None  # global model of the current round
         self._model_id: str | None = None  # what names it (``policy.model_identity``)
@@ -186,6 +188,7 @@ class Client:
         self.policy.check_phase(env.phase)
         self.guard.check_round(env.round)
         self._request, self._basis = env, None
+        self._request_id = os.urandom(8).hex()  # a retried request is another request
         try:
             fields = handler(env)
             if self._basis is not None:  # what its uploads were made from (the server lists it)
@@ -344,7 +347,9 @@ class Client:
             raise ProtocolStateError(f"{self.id} protects values only while answering a request")
         basis = upload_basis(request.round, request.phase, request.fields, self._model_id)
         self._basis = basis
-        return self._timed("protect", self.backend.protect, values, weight, basis=basis)
+        return self._timed(
+            "protect", self.backend.protect, values, weight, basis=basis, request=self._request_id
+        )
 
     def check_own_weight(self, envelope: Envelope, name: str, weight: float) -> None:
         self.backend.check_own_weight(envelope, name, weight)

@@ -95,6 +95,18 @@ class ConsentRefused(RoundAborted):
         self.culprits = list(culprits)
 
 
+class RoundSkipped(ConsentRefused):
+    """A round cannot release its sum without breaking what the clients require: its uploads
+    cannot make a release their rules allow (too few left after dropouts to hide each
+    honest upload among enough others, whoever colludes; weights that would single one
+    out), or the holders' shares open no sum that checks (a wrong share among exactly t).
+    The round is skipped and the run goes on, with the reason in the audit; nobody is
+    blamed."""
+
+    def __init__(self, message: str, **kwargs):
+        super().__init__(message, culprits=[], **kwargs)
+
+
 class MalformedCiphertext(ClientInputError):
     """Ciphertext bytes that SEAL cannot load, or the wrong number or kind of ciphertexts."""
 

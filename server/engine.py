@@ -33,7 +33,13 @@ import numpy as np
 from secagg import wire
 from secagg.backends.base import ServerBackend
 from secagg.dp import ClientDP, joint_noise_multiplier, realised_noise_multiplier
-from secagg.errors import ClientInputError, ConsentRefused, ProtocolStateError, RoundAborted
+from secagg.errors import (
+    ClientInputError,
+    ConsentRefused,
+    ProtocolStateError,
+    RoundAborted,
+    RoundSkipped,
+)
 from secagg.protocols.base import Protocol, RoundAPI, Upload
 from secagg.protocols.optimizers import ServerOptimizer, StepSchedule
 from secagg.protocols.pieces import FederatedInitialisation, ValidationFeedback, piece
@@ -324,7 +330,7 @@ class Server:
             g_global, reports = self._train(ctx)
             norm = self.updates.apply(self, ctx, g_global)
         except ConsentRefused as exc:
-            if not exc.culprits:
+            if not exc.culprits and not isinstance(exc, RoundSkipped):
                 raise  # every contributor refused: the request breaks the clients' policy
             return self._skipped(ctx, exc)
         if feedback is not None:
@@ -335,10 +341,11 @@ class Server:
         )
 
     def _skipped(self, ctx: RoundContext, exc: ConsentRefused) -> RoundReport:
-        """Some contributors refused a release the others consented to: nothing can be
-        opened this round (their uploads are in the sum), so the round makes no update, and
-        they leave the run, which goes on without them. What was released before the
-        refusal is still accounted."""
+        """Some contributors refused a release the others consented to, or the round's
+        uploads cannot make a release the clients' rules allow (``RoundSkipped``): nothing can
+        be opened this round, so the round makes no update, and the refusers leave the run,
+        which goes on without them. What was released before the refusal is still
+        accounted."""
         for client in exc.culprits:
             self.left[client] = f"refused consent in round {ctx.round}"
         self.ledger.record(ctx)

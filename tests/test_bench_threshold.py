@@ -57,7 +57,7 @@ def test_the_threshold_rows_count_blocks_shares_and_the_error(preset):
     p = get_preset(preset)
     n, clients = 5_000, 3  # two blocks of 4096 values
     row, xs, weights = threshold_row(preset, n, clients)
-    blocks = 2 * p.ring_dim * p.coefficient_bytes
+    blocks = 3 * p.ring_dim * p.coefficient_bytes  # two data blocks and the check block
     # the masked blocks alone, and with one sealed share of the key per holder and the
     # signature: the shares' part is fixed, t − 1 seeds of 32 + 28 bytes and n − t + 1 ring
     # elements of N·(4 or 8) + 28 bytes
@@ -104,8 +104,10 @@ def test_a_holders_bytes_stay_flat_when_the_model_doubles(preset):
     assert large["holder_up_B_per_reveal"] == small["holder_up_B_per_reveal"]
     # the request differs only in the descriptor's digits
     assert abs(large["holder_down_B_per_reveal"] - small["holder_down_B_per_reveal"]) < 16
-    # while the masked blocks double (per parameter: the same)
-    assert large["upload_masked_B_per_param"] == small["upload_masked_B_per_param"]
+    # while the data blocks double (per parameter: the same) beside one check block
+    per_block = p.ring_dim * p.coefficient_bytes
+    assert small["upload_masked_B_per_param"] == 3 * per_block / (2 * p.ring_dim)
+    assert large["upload_masked_B_per_param"] == 5 * per_block / (4 * p.ring_dim)
     assert large["upload_B_per_param"] < small["upload_B_per_param"]  # the shares amortise
 
 
@@ -311,12 +313,13 @@ def test_a_tiny_threshold_configuration_measures_the_reveal():
     for r in rows:
         assert r["clients_used"] == 3 and r["excluded"] == 0 and r["preset"] == "lean"
         assert r["holders_share_s"] > 0 and r["clients_protect_s"] > 0
-        # one 4096-value block per upload (16 KiB on lean) and a sealed share per holder
+        # one 4096-value block and the check block per upload (16 KiB each on lean) and a
+        # sealed share per holder
         upload = upload_bytes(p, 3_000, 3, default_t(3))
         assert 3 * upload < r["bytes_train_up"] < 3 * (upload + 4_000)
         # each holder: its sealed share from each of the 3 contributors, one share back;
         # together, every share of every upload
-        shares = upload - p.ring_dim * 4 - SIGNATURE_BYTES
+        shares = upload - 2 * p.ring_dim * 4 - SIGNATURE_BYTES  # a data and a check block
         assert 3 * shares < r["bytes_decrypt_share_down"] < 3 * shares + 9 * 2_000
         assert 3 * p.ring_dim * 4 < r["bytes_decrypt_share_up"] < 3 * (p.ring_dim * 4 + 512)
 

@@ -381,7 +381,8 @@ def test_a_threshold_state_round_trips_and_refuses_another_clients_identity():
     cases = {
         "identity is not this client's": {"x25519_private": other["backend"]["x25519_private"]},
         "answered releases is garbled": {"answered": {"r": ["nobody"]}},
-        "contributor sets is garbled": {"sets": []},
+        "record of releases is garbled": {"sets": []},
+        "the state's record of releases is garbled": {"released": {"d": [{"kind": "x"}]}},
         "not a count": {"open_shares": -1},
     }
     for message, change in cases.items():

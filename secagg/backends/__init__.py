@@ -195,7 +195,8 @@ def _ckks_server(options: dict[str, Any], signers: Mapping[str, bytes] | None) -
     from secagg.backends.ckks_server import CKKSServer
     from secagg.ckks.presets import get_preset
 
-    return CKKSServer(get_preset(options["preset"]), signers=signers)
+    preset = get_preset(options["preset"])
+    return CKKSServer(preset, signers=signers, policy=server_policy(options, preset.max_weight))
 
 
 def _ckks_client(client_id: str, options: dict[str, Any], provision: Provision) -> ClientBackend:
@@ -223,6 +224,20 @@ def _ckks_client(client_id: str, options: dict[str, Any], provision: Provision) 
     )
 
 
+def server_policy(options: dict[str, Any], max_weight: int):
+    """The release policy the run's clients hold, as the server foresees it (its colluders
+    are the backend's: none here, t − 1 once a threshold server knows its roster)."""
+    from secagg.ckks.release import ReleasePolicy
+
+    return ReleasePolicy(
+        options["min_contributors"],
+        options["min_weight_share"],
+        None,
+        options["max_weight_share"],
+        max_weight=max_weight,
+    )
+
+
 def _check_flooding(options: dict[str, Any]) -> None:
     bits = options["flooding_bits"]
     if not (bits == 0 or 30 <= bits <= 128):
@@ -239,7 +254,13 @@ def _threshold_server(
     from secagg.backends.threshold_server import ThresholdServer
     from secagg.threshold.params import get_preset
 
-    return ThresholdServer(get_preset(options["preset"]), signers=signers, t=options["threshold_t"])
+    preset = get_preset(options["preset"])
+    return ThresholdServer(
+        preset,
+        signers=signers,
+        t=options["threshold_t"],
+        policy=server_policy(options, preset.max_weight),
+    )
 
 
 def _threshold_client(

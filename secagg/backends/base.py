@@ -59,10 +59,15 @@ class ClientBackend(ABC):
     name: str
 
     @abstractmethod
-    def protect(self, values: np.ndarray, weight: float | None = None, *, basis: str = "") -> Field:
+    def protect(
+        self, values: np.ndarray, weight: float | None = None, *, basis: str = "", request: str = ""
+    ) -> Field:
         """Encode (and, if the backend encrypts, encrypt) a flat vector for upload.
         ``weight``: the planned weight the server asks the client to apply itself (only a
-        client-weighted CKKS preset does; the others refuse one, :func:`no_client_weight`)."""
+        client-weighted CKKS preset does; the others refuse one, :func:`no_client_weight`).
+        ``basis``: what the values were made from (``secagg.clients.policy.upload_basis``);
+        ``request``: which request of this client they answer (a retried request is
+        another: its upload of the same basis may not be released beside the first)."""
 
     @abstractmethod
     def open(self, envelope: Envelope, name: str, length: int) -> np.ndarray:

@@ -123,6 +123,7 @@ class CKKSClient(ClientBackend):
             min_weight_share,
             reveal_length,
             max_weight_share,
+            max_weight=preset.max_weight,
         )
         self.releases_per_upload = dict(releases_per_upload or {"reveal": 1, "open": 1})
         #: digest of each upload this client made -> releases it consented to, by kind
@@ -131,6 +132,10 @@ class CKKSClient(ClientBackend):
         self.bases: dict[str, str] = {}
         #: on a client-weighted preset, digest of each upload -> the integer weight applied
         self.applied: dict[str, int] = {}
+        #: digest of each upload -> the descriptors of the releases it entered
+        self.released: dict[str, list[dict[str, Any]]] = {}
+        #: digest of each upload -> the request it answered (``protect``'s ``request``)
+        self.origins: dict[str, str] = {}
         self._keys: SecretKeyHolder | None = None
         self._second_polys: SecondPolynomials | None = None
         self._pending: offline.PendingMasks | None = None  # never in the state: key material
@@ -179,6 +184,8 @@ class CKKSClient(ClientBackend):
             self.uploads,
             self.bases,
             self.applied,
+            self.released,
+            self.origins,
         )
         return {
             **held.export(self.preset.name, self.fingerprint),
@@ -208,6 +215,7 @@ class CKKSClient(ClientBackend):
         self._second_polys = None
         self._next_seeds, self._precheck = b"", None  # a restored client commits afresh
         self.uploads, self.applied, self.bases = held.uploads, held.applied, held.bases
+        self.released, self.origins = held.released, held.origins
         self.decryptions, self.opens = held.decryptions, held.opens
         self.last_flooding_sigma = None if sigma is None else float(sigma)
 
@@ -338,7 +346,9 @@ class CKKSClient(ClientBackend):
             pending.discard()
             self.offline_seconds += pending.seconds
 
-    def protect(self, values: np.ndarray, weight: float | None = None, *, basis: str = "") -> Field:
+    def protect(
+        self, values: np.ndarray, weight: float | None = None, *, basis: str = "", request: str = ""
+    ) -> Field:
         """Encrypt ``values``; on a client-weighted preset, ``weight`` (the planned weight
         the server sent with the training request) times ``values``, and the integer weight
         applied is remembered: this client consents only to sums listing that weight.
@@ -363,6 +373,7 @@ class CKKSClient(ClientBackend):
         if digest in self.uploads:  # never reached: a seed is used once (prepare_upload)
             raise ProtocolStateError(f"{self.id} refuses to send a second upload on one seed")
         self.uploads[digest], self.bases[digest] = {}, basis
+        self.origins[digest] = request
         if applied is not None:
             self.applied[digest] = applied
         return wire.ciphertext(parts)
@@ -380,6 +391,8 @@ class CKKSClient(ClientBackend):
             releases_per_upload=self.releases_per_upload,
             signer=self._signer,
             applied=self.applied if self.preset.weighted_by_clients else None,
+            released=self.released,
+            origins=self.origins,
         )
 
     def _checked(self, env: Envelope, field: str, kind: str, name: str | None = None):

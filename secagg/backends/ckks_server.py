@@ -22,7 +22,7 @@ import numpy as np
 
 from secagg import wire
 from secagg.backends.base import RunningSum, ServerBackend, applied_weight
-from secagg.backends.consent import gather_consents
+from secagg.backends.consent import ReleaseRecord, gather_consents
 from secagg.ckks.first_polys import (
     FirstPolynomialSum,
     FreshLevel,
@@ -43,6 +43,7 @@ from secagg.ckks.release import (
     PRECHECK,
     Descriptor,
     Entry,
+    ReleasePolicy,
     common_basis,
     upload_basis_of,
 )
@@ -149,10 +150,18 @@ class CKKSServer(ServerBackend):
     # σ a decryptor reports (from the descriptor and its provisioning, no client data)
     declares = ("x25519_public", "installed", "consent", SIGMA_FIELD)
 
-    def __init__(self, preset: CKKSPreset, *, signers: Mapping[str, bytes] | None = None):
+    def __init__(
+        self,
+        preset: CKKSPreset,
+        *,
+        signers: Mapping[str, bytes] | None = None,
+        policy: ReleasePolicy | None = None,
+    ):
         """``signers``: the clients' public signing keys, if provisioned to the server: it
         then checks each consent and takes a client whose signature is bad out of the
-        round. The clients check every consent regardless."""
+        round. The clients check every consent regardless. ``policy``: the release policy
+        the clients hold (the run's options): a release they would refuse skips the round
+        instead of being asked for (``ReleaseRecord``)."""
         self.preset = preset
         self.public = PublicCKKS(preset)
         self.fingerprint = params_fingerprint(preset)
@@ -160,6 +169,9 @@ class CKKSServer(ServerBackend):
         self.weights_at_client = preset.weighted_by_clients
         self._level = FreshLevel(self.public) if self.weights_at_client else None
         self.signers = dict(signers) if signers is not None else None
+        self.releases = ReleaseRecord(
+            policy if policy is not None else ReleasePolicy(max_weight=preset.max_weight)
+        )
         self._reveals = 0
         #: each client's seeds for its next upload, as its last upload committed them
         self._committed: dict[str, bytes] = {}
@@ -324,7 +336,7 @@ class CKKSServer(ServerBackend):
         }
 
     def _consents(self, ctx, d: Descriptor) -> dict[str, str]:
-        return gather_consents(ctx, d, self.signers)
+        return gather_consents(ctx, d, self.signers, self.releases)
 
     def reveal(self, ctx, handle: CKKSHandle, name: str) -> tuple[np.ndarray, str]:
         """A checked reveal: two decryptors (rotating over the active clients) each decrypt

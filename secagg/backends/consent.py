@@ -6,12 +6,68 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from secagg import wire
-from secagg.ckks.release import Descriptor, signature_bytes, verify_consent
-from secagg.errors import ClientInputError, ConsentRefused
+from secagg.ckks.release import Descriptor, ReleasePolicy, signature_bytes, verify_consent
+from secagg.errors import (
+    ClientInputError,
+    ConsentRefused,
+    ProtocolStateError,
+    ReleaseRefused,
+    RoundSkipped,
+)
 
 
-def gather_consents(ctx, d: Descriptor, signers: Mapping[str, bytes] | None) -> dict[str, str]:
-    """Every contributor's signature over ``d``; ConsentRefused if any is missing."""
+class ReleaseRecord:
+    """The server's copy of the rules its clients hold every release to
+    (``secagg.backends.coalition``), with the releases made so far: a release they would
+    all refuse is not asked for. The round is skipped instead (``RoundSkipped``), so that a
+    client whose scalars shape the weights (LARC's ΔL) cannot end the run by making every
+    other client refuse. The clients check for themselves regardless."""
+
+    def __init__(self, policy: ReleasePolicy):
+        self.policy = policy
+        #: upload digest -> the releases it entered
+        self.seen: dict[str, list[Descriptor]] = {}
+
+    def admit(self, ctx, d: Descriptor) -> None:
+        heaviest = max((abs(k) for _, k, _ in d.entries), default=0)
+        if self.policy.max_weight is not None and heaviest > self.policy.max_weight:
+            raise ProtocolStateError(
+                f"{d.name}: a weight of {heaviest / self.policy.max_weight:.6g} (> 1); the "
+                "clients release sums with weights |w| <= 1 only"
+            )
+        earlier = []
+        for _, _, digest in d.entries:
+            for before in self.seen.get(digest, []):
+                if before not in earlier and before.hash() != d.hash():
+                    earlier.append(before)
+        try:
+            self.policy.check(d)
+            self.policy.check_weightings(d, earlier)
+        except ReleaseRefused as exc:
+            raise RoundSkipped(
+                f"{d.name}: the clients' release rules refuse it ({exc}); the round is skipped",
+                round=ctx.round,
+                phase="consent",
+                exclusions=ctx.excluded,
+            ) from None
+
+    def record(self, d: Descriptor) -> None:
+        for _, _, digest in d.entries:
+            if d not in self.seen.setdefault(digest, []):
+                self.seen[digest].append(d)
+
+
+def gather_consents(
+    ctx,
+    d: Descriptor,
+    signers: Mapping[str, bytes] | None,
+    record: ReleaseRecord | None = None,
+) -> dict[str, str]:
+    """Every contributor's signature over ``d``; ConsentRefused if any is missing. With
+    ``record``, a release the clients' rules refuse skips the round (``RoundSkipped``) before
+    anyone is asked, and a consented one is recorded."""
+    if record is not None:
+        record.admit(ctx, d)
     contributors = [client for client, _, _ in d.entries]
     replies = ctx.ask(
         "consent",
@@ -44,4 +100,6 @@ def gather_consents(ctx, d: Descriptor, signers: Mapping[str, bytes] | None) -> 
             phase="consent",
             exclusions=ctx.excluded,
         )
+    if record is not None:
+        record.record(d)
     return consents

@@ -8,7 +8,7 @@ from __future__ import annotations
 import base64
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -33,9 +33,14 @@ def release_identity(
     min_weight_share: float,
     reveal_length: int | tuple[int, ...] | None,
     max_weight_share: float = 0.5,
+    *,
+    max_weight: int | None = None,
+    colluders: int = 0,
 ) -> tuple[Ed25519PrivateKey, dict[str, bytes], ReleasePolicy]:
     """The client's Ed25519 key (a fresh one without ``signing_key``), the signers' roster
-    (only itself without ``signers``; its own entry must be its key) and its policy."""
+    (only itself without ``signers``; its own entry must be its key) and its policy, with
+    the weight bound of its preset and the colluders its backend must withstand
+    (``ReleasePolicy``)."""
     signer = (
         Ed25519PrivateKey.from_private_bytes(signing_key)
         if signing_key is not None
@@ -45,7 +50,14 @@ def release_identity(
     if roster.get(client_id) != public_bytes(signer):
         raise KeySetupError(f"{client_id}'s signing key is not its key in the roster")
     try:
-        policy = ReleasePolicy(min_contributors, min_weight_share, reveal_length, max_weight_share)
+        policy = ReleasePolicy(
+            min_contributors,
+            min_weight_share,
+            reveal_length,
+            max_weight_share,
+            max_weight=max_weight,
+            colluders=colluders,
+        )
     except ValueError as exc:
         raise KeySetupError(f"{client_id}: {exc}") from None
     return signer, roster, policy
@@ -61,12 +73,19 @@ def consent(
     releases_per_upload: Mapping[str, int],
     signer: Ed25519PrivateKey,
     applied: Mapping[str, int] | None = None,
+    released: dict[str, list[dict[str, Any]]] | None = None,
+    origins: Mapping[str, str] | None = None,
 ) -> dict[str, Field]:
     """Sign ``d`` if it holds one of this client's ``uploads`` (digest -> releases so far,
     by kind; counted here) made from ``d``'s basis (``bases``: digest -> what the upload was
     made from), within ``releases_per_upload`` and ``policy``; with ``applied``
     (a client-weighted preset: digest -> the integer weight the client multiplied that
-    upload by), only if ``d`` lists its upload with that weight."""
+    upload by), only if ``d`` lists its upload with that weight. ``released`` (digest ->
+    the descriptors of the releases that upload entered, recorded here) holds what a
+    coalition has already seen: ``d`` must be over the same uploads as they were, its
+    weightings together must pass the policy (``secagg.backends.coalition``, rules 2 and
+    4), and no upload of this client made from the same basis for another request
+    (``origins``: digest -> the request it answered) may have entered a release (rule 3)."""
     policy.check(d)
     check_not_reattributed(client_id, d, uploads)
     mine = [digest for client, _, digest in d.entries if client == client_id]
@@ -87,6 +106,21 @@ def consent(
                 f"{client_id}: release {d.name!r} lists its upload with weight {listed}; "
                 f"it applied {applied.get(mine[0])} before encrypting"
             )
+    record = released if released is not None else {}
+    policy.check_weightings(d, [Descriptor.from_config(c) for c in record.get(mine[0], [])])
+    origin = (origins or {}).get(mine[0], "")
+    if any(
+        other != mine[0]
+        and record.get(other)
+        and bases.get(other) == d.basis
+        and (origins or {}).get(other, "") != origin
+        for other in uploads
+    ):
+        raise ReleaseRefused(
+            f"{client_id}: another of its uploads made from the same request entered a "
+            f"release already; one upload per client per request (a retried upload of the "
+            "same update released beside the first would give it by difference)"
+        )
     used = uploads[mine[0]]
     limit = releases_per_upload.get(d.kind, 0)
     if used.get(d.kind, 0) >= limit:
@@ -96,6 +130,7 @@ def consent(
             "the same uploads would single one out)"
         )
     used[d.kind] = used.get(d.kind, 0) + 1
+    record.setdefault(mine[0], []).append(d.to_config())
     signature = signer.sign(consent_message(client_id, d))
     return {"consent": wire.config({"signature": base64.b64encode(signature).decode()})}
 
@@ -181,13 +216,29 @@ def restored_uploads(client_id: str, uploads: object) -> dict[str, dict[str, int
     return {d: dict(kinds) for d, kinds in uploads.items()}
 
 
-def restored_bases(client_id: str, bases: object) -> dict[str, str]:
-    """The record of what each upload was made from (``consent``'s ``bases``)."""
+def restored_bases(client_id: str, bases: object, what: str = "upload bases") -> dict[str, str]:
+    """The record of what each upload was made from (``consent``'s ``bases``), or of another
+    text per upload (``what``: ``origins``)."""
     if not isinstance(bases, dict) or not all(
         isinstance(d, str) and isinstance(b, str) for d, b in bases.items()
     ):
-        raise KeySetupError(f"{client_id}: the state's record of upload bases is garbled")
+        raise KeySetupError(f"{client_id}: the state's record of {what} is garbled")
     return dict(bases)
+
+
+def restored_releases(client_id: str, released: object) -> dict[str, list[dict[str, Any]]]:
+    """The record of the releases each upload entered (``consent``'s ``released``), every
+    descriptor read as a server's would be."""
+    if not isinstance(released, dict) or not all(
+        isinstance(d, str) and isinstance(rs, list) for d, rs in released.items()
+    ):
+        raise KeySetupError(f"{client_id}: the state's record of releases is garbled")
+    try:
+        return {
+            d: [Descriptor.from_config(r).to_config() for r in rs] for d, rs in released.items()
+        }
+    except ReleaseRefused:
+        raise KeySetupError(f"{client_id}: the state's record of releases is garbled") from None
 
 
 @dataclass
@@ -205,6 +256,10 @@ class HolderState:
     uploads: dict[str, dict[str, int]]
     bases: dict[str, str]
     applied: dict[str, int]
+    #: digest of each upload -> the descriptors of the releases it entered (``consent``)
+    released: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    #: digest of each upload -> the request it answered (``consent``'s ``origins``)
+    origins: dict[str, str] = field(default_factory=dict)
 
     #: the keys of an exported state that every key-holding half writes
     KEYS: ClassVar[tuple[str, ...]] = (
@@ -217,6 +272,8 @@ class HolderState:
         "uploads",
         "bases",
         "applied",
+        "released",
+        "origins",
     )
 
     def export(self, preset: str, params: str) -> dict[str, Any]:
@@ -232,6 +289,8 @@ class HolderState:
             "uploads": {d: dict(kinds) for d, kinds in self.uploads.items()},
             "bases": dict(self.bases),
             "applied": dict(self.applied),
+            "released": {d: [dict(r) for r in rs] for d, rs in self.released.items()},
+            "origins": dict(self.origins),
         }
 
     @classmethod
@@ -274,6 +333,8 @@ class HolderState:
             restored_uploads(client_id, state["uploads"]),
             restored_bases(client_id, state["bases"]),
             dict(applied),
+            restored_releases(client_id, state["released"]),
+            restored_bases(client_id, state["origins"], "request origins"),
         )
 
 

@@ -18,7 +18,9 @@ class PlainClient(ClientBackend):
         # float32 is what the torch model holds: 4 bytes per parameter on the wire
         self.dtype = np.dtype(dtype)
 
-    def protect(self, values: np.ndarray, weight: float | None = None, *, basis: str = "") -> Field:
+    def protect(
+        self, values: np.ndarray, weight: float | None = None, *, basis: str = "", request: str = ""
+    ) -> Field:
         no_client_weight(self.name, weight)
         return wire.vector(np.asarray(values, dtype=self.dtype))
 

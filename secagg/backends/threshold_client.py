@@ -45,6 +45,7 @@ from secagg.backends.consenting import (
     read_release,
     release_identity,
     restored_count,
+    restored_releases,
 )
 from secagg.ckks.keywrap import KeyWrapper
 from secagg.ckks.release import Descriptor, check_entries, server_multipliers
@@ -55,11 +56,13 @@ from secagg.errors import (
     ProtocolStateError,
     ReleaseRefused,
 )
-from secagg.threshold.combine import interpolate
+from secagg.threshold.combine import open_checked
 from secagg.threshold.params import (
+    CHECK_BLOCKS,
     SHARE_SEED_BYTES,
     ThresholdPreset,
     Upload,
+    check_sum,
     check_t,
     decode,
     encode,
@@ -68,6 +71,7 @@ from secagg.threshold.params import (
     public_seed,
     share_label,
     upload_message,
+    with_check,
 )
 from secagg.threshold.ring import ring
 from secagg.threshold.share_relay import release_label, seal, unseal
@@ -164,6 +168,8 @@ class ThresholdClient(ClientBackend):
             min_weight_share,
             reveal_length,
             max_weight_share,
+            max_weight=preset.max_weight,
+            colluders=self.t - 1,
         )
         if set(self.signers) != set(self.roster) and signers is not None and roster is not None:
             raise KeySetupError(f"{client_id}: its two rosters name different clients")
@@ -173,10 +179,15 @@ class ThresholdClient(ClientBackend):
         self.bases: dict[str, str] = {}
         #: on ``lean``, digest of each upload -> the integer weight applied to it
         self.applied: dict[str, int] = {}
+        #: digest of each upload -> the descriptors of the releases it entered
+        self.released: dict[str, list[dict[str, Any]]] = {}
+        #: digest of each upload -> the request it answered (``protect``'s ``request``)
+        self.origins: dict[str, str] = {}
         #: release (descriptor hash, hex) -> the holder set it was answered for
         self.answered: dict[str, list[str]] = {}
-        #: upload digest -> the contributor set of the releases it entered
-        self.sets: dict[str, list[str]] = {}
+        #: upload digest -> the descriptors of the releases it entered that this holder
+        #: answered (their sets, weights and bases: ``_check_history``)
+        self.sets: dict[str, list[dict[str, Any]]] = {}
 
     @property
     def signing_public(self) -> bytes:
@@ -204,12 +215,14 @@ class ThresholdClient(ClientBackend):
             self.uploads,
             self.bases,
             self.applied,
+            self.released,
+            self.origins,
         )
         return {
             **held.export(self.preset.name, self.preset.fingerprint),
             "open_shares": self.open_shares,
             "answered": {r: list(t) for r, t in self.answered.items()},
-            "sets": {d: list(s) for d, s in self.sets.items()},
+            "sets": {d: [dict(r) for r in rs] for d, rs in self.sets.items()},
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -226,29 +239,34 @@ class ThresholdClient(ClientBackend):
             signers=self.signers,
         )
         open_shares = restored_count(self.id, state["open_shares"], "open share count")
-        answered, sets = state["answered"], state["sets"]
-        for what, record in (("answered releases", answered), ("contributor sets", sets)):
-            if not isinstance(record, dict) or not all(
-                isinstance(k, str)
-                and isinstance(v, list)
-                and all(isinstance(c, str) and c in self.roster for c in v)
-                for k, v in record.items()
-            ):
-                raise KeySetupError(f"{self.id}: the state's record of {what} is garbled")
+        answered = state["answered"]
+        if not isinstance(answered, dict) or not all(
+            isinstance(k, str)
+            and isinstance(v, list)
+            and all(isinstance(c, str) and c in self.roster for c in v)
+            for k, v in answered.items()
+        ):
+            raise KeySetupError(f"{self.id}: the state's record of answered releases is garbled")
+        sets = restored_releases(self.id, state["sets"])
         self._identity, self._signer = held.identity, held.signer
         self.uploads, self.bases, self.applied = held.uploads, held.bases, held.applied
+        self.released, self.origins = held.released, held.origins
         self.answered = {r: list(v) for r, v in answered.items()}
-        self.sets = {d: list(v) for d, v in sets.items()}
+        self.sets = sets
         self.decryptions, self.opens, self.open_shares = held.decryptions, held.opens, open_shares
 
     # ---- data path -----------------------------------------------------------------------------
-    def protect(self, values: np.ndarray, weight: float | None = None, *, basis: str = "") -> Field:
+    def protect(
+        self, values: np.ndarray, weight: float | None = None, *, basis: str = "", request: str = ""
+    ) -> Field:
         """Mask ``values`` under a fresh key and deal its shares, sealed, in the upload; on
         ``lean`` ``weight`` (the planned weight) times ``values``, the integer applied
         remembered: this client consents only to sums listing that weight."""
         applied = own_weight(self.id, self.preset, weight)
         factor = 1.0 if applied is None else applied / self.preset.client_weight_unit
-        messages = encode(self.preset, values, self.preset.client_bound(len(self.holders)), factor)
+        messages = with_check(
+            encode(self.preset, values, self.preset.client_bound(len(self.holders)), factor)
+        )
         key = self.ring.key()  # one-time: it leaves this method only as sealed shares
         body = self.ring.to_bytes(self.ring.mask(key, public_seed(self.preset, basis), messages))
         payloads = share_payloads(self.ring, key, self.t, len(self.holders))
@@ -262,6 +280,7 @@ class ThresholdClient(ClientBackend):
         digest = upload.digest(self.preset)
         signature = self._signer.sign(upload_message(self.id, digest))
         self.uploads[digest], self.bases[digest] = {}, basis
+        self.origins[digest] = request
         if applied is not None:
             self.applied[digest] = applied
         return wire.ciphertext(Upload(body, sealed, signature).parts())
@@ -319,7 +338,7 @@ class ThresholdClient(ClientBackend):
             or len(keys) != len(recipients) * len(holders)
         ):
             raise ReleaseRefused(f"{self.id}: {name}: the shares do not match the release")
-        total = self._load_rows(bodies[0], d.chunks, name)
+        total = self._load_rows(bodies[0], d.chunks + CHECK_BLOCKS, name)
         label = release_label(self.preset.fingerprint, d.hash())
         me = recipients.index(self.id)
         shares = {}
@@ -334,8 +353,16 @@ class ThresholdClient(ClientBackend):
                 label,
             )
             shares[holder] = self._load_rows(blob, 1, name)[0]
-        key_sum, _ = interpolate(self.ring, shares, holder_xs(self.holders), self.t)
-        centred = self.ring.unmask(total, key_sum, public_seed(self.preset, d.basis))
+        seed = public_seed(self.preset, d.basis)
+        multipliers = server_multipliers(self.preset.weighted_by_clients, d.weights.values())
+        centred, _ = open_checked(
+            self.ring,
+            shares,
+            holder_xs(self.holders),
+            self.t,
+            lambda key_sum: self.ring.unmask(total, key_sum, seed),
+            lambda centred: check_sum(self.preset, centred, multipliers),
+        )
         self.opens += 1
         return decode(self.preset, centred, d.n_values, float(divisor))
 
@@ -351,6 +378,8 @@ class ThresholdClient(ClientBackend):
             releases_per_upload=self.releases_per_upload,
             signer=self._signer,
             applied=self.applied if self.preset.weighted_by_clients else None,
+            released=self.released,
+            origins=self.origins,
         )
 
     def on_decrypt_share(self, env: Envelope) -> dict[str, Field]:
@@ -446,13 +475,7 @@ class ThresholdClient(ClientBackend):
             raise ProtocolStateError(
                 f"{self.id} refuses {kind} share {used + 1}: its configuration allows {budget}"
             )
-        contributors = sorted(c for c, _, _ in d.entries)
-        for _, _, digest in d.entries:
-            if self.sets.get(digest, contributors) != contributors:
-                raise ReleaseRefused(
-                    f"{self.id}: {d.name}: an upload of this release entered another with "
-                    f"the contributors {self.sets[digest]}; one set per upload"
-                )
+        self._check_history(d, release)
         self._check_applied(d)
         preimages = [bytes(p) for p in env.ciphertext_parts("preimages")]
         blobs = [bytes(p) for p in env.ciphertext_parts("shares")]
@@ -474,8 +497,23 @@ class ThresholdClient(ClientBackend):
         share = self.ring.combine(np.stack(mine), weights)
         self.answered[release] = holder_set
         for _, _, digest in d.entries:
-            self.sets[digest] = contributors
+            seen = self.sets.setdefault(digest, [])
+            if d.to_config() not in seen:
+                seen.append(d.to_config())
         return share, fresh, []
+
+    def _check_history(self, d: Descriptor, release: str) -> None:
+        """``d`` against the releases this holder answered before (``coalition``'s rules 2
+        and 4 as a holder sees them): its uploads entered releases over this same set only,
+        and its weightings with theirs pass the policy. (Rule 3 is the contributors': only a
+        client knows which of its uploads answered which request.)"""
+        earlier: list[Descriptor] = []
+        for _, _, digest in d.entries:
+            for config in self.sets.get(digest, []):
+                before = Descriptor.from_config(config)
+                if before.hash().hex() != release and before not in earlier:
+                    earlier.append(before)
+        self.policy.check_weightings(d, earlier)
 
     def _unsealed_share(
         self, name: str, sender: str, preimage: bytes, blob: bytes, me: int

@@ -26,20 +26,28 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from secagg import wire
 from secagg.backends.base import RunningSum, ServerBackend, applied_weight
-from secagg.backends.consent import gather_consents
-from secagg.ckks.release import Descriptor, Entry, common_basis, upload_basis_of
+from secagg.backends.consent import ReleaseRecord, gather_consents
+from secagg.ckks.release import (
+    Descriptor,
+    Entry,
+    ReleasePolicy,
+    common_basis,
+    server_multipliers,
+    upload_basis_of,
+)
 from secagg.errors import (
-    ClientInputError,
     ConfigError,
     ConsentRefused,
     MalformedCiphertext,
     RoundAborted,
+    RoundSkipped,
     UnexpectedField,
 )
-from secagg.threshold.combine import ShareMismatch, interpolate
+from secagg.threshold.combine import ShareMismatch, open_checked
 from secagg.threshold.params import (
     ThresholdPreset,
     Upload,
+    check_sum,
     check_t,
     decode,
     holder_xs,
@@ -50,11 +58,6 @@ from secagg.threshold.params import (
 )
 from secagg.threshold.ring import ring
 from secagg.wire import Envelope, Field
-
-
-class WrongShare(ClientInputError):
-    """A holder's share of a key sum does not lie on the polynomial the other holders'
-    shares agree on: it is excluded from the round and named in the audit."""
 
 
 @dataclass
@@ -90,19 +93,25 @@ class ThresholdServer(ServerBackend):
         *,
         signers: Mapping[str, bytes] | None = None,
         t: int = 0,
+        policy: ReleasePolicy | None = None,
     ):
         """Parameters:
         preset: the parameter set.
         signers: the clients' public signing keys (the roster of holders); the server checks
             each upload's signature and each consent with them.
         t: how many holders' shares open a sum (0: a strict majority of the roster).
+        policy: the release policy the clients hold (the run's options; its colluders are
+            set to t − 1 here): a release they would refuse skips the round instead of being
+            asked for (``ReleaseRecord``).
         """
         self.preset = preset
         self.ring = ring(preset.ring_dim, preset.prime)
         self.signers = dict(signers) if signers is not None else None
         self.weights_at_client = preset.weighted_by_clients
         self._t = t
+        self.policy = policy if policy is not None else ReleasePolicy(max_weight=preset.max_weight)
         self.holders: list[str] = holders_of(self.signers) if self.signers else []
+        self.releases = ReleaseRecord(self.policy)
 
     @property
     def t(self) -> int:
@@ -116,7 +125,17 @@ class ThresholdServer(ServerBackend):
         provisioned roster (tests), the holders are the run's clients."""
         if not self.holders:
             self.holders = holders_of(ctx.active)
-        self.t  # noqa: B018 - a t that does not fit the roster fails before round 0
+        m = self.policy.min_contributors
+        self.policy = replace(self.policy, colluders=self.t - 1)
+        self.releases = ReleaseRecord(self.policy)
+        if m > 1 and len(self.holders) < self.t - 1 + m:
+            raise ConfigError(
+                f"threshold with {len(self.holders)} clients and t = {self.t}: t − 1 colluding "
+                f"clients and the server would read every honest upload from any sum, since a "
+                f"release must hold {m} honest uploads whoever colludes ({self.t - 1 + m} in "
+                "all). Run more clients, a lower --threshold-t, or --backend-option "
+                "min_contributors=1 to accept releases of single uploads"
+            )
 
     # ---- aggregation -------------------------------------------------------------------------
     def load(self, envelope: Envelope, name: str, length: int) -> ThresholdHandle:
@@ -132,7 +151,7 @@ class ThresholdServer(ServerBackend):
                 raise MalformedCiphertext(
                     f"{envelope.sender}'s upload is not signed by its roster key"
                 ) from None
-        blocks = self.ring.from_bytes(upload.blocks, self.preset.blocks(length))
+        blocks = self.ring.from_bytes(upload.blocks, self.preset.upload_blocks(length))
         entry = Entry(envelope.sender, 0, upload.preimage(self.preset), upload_basis_of(envelope))
         return ThresholdHandle(blocks, length, (entry,), {envelope.sender: upload.sealed})
 
@@ -188,7 +207,7 @@ class ThresholdServer(ServerBackend):
         contributors' consents, and for each holder the sealed shares addressed to it.
         Fewer than t answers stop the round (``RoundAborted``, with every exclusion)."""
         d = self.descriptor(ctx, handle, kind, name)
-        consents = gather_consents(ctx, d, self.signers)
+        consents = gather_consents(ctx, d, self.signers, self.releases)
         common = {
             "release": wire.config({"descriptor": d.to_config(), "consents": consents}),
             "holders": wire.config({"ids": list(self.holders)}),
@@ -306,18 +325,31 @@ class ThresholdServer(ServerBackend):
                 shares[h] = self.ring.from_bytes(bytes(parts[0]), 1)[0]
             except MalformedCiphertext as exc:
                 ctx.exclude(h, "decrypt_share", exc)
+        seed = public_seed(self.preset, d.basis)
+        multipliers = server_multipliers(self.preset.weighted_by_clients, d.weights.values())
         try:
-            key_sum, wrong = interpolate(self.ring, shares, holder_xs(self.holders), self.t)
+            centred, off = open_checked(
+                self.ring,
+                shares,
+                holder_xs(self.holders),
+                self.t,
+                lambda key_sum: self.ring.unmask(handle.total, key_sum, seed),
+                lambda centred: check_sum(self.preset, centred, multipliers),
+            )
         except ShareMismatch as exc:
-            raise aborted(ctx, "decrypt_share", f"{name}: {exc}") from None
-        for h in wrong:
-            ctx.exclude(h, "decrypt_share", WrongShare(f"{h}'s share of {name}'s key sum is wrong"))
-        centred = self.ring.unmask(handle.total, key_sum, public_seed(self.preset, d.basis))
+            raise RoundSkipped(
+                f"{name}: {exc}; the round is skipped",
+                round=ctx.round,
+                phase="decrypt_share",
+                exclusions=ctx.excluded,
+            ) from None
         values = decode(self.preset, centred, handle.n_values, handle.divisor)
-        used = [h for h in shares if h not in wrong]
-        return values, (
-            f"holders {','.join(used)} ({len(used)} of {len(self.holders)}, t = {self.t})"
-        )
+        by = f"holders {','.join(shares)} ({len(shares)} of {len(self.holders)}, t = {self.t})"
+        if off:
+            # named, not blamed: a lying holder and a dealer that sealed it a share off its
+            # own polynomial look alike from the combined shares (``combine``)
+            by += f"; off the polynomial: {','.join(off)} (a wrong share, or a dealer's)"
+        return values, by
 
 
 class ThresholdRunningSum(RunningSum):

@@ -66,6 +66,14 @@ class CKKSPreset:
         return self.client_weight_bits is not None
 
     @property
+    def max_weight(self) -> int:
+        """The largest integer weight a release may list: 2^weight_bits (|w| <= 1) where
+        the server weights, the unit of an applied weight (<= 1) where the clients do."""
+        return 1 << (
+            self.client_weight_bits if self.client_weight_bits is not None else self.weight_bits
+        )
+
+    @property
     def client_weight_unit(self) -> int:
         """2^client_weight_bits: an applied integer weight k stands for k / this."""
         if self.client_weight_bits is None:

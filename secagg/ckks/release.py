@@ -240,23 +240,41 @@ class ReleasePolicy:
             or more; two-upload sums have the floor only): at the default 1/2 the others
             together weigh at least as much as the largest, so the sum is never mostly one
             upload.
+        max_weight: the largest |k_i| (2^weight_bits of the backend's preset; None: no
+            bound, for tests of the other rules only): a weight beyond it could vanish
+            modulo the prime (``secagg.backends.coalition``, rule 1).
+        colluders: how many clients may collude with the server (t − 1 on threshold, 0 on
+            ckks): a release must leave ``min_contributors`` honest terms of weight at least
+            ``min_share`` of the largest whoever they are (``coalition``, rule 4).
     """
 
     min_contributors: int = 2
     min_share: float = 0.01
     n_values: int | tuple[int, ...] | None = None
     max_share: float = 0.5
+    max_weight: int | None = None
+    colluders: int = 0
 
     def __post_init__(self):
         if self.min_contributors < 1 or not 0.0 <= self.min_share <= 1.0:
             raise ValueError("min_contributors must be >= 1 and min_share in [0, 1]")
         if not 0.0 < self.max_share <= 1.0:
             raise ValueError("max_share must lie in (0, 1]")
+        if self.max_weight is not None and self.max_weight < 1:
+            raise ValueError("max_weight must be a positive integer bound")
+        if self.colluders < 0:
+            raise ValueError("colluders must be a count")
 
     def check(self, d: Descriptor) -> None:
         ks = [abs(k) for _, k, _ in d.entries]
         if any(k == 0 for k in ks):
             raise ReleaseRefused(f"{d.name}: a release lists a contributor of weight 0")
+        if self.max_weight is not None and any(k > self.max_weight for k in ks):
+            raise ReleaseRefused(
+                f"{d.name}: a weight of {max(ks)} units is beyond this client's bound of "
+                f"{self.max_weight} (|w| <= 1); a weight that large can vanish modulo the "
+                "prime and single one upload out"
+            )
         if len(ks) < self.min_contributors:
             raise ReleaseRefused(
                 f"{d.name}: {len(ks)} contributor(s); this client opens sums of at least "
@@ -285,6 +303,43 @@ class ReleasePolicy:
             raise ReleaseRefused(
                 f"{d.name}: this client opens {' or '.join(map(str, allowed))} values (its "
                 f"model's size, and what its protocol releases); the release has {d.n_values}"
+            )
+        self.check_weightings(d, ())
+
+    def check_weightings(self, d: Descriptor, earlier: Sequence[Descriptor]) -> None:
+        """``d`` with the ``earlier`` releases of its uploads (as this client saw them):
+        over the same uploads only, and every combination of their weightings keeps
+        ``min_contributors`` honest terms of weight ``min_share`` of the largest, whoever
+        the ``colluders`` are (``secagg.backends.coalition``, rules 2 and 4)."""
+        from secagg.backends.coalition import weakest_share
+
+        listed = sorted((c, digest) for c, _, digest in d.entries)
+        for before in earlier:
+            if sorted((c, digest) for c, _, digest in before.entries) != listed:
+                raise ReleaseRefused(
+                    f"{d.name}: its uploads entered a release over another set of uploads "
+                    f"({before.name!r}, round {before.round}); one set per upload (two sums "
+                    "over sets that differ give an upload by difference)"
+                )
+        if self.min_contributors < 2:
+            return  # a client that accepts one-upload releases accepts being singled out
+        order = [c for c, _ in listed]
+        rows = [[b.weights[c] for c in order] for b in (*earlier, d)]
+        need = self.colluders + self.min_contributors
+        if len(order) < need:
+            raise ReleaseRefused(
+                f"{d.name}: {len(order)} contributor(s); with up to {self.colluders} "
+                f"colluding with the server, this client opens sums of at least {need} "
+                f"({self.min_contributors} honest whoever colludes)"
+            )
+        share = weakest_share(rows, self.colluders, self.min_contributors)
+        if share <= 0.0 or share < self.min_share:
+            what = "its weights" if len(rows) == 1 else f"its {len(rows)} weightings together"
+            raise ReleaseRefused(
+                f"{d.name}: {what} let the server and {self.colluders} colluding client(s) "
+                f"form a sum in which fewer than {self.min_contributors} honest uploads weigh "
+                f"{self.min_share:g} of the largest (weakest share {share:.3g}); this client "
+                "refuses a release that singles an upload out"
             )
 
 

@@ -17,7 +17,13 @@ from secagg.backends import make_backends
 from secagg.ckks.flooding import error_bound, flooding_sigma, slot_sigma
 from secagg.ckks.presets import get_preset
 from secagg.ckks.public import PublicCKKS, to_bytes
-from secagg.errors import ConsentRefused, ProtocolStateError, ReleaseRefused, RoundAborted
+from secagg.errors import (
+    ConsentRefused,
+    ProtocolStateError,
+    ReleaseRefused,
+    RoundAborted,
+    RoundSkipped,
+)
 from secagg.wire import Envelope
 from tests.harness import BackendRound
 
@@ -105,22 +111,29 @@ def test_a_decryptor_checks_the_policy_itself(run):
 
 def test_two_weightings_of_the_same_uploads_are_refused(run):
     """Differencing: (1/3, 1, 1) and (1, 1, 1) of the same uploads give client_0's upload.
-    Each contributor consents to one reveal per upload, so the second sum gets no consent."""
+    The honest server foresees the refusal and skips the round; a deviating server that
+    asks anyway gets no consent: the two weightings together single client_0 out."""
     ctx = run.ctx()
     handles = fresh(run)
     first = ctx.weighted_sum(handles, {"client_0": 1 / 3, "client_1": 1.0, "client_2": 1.0})
     ctx.reveal(first, "global_update")
     second = ctx.weighted_sum(handles, dict.fromkeys(IDS, 1.0))
-    with pytest.raises(RoundAborted, match="already entered 1 release"):
+    with pytest.raises(RoundSkipped, match="singles an upload out"):
         ctx.reveal(second, "global_update")
-    # an open of the same uploads is another kind: one is allowed (LARC's Ĝ)
+    run.server.releases = None  # a deviating server: it asks anyway
+    with pytest.raises(RoundAborted, match="singles an upload out"):  # every client refused
+        ctx.reveal(second, "global_update")
+    # an open of the same uploads is another kind: one is allowed (LARC's Ĝ) where its
+    # weights tell nothing new: proportional to the reveal's as quantised (the same here;
+    # (1/6, 1/2, 1/2) is not: 1/3 and 1/6 round apart, and the rounding residue alone
+    # would single client_0 out)
     ctx = run.ctx()
-    assert "g_hat.release" in ctx.as_fields(
-        ctx.weighted_sum(handles, dict.fromkeys(IDS, 1.0)), "g_hat"
-    )
+    again = {"client_0": 1 / 3, "client_1": 1.0, "client_2": 1.0}
+    assert "g_hat.release" in ctx.as_fields(ctx.weighted_sum(handles, again), "g_hat")
 
 
 def test_a_replayed_or_reattributed_upload_gets_no_consent(run):
+    run.server.releases = None  # a deviating server: it asks for what its clients refuse
     ctx = run.ctx()
     old = fresh(run)
     ctx.reveal(ctx.weighted_sum(old, dict.fromkeys(IDS, 1 / 3)), "global_update")
@@ -128,7 +141,7 @@ def test_a_replayed_or_reattributed_upload_gets_no_consent(run):
     ctx = run.ctx()
     new = fresh(run)
     replayed = {**new, "client_0": old["client_0"]}  # last round's upload, already released
-    with pytest.raises(RoundAborted, match="already entered"):
+    with pytest.raises(RoundAborted, match="another set of uploads"):
         ctx.reveal(ctx.weighted_sum(replayed, dict.fromkeys(IDS, 1 / 3)), "global_update")
     ctx = run.ctx()
     new = fresh(run)  # client_1 and client_2 spent their consent on the replayed sum

@@ -1,0 +1,132 @@
+"""What a coalition learns from all the releases of a run, and the rules that bound it.
+
+The game. The adversary is the server together with up to ``colluders`` clients: t − 1 on
+``threshold`` (t of them could open anything they hold shares of), none on ``ckks`` (the
+clients share one key, so there the server alone is the adversary). It chooses the weights,
+the contributor sets, which uploads are paired, how many releases it asks for and who drops
+out. Each release of a set S of uploads tells it R = Σ_{i∈S} k_i·x_i; all releases of S
+together tell it every combination Σ_l a_l·R_l = Σ_i c_i·x_i of them, from which it
+subtracts its members' own terms. It wins if one such combination holds fewer than
+``min_honest`` honest terms of non-negligible weight, |c_i| ≥ ε·max_j |c_j| (ε the client's
+``min_weight_share``): that combination is, up to ε, a sum of fewer honest uploads than the
+client agreed to be hidden among (one: an individual update).
+
+The rules, each checked from the checking client's own configuration by every contributor
+before it consents and by every holder before it answers:
+
+1. **Weights** are integers with 0 < |k| ≤ ``max_weight`` (2^weight_bits, far below the
+   prime or the modulus): no weight vanishes modulo p (k = p is 0 in the ring: listing every
+   other contributor at p and the victim at p + 1 made the "sum" the victim's upload).
+2. **One set per upload**: an upload enters releases over one set of uploads only (two
+   sums over sets that differ by one upload give it by difference).
+3. **One upload per client per basis** (round, phase, model, settings) enters releases: a
+   client that made two uploads of the same thing (a retried request) lets one of them be
+   released at most.
+4. **The weightings of a set** W (one row per release) leave every combination at least
+   ``min_honest`` non-negligible honest terms, whoever the ``colluders`` are
+   (:func:`weakest_share` ≥ ε). For one release this is |k|_(c+m) ≥ ε·|k|_(1) over the
+   sorted weights, c colluders and m = ``min_honest``: at least c + m contributors, and the
+   coalition's best choice of members (the largest weights beside the victim's) leaves m
+   terms within 1/ε of the largest. A later release proportional to an earlier one tells
+   nothing new and is allowed; a second independent weighting is checked exactly over the
+   two-dimensional row space (below); a third independent one is refused.
+
+Why they suffice: by 2 and 3 every honest upload is in releases over one set S only, and
+every release over S is consented to by all of S, so each honest contributor of S sees every
+weighting of S and applies 4 to all of them together; a combination across different sets
+adds only terms the coalition knows (its own uploads) or independent honest uploads, which
+cannot cancel a term of S. By 1 the ring computes the weighted sum the integers say.
+
+The two-release check is exact: a combination is c(θ) = cos θ·k + sin θ·k'. Between the
+directions where some c_i vanishes or two |c_i| cross, the order of the |c_i| is fixed and
+the ratio of two of them is monotone in θ (d/dθ of sin(θ − α)/sin(θ − β) has one sign), so
+the worst ratio |c|_(c+m)/|c|_(1) is met at one of those O(n²) directions, which integer
+arithmetic gives exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+#: candidate directions evaluated per block (bounds memory at about 8 MB per 250 clients)
+_BLOCK = 4096
+
+
+def weakest_share(rows: Sequence[Sequence[int]], colluders: int, min_honest: int) -> float:
+    """min over the combinations c of ``rows`` (integer weights, one row per release, the
+    same uploads in the same order) of |c|_(colluders + min_honest) / |c|_(1), the
+    (colluders + min_honest)-th largest |c_i| over the largest: what the coalition's best
+    members leave of the honest terms. 0.0 when some combination isolates exactly, when
+    there are too few uploads, or when the rows span more than two dimensions."""
+    need = colluders + min_honest
+    basis = independent_rows(rows)
+    if not basis or len(basis[0]) < need or need < 1:
+        return 0.0
+    if len(basis) > 2:
+        return 0.0
+    if len(basis) == 1:
+        return _order_ratio(np.abs(np.asarray(basis[0], dtype=np.int64))[None, :], need)
+    k1, k2 = (np.asarray(r, dtype=np.int64) for r in basis)
+    n = k1.size
+    i, j = np.triu_indices(n, 1)
+    # directions (a, b) ⟂ w_i, ⟂ w_i − w_j and ⟂ w_i + w_j, w_i = (k1_i, k2_i)
+    normals = np.concatenate(
+        [
+            np.stack([k1, k2], 1),
+            np.stack([k1[i] - k1[j], k2[i] - k2[j]], 1),
+            np.stack([k1[i] + k1[j], k2[i] + k2[j]], 1),
+        ]
+    )
+    directions = np.stack([normals[:, 1], -normals[:, 0]], 1)
+    directions = directions[np.any(directions != 0, axis=1)]
+    worst = 1.0
+    for start in range(0, len(directions), _BLOCK):
+        a, b = directions[start : start + _BLOCK].T
+        combos = np.abs(a[:, None] * k1[None, :] + b[:, None] * k2[None, :])
+        worst = min(worst, _order_ratio(combos, need))
+        if worst == 0.0:
+            break
+    return worst
+
+
+def _order_ratio(magnitudes: np.ndarray, need: int) -> float:
+    """min over rows of (need-th largest) / largest, rows that are all zero left out."""
+    ordered = -np.sort(-magnitudes, axis=1)
+    top = ordered[:, 0]
+    live = top > 0
+    if not np.any(live):
+        return 1.0
+    return float(np.min(ordered[live, need - 1].astype(np.float64) / top[live]))
+
+
+def independent_rows(rows: Sequence[Sequence[int]]) -> list[list[int]]:
+    """A basis of the rows' span, in order: a row proportional to a kept one (exact integer
+    cross-multiplication) is dropped; a third independent row makes the list three long
+    (found in floating point: near-dependent rows count as independent, the safe side)."""
+    kept: list[list[int]] = []
+    for row in rows:
+        r = [int(k) for k in row]
+        if not any(r):
+            continue
+        if not kept:
+            kept.append(r)
+        elif len(kept) == 1:
+            if not _proportional(kept[0], r):
+                kept.append(r)
+        else:
+            m = np.asarray(kept, dtype=np.float64).T
+            x = np.asarray(r, dtype=np.float64)
+            fit, *_ = np.linalg.lstsq(m, x, rcond=None)
+            if np.linalg.norm(m @ fit - x) > 1e-9 * np.linalg.norm(x):
+                kept.append(r)
+                break
+    return kept
+
+
+def _proportional(u: Sequence[int], v: Sequence[int]) -> bool:
+    """u and v (non-zero integer rows) are multiples of each other: u_i·v_p = v_i·u_p for
+    a position p where u is non-zero."""
+    p = next(i for i, a in enumerate(u) if a)
+    return len(u) == len(v) and all(a * v[p] == b * u[p] for a, b in zip(u, v))
