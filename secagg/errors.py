@@ -49,6 +49,13 @@ class DuplicateMessage(ClientInputError):
     """A second message from the same sender in the same round and phase."""
 
 
+class DuplicateUpload(DuplicateMessage):
+    """An upload whose seeds an upload already loaded this round had: a copy of another
+    client's upload re-sent as the sender's own (a release would list one upload twice and
+    every client would refuse it). The copy is refused at load and its sender excluded; the
+    upload loaded first stands (``RoundContext.loaded``)."""
+
+
 class StaleMessage(ClientInputError):
     """A reply for another round or phase than the one asked: replayed or stale."""
 

@@ -407,7 +407,9 @@ class Server:
                 raise ClientInputError(f"{client} reports {n} samples")
             extra = {k: env.scalar(k) for k in self.protocol.train_reply(ctx)}
             start = time.perf_counter()
-            loaded = Upload(self.backend.load(env, "pseudo_gradient", self.n_params), n, extra)
+            handle = self.backend.load(env, "pseudo_gradient", self.n_params)
+            # a copy of an upload already loaded this round is refused (DuplicateUpload)
+            loaded = Upload(ctx.loaded(client, "pseudo_gradient", handle), n, extra)
             self.backend.remember_upload(client, env)
             ctx.seconds["load"] += time.perf_counter() - start
             self.protocol.check_upload(ctx, client, loaded)

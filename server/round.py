@@ -25,6 +25,7 @@ from secagg.errors import (
     ClientInputError,
     ConfigError,
     DuplicateMessage,
+    DuplicateUpload,
     ProtocolStateError,
     RoundAborted,
     UnknownSender,
@@ -105,6 +106,8 @@ class RoundContext:
         self._sums: list[tuple[Any, dict[str, float]]] = []
         self._used: dict[int, dict[str, float]] = {}  # id(sum) -> its weights, this round
         self.releases: list[tuple[str, dict[str, float]]] = []
+        #: digest of each upload loaded this round -> who sent it, under which name
+        self._uploads: dict[str, tuple[str, str]] = {}
 
     # ---- the exchange's view ---------------------------------------------------------------
     @property
@@ -181,13 +184,35 @@ class RoundContext:
         self.exchange.audit.opened(self.round, name)
         return fields
 
+    def loaded(self, client: str, name: str, handle: Any) -> Any:
+        """``handle``, the upload ``client`` sent as ``name``, if it is no copy of an upload
+        already loaded this round (the same seeds: ``ServerBackend.upload_digests``);
+        :class:`~secagg.errors.DuplicateUpload` otherwise. Every upload of a round passes
+        here (the training phase's and every later phase's, ``load``), so a client that
+        re-sends another's upload as its own is the one excluded, and the upload loaded
+        first stands: no release lists one upload twice (which every client refuses)."""
+        digests = self.backend.upload_digests(handle)
+        for digest in digests:
+            if digest in self._uploads:
+                first, first_name = self._uploads[digest]
+                raise DuplicateUpload(
+                    f"{client}'s {name} repeats the upload {first} sent as {first_name} "
+                    f"this round (seed digest {digest[:16]}): a copy is refused"
+                )
+        for digest in digests:
+            self._uploads[digest] = (client, name)
+        return handle
+
     def load(
         self, replies: Mapping[str, Envelope], name: str, *, length: int | None = None
     ) -> dict[str, Any]:
         handles = {}
         for client, env in replies.items():
+            if client not in self.active:  # excluded since it replied (a copy under another name)
+                continue
             try:
-                handles[client] = self.backend.load(env, name, length or self.n_params)
+                handle = self.backend.load(env, name, length or self.n_params)
+                handles[client] = self.loaded(client, name, handle)
             except ClientInputError as exc:
                 self.exclude(client, env.phase, exc)
         self.exchange.abort_if_empty(f"load {name}")

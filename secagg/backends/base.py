@@ -235,6 +235,13 @@ class ServerBackend(ABC):
     def load(self, envelope: Envelope, name: str, length: int) -> Any:
         """Validate an uploaded field and return a handle; raise ClientInputError if bad."""
 
+    def upload_digests(self, handle: Any) -> tuple[str, ...]:
+        """What names each upload a loaded ``handle`` holds (the digest of its seeds, fresh
+        per encryption), by which a round refuses a second copy of one upload
+        (``RoundContext.loaded``): the digests of the handle's ``entries`` where it lists
+        them (ckks, threshold), none otherwise (plain)."""
+        return tuple(entry.digest for entry in getattr(handle, "entries", ()))
+
     @abstractmethod
     def weighted_sum(self, handles: Sequence[Any], weights: Sequence[float]) -> Any:
         """Σ weights[i] · handles[i], without looking inside the handles."""

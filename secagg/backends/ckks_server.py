@@ -50,6 +50,7 @@ from secagg.ckks.release import (
 from secagg.errors import (
     ClientInputError,
     ConfigError,
+    DuplicateUpload,
     KeySetupError,
     MalformedCiphertext,
     RoundAborted,
@@ -238,11 +239,26 @@ class CKKSServer(ServerBackend):
         parts = envelope.ciphertext_parts(name)
         if self._level is not None:  # the server only adds: first polynomials, seeds
             first, seeds = first_polynomials(self._level, parts, length)
+            self._check_author(envelope.sender, seeds)
             entry = (Entry(envelope.sender, 0, seeds, upload_basis_of(envelope)),)
             return FirstPolysHandle(first, length, self.public.scale, entry)
         cts, seeds = self.public.load_upload(parts, length)
+        self._check_author(envelope.sender, seeds)
         entries = (Entry(envelope.sender, 0, seeds, upload_basis_of(envelope)),)
         return CKKSHandle(cts, length, self.public.scale, entries)
+
+    def _check_author(self, sender: str, seeds: bytes) -> None:
+        """Refuse an upload made on seeds another client committed for its own upload (the
+        round's planned decryptors are sent the committed seeds ahead,
+        :meth:`training_fields`): whoever sends them first, the seeds are their
+        committer's, so the other sender is the one refused (else a decryptor could send
+        an upload on a peer's seeds before the peer and have the peer's upload refused as
+        the copy, ``RoundContext.loaded``)."""
+        for client, committed in self._committed.items():
+            if client != sender and committed == seeds:
+                raise DuplicateUpload(
+                    f"{sender}'s upload is made on the seeds {client} committed for its own"
+                )
 
     # ---- precomputed checks: committed seeds relayed to the planned decryptors ----------------
     train_reply_fields = {NEXT_SEEDS: wire.CIPHERTEXT}
