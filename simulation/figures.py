@@ -73,7 +73,7 @@ def extra_metric_columns(columns) -> list[str]:
 
 #: phases that run once before the first round (key setup, enrolment): how a traffic.csv
 #: without a ``stage`` column (older versions) tells set-up from round 1
-SETUP_PHASES = frozenset({"key_hello", "key_generate", "key_install", "enroll"})
+SETUP_PHASES = frozenset({"key_hello", "key_generate", "key_install", "key_share", "enroll"})
 #: traffic that is not the protocol's (the experimenter reading the model)
 EXCLUDED_PHASES = frozenset({"observe"})
 #: seconds columns nested inside other phases' time (not stacked)

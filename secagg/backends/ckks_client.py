@@ -42,8 +42,10 @@ from secagg.ckks.flooding import error_bound, flooding_sigma
 from secagg.ckks.keywrap import KeyWrapper
 from secagg.ckks.presets import CKKSPreset, chunks_for
 from secagg.ckks.public import (
+    KEY_REFUSED,
     SEED_INFO_BYTES,
     ciphertext_raw_bytes,
+    is_key_id,
     params_fingerprint,
     raw_body,
 )
@@ -57,7 +59,13 @@ from secagg.ckks.release import (
     server_multipliers,
 )
 from secagg.ckks.secret import SecretKeyHolder
-from secagg.errors import KeySetupError, MalformedMessage, ProtocolStateError, ReleaseRefused
+from secagg.errors import (
+    ClientInputError,
+    KeySetupError,
+    MalformedMessage,
+    ProtocolStateError,
+    ReleaseRefused,
+)
 from secagg.wire import Envelope, Field
 
 
@@ -154,6 +162,7 @@ class CKKSClient(ClientBackend):
             "key_hello": self.on_hello,
             "key_generate": self.on_generate,
             "key_install": self.on_install,
+            "key_share": self.on_share,
             "reveal": self.on_reveal,
             "consent": self.on_consent,
         }
@@ -249,40 +258,78 @@ class CKKSClient(ClientBackend):
         self._accept_setup(env)
         return {"x25519_public": wire.config({"key": _b64(self._wrapper.public_bytes)})}
 
-    def on_generate(self, env: Envelope) -> dict[str, Field]:
-        """The key leader makes the CKKS key and wraps it for the other clients the server
-        lists, each with its public key from this client's own roster."""
-        self._once()
-        self._accept_setup(env)
+    def _peers(self, env: Envelope) -> dict[str, bytes]:
+        """The peers the server lists to wrap for, each with its key from this client's own
+        roster (all of them, or a refusal)."""
         peers = env.config("peers")
         ids = peers.get("ids") if isinstance(peers, dict) else None
         if not isinstance(ids, list) or len(set(map(str, ids))) != len(ids):
             raise KeySetupError(f"{self.id}: the peers to wrap for must be a list of ids")
-        publics = {peer: self._roster_key(peer, "a peer") for peer in ids}  # all, or none
-        keys = SecretKeyHolder(self.preset)
+        return {peer: self._roster_key(peer, "a peer") for peer in ids}
+
+    def _wrapped(self, keys: SecretKeyHolder, publics: Mapping[str, bytes]) -> dict[str, Field]:
         secret = keys.export_for_wrapping()
-        wrapped = {
+        return {
             f"wrapped_key.{peer}": wire.ciphertext(
                 self._wrapper.wrap(secret, public, self.id, peer, self.fingerprint)
             )
             for peer, public in publics.items()
         }
+
+    def _receipt(self, **fields: Any) -> dict[str, Field]:
+        return {"installed": wire.config({"params": self.fingerprint, **fields})}
+
+    def on_generate(self, env: Envelope) -> dict[str, Field]:
+        """The key leader makes the CKKS key and wraps it for the other clients the server
+        lists, each with its public key from this client's own roster; its receipt commits
+        to the key (its id), which every peer checks before installing it."""
+        self._once()
+        self._accept_setup(env)
+        publics = self._peers(env)
+        keys = SecretKeyHolder(self.preset)
+        wrapped = self._wrapped(keys, publics)
         self._keys = keys
-        return wrapped
+        return {**wrapped, **self._receipt(key=keys.key_id)}
 
     def on_install(self, env: Envelope) -> dict[str, Field]:
-        """Open the leader's wrapped key with the leader's public key from the roster."""
+        """Open the wrapped key with its sender's public key from the roster (``leader``:
+        the leader, or a client that installed the leader's key and wraps it again) and
+        install it if it is the key the leader committed to (``leader.key``, where the
+        server sends it). A key that does not open, does not load, or is another key is not
+        installed: the receipt reports it (``KEY_REFUSED``), this client still holds no key,
+        and the server settles whether the sender or this client is at fault."""
         self._once()
         self._accept_setup(env)
         leader = env.config("leader")
         leader_id = leader.get("id") if isinstance(leader, dict) else None
-        public = self._roster_key(leader_id, "the key leader")
+        committed = leader.get("key") if isinstance(leader, dict) else None
+        if committed is not None and not is_key_id(committed):
+            raise KeySetupError(f"{self.id}: the key to install is named by a key id")
+        public = self._roster_key(leader_id, "the key's sender")
         parts = env.ciphertext_parts("wrapped_key")
         if len(parts) != 1:
             raise KeySetupError(f"{self.id}: expected one wrapped key, got {len(parts)} parts")
-        secret = self._wrapper.unwrap(parts[0], public, str(leader_id), self.id, self.fingerprint)
-        self._keys = SecretKeyHolder(self.preset, secret)
-        return {"installed": wire.config({"params": self.fingerprint})}
+        try:
+            secret = self._wrapper.unwrap(
+                parts[0], public, str(leader_id), self.id, self.fingerprint
+            )
+            keys = SecretKeyHolder(self.preset, secret)
+        except (KeySetupError, ClientInputError):
+            return self._receipt(refused=KEY_REFUSED)
+        if committed is not None and keys.key_id != committed:
+            return self._receipt(refused=KEY_REFUSED)
+        self._keys = keys
+        return self._receipt(key=keys.key_id)
+
+    def on_share(self, env: Envelope) -> dict[str, Field]:
+        """Wrap this client's key again for the peers the server lists, as a leader does
+        (roster peers whose key from the leader did not open): during key setup only,
+        before this client has encrypted or decrypted anything with it."""
+        keys = self.keys
+        self._accept_setup(env)
+        if self.uploads or self.decryptions or self.opens:
+            raise KeySetupError(f"{self.id} wraps its key for a peer during key setup only")
+        return self._wrapped(keys, self._peers(env))
 
     # ---- data path -------------------------------------------------------------------------
     def prepare_upload(self, n_values: int) -> None:

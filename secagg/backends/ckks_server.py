@@ -31,9 +31,11 @@ from secagg.ckks.first_polys import (
 )
 from secagg.ckks.presets import CKKSPreset
 from secagg.ckks.public import (
+    KEY_REFUSED,
     SEED_INFO_BYTES,
     CiphertextSum,
     PublicCKKS,
+    is_key_id,
     params_fingerprint,
     quantise,
     to_bytes,
@@ -187,12 +189,28 @@ class CKKSServer(ServerBackend):
     def setup(self, ctx, decryption_budget: int) -> None:
         """Who is online (``key_hello``), then one leader makes the key and wraps it for the
         others, whose identities it takes from its own roster; the server relays the blobs.
-        ``decryption_budget`` is the clients' business (their configuration holds it)."""
-        clients = list(ctx.active)
+        ``decryption_budget`` is the clients' business (their configuration holds it).
+
+        No one client can end setup or have another client excluded:
+
+        - a leader whose ``key_generate`` reply is unusable is excluded (``ask`` says why)
+          and the next client in hello order makes the key; setup aborts only when no
+          client is left to make it;
+        - a peer whose wrapped key does not open, or opens to another key than the one the
+          leader committed to (its key id), reports it (``KEY_REFUSED``) and installs
+          nothing. The server cannot tell whether the sender or the peer lies, so one such
+          dispute excludes neither: a client that installed the key wraps it again for the
+          peer (``key_share``). A client in disputes with two different clients is
+          excluded: an honest client never disputes another honest one, so with one
+          malicious client that is the malicious one (:meth:`_settle`);
+        - where no client that holds the key is left while some hold none, those make a new
+          key: the next of them in hello order leads, and its key goes only to clients that
+          hold none (setup happens once per client).
+        """
         setup = wire.config(self.setup_config())
         hello = ctx.ask(
             "key_hello",
-            {c: {"setup": setup} for c in clients},
+            {c: {"setup": setup} for c in ctx.active},
             expect={"x25519_public": wire.CONFIG},
         )
         if not hello:
@@ -202,26 +220,106 @@ class CKKSServer(ServerBackend):
                 phase="key_hello",
                 exclusions=ctx.excluded,
             )
-        leader, *others = list(hello)
+        keyless = list(hello)
+        disputes: dict[str, set[str]] = {}  # client -> the clients it is in a dispute with
+        while True:
+            keyless = [c for c in keyless if c in ctx.active]
+            if not keyless:
+                raise RoundAborted(
+                    f"no client could make the key: {ctx.excluded}",
+                    round=ctx.round,
+                    phase="key_generate",
+                    exclusions=ctx.excluded,
+                )
+            leader, *peers = keyless
+            made = self._generate(ctx, setup, leader, peers)
+            if made is None:  # excluded, with its reason: the next client leads
+                keyless = peers
+                continue
+            key, blobs = made
+            offers = {p: (leader, blob) for p, blob in blobs.items()}
+            keyless = self._distribute(ctx, setup, key, [leader], offers, disputes)
+            if not keyless:
+                return
+
+    def _generate(
+        self, ctx, setup: Field, leader: str, peers: list[str]
+    ) -> tuple[str, dict[str, bytes]] | None:
+        """The leader's key id and its wrapped key for each peer, or None if its reply is
+        unusable (it is then excluded)."""
+
+        def read(client: str, env: Envelope) -> tuple[str, dict[str, bytes]]:
+            receipt = env.config("installed")
+            if receipt.get("params") != self.fingerprint or not is_key_id(receipt.get("key")):
+                raise UnexpectedField(f"{client} does not commit to a key of these parameters")
+            blobs = {}
+            for p in peers:
+                parts = env.ciphertext_parts(f"wrapped_key.{p}")
+                if len(parts) != 1:
+                    raise UnexpectedField(f"{client} wraps the key for {p} in {len(parts)} parts")
+                blobs[p] = bytes(parts[0])
+            return receipt["key"], blobs
+
         gen = ctx.ask(
             "key_generate",
-            {leader: {"setup": setup, "peers": wire.config({"ids": others})}},
-            expect={f"wrapped_key.{c}": wire.CIPHERTEXT for c in others},
+            {leader: {"setup": setup, "peers": wire.config({"ids": peers})}},
+            expect={
+                "installed": wire.CONFIG,
+                **{f"wrapped_key.{c}": wire.CIPHERTEXT for c in peers},
+            },
+            on_reply=read,
         )
-        if leader not in gen:
-            raise RoundAborted(
-                f"key leader {leader} failed: {ctx.excluded.get(leader)}",
-                round=ctx.round,
-                phase="key_generate",
-                exclusions=ctx.excluded,
-            )
+        return gen.get(leader)
+
+    def _distribute(
+        self,
+        ctx,
+        setup: Field,
+        key: str,
+        holders: list[str],
+        offers: dict[str, tuple[str, bytes]],
+        disputes: dict[str, set[str]],
+    ) -> list[str]:
+        """Install the key (id ``key``) at every peer of ``offers`` (peer -> who wrapped it,
+        the blob); a peer that reports its blob does not open is offered the key again by
+        another holder. Returns the clients left without a key because no holder of it
+        is left (they make a new one); empty when every client still in holds the key."""
+        while offers:
+            refused = self._install(ctx, setup, key, offers, holders)
+            self._settle(ctx, refused, disputes)
+            pending = [p for p in refused if p in ctx.active]
+            offers = self._reshare(ctx, setup, pending, holders, disputes)
+            stuck = [p for p in pending if p not in offers and p in ctx.active]
+            if stuck and not any(h in ctx.active for h in holders):
+                return stuck
+            for p in stuck:  # only the client it disputes holds the key: no third to settle
+                ctx.exclude(
+                    p,
+                    "key_install",
+                    KeySetupError(
+                        f"{p} cannot open the key from {sorted(disputes[p])} and no other "
+                        "client holds it"
+                    ),
+                )
+        return []
+
+    def _install(
+        self,
+        ctx,
+        setup: Field,
+        key: str,
+        offers: dict[str, tuple[str, bytes]],
+        holders: list[str],
+    ) -> dict[str, str]:
+        """Ask each peer to install its offered blob; add those that did to ``holders``.
+        Returns the peers that report their blob does not open, with its sender."""
         install = {
-            c: {
+            p: {
                 "setup": setup,
-                "leader": wire.config({"id": leader}),
-                "wrapped_key": wire.ciphertext(gen[leader].ciphertext_parts(f"wrapped_key.{c}")),
+                "leader": wire.config({"id": sender, "key": key}),
+                "wrapped_key": wire.ciphertext(blob),
             }
-            for c in others
+            for p, (sender, blob) in offers.items()
         }
         # receipts read inside ``ask``: one that is not a JSON object excludes its sender
         done = ctx.ask(
@@ -230,9 +328,88 @@ class CKKSServer(ServerBackend):
             expect={"installed": wire.CONFIG},
             on_reply=lambda _, env: env.config("installed"),
         )
+        refused = {}
         for c, receipt in done.items():
             if receipt.get("params") != self.fingerprint:
                 ctx.exclude(c, "key_install", KeySetupError("installed other parameters"))
+            elif receipt == {"params": self.fingerprint, "refused": KEY_REFUSED}:
+                refused[c] = offers[c][0]
+            elif receipt.get("key") != key:
+                ctx.exclude(
+                    c, "key_install", KeySetupError(f"{c} reports another key than {key[:16]}")
+                )
+            else:
+                holders.append(c)
+        return refused
+
+    @staticmethod
+    def _settle(ctx, refused: Mapping[str, str], disputes: dict[str, set[str]]) -> None:
+        """Record each refusal as a dispute between the peer and the blob's sender, and
+        exclude every client in disputes with two different clients: of two honest clients
+        neither disputes the other (an honest sender's blob opens at an honest peer, which
+        says so), so each dispute has a malicious party, and with one malicious client only
+        it can be in two. One dispute alone excludes no one."""
+        for peer, sender in refused.items():
+            disputes.setdefault(peer, set()).add(sender)
+            disputes.setdefault(sender, set()).add(peer)
+        for c, others in disputes.items():
+            if len(others) >= 2 and c in ctx.active:
+                ctx.exclude(
+                    c,
+                    "key_install",
+                    KeySetupError(
+                        f"a wrapped key between {c} and each of {sorted(others)} is disputed "
+                        f"(it does not open, or is another key than the leader's): {c} is "
+                        "the one party to all these disputes"
+                    ),
+                )
+
+    def _reshare(
+        self,
+        ctx,
+        setup: Field,
+        pending: list[str],
+        holders: list[str],
+        disputes: dict[str, set[str]],
+    ) -> dict[str, tuple[str, bytes]]:
+        """Another holder wraps the key again for each pending peer (one it has no dispute
+        with, first in order); a holder whose ``key_share`` reply is unusable is excluded and
+        the next is asked. Returns peer -> (holder, blob) for the peers some holder wrapped
+        for."""
+        offers: dict[str, tuple[str, bytes]] = {}
+        waiting = list(pending)
+        while waiting:
+            plan: dict[str, list[str]] = {}
+            for p in waiting:
+                h = next(
+                    (h for h in holders if h in ctx.active and h not in disputes.get(p, ())),
+                    None,
+                )
+                if h is not None:
+                    plan.setdefault(h, []).append(p)
+            if not plan:
+                break
+            for h, peers in plan.items():
+
+                def read(client: str, env: Envelope, peers=peers) -> dict[str, bytes]:
+                    blobs = {}
+                    for p in peers:
+                        parts = env.ciphertext_parts(f"wrapped_key.{p}")
+                        if len(parts) != 1:
+                            raise UnexpectedField(f"{client} wraps the key for {p} in parts")
+                        blobs[p] = bytes(parts[0])
+                    return blobs
+
+                got = ctx.ask(
+                    "key_share",
+                    {h: {"setup": setup, "peers": wire.config({"ids": peers})}},
+                    expect={f"wrapped_key.{p}": wire.CIPHERTEXT for p in peers},
+                    on_reply=read,
+                )
+                if h in got:
+                    offers.update({p: (h, blob) for p, blob in got[h].items()})
+                    waiting = [p for p in waiting if p not in peers]
+        return offers
 
     # ---- aggregation -----------------------------------------------------------------------
     def load(self, envelope: Envelope, name: str, length: int) -> CKKSHandle | FirstPolysHandle:

@@ -354,6 +354,26 @@ def params_fingerprint(preset: CKKSPreset) -> str:
     return hashlib.sha256(to_bytes(parms)).hexdigest()[:16]
 
 
+#: what a ``key_install`` receipt reports instead of a key id when the wrapped key does not
+#: open for its recipient, does not load as a key, or opens to another key than the one its
+#: maker committed to: the recipient installs nothing, and the server, who cannot tell which
+#: of the two is at fault, settles it (``CKKSServer.setup``)
+KEY_REFUSED = "wrapped_key_refused"
+
+
+def key_id(secret_key_bytes: bytes) -> str:
+    """What names a CKKS secret key in key setup's receipts, in public: a domain-separated
+    SHA-256 of its serialisation (the key has thousands of bits of entropy: the hash tells
+    nothing about it)."""
+    return hashlib.sha256(b"secagg/ckks-key-id/v1|" + secret_key_bytes).hexdigest()
+
+
+def is_key_id(value: object) -> bool:
+    return (
+        isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+    )
+
+
 class PublicCKKS:
     """What the server holds: the parameters and an evaluator. No key of any kind."""
 

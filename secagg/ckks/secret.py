@@ -31,6 +31,7 @@ from secagg.ckks.public import (
     ciphertext_raw_bytes,
     from_bytes,
     inflate,
+    key_id,
     parms_id_bytes,
     seal_header,
     to_bytes,
@@ -112,9 +113,18 @@ class SecretKeyHolder:
         self._decryptor = seal.Decryptor(ctx, self._secret)
         self._encoder = seal.CKKSEncoder(ctx)
         self._native_encryptor: object | None = None  # made on first use (``_native``)
+        self._key_id: str | None = None
 
     def export_for_wrapping(self) -> bytes:
         return to_bytes(self._secret)
+
+    @property
+    def key_id(self) -> str:
+        """This key's public name (:func:`~secagg.ckks.public.key_id`), by which the clients
+        of one key setup check they hold the same key."""
+        if self._key_id is None:
+            self._key_id = key_id(self.export_for_wrapping())
+        return self._key_id
 
     # ---- encryption -----------------------------------------------------------------------
     def encrypt(

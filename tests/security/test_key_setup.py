@@ -13,7 +13,7 @@ from secagg import wire
 from secagg.backends import make_backends
 from secagg.ckks.keywrap import KeyWrapper
 from secagg.ckks.presets import get_preset
-from secagg.ckks.public import params_fingerprint
+from secagg.ckks.public import KEY_REFUSED, params_fingerprint
 from secagg.ckks.secret import SecretKeyHolder
 from secagg.errors import KeySetupError, ProtocolStateError
 from secagg.wire import Envelope
@@ -112,7 +112,10 @@ def test_public_keys_from_the_server_are_ignored(clients):
 def test_a_key_the_server_made_is_not_installed(clients):
     """The server wraps a CKKS key of its own (which it could then read uploads with) and
     claims it comes from the leader: the client opens wrapped keys only with its leader's
-    roster key, so it refuses and holds no key."""
+    roster key, so it refuses and holds no key. (The refusal is a receipt that says the
+    wrapped key does not open, ``KEY_REFUSED``, so that the server can have the key wrapped
+    again by another client instead of excluding this one: ``tests/security/
+    test_run_stoppers.py``.)"""
     attacker = KeyWrapper()
     planted = SecretKeyHolder(PRESET)
     blob = attacker.wrap(
@@ -122,16 +125,17 @@ def test_a_key_the_server_made_is_not_installed(clients):
         "client_1",
         params_fingerprint(PRESET),
     )
-    with pytest.raises(KeySetupError, match="does not open"):
-        ask(
-            clients["client_1"],
-            "key_install",
-            {
-                "setup": SETUP,
-                "leader": wire.config({"id": "client_0", "key": attacker.public_bytes.hex()}),
-                "wrapped_key": wire.ciphertext(blob),
-            },
-        )
+    receipt = ask(
+        clients["client_1"],
+        "key_install",
+        {
+            "setup": SETUP,
+            "leader": wire.config({"id": "client_0", "key": attacker.public_bytes.hex()}),
+            "wrapped_key": wire.ciphertext(blob),
+        },
+    )
+    refused = Envelope("c", "s", 0, "p", receipt).config("installed")
+    assert refused == {"params": params_fingerprint(PRESET), "refused": KEY_REFUSED}
     with pytest.raises(KeySetupError, match="no CKKS key yet"):
         clients["client_1"].keys
 
