@@ -20,8 +20,10 @@ import io
 import itertools
 import math
 import os
+import re
 import shutil
 import signal
+import stat
 import struct
 import tempfile
 import threading
@@ -40,9 +42,100 @@ from secagg.errors import ConfigError, MalformedCiphertext, WrongContext
 # counter (no uuid, no pathlib: this runs once per ciphertext chunk, hundreds of times per
 # million parameters), with the process and thread ids so that no two writers share a file
 # (a forked child inherits the counter). Files are created 0600 by us, never by SEAL: they hold
-# ciphertexts and, on clients, secret keys.
+# ciphertexts. Secret keys go through an anonymous memory file instead (``private=True``:
+# memfd_create, named to SEAL as /proc/self/fd/N), which no folder lists and which the kernel
+# frees with the process, however it ends; only where the system has none do they take the
+# folder too. A process killed by SIGKILL cannot remove its folder: the next process to make
+# one removes the folders of this user whose process is gone (``_sweep_stale``). A folder's
+# name says whose it is: secagg-<pid namespace>-<pid>-<the process's start time>-<random>.
+_ROOT = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+_NAMED = re.compile(r"secagg-(\d+)-(\d+)-(\d+)-[A-Za-z0-9_]+")
+_FOLDER_LOCK = threading.Lock()
+
+
+def _pid_namespace() -> int:
+    """This process's pid namespace (an inode number; 0 where /proc does not say): a pid
+    names a process only within its namespace, and /dev/shm may be shared across them."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
+def _start_time(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks since boot, /proc/<pid>/stat field 22): with
+    the pid it names one process, not whichever reuses the pid later. None where unknown."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()  # after the name, which may hold ")"
+        return int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _alive(pid: int, started: int) -> bool:
+    """Whether the process that made a folder still runs (in doubt: yes)."""
+    if pid <= 0:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # PermissionError: someone's process has the pid; check its start below
+        pass
+    now = _start_time(pid)
+    return now is None or started == 0 or now == started
+
+
+def _sweep_stale(root: str) -> list[str]:
+    """Remove the scratch folders in ``root`` that this user's processes of this pid
+    namespace left when they were killed (SIGKILL, a crash, a lost machine): their process
+    is gone, or its pid now names a process started later. A folder of a live process, of
+    another user or namespace, or named otherwise (older secagg versions) is left alone, and
+    so is one where a live process (a fork of its maker) still has a file. Returns what was
+    removed."""
+    namespace, uid = _pid_namespace(), os.getuid()
+    removed: list[str] = []
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return removed
+    for name in names:
+        match = _NAMED.fullmatch(name)
+        if match is None or int(match[1]) != namespace:
+            continue
+        path = os.path.join(root, name)
+        try:
+            info = os.lstat(path)
+        except OSError:
+            continue
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != uid:
+            continue
+        if _alive(int(match[2]), int(match[3])):
+            continue
+        try:  # files are named <pid>-<thread>-<n>, after the process that wrote them
+            writers = {int(f.split("-", 1)[0]) for f in os.listdir(path) if f[:1].isdigit()}
+        except (OSError, ValueError):
+            continue
+        maker, started = int(match[2]), int(match[3])
+        if any(_alive(w, started if w == maker else 0) for w in writers):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        if not os.path.exists(path):
+            removed.append(path)
+    return removed
+
+
+def _make_folder() -> str:
+    """A new scratch folder for this process (0700), after sweeping the stale ones."""
+    _sweep_stale(_ROOT)
+    pid = os.getpid()
+    prefix = f"secagg-{_pid_namespace()}-{pid}-{_start_time(pid) or 0}-"
+    return tempfile.mkdtemp(prefix=prefix, dir=_ROOT)
+
+
 _OWNER = os.getpid()
-_SCRATCH = tempfile.mkdtemp(prefix="secagg-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+_SCRATCH = _make_folder()
 _NAMES = itertools.count()
 _LIVE: set[str] = set()  # scratch files that exist right now, of this process and its forks
 
@@ -52,9 +145,18 @@ def _scratch_path() -> str:
 
 
 def _create_scratch() -> tuple[str, int]:
-    """A new scratch file, readable by this user only; (path, open descriptor for writing)."""
+    """A new scratch file, readable by this user only; (path, open descriptor for writing).
+    A forked child whose parent was killed may find the folder swept: it makes its own."""
+    global _SCRATCH, _OWNER
     path = _scratch_path()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileNotFoundError:
+        with _FOLDER_LOCK:
+            if not os.path.isdir(_SCRATCH):
+                _SCRATCH, _OWNER = _make_folder(), os.getpid()
+        path = _scratch_path()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     _LIVE.add(path)
     return path, fd
 
@@ -101,9 +203,51 @@ def _install_cleanup() -> None:
 _install_cleanup()
 
 
-def to_bytes(obj) -> bytes:
+def _memory_file() -> int | None:
+    """An anonymous memory file (memfd, mode 0600) SEAL can open as /proc/self/fd/N, or None
+    where the system has none (not Linux, no /proc)."""
+    if not hasattr(os, "memfd_create"):
+        return None
+    try:
+        fd = os.memfd_create("secagg-private", os.MFD_CLOEXEC)
+    except OSError:
+        return None
+    os.fchmod(fd, 0o600)
+    if not os.path.exists(f"/proc/self/fd/{fd}"):
+        os.close(fd)
+        return None
+    return fd
+
+
+def _read_all(fd: int) -> bytes:
+    size = os.fstat(fd).st_size
+    parts, at = [], 0
+    while at < size:
+        part = os.pread(fd, size - at, at)
+        if not part:
+            break
+        parts.append(part)
+        at += len(part)
+    return b"".join(parts)
+
+
+def _write_all(fd: int, data: bytes | memoryview) -> None:
+    view = memoryview(data).cast("B")
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def to_bytes(obj, *, private: bool = False) -> bytes:
     """SEAL object -> bytes (SEAL's own format, zstd-compressed: the binding's ``save`` takes
-    no compression mode)."""
+    no compression mode). ``private``: the object is secret (a key): it goes through an
+    anonymous memory file, never a named one, where the system allows."""
+    fd = _memory_file() if private else None
+    if fd is not None:
+        try:
+            obj.save(f"/proc/self/fd/{fd}")  # SEAL opens it anew and truncates it
+            return _read_all(fd)
+        finally:
+            os.close(fd)
     path, fd = _create_scratch()
     try:
         os.close(fd)  # SEAL opens the file by name and truncates it: its mode stays 0600
@@ -114,10 +258,19 @@ def to_bytes(obj) -> bytes:
         _remove_scratch(path)
 
 
-def from_bytes(obj, context: seal.SEALContext, data: bytes | memoryview):
+def from_bytes(obj, context: seal.SEALContext, data: bytes | memoryview, *, private: bool = False):
     """Load bytes (or a view into a received message) into a fresh SEAL object; SEAL
     validates them against the context. Bytes from another party go through
-    :func:`checked_blob` first: SEAL's own checks do not bound what it allocates."""
+    :func:`checked_blob` first: SEAL's own checks do not bound what it allocates.
+    ``private`` as for :func:`to_bytes`."""
+    fd = _memory_file() if private else None
+    if fd is not None:
+        try:
+            _write_all(fd, data)
+            obj.load(context, f"/proc/self/fd/{fd}")
+            return obj
+        finally:
+            os.close(fd)
     path, fd = _create_scratch()
     try:
         with open(fd, "wb") as f:

@@ -78,7 +78,7 @@ def load_secret_key(ctx: seal.SEALContext, data: bytes | memoryview) -> seal.Sec
         lambda raw: check_secret_key_layout(raw, n, primes),
         "secret key",
     )
-    return from_bytes(seal.SecretKey(), ctx, blob)
+    return from_bytes(seal.SecretKey(), ctx, blob, private=True)
 
 
 def compresses(preset: CKKSPreset) -> bool:
@@ -116,7 +116,7 @@ class SecretKeyHolder:
         self._key_id: str | None = None
 
     def export_for_wrapping(self) -> bytes:
-        return to_bytes(self._secret)
+        return to_bytes(self._secret, private=True)
 
     @property
     def key_id(self) -> str:
