@@ -20,6 +20,8 @@ import base64
 import hashlib
 import json
 import os
+import secrets
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -47,17 +49,82 @@ def _unb64(text: object, what: str, path: Path) -> bytes:
         raise ConfigError(f"{path}: {what} is not base64") from None
 
 
-def write_private_bytes(path: Path, data: bytes) -> None:
-    """A file only its owner reads, replaced whole or not at all (a crash mid-write leaves
-    the previous one)."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+def private_folders(folder: Path, top: Path | None = None) -> None:
+    """Make ``folder`` with every missing folder above it, each 0700 whatever the umask;
+    ``top`` (``folder`` or a folder above it) and every folder from it down to ``folder``
+    must be their owner's alone: any of them that exists with a wider mode is tightened to
+    0700 (a node's ``state/``, made 0755 by an older secagg)."""
+    folder = Path(folder)
+    chain = [folder, *folder.parents]
+    missing = []
+    for each in chain:
+        if each.is_dir():
+            break
+        missing.append(each)
+    for each in reversed(missing):
+        try:
+            each.mkdir(mode=0o700)
+        except FileExistsError:  # made meanwhile by another process: judged below
+            pass
+        else:
+            os.chmod(each, 0o700)  # mkdir's mode went through the umask
+    if top is None:
+        return
+    top = Path(top)
+    if top != folder and top not in folder.parents:
+        raise ValueError(f"{top} is not {folder} or a folder above it")
+    for each in chain[: chain.index(top) + 1]:
+        info = os.stat(each)
+        if stat.S_IMODE(info.st_mode) & 0o077:
+            os.chmod(each, stat.S_IMODE(info.st_mode) & 0o700)
+
+
+def write_private_bytes(path: Path, data: bytes, *, private_from: Path | None = None) -> None:
+    """A file only its owner reads (0600), replaced whole or not at all (a crash mid-write
+    leaves the previous one): written to a fresh temporary beside it (O_CREAT | O_EXCL,
+    mode 0600, a name no one can have made beforehand), fsynced, renamed over ``path``, and
+    the rename fsynced. Missing folders are made 0700; ``private_from``: the folders from it
+    down to ``path``'s are tightened to 0700 too (:func:`private_folders`)."""
+    path = Path(path)
+    private_folders(path.parent, private_from)
+    # an older secagg wrote through ``<name>.tmp``, created 0644 if someone made it first
+    # (O_TRUNC keeps a file's mode): what it left holds state, and goes
+    legacy = path.with_name(path.name + ".tmp")
+    if legacy.is_file() and not legacy.is_symlink():
+        legacy.unlink()
+    fd, tmp = -1, ""
+    for _ in range(100):
+        tmp = str(path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp"))
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise FileExistsError(f"no fresh temporary name beside {path}")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o600)  # the umask could only have narrowed it; say it
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    try:  # the rename itself survives a crash once its folder is synced
+        folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(folder)
+    except OSError:
+        pass
+    finally:
+        os.close(folder)
 
 
 def write_private(path: Path, text: str) -> None:

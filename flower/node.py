@@ -4,9 +4,10 @@ Flower may start a fresh ClientApp process for each message, so nothing is kept 
 the client is built from the node's configuration (its client id, its copy of the
 experiment's settings, its identity file), restored from the state the previous message
 left in the node's directory (``Client.export_state``: keys, model, optimizer copy, data
-position), answers, and writes its state back (mode 0600, replaced whole) before the reply
-leaves. The state lives under ``state/<Flower run>/`` so a new run never picks up an old
-one's keys. Nothing of it ever goes to the server.
+position), answers, and writes its state back (mode 0600 in folders of mode 0700, through a
+fresh temporary, replaced whole: ``keystore.write_private_bytes``) before the reply leaves.
+The state lives under ``state/<Flower run>/`` so a new run never picks up an old one's keys.
+Nothing of it ever goes to the server.
 
 A node answers only what its own experiment file allows (:meth:`NodeClient.check_request`):
 the experiment it names (a digest of the complete settings), one of the file's seeds, the
@@ -224,7 +225,7 @@ class NodeClient:
         # state is 16 MB); today every round's phase changes it (counters, consents), only
         # enrolment does not
         if state != previous:
-            write_private_bytes(path, state)
+            write_private_bytes(path, state, private_from=self.dir / "state")
         return reply
 
     @property

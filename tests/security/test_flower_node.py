@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import stat
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -266,6 +268,30 @@ def test_a_seed_is_served_in_one_flower_run_only(honest):
     with pytest.raises(RequestRefused, match="served seed 3 .run. in Flower run 7 already"):
         replay(folder, seen[102][0], flower_run=8)
     assert states(folder) == before
+
+
+# ---- the node's state on disk --------------------------------------------------------------
+def test_a_nodes_state_is_0600_in_0700_folders_whatever_was_there(tmp_path):
+    """A ``state/`` folder of mode 0755 and a 0644 file under the writer's old fixed
+    temporary name (an earlier crash's, or one planted to be reopened with its mode): the
+    state is written 0600 through a fresh temporary, in folders tightened to 0700."""
+    nodes = prepare(tmp_path / "dep", PLAIN)
+    for path in nodes.values():
+        run = path / "state" / "7"  # the loopback grid's Flower run
+        run.mkdir(parents=True)
+        os.chmod(path / "state", 0o755)
+        os.chmod(run, 0o755)
+        (run / "3-run.bin.tmp").write_bytes(b"an older state")
+        os.chmod(run / "3-run.bin.tmp", 0o644)
+    grid = LoopbackGrid({100 + k: path for k, path in enumerate(nodes.values())})
+    run_on_flower(
+        grid, deployment=tmp_path / "dep", out=tmp_path / "out", timeout=30, connect_timeout=5
+    )
+    for path in nodes.values():
+        state, run = path / "state", path / "state" / "7"
+        assert [p.name for p in run.iterdir()] == ["3-run.bin"]  # no temporary left
+        modes = {p: stat.S_IMODE(p.stat().st_mode) for p in (state, run, run / "3-run.bin")}
+        assert list(modes.values()) == [0o700, 0o700, 0o600], modes
 
 
 # ---- DP noise the server can predict -----------------------------------------------------

@@ -4,6 +4,8 @@
   (one in 20 such folders held a loadable secret key). The next process to make one sweeps
   the folders whose process is gone, never a live one's; secret keys go through an anonymous
   memory file (memfd), never a named one.
+- State files: written through a fresh 0600 temporary (O_CREAT|O_EXCL, a unique name),
+  fsynced and renamed, in folders made or tightened to 0700, whatever was there before.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import pytest
 from secagg.ckks import public
 from secagg.ckks.presets import get_preset
 from secagg.ckks.secret import SecretKeyHolder
+from secagg.flower.keystore import write_private_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -139,3 +142,47 @@ def test_secret_keys_pass_through_no_named_file(monkeypatch):
     values = np.array([0.25, -0.5, 0.75])
     opened = again.decrypt(keys.encrypt(values, 1.0), 3, 2.0**preset.scale_bits)
     np.testing.assert_allclose(opened, values, atol=1e-6)
+
+
+# ---- state files -------------------------------------------------------------------------
+def test_a_state_write_ends_0600_in_0700_folders_whatever_was_there(tmp_path):
+    node = tmp_path / "node"
+    state, run = node / "state", node / "state" / "7"
+    run.mkdir(parents=True)
+    os.chmod(state, 0o755)
+    os.chmod(run, 0o755)
+    target = run / "3-run.bin"
+    # what the writer's fixed temporary name could hold: an earlier crash's, or a planted one
+    stale = run / "3-run.bin.tmp"
+    stale.write_bytes(b"older state")
+    os.chmod(stale, 0o644)
+    write_private_bytes(target, b"the client's keys", private_from=state)
+    assert target.read_bytes() == b"the client's keys"
+    assert mode(target) == 0o600
+    assert mode(state) == mode(run) == 0o700
+    assert not stale.exists()  # the old writer's leftover (0644, with state in it) is gone
+    assert sorted(p.name for p in run.iterdir()) == ["3-run.bin"]  # no temporary left
+
+
+def test_folders_a_private_write_makes_are_0700_whatever_the_umask(tmp_path):
+    previous = os.umask(0o022)
+    try:
+        write_private_bytes(tmp_path / "a" / "b" / "key", b"k")
+    finally:
+        os.umask(previous)
+    assert mode(tmp_path / "a") == mode(tmp_path / "a" / "b") == 0o700
+    assert mode(tmp_path / "a" / "b" / "key") == 0o600
+
+
+def test_a_failed_state_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path, monkeypatch):
+    target = tmp_path / "state" / "1" / "3-run.bin"
+    write_private_bytes(target, b"old", private_from=tmp_path / "state")
+
+    def fail(fd):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "fsync", fail)
+    with pytest.raises(OSError, match="disk full"):
+        write_private_bytes(target, b"new", private_from=tmp_path / "state")
+    assert target.read_bytes() == b"old"
+    assert [p.name for p in target.parent.iterdir()] == ["3-run.bin"]
