@@ -93,6 +93,10 @@ class ExperimentConfig:
     streaming: bool = True
     #: run the clients in this many worker processes (in parallel); 0: in this process
     workers: int = 0
+    #: seconds a simulated client has to answer one request, from when it is handed the
+    #: request (in process or in a worker); one that has not answered by then is a dropout
+    #: for that request. 0: no deadline. (Over Flower the App's ``timeout`` sets it.)
+    request_timeout: float = 120.0
     #: torch's intra-op threads per client process (in-process clients share this one)
     threads: int = 1
     #: where clients train and the experimenter evaluates: "cpu", "cuda", "cuda:N", or
@@ -137,6 +141,15 @@ class ExperimentConfig:
             raise ConfigError(f"dp_noise must be 'seeded' or 'os', got {self.dp_noise!r}")
         if not isinstance(self.workers, int) or self.workers < 0:
             raise ConfigError(f"workers must be an integer >= 0, got {self.workers!r}")
+        timeout = self.request_timeout
+        if (
+            not isinstance(timeout, (int, float))
+            or isinstance(timeout, bool)
+            or not 0 <= timeout < float("inf")
+        ):
+            raise ConfigError(
+                f"request_timeout must be seconds >= 0 (0: no deadline), got {timeout!r}"
+            )
         if not isinstance(self.threads, int) or isinstance(self.threads, bool) or self.threads < 1:
             raise ConfigError(f"threads must be an integer >= 1, got {self.threads!r}")
         if self.client_split_count is not None and (

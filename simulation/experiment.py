@@ -101,12 +101,14 @@ TransportFactory = Callable[[ClientFactory, list[str]], Transport]
 
 
 def default_transport(factory: ClientFactory, ids: list[str]) -> Transport:
-    if factory.config.workers:
+    config = factory.config
+    deadline = float(config.request_timeout) or None  # 0: no deadline
+    if config.workers:
         return WorkerPoolTransport(
-            factory, ids, factory.config.workers, torch_threads=factory.config.threads
+            factory, ids, config.workers, torch_threads=config.threads, deadline=deadline
         )
     clients = factory(ids)
-    return InProcessTransport({cid: c.handle for cid, c in clients.items()})
+    return InProcessTransport({cid: c.handle for cid, c in clients.items()}, deadline=deadline)
 
 
 # ---- one seed ---------------------------------------------------------------------------------

@@ -363,6 +363,17 @@ CORE = (
         group="server performance",
     ),
     _s(
+        "request_timeout",
+        "seconds a simulated client has to answer one request once it is handed it (in "
+        "process or in a worker); one that has not answered by then is a dropout for that "
+        "request and the round goes on without it (0: none; over Flower the deployment's "
+        "--timeout applies instead)",
+        float,
+        NUM,
+        "120",
+        group="server performance",
+    ),
+    _s(
         "threads",
         "torch's intra-op threads for each client process (the in-process clients share "
         "the driver's): 1 by default, since many small models train faster on one thread "

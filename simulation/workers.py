@@ -13,6 +13,12 @@ serialised only when sent, so the server never holds a round's requests at once)
 replies as they arrive, so a streaming server folds one upload while the next ones are
 being computed. A reader thread in each worker drains requests so that neither side can
 block the other on a full pipe.
+
+Each request has a deadline (``deadline`` seconds, the run's ``request_timeout``), counted
+by the worker from when it hands the request to its client (so a client is not late because
+another client of its worker was): a client that has not answered by then is a missing
+answer for that request (``DeadlineMissed``), the worker goes on to its next request, and
+the late client's reply is dropped when it comes (``secagg.server.transport.Deadline``).
 """
 
 from __future__ import annotations
@@ -31,7 +37,13 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from secagg.errors import ConfigError
-from secagg.server.transport import ClientUnavailable, Reply, check_reply
+from secagg.server.transport import (
+    ClientUnavailable,
+    Deadline,
+    DeadlineMissed,
+    Reply,
+    check_reply,
+)
 
 Build = Callable[[list[str]], dict[str, Any]]  # ids -> objects with .handle(bytes) -> bytes
 
@@ -82,9 +94,15 @@ def _recv(conn: Connection) -> tuple[str, str | None, Any]:
 
 
 def _serve(
-    build: Build, ids: list[str], inbox: Connection, outbox: Connection, threads: int
+    build: Build,
+    ids: list[str],
+    inbox: Connection,
+    outbox: Connection,
+    threads: int,
+    deadline: float | None = None,
 ) -> None:
-    """A worker's main loop: build its clients, then answer requests in order."""
+    """A worker's main loop: build its clients, then answer requests in order, each by its
+    deadline (``deadline`` seconds from when the request is handed over; None: none)."""
     # Ctrl-C reaches the whole process group: the parent handles it (saves what finished
     # and closes the pool); a worker that also raised would print a traceback per process
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -97,6 +115,7 @@ def _serve(
         return
     _send(outbox, "ready", None, os.getpid())
     pending: queue.Queue = queue.Queue()
+    clock = Deadline(deadline)
 
     def drain():  # always read, so the server never blocks writing a request
         while True:
@@ -112,10 +131,13 @@ def _serve(
     while True:
         kind, peer, data = pending.get()
         if kind == "stop":
+            clock.close()  # late clients: stopped, not left to the interpreter's exit
             return
         if kind == "request":
             try:
-                _send(outbox, "reply", peer, clients[peer].handle(data))
+                _send(outbox, "reply", peer, clock.call(peer, clients[peer].handle, data))
+            except DeadlineMissed as exc:  # the client goes on in the background
+                _send(outbox, "late", peer, str(exc))
             except Exception as exc:  # noqa: BLE001 - a client's failure is a missing answer
                 _send(outbox, "error", peer, f"{type(exc).__name__}: {exc}")
             del data
@@ -163,7 +185,8 @@ def sigint_deferred() -> Iterator[None]:
 
 
 class WorkerPoolTransport:
-    """A transport whose clients live in ``workers`` processes (client k in worker k % workers)."""
+    """A transport whose clients live in ``workers`` processes (client k in worker k % workers);
+    ``deadline``: seconds each request may take once its worker hands it over (None: none)."""
 
     def __init__(
         self,
@@ -172,6 +195,7 @@ class WorkerPoolTransport:
         workers: int,
         in_flight: int = 2,
         torch_threads: int = 1,
+        deadline: float | None = None,
     ):
         if workers < 1:
             raise ConfigError(f"workers must be at least 1, got {workers}")
@@ -184,6 +208,7 @@ class WorkerPoolTransport:
         self._outboxes: list[Connection] = []
         self._procs: list[Any] = []  # the spawn context's Process objects
         self._dead: set[int] = set()
+        self.deadline = deadline
         try:
             self._start(ctx, build, workers, torch_threads)
         except BaseException:  # a deferred Ctrl-C: the started workers stop with the run
@@ -205,7 +230,7 @@ class WorkerPoolTransport:
                 ids = [p for p in self._peers if self._owner[p] == w]
                 proc = ctx.Process(
                     target=_serve,
-                    args=(build, ids, req_read, rep_write, torch_threads),
+                    args=(build, ids, req_read, rep_write, torch_threads, self.deadline),
                     daemon=True,
                 )
                 proc.start()
@@ -294,6 +319,8 @@ class WorkerPoolTransport:
                         results.append((peer, check_reply(peer, payload)))
                     except ClientUnavailable as exc:
                         results.append((peer, exc))
+                elif kind == "late":
+                    results.append((peer, DeadlineMissed(payload)))
                 else:
                     results.append((peer, ClientUnavailable(f"{peer} failed: {payload}")))
             send_what_fits()

@@ -63,14 +63,15 @@ def make_server(
     protocol: str = "fedavg",
     audit: AuditLog | None = None,
     backend=None,
+    deadline: float | None = None,
 ) -> Server:
     """A server of ``protocol`` over scripted ``handlers``, one local step, SGD lr 1 (plain
-    unless a server ``backend`` is given)."""
+    unless a server ``backend`` is given); ``deadline``: seconds per request (None: none)."""
     return Server(
         make_protocol(protocol),
         backend if backend is not None else PlainServer(),
         SGD(dim, lr=1.0),
-        InProcessTransport(handlers),
+        InProcessTransport(handlers, deadline=deadline),
         np.zeros(dim),
         plan=TrainingPlan(local_steps=1),
         audit=audit or AuditLog(),
