@@ -389,8 +389,9 @@ BACKENDS: dict[str, BackendSpec] = {
                 "flooding-bits",
                 int,
                 30,
-                "statistical security of the noise flooding of revealed aggregates, "
-                "at least 30 (0 turns flooding off and is insecure)",
+                "security bits s of the noise flooding of revealed aggregates against key "
+                "recovery (Micciancio-Walter's sense; the plain statistical distance is about "
+                "2^-(s/2+4), 2^-19 at 30), at least 30 (0 turns flooding off and is insecure)",
             ),
             *_release_policy_options(),
         ),

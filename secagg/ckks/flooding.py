@@ -2,12 +2,12 @@
 
 A CKKS decryption returns Δ·m + e, and e together with the ciphertext gives linear equations
 in the secret key. Before a client releases anything it decrypted, it adds Gaussian noise
-large enough that e is statistically hidden.
+large enough that e is hidden (how well, and in which sense: below).
 
 Formula (the flooding bound restated in Li, Micciancio, Schultz & Sorrell, CRYPTO 2022,
 §6.2):  σ = E · 2^{s/2} · sqrt(64·t), where
 
-- s is the statistical security in bits (default 30);
+- s is the security in bits (default 30), in the sense below;
 - t is the number of decryptions the key may release over the whole run (every client's
   reveal and open budgets: the key is shared);
 - E bounds the Euclidean norm of the *whole* error vector a release exposes: every
@@ -21,7 +21,7 @@ each coefficient is a sum of 21 differences of two fair bits, so |e| ≤ 21 and 
 sub-Gaussian with variance proxy 1/2, so each coefficient of Σ k_i e_i is sub-Gaussian with
 v = 10.5·Σ k_i². The sum of squares of M such coefficients obeys Laurent–Massart's χ² bound,
 P(‖e‖² ≥ v·(M + 2·sqrt(M·x) + 2x)) ≤ exp(−x); with x = (s + 1)·ln 2 the bound fails with
-probability at most 2^-(s+1), which adds to the statistical distance. Always also
+probability at most 2^-(s+1) per release, which adds to the distances below. Always also
 ‖e‖ ≤ 21·Σ|k_i|·sqrt(M) (every coefficient at its maximum). E is the smaller of the two.
 (SEAL's clipped normal, σ 3.2 cut at 19.2, satisfies both bounds too.)
 
@@ -31,6 +31,23 @@ compact preset (``benchmarks/flooding_bound.py``), it gave 30.9 bits for FedAvg 
 26.3 for LARC-like α, 28.3 for one-hot-ish and 25.7 for all weights 1, against the 30
 claimed; the bound here gives 30.2 for every weighting (``tests/security/
 test_flooding_bound.py`` checks realised ≤ E and that E is tight to about 7%).
+
+What the s bits are, and what they are not. With every release's error at its bound E, the
+t releases' errors shift the flooded values by sqrt(t)·E = σ·2^{-s/2}/8 together (in σ:
+δ = 2^{-s/2}/8, whatever t), so the Kullback–Leibler divergence between the releases and
+the same releases without their errors is δ²/2 = 2^-(s+7) (the Rényi divergence of order a
+is a·δ²/2, both in nats). That is s bits in the Micciancio–Walter sense (Micciancio &
+Walter, "On the bit security of cryptographic primitives", EUROCRYPT 2018), the one Li,
+Micciancio, Schultz & Sorrell size flooding by: for a *search* problem such as recovering
+the key, distributions whose divergence is 2^-s (a relative precision of 2^{-s/2}) keep s
+bits of security, where an argument by statistical distance needs a distance of 2^-s
+(``kl_bound``). It is not a statistical distance of 2^-s: the two sets of releases are
+erf(δ/(2·sqrt(2))) apart, 2^-19.3 at s = 30 (Pinsker from the KL: 2^-19), so a
+distinguisher (a decision problem: telling whether a released value holds a given error)
+has an advantage up to 2^-19 (``statistical_distance``; 2^-(s/2+4) in general). So:
+30 bits against key recovery in the Micciancio–Walter sense, 2^-19 in plain statistical
+distance; a statistical distance of 2^-30 would take s = 52, σ 2^11 times larger
+(``tests/security/test_flooding_bound.py``).
 
 The noise is added to the ciphertext before decryption (an encoded plaintext of Gaussian
 slot values): the canonical embedding is √N times a unitary map, so i.i.d. noise of σ on
@@ -63,13 +80,31 @@ def error_bound(weights: Sequence[int], coefficients: int, security_bits: int = 
 
 
 def realised_security_bits(assumed: float, actual: float, security_bits: int = 30) -> float:
-    """The statistical security a flooding sized for error ``assumed`` gives an error of
-    norm ``actual``: σ ∝ E·2^{s/2}, so s' = s + 2·log2(assumed / actual)."""
+    """The security bits (Micciancio–Walter's sense, module docstring) a flooding sized for
+    error ``assumed`` gives an error of norm ``actual``: σ ∝ E·2^{s/2}, so
+    s' = s + 2·log2(assumed / actual)."""
     return security_bits + 2 * math.log2(assumed / actual)
 
 
+def kl_bound(security_bits: int = 30) -> float:
+    """The Kullback–Leibler divergence (nats) between all t releases of a key and the same
+    releases without their decryption errors, each error at its bound E: 2^-(s+7). What
+    ``security_bits`` means: s bits against key recovery in the Micciancio–Walter sense."""
+    return 2.0 ** -(security_bits + 7)
+
+
+def statistical_distance(security_bits: int = 30) -> float:
+    """The plain statistical distance between the same two sets of releases (each error at
+    its bound E): two normals 2^{-s/2}/8 σ apart, erf(δ/(2·sqrt(2))) ≈ 2^-(s/2+4.3): 2^-19.3
+    at s = 30, not 2^-30. It bounds a distinguisher's advantage (a decision problem)."""
+    shift = 2.0 ** (-security_bits / 2) / 8
+    return math.erf(shift / (2 * math.sqrt(2)))
+
+
 def flooding_sigma(error: float, decryptions: int, security_bits: int = 30) -> float:
-    """σ per coefficient such that t releases keep `security_bits` of statistical security."""
+    """σ per coefficient such that t releases keep ``security_bits`` of security against key
+    recovery in the Micciancio–Walter sense (KL ≤ 2^-(s+7); the statistical distance is
+    :func:`statistical_distance`, 2^-19 at s = 30)."""
     if decryptions < 1:
         raise ValueError("the decryption budget must be at least 1")
     return error * 2.0 ** (security_bits / 2) * math.sqrt(64 * decryptions)

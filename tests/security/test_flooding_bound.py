@@ -20,12 +20,20 @@ from __future__ import annotations
 
 import math
 from functools import cache
+from pathlib import Path
 
 import numpy as np
 import pytest
 from scipy import stats
 
-from secagg.ckks.flooding import NOISE_MAX, NOISE_VARIANCE_PROXY, error_bound
+from secagg.ckks.flooding import (
+    NOISE_MAX,
+    NOISE_VARIANCE_PROXY,
+    error_bound,
+    flooding_sigma,
+    kl_bound,
+    statistical_distance,
+)
 from secagg.ckks.presets import get_preset
 from secagg.ckks.public import quantise, to_bytes
 from secagg.ckks.secret import SecretKeyHolder
@@ -175,3 +183,40 @@ def test_error_bound_holds_and_is_tight(preset, chunks, weighting):
         ratios.append(error_norm(values, holder.public.sum_scale, n) / bound)
     assert max(ratios) <= 1.0
     assert np.mean(ratios) >= 0.88
+
+
+# ---- which notion the 30 bits are in (issue 46, item 4.4) -----------------------------------
+@pytest.mark.parametrize("decryptions", [1, 60, 10_000])
+def test_30_bits_are_micciancio_walters_and_the_statistical_distance_is_2_to_the_minus_19(
+    decryptions,
+):
+    """σ = E·2^{s/2}·sqrt(64·t): the t releases' errors, each at its bound E, shift the
+    flooded values by sqrt(t)·E = σ·2^{-s/2}/8 together, whatever t. For key recovery (a
+    search problem) that keeps s = 30 bits in Micciancio–Walter's sense (KL ≤ 2^-(s+7));
+    a distinguisher's advantage, the plain statistical distance, is only ≤ 2^-19."""
+    error = 1234.5
+    sigma = flooding_sigma(error, decryptions, 30)
+    shift = math.sqrt(decryptions) * error / sigma  # in σ, all t releases together
+    assert shift == pytest.approx(2.0**-15 / 8)
+    kl = decryptions * error**2 / (2 * sigma**2)  # nats: the t releases' divergences add up
+    assert kl == pytest.approx(2.0**-37) and kl == pytest.approx(kl_bound(30))
+    distance = math.erf(shift / (2 * math.sqrt(2)))  # two normals `shift` σ apart
+    assert distance == pytest.approx(statistical_distance(30))
+    assert math.log2(distance) == pytest.approx(-19.33, abs=0.01)
+    assert distance <= math.sqrt(kl / 2) == pytest.approx(2.0**-19)  # Pinsker
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "secagg/ckks/flooding.py",
+        "docs/explanation/threat-model.md",
+        "docs/explanation/ckks-parameters.md",
+    ],
+)
+def test_the_docs_say_which_notion_each_number_is_in(path):
+    text = " ".join((ROOT / path).read_text().split())
+    assert "Micciancio–Walter" in text and "2^-19" in text, path
