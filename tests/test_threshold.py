@@ -77,7 +77,7 @@ def share_request(r: BackendRound, handle, holder: str, kind="reveal", name="glo
 
 
 # ---- the ring and the encoding, measured --------------------------------------------------
-@pytest.mark.parametrize("preset, bound", [("lean", 5e-6), ("wide", 1e-9)])
+@pytest.mark.parametrize("preset, bound", [("lean", 1e-6), ("wide", 1e-9)])
 def test_ten_masked_uploads_unmask_to_their_sum_within_the_presets_precision(preset, bound):
     """Each preset's stated error, measured at ten clients: Σ (e_i + rounding) / Δ."""
     p = get_preset(preset)

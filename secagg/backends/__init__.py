@@ -409,8 +409,8 @@ BACKENDS: dict[str, BackendSpec] = {
                 "threshold-preset",
                 str,
                 "wide",
-                "parameter set: lean (N=4096, one 31-bit prime: the clients apply their "
-                "planned weights, the server only adds; 4 bytes per value, error ~2e-6; the "
+                "parameter set: lean (N=4096, one 32-bit prime: the clients apply their "
+                "planned weights, the server only adds; 4 bytes per value, error below 1e-6; the "
                 "default for streaming protocols, as ckks's lean) or wide (N=4096, one 60-bit "
                 "prime: weights chosen after the uploads; 8 bytes per value, error ~1e-10); "
                 "both far inside the 128-bit bound for N=4096 (log q <= 109)",
