@@ -35,7 +35,8 @@ def values(seed: int) -> np.ndarray:
 
 
 def threshold_round(**options) -> BackendRound:
-    r = BackendRound(IDS, N, backend="threshold", decryption_budget=50, open_budget=50, **options)
+    options = {"decryption_budget": 50, "open_budget": 50, **options}
+    r = BackendRound(IDS, N, backend="threshold", **options)
     r.server.releases = None  # a deviating server: it asks for what its clients refuse
     return r
 
@@ -249,3 +250,86 @@ def test_the_policy_refuses_what_the_rules_refuse():
     shifted = replace(d, entries=(*entries[:3], ("c3", 1 << 14, "d3")))
     with pytest.raises(ReleaseRefused, match="singles an upload out"):
         policy.check_weightings(shifted, [d])
+
+
+# ---- the two-world game over the server's freedom -------------------------------------------
+def _attack(r: BackendRound, family: str, victim_values: np.ndarray, rng) -> np.ndarray | None:
+    """One attack of ``family`` through the real classes, the server and two colluders
+    (client_0, client_1) against the honest client_4: what it recovers of the victim's
+    update, or None when nothing was opened."""
+    colluders, victim = IDS[:2], IDS[4]
+    for c in colluders:
+        collude(r, c)
+    known = {c: np.zeros(N) for c in IDS[:4]}
+    handles = r.uploads({**known, victim: victim_values})
+    listed = [handles[c] for c in IDS]
+    p = r.server.ring.p
+    unit = 1 << r.server.preset.weight_bits
+    try:
+        if family == "vanishing weights":
+            total = forged_sum(r, listed, [p] * 4 + [p + 1])
+            return r.server.reveal(r.ctx(), total, "g")[0] * unit
+        if family == "paired with a colluder":
+            extra = r.upload(colluders[0], np.zeros(N))
+            pair = r.server.weighted_sum([extra, handles[victim]], [0.5, 0.5])
+            return 2 * r.server.reveal(r.ctx(), pair, "g")[0]
+        # an open of every upload that the colluders read, then a reveal to the server
+        ctx = r.ctx()
+        fields = ctx.as_fields(r.server.weighted_sum(listed, [0.25] * 5), "g_hat")
+        env = Envelope.from_bytes(Envelope("server", colluders[0], 0, "p", fields).to_bytes())
+        opened = r.clients[colluders[0]].open(env, "g_hat", N)
+        if family == "dropout, then the set without the victim":
+            rest = r.server.weighted_sum(listed[:4], [0.25] * 4)
+            return 4 * (opened - r.server.reveal(r.ctx(), rest, "g")[0])
+        shift = float(rng.uniform(0.05, 0.5))  # two weightings of the same set
+        weights = [0.25] * 4 + [0.25 + shift]
+        revealed = r.server.reveal(r.ctx(), r.server.weighted_sum(listed, weights), "g")[0]
+        return (revealed - opened) / shift
+    except (RoundAborted, ReleaseRefused):
+        return None
+
+
+FAMILIES = (
+    "vanishing weights",
+    "paired with a colluder",
+    "dropout, then the set without the victim",
+    "two weightings",
+)
+
+
+def _play(trials: int, seed: int) -> tuple[int, int]:
+    """(wins, openings): the adversary guesses which of two known updates the victim sent,
+    from what its attack recovered (the nearer candidate), or by a coin when it got nothing."""
+    rng = np.random.default_rng(seed)
+    candidates = [np.full(N, 0.1), np.full(N, -0.1)]
+    wins = openings = 0
+    for trial in range(trials):
+        bit = int(rng.integers(2))
+        r = threshold_round(decryption_budget=50)
+        got = _attack(r, FAMILIES[trial % len(FAMILIES)], candidates[bit], rng)
+        if got is None:
+            guess = int(rng.integers(2))
+        else:
+            openings += 1
+            guess = int(np.abs(got - candidates[1]).mean() < np.abs(got - candidates[0]).mean())
+        wins += int(guess == bit)
+    return wins, openings
+
+
+def test_the_server_with_t_minus_one_colluders_guesses_no_better_than_chance(monkeypatch):
+    """200 trials over four attack families (weights, pairings, a second set after a
+    dropout, two weightings): every one is refused, so the adversary's guess of which of
+    two updates the victim sent is a coin (binomial test). The control: the same game with
+    the clients' coalition rules switched off wins every trial (the test can fail)."""
+    from scipy.stats import binomtest
+
+    from secagg.ckks.release import ReleasePolicy
+
+    wins, openings = _play(200, seed=46)
+    assert openings == 0
+    assert binomtest(wins, 200, 0.5).pvalue > 1e-3
+
+    monkeypatch.setattr(ReleasePolicy, "check_weightings", lambda self, d, earlier: None)
+    monkeypatch.setattr(ReleasePolicy, "check", lambda self, d: None)
+    wins, openings = _play(40, seed=47)
+    assert openings == 40 and wins == 40
