@@ -423,7 +423,11 @@ BACKENDS: dict[str, BackendSpec] = {
                 0,
                 "how many of the roster's clients (the key holders) must answer to open a "
                 "sum; fewer learn nothing. 0: a strict majority (n//2 + 1), so two disjoint "
-                "holder sets can never both open; up to n - t holders may be offline",
+                "holder sets can never both open; up to n - t holders may be offline. The "
+                "clients hold every release to what t - 1 colluders could learn: a release "
+                "lists at least t - 1 + min_contributors uploads, and protocols that weigh "
+                "the same uploads twice (LARC, SimAgg) need a lower t (3 of 6) to keep "
+                "their rounds",
             ),
             *_release_policy_options(),
         ),

@@ -335,11 +335,16 @@ class ReleasePolicy:
         share = weakest_share(rows, self.colluders, self.min_contributors)
         if share <= 0.0 or share < self.min_share:
             what = "its weights" if len(rows) == 1 else f"its {len(rows)} weightings together"
+            hint = (
+                " (fewer colluders, a lower --threshold-t, let more weightings through)"
+                if len(rows) > 1 and self.colluders
+                else ""
+            )
             raise ReleaseRefused(
                 f"{d.name}: {what} let the server and {self.colluders} colluding client(s) "
                 f"form a sum in which fewer than {self.min_contributors} honest uploads weigh "
                 f"{self.min_share:g} of the largest (weakest share {share:.3g}); this client "
-                "refuses a release that singles an upload out"
+                f"refuses a release that singles an upload out{hint}"
             )
 
 
