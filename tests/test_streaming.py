@@ -76,12 +76,8 @@ def test_streamed_round_matches_the_buffered_round_on_ckks():
     np.testing.assert_allclose(streamed.params, buffered.params, atol=1e-5)
 
 
-@pytest.mark.parametrize("backend", ["plain", "ckks", "threshold"])
-def test_a_dropped_client_is_renormalised_away(backend):
-    """(On threshold the client that failed its training still gives its share; with t = 2
-    of 4 the three left hide each honest upload among two whoever of t − 1 = 1 colludes.)"""
-    options = {"threshold_t": 2} if backend == "threshold" else {}
-    server_backend, backends = make_backends(backend, list(GS), **options)
+def client_3_fails_in_training(backends) -> dict:
+    """Each client's handler; client_3 raises in training (and answers everything else)."""
     handlers = {c: backend_client(c, backends[c], g, n) for c, (g, n) in GS.items()}
 
     def fails_in_training(data):
@@ -90,6 +86,16 @@ def test_a_dropped_client_is_renormalised_away(backend):
         return backend_client("client_3", backends["client_3"], *GS["client_3"])(data)
 
     handlers["client_3"] = fails_in_training
+    return handlers
+
+
+@pytest.mark.parametrize("backend", ["plain", "ckks", "threshold"])
+def test_a_dropped_client_is_renormalised_away(backend):
+    """(On threshold the client that failed its training still gives its share; with t = 2
+    of 4 the three left hide each honest upload among two whoever of t − 1 = 1 colludes.)"""
+    options = {"threshold_t": 2} if backend == "threshold" else {}
+    server_backend, backends = make_backends(backend, list(GS), **options)
+    handlers = client_3_fails_in_training(backends)
     server, report, _ = run_one_round(backend, True, handlers, server_backend)
     assert list(report.excluded) == ["client_3"]
     survivors = {c: GS[c] for c in GS if c != "client_3"}
@@ -242,14 +248,7 @@ def test_a_dropout_that_leaves_too_few_to_hide_an_upload_skips_the_round_on_thre
     honest one among two others whoever of t − 1 = 2 colludes: the round makes no update,
     says why, and blames nobody (the run goes on)."""
     server_backend, backends = make_backends("threshold", list(GS))
-    handlers = {c: backend_client(c, backends[c], g, n) for c, (g, n) in GS.items()}
-
-    def fails_in_training(data):
-        if Envelope.from_bytes(data).phase == "train":
-            raise RuntimeError("out of memory")
-        return backend_client("client_3", backends["client_3"], *GS["client_3"])(data)
-
-    handlers["client_3"] = fails_in_training
+    handlers = client_3_fails_in_training(backends)
     server, report, _ = run_one_round("threshold", True, handlers, server_backend)
     assert report.skipped is not None and "opens sums of at least 4" in report.skipped
     assert np.array_equal(server.params, np.zeros_like(server.params))

@@ -9,7 +9,6 @@ missing in every position. Parity with plain end to end.
 
 from __future__ import annotations
 
-import base64
 import math
 
 import numpy as np
@@ -38,7 +37,7 @@ from secagg.threshold.params import (
 )
 from secagg.threshold.ring import ring
 from secagg.wire import Envelope
-from tests.harness import BackendRound
+from tests.harness import BackendRound, collude
 
 IDS = [f"client_{i}" for i in range(5)]  # t = 3 by default: a strict majority
 N = 5000  # two blocks of 4096 values
@@ -236,20 +235,6 @@ def test_two_contributor_sets_for_one_upload_are_refused_by_the_honest_holders()
         r.server.reveal(ctx, second, "global_update")
     for holder in IDS:
         assert "one set per upload" in ctx.excluded[holder]
-
-
-def collude(r: BackendRound, client: str) -> None:
-    """``client``'s modified software consents to any release that lists it."""
-    from secagg.ckks.release import Descriptor, consent_message
-
-    me = r.clients[client]
-
-    def sign_anything(env: Envelope) -> dict[str, wire.Field]:
-        d = Descriptor.from_config(env.config("release"))
-        signature = me._signer.sign(consent_message(client, d))
-        return {"consent": wire.config({"signature": base64.b64encode(signature).decode()})}
-
-    me.on_consent = sign_anything  # type: ignore[method-assign]
 
 
 def test_the_rules_survive_a_state_export():

@@ -12,7 +12,6 @@ brute-force search over directions.
 
 from __future__ import annotations
 
-import base64
 from dataclasses import replace
 
 import numpy as np
@@ -21,10 +20,10 @@ import pytest
 from secagg import wire
 from secagg.backends.coalition import independent_rows, weakest_share
 from secagg.backends.threshold_server import ThresholdHandle
-from secagg.ckks.release import Descriptor, consent_message
+from secagg.ckks.release import Descriptor
 from secagg.errors import ReleaseRefused, RoundAborted, RoundSkipped
 from secagg.wire import Envelope
-from tests.harness import BackendRound
+from tests.harness import BackendRound, collude
 
 IDS = [f"client_{i}" for i in range(5)]  # t = 3: up to 2 colluders, a release lists >= 4
 N = 300
@@ -39,18 +38,6 @@ def threshold_round(**options) -> BackendRound:
     r = BackendRound(IDS, N, backend="threshold", **options)
     r.server.releases = None  # a deviating server: it asks for what its clients refuse
     return r
-
-
-def collude(r: BackendRound, client: str) -> None:
-    """``client``'s modified software consents to any release that lists it."""
-    me = r.clients[client]
-
-    def sign_anything(env: Envelope) -> dict[str, wire.Field]:
-        d = Descriptor.from_config(env.config("release"))
-        signature = me._signer.sign(consent_message(client, d))
-        return {"consent": wire.config({"signature": base64.b64encode(signature).decode()})}
-
-    me.on_consent = sign_anything  # type: ignore[method-assign]
 
 
 def forged_sum(r: BackendRound, handles: list[ThresholdHandle], ks: list[int]) -> ThresholdHandle:
