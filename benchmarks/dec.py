@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from benchmarks.options import output_folder, positive
-from benchmarks.reproduce import Check, made_by, shown_path
+from benchmarks.reproduce import CROSS_CPU, Check, made_by, shown_path
 from benchmarks.stats import (
     clear_sign,
     format_difference,
@@ -59,9 +59,13 @@ CHECK = Check(
     args=("--seeds", "1", "--methods", "federated,centralised,per-client"),
     csv="dec_runs.csv",
     keys=("dataset", "seed", "method", "backend", "client"),
-    columns=dict.fromkeys(SCORES, 1e-9),
-    why="plain DEC is deterministic per seed (one torch thread); the scores are of integer "
-    "cluster assignments, equal to rounding or apart by at least a point's share",
+    columns=dict.fromkeys(SCORES, 4.0),
+    spread_over="seed",
+    why="plain DEC is bit for bit per seed on one machine (one torch thread), but its "
+    "float32 clustering is chaotic across CPUs: the same seed moved 72 of 126 scores, a "
+    f"client's accuracy by up to 0.063, between {CROSS_CPU}, as another seed would (2.1 standard "
+    "deviations at most); so each fresh score must lie within 4 standard deviations of its "
+    "row's 10 committed seeds",
 )
 
 

@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from benchmarks.options import output_folder, positive
-from benchmarks.reproduce import Check, made_by, shown_path
+from benchmarks.reproduce import CROSS_CPU, Check, made_by, shown_path
 from benchmarks.stats import (
     clear_sign,
     format_difference,
@@ -54,9 +54,10 @@ CHECK = Check(
     args=("--seeds", "1", "--sets", "breast-cancer-label", "--no-ckks"),
     csv="dgd.csv",
     keys=("dataset", "split", "seed", "method"),
-    columns={"rmse": 1e-6},
-    why="plain DGD, its centralised and per-client runs are deterministic per seed (one "
-    "thread) but trained in float32: RMSEs to 1e-6",
+    columns={"rmse": (0.0, 2.5e-3)},
+    why="plain DGD, its centralised and per-client runs are deterministic per seed on one "
+    "machine (one thread) but trained in float32, which rounds differently across CPUs: "
+    f"between {CROSS_CPU} one RMSE of five moved by 5.4e-4 of its value, so 2.5e-3 relative",
 )
 
 

@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from benchmarks.reproduce import Check, made_by
+from benchmarks.reproduce import CROSS_CPU, Check, made_by
 
 TASKS = ("tcga-brca", "digits-dir8")
 MIN_SHARE = 0.01  # ReleasePolicy.min_share's default (the old policy's only bound)
@@ -49,9 +49,10 @@ CHECK = Check(
     args=("--seeds", "2"),
     csv="dominant_weight_runs.csv",
     keys=("task", "weighting", "seed", "victim"),
-    columns={"victim_share": 1e-12, "err": 1e-9, "cos": 1e-9},
-    why="one round of seeded local SGD in float32 from the seed's initial model is "
-    "deterministic (bit for bit on one machine); the attack is float64 numpy",
+    columns={"victim_share": 1e-12, "err": (0.0, 1e-5), "cos": (0.0, 1e-5)},
+    why="the weights are float64 arithmetic (to rounding); one round of seeded local SGD in "
+    "float32 is bit for bit on one machine but not across CPUs: between "
+    f"{CROSS_CPU} err moved by up to 3.3e-7 and cos by 2.0e-6 of their values, so 1e-5 relative",
 )
 
 

@@ -27,7 +27,7 @@ import pandas as pd
 
 from benchmarks.dp_tcga import BASE, CLIP, NOISES
 from benchmarks.options import output_folder
-from benchmarks.reproduce import Check, made_by, seeds_text
+from benchmarks.reproduce import CROSS_CPU, Check, made_by, seeds_text
 from benchmarks.stats import markdown_table, run_complete
 from secagg.simulation.cli import parse_seeds
 from secagg.simulation.privacy import client_level_epsilon
@@ -39,9 +39,11 @@ CHECK = Check(
     args=("--seeds", "0"),
     csv="dp_epsilon_joint_runs.csv",
     keys=("protocol", "z_star", "seed"),
-    columns={"eps_per_release": 1e-9, "eps_joint": 1e-9, "eps_per_upload": 1e-9},
+    columns={"eps_per_release": (0.0, 1e-5), "eps_joint": (0.0, 1e-5), "eps_per_upload": 1e-9},
     why="the multipliers come from the clients' sizes and, for LARC, its weights of a run "
-    "that seeded DP noise makes deterministic; the accountant is deterministic",
+    "that seeded DP noise makes deterministic on one machine; LARC's float32 training moves "
+    f"its weights, and so its epsilons by up to 1.6e-6 of their values, between {CROSS_CPU}: "
+    "1e-5 relative; the accountant itself is deterministic (per upload: exact)",
 )
 
 

@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from benchmarks.options import output_folder, positive
-from benchmarks.reproduce import Check, made_by, shown_path
+from benchmarks.reproduce import CROSS_CPU, Check, made_by, shown_path
 from benchmarks.stats import markdown_table
 
 OUTPUTS = (
@@ -44,15 +44,17 @@ CHECK = Check(
     csv="pvi_posterior_runs.csv",
     keys=("model", "split", "backend", "rounds"),
     columns={
-        "mean_error": 1e-9,
-        "variance_error": 1e-9,
+        "mean_error": 5e-7,
+        "variance_error": 5e-7,
         "test_accuracy": 0,
-        "test_log_lik": 1e-9,
-        "central_log_lik": 1e-9,
+        "test_log_lik": 1e-8,
+        "central_log_lik": 1e-8,
         "bytes_up": 0,
     },
-    why="plain float64 PVI and its reference are deterministic (Newton fits, exact expected "
-    "log-likelihood): errors and log-likelihoods to rounding; accuracies and bytes exactly",
+    why="plain float64 PVI and its reference are deterministic on one machine (Newton fits, "
+    "exact expected log-likelihood), but 60 rounds of BLAS sums round differently across "
+    f"CPUs: between {CROSS_CPU} the errors moved by 3.7e-8 and the log-likelihoods by 1.0e-9, so "
+    "5e-7 and 1e-8; accuracies and bytes exactly",
 )
 
 

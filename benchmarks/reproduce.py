@@ -26,6 +26,9 @@ from typing import Any
 import pandas as pd
 
 RESULTS = Path(__file__).resolve().parent / "results"
+#: the two machines whose runs set the cross-CPU tolerances of the checks (the committed
+#: results were made on the first; the second re-ran every check, 2026-11-27)
+CROSS_CPU = "an Intel Xeon (the committed run) and an AMD EPYC"
 
 
 def made_by(command: str) -> str:
@@ -78,7 +81,14 @@ class Check:
     identify a row (the subset's rows must all be among the committed ones); ``columns``:
     each compared column and its tolerance: absolute (0: equal; strings compare equal), or
     (absolute, relative), within if |fresh − committed| ≤ absolute + relative·|committed|
-    (for values that move with fresh encryption noise across orders of magnitude)."""
+    (for values that move with fresh encryption noise across orders of magnitude).
+
+    ``spread_over`` (a key, e.g. "seed") is for results whose trajectories are chaotic, so
+    that another CPU or BLAS gives another value for the same seed as another seed would
+    (float32 training of SAVAE's VAEs, DEC's clustering): each fresh value is then compared
+    with the committed values of its row over every ``spread_over`` (the other keys equal),
+    and is within if it lies within ``tolerance`` of their standard deviations of their
+    mean (a deterministic column, of standard deviation 0, must equal it)."""
 
     args: Sequence[str]
     csv: str
@@ -88,6 +98,8 @@ class Check:
     rows: str = ""
     #: why the tolerances are what they are (shown with the result)
     why: str = ""
+    #: a key over which the committed rows give each value's spread (chaotic results)
+    spread_over: str = ""
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -102,6 +114,7 @@ def compare(check: Check, fresh: pd.DataFrame, committed: pd.DataFrame) -> pd.Da
     joined = fresh.merge(
         committed, on=list(check.keys), how="left", suffixes=("_fresh", "_committed")
     )
+    others = [k for k in check.keys if k != check.spread_over]
     rows = []
     for _, row in joined.iterrows():
         key = {k: row[k] for k in check.keys}
@@ -110,6 +123,18 @@ def compare(check: Check, fresh: pd.DataFrame, committed: pd.DataFrame) -> pd.Da
             if isinstance(new, str) or isinstance(old, str):
                 within = bool(new == old)
                 difference: float | None = None
+            elif check.spread_over:
+                same = committed
+                for k in others:
+                    same = same[same[k] == row[k]]
+                values = same[column].astype(float)
+                if pd.isna(new) and values.isna().all():  # e.g. never aborted
+                    difference, within = 0.0, True
+                else:
+                    centre, spread = float(values.mean()), float(values.std(ddof=1))
+                    difference = abs(float(new) - centre)
+                    k_sd = tolerance[0] if isinstance(tolerance, tuple) else tolerance
+                    within = bool(len(values) > 1 and difference <= k_sd * spread + 1e-12)
             else:
                 absolute, relative = tolerance if isinstance(tolerance, tuple) else (tolerance, 0.0)
                 same = float(new) == float(old) or (pd.isna(new) and pd.isna(old))  # ∞ too

@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from benchmarks.options import output_folder, positive
-from benchmarks.reproduce import Check, made_by, shown_path
+from benchmarks.reproduce import CROSS_CPU, Check, made_by, shown_path
 from benchmarks.stats import (
     clear_sign,
     format_difference,
@@ -63,14 +63,18 @@ CHECK = Check(
     csv="savae_runs.csv",
     keys=("dataset", "seed", "arm", "backend"),
     columns={
-        "c_index_bad_test": 1e-12,
-        "c_index_good_test": 1e-12,
-        "c_index_pooled_test": 1e-12,
+        "c_index_bad_test": 4.0,
+        "c_index_good_test": 4.0,
+        "c_index_pooled_test": 4.0,
         "rounds_completed": 0,
         "aborted": 0,
     },
-    why="seeded plain training is deterministic (bit for bit: the same models, so the same "
-    "concordance, a ratio of pair counts)",
+    spread_over="seed",
+    why="seeded plain training is bit for bit on one machine, but the VAEs' float32 "
+    "training is chaotic across CPUs: the same seed moved every c-index by up to 0.039 "
+    f"between {CROSS_CPU}, as another seed would (2.2 standard deviations at most); so each fresh "
+    "c-index must lie within 4 standard deviations of its arm's 10 committed seeds, and "
+    "every run must complete its rounds",
 )
 
 

@@ -58,6 +58,33 @@ def test_a_value_beyond_its_tolerance_or_a_row_not_committed_does_not():
     assert not reproduce.reproduces(compare(CHECK, COMMITTED.iloc[:0], COMMITTED))
 
 
+def test_a_chaotic_value_is_held_to_the_committed_seeds_spread():
+    """``spread_over``: another CPU moves a chaotic result as another seed would, so a fresh
+    value must lie within k standard deviations of the committed seeds' mean for its row;
+    a deterministic column (no spread) must equal it, and a row with one seed cannot pass."""
+    check = Check(
+        args=(),
+        csv="x.csv",
+        keys=("split", "seed"),
+        columns={"auc": 4.0, "trees": 0},
+        spread_over="seed",
+    )
+    seeds = pd.DataFrame(
+        {
+            "split": ["a"] * 4 + ["b"],
+            "seed": [0, 1, 2, 3, 0],
+            "auc": [0.80, 0.82, 0.78, 0.80, 0.7],
+            "trees": [3, 3, 3, 3, 4],
+        }
+    )
+    sd = seeds.auc[:4].std(ddof=1)
+    near = seeds.iloc[[1]].assign(auc=[0.80 + 3.9 * sd])  # seed 1 on another CPU
+    assert reproduce.reproduces(compare(check, near, seeds))
+    assert not reproduce.reproduces(compare(check, near.assign(auc=[0.80 + 4.1 * sd]), seeds))
+    assert not reproduce.reproduces(compare(check, near.assign(trees=[4]), seeds))
+    assert not reproduce.reproduces(compare(check, seeds.iloc[[4]], seeds))  # one seed
+
+
 def test_the_results_files_say_how_they_were_made():
     line = reproduce.made_by("python -m benchmarks.admm --rounds 3")
     assert "`python -m benchmarks.admm --rounds 3`" in line and "commit" in line
