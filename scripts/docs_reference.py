@@ -552,7 +552,12 @@ def benchmarks_page() -> str:
         "the subset `secagg bench NAME --check` re-runs to compare with the committed results "
         "(within the tolerances it declares; the full test lane runs every check), and its "
         "committed results in `benchmarks/results/`. A results file made by the current "
-        "benchmark code opens with the command, commit, libraries and machine that made it.",
+        "benchmark code opens with the command, commit, libraries and machine that made it. "
+        "The tolerances are set from what differs across machines (an Intel Xeon and an AMD "
+        "EPYC ran every check): float32 training and BLAS sums round differently on another "
+        "CPU, and where a trajectory is chaotic (SAVAE's VAEs, DEC's clustering) a fresh "
+        "value is held to the committed seeds' spread rather than to its own seed's value; "
+        "`secagg bench NAME --check` prints each check's reasons.",
         table(["Benchmark", "What it measures", "`--check` re-runs", "Results"], rows),
     )
 
