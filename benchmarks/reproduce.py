@@ -124,10 +124,10 @@ def compare(check: Check, fresh: pd.DataFrame, committed: pd.DataFrame) -> pd.Da
                 within = bool(new == old)
                 difference: float | None = None
             elif check.spread_over:
-                same = committed
+                peers = committed
                 for k in others:
-                    same = same[same[k] == row[k]]
-                values = same[column].astype(float)
+                    peers = peers[peers[k] == row[k]]
+                values = peers[column].astype(float)
                 if pd.isna(new) and values.isna().all():  # e.g. never aborted
                     difference, within = 0.0, True
                 else:
