@@ -5,11 +5,17 @@ node's secagg client. The Flower App that ``flwr run`` submits names these two
 The ServerApp is also where the experimenter sits in this deployment: it evaluates the
 global model after every round on the task's pooled test set and writes the run folder,
 exactly as ``secagg run`` does in simulation.
+
+Whatever fails in the ClientApp (secagg's handler, a task's loader parsing the site's file,
+Flower's routing) leaves the node as a fixed code (``messages.failure``: a refusal's code,
+``request_refused``, or ``internal_error``), never the exception's text or type, which can
+quote the site's data; the text and traceback go to the node's own log (its stderr).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,14 +24,48 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
-from secagg.errors import ConfigError
+from secagg.errors import ClientRefused, ConfigError, error_code
 from secagg.flower import messages
 from secagg.flower.keystore import experiment_name, read_signers
-from secagg.flower.node import load_experiment, node_client
+from secagg.flower.node import RequestRefused, load_experiment, node_client
 from secagg.flower.transport import FlowerNodes, FlowerTransport
 
+#: the node's own log (the ClientApp process's stderr, which the SuperNode's log takes in)
+LOG = logging.getLogger("secagg.flower.node")
+
+
+def failure_code(exc: BaseException) -> str:
+    """The code a node's failed reply carries for ``exc`` (``messages.FAILURE_CODES``)."""
+    if isinstance(exc, ClientRefused):
+        return exc.code  # its client logged the detail already
+    if isinstance(exc, RequestRefused):
+        return "request_refused"
+    return error_code(exc)
+
+
+class CodedClientApp(ClientApp):
+    """Flower's ClientApp, but a failure leaves it as a fixed code: Flower would send the
+    exception's type and text (``<class 'ValueError'>:<'...'>``) to the ServerApp."""
+
+    def __call__(self, message: Message, context: Context) -> Message:
+        try:
+            return super().__call__(message, context)
+        except Exception as exc:  # noqa: BLE001 - whatever failed, only a code leaves
+            code = failure_code(exc)
+            meta = message.metadata
+            LOG.error(
+                "secagg: the ClientApp failed on message %s of Flower run %s; the "
+                "coordinator is told %r only",
+                meta.message_id,
+                meta.run_id,
+                code,
+                exc_info=exc,
+            )
+            return messages.failure(message, code)
+
+
 server_app = ServerApp()
-client_app = ClientApp()
+client_app = CodedClientApp()
 
 
 @client_app.query("secagg")

@@ -16,6 +16,11 @@ sliced into 5 MB chunks whose ids are computed once, and pushed in parallel.
 
 What Flower adds around the envelope (its message metadata, object tree, record framing) is
 Flower's own overhead: :func:`framing_bytes` measures it per message.
+
+A node whose ClientApp fails answers with Flower's error reply whose reason is a fixed code
+(:func:`failure`: ``secagg:<code>``, one of :data:`FAILURE_CODES`), never the exception's
+text, which can quote a cell of the site's data; the server reads back only such a code or
+the name of Flower's own error code (:func:`failure_code`), whatever the reason says.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from typing import Any
 
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 
-from secagg.errors import MalformedMessage
+from secagg.errors import ERROR_CODES, MalformedMessage
 
 MESSAGE_TYPE = "query.secagg"
 RECORD = "secagg"
@@ -34,6 +39,39 @@ ENVELOPE_RECORD, ENVELOPE, STYPE = "secagg.envelope", "envelope", "bytes"
 #: from this size on an envelope travels as an Array (smaller: bytes in the ConfigRecord,
 #: where an Array's own records and chunk would add some 400 bytes of framing)
 LARGE = 1 << 20
+
+
+#: what a node's failed reply may carry: secagg's refusal codes (``secagg.errors.ERROR_CODES``),
+#: a request the node's experiment file does not allow, or anything else
+FAILURE_CODES = frozenset({code for _, code in ERROR_CODES} | {"request_refused", "internal_error"})
+FAILURE_PREFIX = "secagg:"
+
+
+def failure(to: Message, code: str) -> Message:
+    """The error reply of a node whose ClientApp failed on ``to``: Flower's "ClientApp raised
+    an exception" with ``code`` (one of :data:`FAILURE_CODES`) for its only reason."""
+    from flwr.app import Error
+    from flwr.common.constant import ErrorCode
+
+    if code not in FAILURE_CODES:
+        code = "internal_error"
+    reason = FAILURE_PREFIX + code
+    return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=to)
+
+
+def failure_code(message: Message) -> str:
+    """What the server may say of an error reply: the node's code if its reason is one
+    (:func:`failure`), else the name of Flower's error code (``node_unavailable``,
+    ``client_app_raised_exception``, ...): never the reason's own text, which Flower fills
+    with the exception's repr where a ClientApp raised past secagg's."""
+    from flwr.common.constant import ErrorCode
+
+    error = message.error
+    reason = str(error.reason or "")
+    if reason.startswith(FAILURE_PREFIX) and reason[len(FAILURE_PREFIX) :] in FAILURE_CODES:
+        return reason[len(FAILURE_PREFIX) :]
+    names = {v: k.lower() for k, v in vars(ErrorCode).items() if k.isupper() and isinstance(v, int)}
+    return names.get(error.code, f"flower_error_{int(error.code)}")
 
 
 def _content(fields: dict[str, Any], envelope: bytes | None) -> RecordDict:

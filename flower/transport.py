@@ -191,9 +191,24 @@ def pull(
             time.sleep(poll)
 
 
-def _error(answer: Message) -> ClientUnavailable | None:
+class NodeFailed(ClientUnavailable):
+    """A node answered with an error: ``code`` is all the server learns of why (the node's
+    fixed code, or Flower's error code by name: ``messages.failure_code``); the detail is
+    in the node's own log."""
+
+    def __init__(self, code: str, peer: str | None = None):
+        verb = "refused" if code in REFUSALS else "failed"
+        super().__init__(f"{peer + ': ' if peer else ''}the node {verb}: {code}")
+        self.code, self.peer = code, peer
+
+
+#: codes by which a node says it would not answer (the rest: it could not)
+REFUSALS = messages.FAILURE_CODES - {"internal_error"}
+
+
+def _error(answer: Message) -> NodeFailed | None:
     if answer.has_error():
-        return ClientUnavailable(f"the node failed: {answer.error.reason}")
+        return NodeFailed(messages.failure_code(answer))
     return None
 
 
@@ -280,9 +295,8 @@ class FlowerTransport:
 
     @staticmethod
     def _reply(peer: str, answer: Message) -> Reply:
-        failed = _error(answer)
-        if failed is not None:
-            return ClientUnavailable(f"{peer}: {failed}")
+        if answer.has_error():
+            return NodeFailed(messages.failure_code(answer), peer)
         try:
             return check_reply(peer, messages.read_reply(answer))
         except (MalformedMessage, ClientUnavailable) as exc:

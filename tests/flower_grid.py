@@ -67,8 +67,10 @@ class LoopbackGrid:
             )
             try:
                 answer = self.client_app(msg, context)
-            except Exception as exc:  # noqa: BLE001 - Flower turns it into an error reply
-                answer = Message(Error(code=0, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg)
+            except Exception as exc:  # noqa: BLE001 - Flower turns it into an error reply,
+                # its reason the exception's type and text (flwr 1.42's run_clientapp)
+                reason = str(type(exc)) + ":<'" + str(exc) + "'>"
+                answer = Message(Error(code=2, reason=reason), reply_to=msg)
             self._replies[mid] = answer
             self.delivered += 1
         return ids

@@ -86,7 +86,7 @@ def test_a_node_down_for_a_round_is_excluded_and_rejoins_the_next(tmp_path, unav
     assert metrics["clients"].tolist()[1:] == [6, 5, 6]
     summary = json.loads((out / "audit_summary.json").read_text())
     assert [(e["round"], e["peer"]) for e in summary["exclusions"]] == [(2, "client_2")]
-    reason = "Node Unavailable" if unavailable else "no answer within 1 s"
+    reason = "the node failed: node_unavailable" if unavailable else "no answer within 1 s"
     assert reason in summary["exclusions"][0]["reason"]
     assert json.loads((out / "flower.json").read_text())["aborted"] == {}
 
@@ -122,6 +122,81 @@ def test_a_node_configured_for_another_experiment_is_refused(tmp_path):
     grid.nodes[102] = other / "nodes" / "client_2"  # this node runs 5 rounds, the server 2
     with pytest.raises(ConfigError, match=r"no SuperNode answered for \['client_2'\]"):
         run_on_flower(grid, deployment=folder, out=tmp_path / "out", timeout=1, connect_timeout=1)
+
+
+# ---- what a node's failure tells the coordinator (issue 47, item 4) ----------------------
+#: what a site's parser might say: its path, a column, a cell of patient data
+LEAK = "/srv/site2/data/hospital_2.csv: missing columns ['x05'] near patient P-0042-HOLMES"
+
+
+def test_a_nodes_failure_reaches_the_coordinator_as_a_code_its_text_the_nodes_log(
+    tmp_path, monkeypatch, caplog, capsys
+):
+    """client_2's node fails to load its data (a ValueError quoting a patient): the
+    coordinator excludes it with ``internal_error`` in the audit, its progress log and its
+    stderr, and nothing of the text or the exception's type; the node's log has both, with
+    the traceback."""
+    from secagg.flower.node import NodeClient
+
+    built = NodeClient._client
+
+    def loading(self, seed, stage):
+        if self.client_id == "client_2":
+            raise ValueError(LEAK)
+        return built(self, seed, stage)
+
+    monkeypatch.setattr(NodeClient, "_client", loading)
+    out, _ = over_flower(tmp_path, replace(PLAIN, rounds=1), timeout=5)
+    summary = json.loads((out / "audit_summary.json").read_text())
+    assert [(e["peer"], e["reason"]) for e in summary["exclusions"]] == [
+        ("client_2", "client_2: the node failed: internal_error")
+    ]
+    said = capsys.readouterr()
+    coordinator = [said.out, said.err] + [
+        p.read_text(errors="replace")
+        for p in [*out.rglob("*"), tmp_path / "out-progress.log"]
+        if p.is_file()
+    ]
+    assert any("internal_error" in text for text in coordinator)
+    for text in coordinator:
+        for secret in ("P-0042", "missing columns", "hospital_2.csv", "ValueError"):
+            assert secret not in text
+    logged = [r for r in caplog.records if r.name == "secagg.flower.node"]
+    assert logged and all("internal_error" in r.getMessage() for r in logged)
+    assert str(logged[0].exc_info[1]) == LEAK
+    assert "P-0042" in caplog.text and "Traceback" in caplog.text
+
+
+def test_whatever_fails_in_the_client_app_leaves_it_as_a_code(tmp_path, caplog):
+    """Flower's own routing failing inside the ClientApp (no handler for the message's
+    type) leaves as ``internal_error``; a refusal as its code; and the server reads no more
+    than a code from any error reply: Flower's own repr of an exception that escaped the
+    ClientApp, or a reason that only looks like a code, becomes Flower's error code's name."""
+    from flwr.app import Context, Error, Message, RecordDict
+
+    from secagg.errors import ClientRefused
+    from secagg.flower import messages
+    from secagg.flower.apps import client_app, failure_code
+    from secagg.flower.transport import NodeFailed
+
+    folder, _ = deploy(tmp_path, PLAIN)
+    other = Message(RecordDict(), 100, "query.other", ttl=60)
+    other.metadata.__dict__.update({"_message_id": "m0", "_run_id": 7})
+    node = {"node-dir": str(folder / "nodes" / "client_0")}
+    reply = client_app(other, Context(7, 100, node, RecordDict(), {}))
+    assert reply.has_error() and reply.error.reason == "secagg:internal_error"
+    assert "No query function registered" in caplog.text  # in the node's log only
+    assert failure_code(ClientRefused("client_0", "train", "out_of_order")) == "out_of_order"
+
+    def read(code: int, reason: str) -> NodeFailed:
+        return NodeFailed(messages.failure_code(Message(Error(code, reason), reply_to=other)))
+
+    assert str(read(2, "secagg:out_of_order")) == "the node refused: out_of_order"
+    assert str(read(2, "secagg:internal_error")) == "the node failed: internal_error"
+    for reason in (f"<class 'ValueError'>:<'{LEAK}'>", f"secagg:{LEAK}"):
+        assert str(read(2, reason)) == "the node failed: client_app_raised_exception"
+    assert read(5, "Error: Node Unavailable - ...").code == "node_unavailable"
+    assert read(99, LEAK).code == "flower_error_99"
 
 
 # ---- the deployment folder and the command line -------------------------------------------

@@ -8,7 +8,8 @@
   "invalid FAB" reply, and nothing of it is stored (no run, no context, so nothing of it
   ever runs on the node or sees ``node-dir``).
 - **Seeds and stages not in the node's experiment file**, and a seed a previous Flower run
-  already had, are refused before anything is built: no key, no budget, no state.
+  already had, are refused before anything is built: no key, no budget, no state. The
+  server gets the refusal's code only (``request_refused``); the detail is the node's log.
 - **DP noise seeded from the run's seed** (the server names the seed) is refused by a node.
 
 Everything goes through the real classes: Flower's ``_pull_and_store_message`` with its
@@ -20,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import stat
 import sys
 from dataclasses import replace
@@ -41,7 +43,7 @@ from secagg.flower import guard, messages
 from secagg.flower.apps import client_app, run_on_flower
 from secagg.flower.deployment import prepare
 from secagg.flower.launch import LocalFederation
-from secagg.flower.node import RequestRefused, SeededNoiseRefused
+from secagg.flower.node import SeededNoiseRefused
 from secagg.simulation.config import ExperimentConfig
 from secagg.simulation.settings import from_config, to_toml
 from tests.flower_grid import LoopbackGrid, as_server
@@ -232,6 +234,15 @@ def replay(folder: Path, request: Message, flower_run: int = 7, **run_changes) -
     )
 
 
+def refused_with(reply: Message, code: str, detail: str, caplog) -> None:
+    """``reply`` is the node's error reply with ``code`` only; ``detail`` (a pattern) is in
+    the node's own log, with the exception it came from."""
+    assert reply.has_error() and reply.error.reason == f"secagg:{code}"
+    logged = [r for r in caplog.records if r.name == "secagg.flower.node"]
+    assert logged and logged[-1].exc_info is not None
+    assert re.search(detail, str(logged[-1].exc_info[1])), logged[-1].exc_info
+
+
 def states(folder: Path) -> list[str]:
     return sorted(
         str(p.relative_to(folder / "nodes")) for p in (folder / "nodes").rglob("state/*/*.bin")
@@ -253,20 +264,19 @@ def test_the_honest_run_is_answered_by_every_node(honest):
     ],
     ids=["seed-not-in-experiment", "stage-of-another-protocol", "stage-unknown"],
 )
-def test_a_seed_or_stage_not_in_the_nodes_experiment_is_refused(honest, change, refused):
+def test_a_seed_or_stage_not_in_the_nodes_experiment_is_refused(honest, change, refused, caplog):
     folder, seen = honest
     before = states(folder)
-    with pytest.raises(RequestRefused, match=refused):
-        replay(folder, seen[101][0], **change)
+    refused_with(replay(folder, seen[101][0], **change), "request_refused", refused, caplog)
     assert states(folder) == before  # nothing made for it: no client, no key, no state
 
 
-def test_a_seed_is_served_in_one_flower_run_only(honest):
+def test_a_seed_is_served_in_one_flower_run_only(honest, caplog):
     """A second Flower run naming the same seed would get fresh keys and budgets."""
     folder, seen = honest
     before = states(folder)
-    with pytest.raises(RequestRefused, match="served seed 3 .run. in Flower run 7 already"):
-        replay(folder, seen[102][0], flower_run=8)
+    reply = replay(folder, seen[102][0], flower_run=8)
+    refused_with(reply, "request_refused", "served seed 3 .run. in Flower run 7 already", caplog)
     assert states(folder) == before
 
 
@@ -295,7 +305,7 @@ def test_a_nodes_state_is_0600_in_0700_folders_whatever_was_there(tmp_path):
 
 
 # ---- DP noise the server can predict -----------------------------------------------------
-def test_dp_noise_seeded_from_the_run_is_refused_by_a_node(tmp_path):
+def test_dp_noise_seeded_from_the_run_is_refused_by_a_node(tmp_path, caplog):
     dp = replace(PLAIN, client_dp={"clip": 1.0, "noise": 0.5})
     with pytest.raises(SeededNoiseRefused, match='dp_noise = "os"'):
         prepare(tmp_path / "refused", replace(dp, dp_noise="seeded"))
@@ -306,7 +316,7 @@ def test_dp_noise_seeded_from_the_run_is_refused_by_a_node(tmp_path):
     (node / "experiment.toml").write_text(to_toml(from_config(replace(dp, dp_noise="seeded"))))
     hello = messages.request(100, None, {"experiment": "x", "hello": "ab" * 16}, ttl=60)
     hello.metadata.__dict__.update({"_message_id": "m0", "_run_id": 7})
-    with pytest.raises(SeededNoiseRefused, match='set dp_noise = "os"'):
-        client_app(hello, Context(7, 100, {"node-dir": str(node)}, RecordDict(), {}))
+    reply = client_app(hello, Context(7, 100, {"node-dir": str(node)}, RecordDict(), {}))
+    refused_with(reply, "bad_configuration", 'set dp_noise = "os"', caplog)
     with pytest.raises(SeededNoiseRefused):  # and a guarded SuperNode does not start
         guard.run_supernode(node, ["--superlink", "x:9092", "--insecure"])
