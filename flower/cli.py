@@ -11,6 +11,34 @@ from typing import Any
 
 from secagg.errors import ConfigError, SecaggError
 
+#: Flower's defaults: the SuperLink's one port (SuperNodes, CLI, ServerApp), and a SuperNode's
+#: Runtime API (``flower-supernode --port``), which ``commands`` counts up from, one per node
+SUPERLINK_PORT, NODE_PORT = 9092, 9094
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = 0
+    if not 0 < port < 65536:
+        raise argparse.ArgumentTypeError(f"not a port: {text!r}")
+    return port
+
+
+def superlink_address(given: str, port: int | None) -> tuple[str, int]:
+    """(host, port) of ``--superlink HOST[:PORT]`` and ``--superlink-port`` (ConfigError where they
+    name two ports). A bare IPv6 address is a host; ``[::1]:9092`` names a port."""
+    host, named = given, None
+    head, sep, tail = given.rpartition(":")
+    if sep and tail.isdigit() and (":" not in head or head.startswith("[")):
+        host, named = head, _port(tail)
+    if named is not None and port is not None and named != port:
+        raise ConfigError(
+            f"--superlink {given} and --superlink-port {port} name two ports: give one"
+        )
+    return host, named or port or SUPERLINK_PORT
+
 
 def add_parser(sub: Any, add_settings: Any) -> None:
     flower = sub.add_parser(
@@ -172,10 +200,32 @@ def add_parser(sub: Any, add_settings: Any) -> None:
     commands = verbs.add_parser(
         "commands",
         help="print the commands that start a prepared deployment on separate machines",
+        description="Print the commands that start the SuperLink (listening on --superlink-port), "
+        "register the nodes' keys, start each node's guarded SuperNode (connecting to "
+        "--superlink HOST:PORT, each with a Runtime API port of its own from --node-port "
+        "on, so that several nodes can share a machine) and submit the run.",
     )
     commands.add_argument("folder", type=Path, metavar="DIR", help="a prepared deployment")
     commands.add_argument(
-        "--superlink", default="SUPERLINK_HOST", help="the SuperLink's host name or address"
+        "--superlink",
+        default="SUPERLINK_HOST",
+        metavar="HOST[:PORT]",
+        help="the SuperLink's host name or address, with its port if not --superlink-port's",
+    )
+    commands.add_argument(
+        "--superlink-port",
+        type=_port,
+        default=None,
+        metavar="PORT",
+        help=f"the SuperLink's port (default {SUPERLINK_PORT}, or the one --superlink names)",
+    )
+    commands.add_argument(
+        "--node-port",
+        type=_port,
+        default=NODE_PORT,
+        metavar="PORT",
+        help=f"the first node's Runtime API port (default {NODE_PORT}); the next node's is "
+        "one more, and so on: nodes on one machine must not share one",
     )
 
 
@@ -309,14 +359,19 @@ def _commands(args: argparse.Namespace) -> int:
         spec = json.loads((folder / "deployment.json").read_text())
     except (OSError, ValueError):
         raise SecaggError(f"{folder} is not a prepared deployment") from None
-    host = args.superlink
+    host, port = superlink_address(args.superlink, args.superlink_port)
+    if args.node_port + len(spec["clients"]) - 1 > 65535:
+        raise ConfigError(f"--node-port {args.node_port} leaves too few ports for every node")
+    link_address = f"{host}:{port}"
     trust = "--root-certificates ca.crt" if spec["tls"] else "--insecure"
     lines = [
-        "# on the SuperLink's machine (keep tls/server.key there only): one port for the",
-        "# SuperNodes, the CLI and the ServerApp; nothing is installed for a run (the App's",
+        f"# on the SuperLink's machine (keep tls/server.key there only): one port, {port}, for",
+        "# the SuperNodes, the CLI and the ServerApp; nothing is installed for a run (the App's",
         "# code is the installed secagg)",
     ]
-    link = "flower-superlink --host 0.0.0.0 --port 9092 --disable-runtime-dependency-installation"
+    link = (
+        f"flower-superlink --host 0.0.0.0 --port {port} --disable-runtime-dependency-installation"
+    )
     if spec["tls"]:
         link += f" --ssl-ca-certfile {folder}/tls/ca.crt --ssl-certfile {folder}/tls/server.pem"
         link += f" --ssl-keyfile {folder}/tls/server.key"
@@ -330,7 +385,7 @@ def _commands(args: argparse.Namespace) -> int:
         "# the Flower CLI's connection, on the machine that submits runs",
         "cat >> ${FLWR_HOME:-~/.flwr}/config.toml <<EOF",
         "[superlink.secagg]",
-        f'address = "{host}:9092"',
+        f'address = "{link_address}"',
         trust_line,
         "EOF",
     ]
@@ -339,7 +394,10 @@ def _commands(args: argparse.Namespace) -> int:
     lines += [
         "",
         "# on each client's machine, in a copy of its node folder: Flower's SuperNode, guarded",
-        "# to run only the App pinned in node.json (never start it as plain flower-supernode)",
+        "# to run only the App pinned in node.json (never start it as plain flower-supernode).",
+        f"# Each node has a Runtime API port of its own (--port, from {args.node_port} on), on",
+        "# loopback, between the SuperNode and its ClientApp processes: nodes that share a",
+        "# machine must not share one (another node's SuperNode would fail to start on it)",
     ]
     own_keys = spec.get("keys") == "nodes"
     if own_keys:
@@ -347,8 +405,10 @@ def _commands(args: argparse.Namespace) -> int:
             "# (each node's folder is the one `secagg flower init` made its keys in; first",
             "# take in its bundle, a copy of this deployment's nodes/<client>/)",
         ]
-    for cid in spec["clients"]:
-        node = f"secagg flower node . --superlink {host}:9092 {trust}"
+    for k, cid in enumerate(spec["clients"]):
+        node = (
+            f"secagg flower node . --superlink {link_address} --port {args.node_port + k} {trust}"
+        )
         if spec["auth"]:
             node += " --auth-supernode-private-key auth.key"
         if own_keys:

@@ -233,6 +233,39 @@ def test_prepare_writes_private_node_folders_and_commands_name_them(tmp_path, ca
     assert not (tmp_path / "b").exists() and not (tmp_path / "c").exists()
 
 
+def test_commands_give_each_node_a_port_of_its_own_and_take_the_superlinks(tmp_path, capsys):
+    """Issue 47, item 5: nodes on one machine each get their own Runtime API port (Flower's
+    default, 9094, for all of them made two of three die), and the SuperLink's port is the
+    one given (--superlink HOST:PORT or --superlink-port) in every command that names it."""
+    import re
+
+    from secagg.simulation.cli import main
+
+    folder, _ = deploy(tmp_path, PLAIN)
+    clients = json.loads((folder / "deployment.json").read_text())["clients"]
+    for given in (
+        ["--superlink", "fl.example.org:9443"],
+        ["--superlink", "fl.example.org", "--superlink-port", "9443"],
+    ):
+        assert main(["flower", "commands", str(folder), *given]) == 0
+        printed = capsys.readouterr().out
+        nodes = [line for line in printed.splitlines() if "secagg flower node" in line]
+        assert len(nodes) == len(clients) >= 3
+        ports = [int(re.search(r" --port (\d+)", line).group(1)) for line in nodes]
+        assert ports == list(range(9094, 9094 + len(clients)))  # each its own
+        assert all("--superlink fl.example.org:9443 " in line for line in nodes)
+        assert "flower-superlink --host 0.0.0.0 --port 9443 " in printed
+        assert 'address = "fl.example.org:9443"' in printed and "9092" not in printed
+        assert "port of its own" in printed  # and it says why
+    assert main(["flower", "commands", str(folder), "--node-port", "10000"]) == 0
+    printed = capsys.readouterr().out
+    assert "SUPERLINK_HOST:9092 --port 10000 " in printed
+    assert f"--port {10000 + len(clients) - 1} " in printed
+    for bad in (["--superlink", "h:9443", "--superlink-port", "9092"], ["--node-port", "65534"]):
+        assert main(["flower", "commands", str(folder), *bad]) == 2
+        assert "port" in capsys.readouterr().err
+
+
 def test_a_node_that_cannot_sign_as_the_client_it_claims_is_not_taken_for_it(tmp_path):
     """A node's hello is signed with the client's Ed25519 key over the server's nonce and
     its node id: a node holding another deployment's keys for client_2 is ignored, and so is
