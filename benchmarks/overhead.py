@@ -690,7 +690,7 @@ def threshold_breakdown(summary: pd.DataFrame) -> pd.DataFrame:
         "server_consent_s": "server: consents round trip",
         "server_reveal_s": "server: reveal (ckks: the decryptor round trip; threshold: all of it)",
         "server_decrypt_share_s": "server: holders' shares round trip (threshold)",
-        "server_unmask_s": "server: interpolate + unmask (threshold)",
+        "server_unmask_s": "server: interpolate + unmask + check the sum (threshold)",
         "server_optimizer_s": "server: optimizer",
         "clients_train_s": "clients: training",
         "clients_protect_s": "clients: encode + encrypt",
@@ -726,7 +726,8 @@ def threshold_breakdown(summary: pd.DataFrame) -> pd.DataFrame:
 
 
 def holder_bytes(summary: pd.DataFrame) -> list[str]:
-    """One threshold holder's bytes per reveal, down and up (flat in the model's size)."""
+    """One threshold holder's bytes per reveal, down and up (flat in the model's size), and
+    what the check block adds to each upload."""
     out = []
     for _, r in summary[summary["backend"] == "threshold"].iterrows():
         down = r.get("bytes_decrypt_share_down", float("nan")) / r["n_clients"]
@@ -736,7 +737,45 @@ def holder_bytes(summary: pd.DataFrame) -> list[str]:
                 f"- {r['kind']} threshold: one holder receives {down:,.0f} B and sends "
                 f"{up:,.0f} B per round ({r['model_params']:,} parameters)"
             )
+        upload = r.get("bytes_train_up", float("nan")) / r["n_clients"]
+        if pd.notna(upload) and upload > 0:
+            check = check_block_bytes(str(r.get("preset", THRESHOLD_PRESET)))
+            out.append(
+                f"- {r['kind']} threshold: the check block is {check:,} B of each "
+                f"{upload:,.0f} B upload ({100 * check / upload:.2f} %)"
+            )
     return out
+
+
+def check_block_bytes(preset: str) -> int:
+    """The bytes a threshold upload's check block (zero masked under its key) takes."""
+    from secagg.threshold.params import CHECK_BLOCKS, get_preset
+
+    p = get_preset(preset)
+    return CHECK_BLOCKS * p.ring_dim * p.coefficient_bytes
+
+
+def preset_setting(n_clients: int) -> tuple[str, str]:
+    """The two presets the sweep compares, as the report describes them (computed from the
+    presets, so that the text follows them): ckks's, then threshold's with its t of n."""
+    from secagg.ckks.presets import get_preset as ckks_preset
+    from secagg.threshold.params import default_t
+    from secagg.threshold.params import get_preset as threshold_preset
+
+    c = ckks_preset(THRESHOLD_CKKS_PRESET)
+    data = c.coeff_bits[:-1]  # the last is SEAL's special prime, which never travels
+    primes = f"one {data[0]}-bit data prime" if len(data) == 1 else f"{len(data)} data primes"
+    t = threshold_preset(THRESHOLD_PRESET)
+    return (
+        f"`{THRESHOLD_CKKS_PRESET}` (N={c.poly_modulus_degree}, {primes}; one key the "
+        "clients share, one decryptor per reveal, 30-bit noise flooding)",
+        f"`{THRESHOLD_PRESET}` (key-additive RLWE masking, N={t.ring_dim}, one "
+        f"{t.prime_bits}-bit prime at Δ = 2^{t.scale_bits}, {t.coefficient_bytes} bytes a "
+        f"value, and a check block of {check_block_bytes(THRESHOLD_PRESET):,} B an upload: "
+        "zero masked under the upload's key, which the unmasked sum must show as noise): every "
+        f"upload is masked under a fresh one-time key that its client Shamir-shares among the "
+        f"{n_clients} clients (t = {default_t(n_clients)}, a strict majority)",
+    )
 
 
 def write_threshold_report(
@@ -746,6 +785,7 @@ def write_threshold_report(
     m = machine()
     n = headline_size(args.quick)
     pairs = threshold_pairs(rounds)
+    ckks_text, threshold_text = preset_setting(10)
     lines = [
         "# Threshold vs ckks: what a key no client holds costs per round",
         "",
@@ -757,16 +797,13 @@ def write_threshold_report(
         f"{args.workers} worker processes, {args.rounds} rounds per run in a fresh server "
         "process (the first a warm-up: in `overhead_threshold_rounds.csv`, not in the "
         "medians). Both backends on their streaming preset, where the clients apply their "
-        f"planned weights and the server only adds. `ckks`: preset `{THRESHOLD_CKKS_PRESET}` "
-        "(N=4096, one 60-bit data prime; one key the clients share, one decryptor per "
-        "reveal, 30-bit noise flooding). `threshold`: preset "
-        f"`{THRESHOLD_PRESET}` (key-additive RLWE masking, N=4096, one 31-bit prime, 4 bytes "
-        "a value): every upload is masked under a fresh one-time key that its client "
-        "Shamir-shares among the 10 clients (t = 6, a strict majority), each share sealed for "
+        f"planned weights and the server only adds. `ckks`: preset {ckks_text}. "
+        f"`threshold`: preset {threshold_text}, each share sealed for "
         "its holder inside the upload; a reveal gathers the consents, asks every holder for "
         "its share of the key sum (each checks the release, opens its sealed shares and "
-        "combines them into one ring element), and the server interpolates the key sum "
-        "and unmasks. No key setup: the holders are the provisioned roster. Runs alternate "
+        "combines them into one ring element), and the server interpolates the key sum, "
+        "unmasks and checks the sum (its check block, and every value within the headroom). "
+        "No key setup: the holders are the provisioned roster. Runs alternate "
         f"ckks, threshold, ckks, ... ({args.repeats} pair(s) per workload), so the ratio does not "
         f"ride on the machine's load drifting. `mlp`: MLP 64-h-h-10 on digits, "
         f"{args.local_steps} local SGD steps of batch 32 per round; `synthetic`: no training. "
@@ -795,8 +832,8 @@ def write_threshold_report(
         f"clients: they run in parallel on {args.workers} workers and overlap the server's "
         "work, so the parts do not add up to the wall time. On threshold the server's reveal "
         "is its own (no decryptor): the consents, the holders' round trip, and what is left, "
-        "interpolating the key sum and unmasking. Key setup (key wrapping on ckks; nothing "
-        "on threshold) happens once per run, before the rounds.",
+        "interpolating the key sum, unmasking and checking the sum. Key setup (key wrapping "
+        "on ckks; nothing on threshold) happens once per run, before the rounds.",
         "",
         markdown_table(dashes(threshold_breakdown(summary)), ".3g"),
         "",
@@ -804,7 +841,8 @@ def write_threshold_report(
         "",
         "`train_up`: the uploads; `train_down`: the model to every client; ckks: "
         "`reveal_down` the aggregate to the decryptor, `reveal_up` its flooded plaintext; "
-        "threshold: `decrypt_share_down` the release with its consents and each holder's "
+        "threshold: `train_up` includes each upload's check block, `decrypt_share_down` "
+        "the release with its consents and each holder's "
         "sealed key share from every contributor, `decrypt_share_up` every holder's share of "
         "the key sum (both flat in the model's size); `consent_*`: the release descriptors "
         "and signatures.",

@@ -296,7 +296,7 @@ def test_the_breakdown_names_the_shares_and_what_is_left_of_the_reveal():
     )
     table = threshold_breakdown(summary).set_index("seconds per round")
     assert not any("partial" in label for label in table.index)
-    unmask = table.loc["server: interpolate + unmask (threshold)"]
+    unmask = table.loc["server: interpolate + unmask + check the sum (threshold)"]
     assert np.isnan(unmask["mlp ckks"]) and unmask["mlp threshold"] == pytest.approx(0.3)
     holders = "holders: check the release, combine their shares (threshold)"
     assert table.loc[holders, "mlp threshold"] == 0.4
