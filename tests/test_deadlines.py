@@ -34,17 +34,24 @@ class Late:
     def __init__(self, cid: str, seconds: float):
         self.answer = honest_client(cid, np.array([9.0, 9.0, 9.0]), 20.0)
         self.seconds, self.handed, self.release = seconds, 0, threading.Event()
+        self.done = threading.Event()  # its late first answer is made
 
     def __call__(self, data: bytes) -> bytes:
         self.handed += 1
         if self.handed == 1:
             self.release.wait(self.seconds)
+            try:
+                return self.answer(data)
+            finally:
+                self.done.set()
         return self.answer(data)
 
 
 def test_a_client_past_the_deadline_is_a_dropout_and_the_round_does_not_wait(honest):
     gs, handlers = honest
-    late = Late("client_late", 8.0)
+    # 60 s late, so that no load on the machine makes a round that did not wait look like one
+    # that did (the assertion is about waiting, not about speed)
+    late = Late("client_late", 60.0)
     audit = AuditLog()
     server = make_server({**handlers, "client_late": late}, audit=audit, deadline=0.5)
     try:
@@ -53,7 +60,7 @@ def test_a_client_past_the_deadline_is_a_dropout_and_the_round_does_not_wait(hon
         took = time.monotonic() - start
     finally:
         late.release.set()
-    assert took < 2.0, f"the round took {took:.2f} s for a 0.5 s deadline"
+    assert took < 30.0, f"the round took {took:.2f} s: it waited for the client 60 s late"
     assert "no answer by the deadline (0.5 s)" in report.excluded["client_late"]
     assert sorted(report.clients) == sorted(gs)
     np.testing.assert_allclose(server.params, fedavg(gs))  # the others' FedAvg stands
@@ -71,7 +78,7 @@ def test_a_late_client_gets_no_request_while_busy_and_comes_back_when_done(hones
         assert "still busy" in busy and late.handed == 1  # round 1's request never reached it
     finally:
         late.release.set()
-    time.sleep(0.2)  # its round-0 answer is made now, and dropped
+    assert late.done.wait(30.0)  # its round-0 answer is made now, and dropped
     assert "client_late" in server.run_round(2).clients and late.handed == 2
 
 
@@ -136,7 +143,7 @@ def test_a_ctrl_c_while_a_client_works_reaches_the_client_as_before():
 
 
 class SleepyClients(EchoClients):
-    """Echo clients in a worker; b"slow" makes one work 8 s first (in short steps, so that
+    """Echo clients in a worker; b"slow" makes one work 60 s first (in short steps, so that
     closing the pool stops it at once)."""
 
     def __call__(self, ids):
@@ -149,7 +156,7 @@ class SleepyClients(EchoClients):
 def _sleepy(handle):
     def answer(data: bytes) -> bytes:
         if data == b"slow":
-            end = time.monotonic() + 8.0
+            end = time.monotonic() + 60.0
             while time.monotonic() < end:
                 time.sleep(0.02)
         return handle(data)
@@ -164,7 +171,7 @@ def test_a_worker_answers_its_other_clients_while_one_is_past_the_deadline():
         first = dict(transport.exchange(iter([("c0", b"slow"), *((p, b"x") for p in peers[1:])])))
         took = time.monotonic() - start
         second = dict(transport.exchange(iter((p, b"y") for p in peers)))
-    assert took < 5.0, f"the exchange took {took:.2f} s for a 0.5 s deadline (c0: 8 s)"
+    assert took < 30.0, f"the exchange took {took:.2f} s: it waited for c0, 60 s late"
     assert isinstance(first["c0"], DeadlineMissed)
     assert "no answer by the deadline (0.5 s)" in str(first["c0"])
     assert [first[p] for p in peers[1:]] == [b"c1:x", b"c2:x", b"c3:x"]
