@@ -144,6 +144,18 @@ class FirstPolysHandle:
         return int(self.first.shape[0])
 
 
+def wrapped_keys(client: str, env: Envelope, peers: list[str]) -> dict[str, bytes]:
+    """The key ``client`` wrapped for each of ``peers`` (one part each, else UnexpectedField
+    excludes it): a leader's ``key_generate`` reply and a holder's ``key_share`` reply."""
+    blobs = {}
+    for p in peers:
+        parts = env.ciphertext_parts(f"wrapped_key.{p}")
+        if len(parts) != 1:
+            raise UnexpectedField(f"{client} wraps the key for {p} in {len(parts)} parts")
+        blobs[p] = bytes(parts[0])
+    return blobs
+
+
 class CKKSServer(ServerBackend):
     name = "ckks"
     upload_kind = wire.CIPHERTEXT
@@ -252,13 +264,7 @@ class CKKSServer(ServerBackend):
             receipt = env.config("installed")
             if receipt.get("params") != self.fingerprint or not is_key_id(receipt.get("key")):
                 raise UnexpectedField(f"{client} does not commit to a key of these parameters")
-            blobs = {}
-            for p in peers:
-                parts = env.ciphertext_parts(f"wrapped_key.{p}")
-                if len(parts) != 1:
-                    raise UnexpectedField(f"{client} wraps the key for {p} in {len(parts)} parts")
-                blobs[p] = bytes(parts[0])
-            return receipt["key"], blobs
+            return receipt["key"], wrapped_keys(client, env, peers)
 
         gen = ctx.ask(
             "key_generate",
@@ -390,21 +396,11 @@ class CKKSServer(ServerBackend):
             if not plan:
                 break
             for h, peers in plan.items():
-
-                def read(client: str, env: Envelope, peers=peers) -> dict[str, bytes]:
-                    blobs = {}
-                    for p in peers:
-                        parts = env.ciphertext_parts(f"wrapped_key.{p}")
-                        if len(parts) != 1:
-                            raise UnexpectedField(f"{client} wraps the key for {p} in parts")
-                        blobs[p] = bytes(parts[0])
-                    return blobs
-
                 got = ctx.ask(
                     "key_share",
                     {h: {"setup": setup, "peers": wire.config({"ids": peers})}},
                     expect={f"wrapped_key.{p}": wire.CIPHERTEXT for p in peers},
-                    on_reply=read,
+                    on_reply=lambda client, env, peers=peers: wrapped_keys(client, env, peers),
                 )
                 if h in got:
                     offers.update({p: (h, blob) for p, blob in got[h].items()})
