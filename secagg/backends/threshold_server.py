@@ -53,7 +53,7 @@ from secagg.threshold.params import (
     holder_xs,
     holders_of,
     public_seed,
-    quantise,
+    server_weight,
     upload_message,
 )
 from secagg.threshold.ring import ring
@@ -166,7 +166,7 @@ class ThresholdServer(ServerBackend):
             )
         if any(h.summed or len(h.entries) != 1 for h in handles):
             raise MalformedCiphertext("only fresh uploads can be summed")
-        ks = [quantise(w, self.preset.weight_bits) for w in weights]
+        ks = [server_weight(w, self.preset) for w in weights]
         kept = [(h, k) for h, k in zip(handles, ks) if k != 0]
         if not kept:
             raise MalformedCiphertext("a sum needs at least one non-zero weight")
@@ -369,7 +369,7 @@ class ThresholdRunningSum(RunningSum):
         if preset.weighted_by_clients:
             k, factor = applied_weight(weight, preset), 1
         else:
-            k = factor = quantise(weight, preset.weight_bits)
+            k = factor = server_weight(weight, preset)
             if k == 0:
                 return
         ring_ = self.server.ring

@@ -208,6 +208,16 @@ def quantise(weight: float, weight_bits: int) -> int:
     return -k if weight < 0 else k
 
 
+def server_weight(weight: float, preset: ThresholdPreset) -> int:
+    """The integer the server multiplies an upload by: ``weight`` quantised to the preset's
+    2^-weight_bits, within |w| <= 1 (ConfigError otherwise: the headroom, and the bound every
+    client holds a release to, ``secagg.backends.coalition``)."""
+    w = float(weight)
+    if not abs(w) <= 1.0:
+        raise ConfigError(f"threshold weighted sums need |w| <= 1 (headroom); got {w}")
+    return quantise(w, preset.weight_bits)
+
+
 def holders_of(roster: object) -> list[str]:
     """The key holders in the order their x-coordinates follow (x = 1 + position): the
     roster's clients, sorted, so every party numbers them alike without a message."""

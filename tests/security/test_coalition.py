@@ -320,3 +320,23 @@ def test_the_server_with_t_minus_one_colluders_guesses_no_better_than_chance(mon
     monkeypatch.setattr(ReleasePolicy, "check", lambda self, d: None)
     wins, openings = _play(40, seed=47)
     assert openings == 40 and wins == 40
+
+
+@pytest.mark.parametrize("backend", ["ckks", "threshold"])
+def test_an_honest_server_refuses_a_weight_above_one_from_its_protocol(backend):
+    """A protocol that hands the server a weight of 1.5 gets a typed error when it forms the
+    sum (its clients would all refuse it: |w| <= 1); and a sum that lists one anyway (a
+    forged handle) is refused by the server's own record before any client is asked."""
+    from secagg.errors import ConfigError, ProtocolStateError
+
+    r = BackendRound(IDS, N, backend=backend, decryption_budget=4)
+    handles = r.uploads({c: values(k) for k, c in enumerate(IDS)})
+    listed = [handles[c] for c in IDS]
+    with pytest.raises(ConfigError, match=r"need \|w\| <= 1 \(headroom\); got 1\.5"):
+        r.server.weighted_sum(listed, [1.5, 0.2, 0.2, 0.2, 0.2])
+    total = r.server.weighted_sum(listed, [0.2] * 5)
+    big = r.server.preset.max_weight * 3 // 2
+    forged = replace(total, entries=(replace(total.entries[0], k=big), *total.entries[1:]))
+    with pytest.raises(ProtocolStateError, match=r"a weight of 1\.5 \(> 1\)"):
+        r.server.reveal(r.ctx(), forged, "global_update")
+    assert all(c.decryptions == 0 for c in r.clients.values())
