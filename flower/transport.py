@@ -78,6 +78,20 @@ def hello_signed(
     return True
 
 
+#: what a node's answer to a hello means when it will not serve the run, and what to do:
+#: a final answer (waiting would not change it), unlike a node that is down or late
+REFUSAL_REMEDIES = {
+    "invalid_fab": "the App submitted is not the one pinned in the node's node.json (a node "
+    "runs only the App its deployment was prepared with): submit the deployment's own App "
+    "(`secagg flower commands DIR` prints the command)",
+    "bad_configuration": "the node's own settings are for another experiment (or its "
+    "bundle is incomplete; its log says which): give every site the bundle of this "
+    "deployment (`secagg flower join`)",
+    "request_refused": "the node's own experiment file does not allow this request (its "
+    "log says why)",
+}
+
+
 class FlowerNodes:
     """Which SuperNode holds which client; ``grid``: the ServerApp's ``Grid``; ``signers``:
     every client's Ed25519 public key (a node proves which client it is by signing the
@@ -99,6 +113,10 @@ class FlowerNodes:
         self.signers = dict(signers)
         self.hello_timeout, self.poll, self.log = hello_timeout, poll, log
         self.node_of: dict[str, int] = {}
+        #: listed nodes that are no client of this run, and what each said instead: a
+        #: refusal's code (``refused``) or why its hello was not taken (``said``)
+        self.refused: dict[int, str] = {}
+        self.said: dict[int, str] = {}
         self._seen: frozenset[int] = frozenset()
         # a reply is often listed before its node has pushed all of it: ask again after
         # 50 ms rather than Flower's 1 s (the ServerApp's own process)
@@ -109,19 +127,37 @@ class FlowerNodes:
         profile_process("serverapp")
 
     def wait_for_all(self, timeout: float) -> None:
-        """Until every client's node has said hello; ConfigError naming the missing ones."""
+        """Until every client's node has said hello; ConfigError naming the missing ones,
+        at once where as many listed nodes refused this run as clients are missing (a
+        foreign App, another experiment: waiting would not change their answer), else
+        after ``timeout`` seconds, with what each listed node said."""
         deadline = time.monotonic() + timeout
         while True:
             self.refresh(force=True)  # a node whose hello timed out (still starting) is asked again
             missing = [c for c in self.clients if c not in self.node_of]
             if not missing:
                 return
+            if self.refused and len(self.refused) >= len(missing):
+                raise ConfigError(
+                    f"no node serves {missing}: "
+                    + "; ".join(
+                        f"node {n} refused this run ({code}): {REFUSAL_REMEDIES.get(code, '')}"
+                        for n, code in sorted(self.refused.items())
+                    )
+                )
             if time.monotonic() > deadline:
+                others = {**self.said, **{n: f"refused ({c})" for n, c in self.refused.items()}}
                 raise ConfigError(
                     f"after {timeout:.0f} s no SuperNode answered for {missing}; start one "
                     "per client with its node folder (`secagg flower commands DIR` prints "
                     "how) and check that each points at this SuperLink with this "
                     "experiment's configuration and keys"
+                    + (
+                        "; the SuperLink's other nodes: "
+                        + "; ".join(f"node {n}: {why}" for n, why in sorted(others.items()))
+                        if others
+                        else ""
+                    )
                 )
             time.sleep(0.5)
 
@@ -147,24 +183,34 @@ class FlowerNodes:
         }
         for mid, answer in pull(self.grid, sent, self.hello_timeout, self.poll):
             node = sent[mid]
+            self.refused.pop(node, None)
+            self.said.pop(node, None)
+            if isinstance(answer, NodeFailed) and answer.code in REFUSAL_REMEDIES:
+                self.refused[node] = answer.code
+                self._say(f"node {node} refused this run: {answer.code}")
+                continue
             if isinstance(answer, Exception):
                 self._say(f"node {node} did not say which client it is: {answer}")
                 continue
             try:
                 said = json.loads(messages.read_reply(answer))
             except (MalformedMessage, ValueError):
-                self._say(f"node {node} answered hello with something else; ignored")
+                self._ignore(node, "answered hello with something else")
                 continue
             if not hello_signed(said, self.signers, self.experiment, nonce, node):
-                self._say(f"node {node} cannot sign as the client it names; ignored")
+                self._ignore(node, "cannot sign as the client it names")
                 continue
             client = str(said["client"])
             if client not in self.clients:
-                self._say(f"node {node} says it is {client!r}, who is not in this run; ignored")
+                self._ignore(node, f"says it is {client!r}, who is not in this run")
                 continue
             if self.node_of.get(client) not in (None, node):
                 self._say(f"{client} is back as node {node} (was {self.node_of[client]})")
             self.node_of[client] = node
+
+    def _ignore(self, node: int, why: str) -> None:
+        self.said[node] = why
+        self._say(f"node {node} {why}; ignored")
 
     def _say(self, line: str) -> None:
         if self.log is not None:
@@ -197,7 +243,8 @@ class NodeFailed(ClientUnavailable):
     in the node's own log."""
 
     def __init__(self, code: str, peer: str | None = None):
-        verb = "refused" if code in REFUSALS else "failed"
+        self.refused = code in REFUSALS
+        verb = "refused" if self.refused else "failed"
         super().__init__(f"{peer + ': ' if peer else ''}the node {verb}: {code}")
         self.code, self.peer = code, peer
 

@@ -4,6 +4,8 @@ The round engine catches :class:`ClientInputError` subclasses per client: the of
 client is excluded from the round and the audit records why; the run goes on.
 """
 
+from collections.abc import Iterable
+
 
 class SecaggError(Exception):
     """Base class of every error secagg raises on purpose."""
@@ -95,11 +97,20 @@ class ConsentRefused(RoundAborted):
     """Contributors did not consent to releasing an aggregate their uploads are in, so it
     cannot be opened this round. ``culprits``: the clients that refused while the others
     consented to the same request (the engine takes them out of the run); empty when every
-    contributor refused, i.e. the request itself broke the clients' policy."""
+    contributor refused, i.e. the request itself broke the clients' policy. ``unanswered``:
+    the culprits that gave no answer at all (a node down or late) rather than a refusal."""
 
-    def __init__(self, message: str, *, culprits: list[str], **kwargs):
+    def __init__(
+        self,
+        message: str,
+        *,
+        culprits: list[str],
+        unanswered: Iterable[str] = (),
+        **kwargs,
+    ):
         super().__init__(message, **kwargs)
         self.culprits = list(culprits)
+        self.unanswered = sorted(set(unanswered) & set(culprits))
 
 
 class RoundSkipped(ConsentRefused):

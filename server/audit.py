@@ -181,7 +181,26 @@ class AuditLog:
             }
         )
 
+    def absent(self, round_number: int, peer: str, reason: str) -> None:
+        """A client of the run that was not asked this round: it left the run (``reason``)."""
+        self.records.append(
+            {"event": "absent", **self._where(round_number), "peer": peer, "reason": reason}
+        )
+
     # ---- views --------------------------------------------------------------------------
+    def rounds_missed(self) -> list[dict[str, Any]]:
+        """Per run and client, every training round it was not in: excluded in some phase
+        of the round (its upload not in the update, or the round skipped on it) or absent
+        (out of the run). One row per (run, client), with the rounds in order."""
+        missed: dict[tuple[str, str], set[int]] = defaultdict(set)
+        for r in self.records:
+            if r["event"] in ("excluded", "absent") and r.get("stage", ROUND) == ROUND:
+                missed[(r["run"], r["peer"])].add(r["round"])
+        return [
+            {"run": run, "peer": peer, "rounds": sorted(rounds)}
+            for (run, peer), rounds in sorted(missed.items())
+        ]
+
     def traffic(self) -> list[dict[str, Any]]:
         """One row per (message, field): the byte-accounting view of the audit, with the
         records' ``round`` and ``stage`` (set-up is round 0, training round k is k)."""
@@ -254,6 +273,7 @@ class AuditLog:
                 }
             ),
             "exclusions": excluded,
+            "rounds_missed": self.rounds_missed(),
             "aborted_runs": aborted,
             # what the clients learn that the server does not, and who can decrypt at all
             "opened_by_clients": dict(sorted(opened.items())),

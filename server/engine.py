@@ -25,6 +25,7 @@ the phase; the experiment driver records it.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +49,12 @@ from secagg.server.exchange import Exchange
 from secagg.server.plan import RunPolicy, TrainingPlan, check_protocol_run
 from secagg.server.round import RoundContext, StreamedSum
 from secagg.server.transport import Transport
+
+#: consents a client may miss by giving no answer (its node down or late between its upload
+#: and its consent) and still be asked next round: each miss skips a round (its upload is
+#: in the sum, which cannot be opened without it), so this bounds the rounds one client can
+#: stall per run; a refusal, or one miss more, and it leaves the run
+MISSED_CONSENTS_FORGIVEN = 1
 
 ENGINE_DECLARED = ("n_samples",)  # what the training phase itself shows the server
 
@@ -246,6 +253,8 @@ class Server:
         self.streaming = self.policy.streaming and caps.streams
         self.enrolment = Enrolment()
         self.left: dict[str, str] = {}  # clients that left the run (blind: missed an apply)
+        #: consents each client missed by not answering (its node down or late)
+        self.missed_consents: Counter[str] = Counter()
 
     @property
     def params(self) -> np.ndarray:
@@ -317,6 +326,8 @@ class Server:
 
     def run_round(self, number: int) -> RoundReport:
         self.audit.begin_round()  # audited as round number + 1 (metrics.csv's numbering)
+        for client, why in self.left.items():  # the summary names every round a client missed
+            self.audit.absent(number, client, why)
         if self.server_lr is not None:
             self.optimizer.hyper["lr"] = self.server_lr.at(number)
         ctx = self._context(number, None if self.updates.blind else self.optimizer)
@@ -344,10 +355,22 @@ class Server:
         """Some contributors refused a release the others consented to, or the round's
         uploads cannot make a release the clients' rules allow (``RoundSkipped``): nothing can
         be opened this round, so the round makes no update, and the refusers leave the run,
-        which goes on without them. What was released before the refusal is still
-        accounted."""
+        which goes on without them. A contributor that gave no answer at all (its node went
+        down between its upload and its consent) is a dropout, not a refuser: it is asked
+        again next round, once per run (:data:`MISSED_CONSENTS_FORGIVEN`; each such miss
+        skips a round, so the bound caps the rounds one client can stall). What was
+        released before the refusal is still accounted."""
         for client in exc.culprits:
-            self.left[client] = f"refused consent in round {ctx.round}"
+            if client in exc.unanswered:
+                self.missed_consents[client] += 1
+                if self.missed_consents[client] <= MISSED_CONSENTS_FORGIVEN:
+                    continue  # back next round
+                self.left[client] = (
+                    f"missed its consent in round {ctx.round}, and "
+                    f"{self.missed_consents[client] - 1} before"
+                )
+            else:
+                self.left[client] = f"refused consent in round {ctx.round}"
         self.ledger.record(ctx)
         return RoundReport(
             ctx.round,

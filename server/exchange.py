@@ -26,7 +26,7 @@ from secagg.errors import (
     UnknownSender,
 )
 from secagg.server.audit import AuditLog
-from secagg.server.transport import Transport
+from secagg.server.transport import ClientUnavailable, Transport
 from secagg.wire import Envelope, Field
 
 SERVER = "server"
@@ -50,12 +50,19 @@ class Exchange:
         self.clients = frozenset(clients)  # everyone asked this round, excluded or not
         self.active = list(clients)
         self.excluded: dict[str, str] = {}
+        #: excluded clients that gave no answer (down, late, failed) rather than a refusal:
+        #: dropouts, which may be back next round
+        self.unanswered: set[str] = set()
         self.seconds: dict[str, float] = defaultdict(float)
 
     def exclude(self, client: str, phase: str, error: Exception) -> None:
         if client in self.active:
             self.active.remove(client)
         self.excluded[client] = f"{phase}: {type(error).__name__}: {error}"
+        if isinstance(error, ClientUnavailable) and not error.refused:
+            self.unanswered.add(client)
+        else:
+            self.unanswered.discard(client)
         self.audit.excluded(self.round, phase, client, error)
 
     def abort_if_empty(self, phase: str) -> None:

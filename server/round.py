@@ -119,6 +119,11 @@ class RoundContext:
         return self.exchange.excluded
 
     @property
+    def unanswered(self) -> set[str]:
+        """Excluded clients that did not answer, as opposed to refused (dropouts)."""
+        return self.exchange.unanswered
+
+    @property
     def seconds(self) -> dict[str, float]:
         return self.exchange.seconds
 

@@ -25,13 +25,25 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Protocol
 
-from secagg.errors import ClientInputError, UnknownSender
+from secagg.errors import ClientInputError, ClientRefused, UnknownSender
 
 Reply = bytes | ClientInputError  # a reply, or why there is none
 
 
 class ClientUnavailable(ClientInputError):
     """The client did not answer (in-process: its handler raised)."""
+
+    #: the client answered that it will not do this (one of its rules forbids it), rather
+    #: than not answering (down, late, failed): the engine treats a refusal as the
+    #: client's decision and a missing answer as a dropout that may come back
+    refused = False
+
+
+class ClientDeclined(ClientUnavailable):
+    """The client refused the request (:class:`~secagg.errors.ClientRefused`: its own
+    rules forbid it); only the client, the phase and the refusal's code are known."""
+
+    refused = True
 
 
 class DeadlineMissed(ClientUnavailable):
@@ -178,6 +190,8 @@ class InProcessTransport:
             reply = self.deadline.call(peer, handler, data)
         except DeadlineMissed:
             raise
+        except ClientRefused as exc:
+            raise ClientDeclined(f"{peer} {exc}") from exc
         except Exception as exc:  # the client failed; to the server that is a missing answer
             raise ClientUnavailable(f"{peer} failed: {type(exc).__name__}: {exc}") from exc
         return check_reply(peer, reply)

@@ -400,6 +400,10 @@ def _rounds(
             if progress:
                 progress(f"  seed {seed} stops after round {number + 1}: {done}")
             break
+    if progress:
+        for row in audit.rounds_missed():
+            if row["run"] == audit.run:
+                progress(f"  seed {seed}: {row['peer']} missed {_rounds_text(row['rounds'])}")
     return SeedRun(
         rows,
         # the server's own view where the experimenter is elsewhere (the initial model)
@@ -408,6 +412,18 @@ def _rounds(
         list(server.privacy_events),
         predictions(),
     )
+
+
+def _rounds_text(rounds: list[int]) -> str:
+    """``[2, 3, 4, 7]`` as "rounds 2-4, 7"."""
+    spans: list[list[int]] = []
+    for r in rounds:
+        if spans and r == spans[-1][1] + 1:
+            spans[-1][1] = r
+        else:
+            spans.append([r, r])
+    text = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in spans)
+    return ("round " if len(rounds) == 1 else "rounds ") + text
 
 
 def _aborted(

@@ -36,8 +36,9 @@ from contextlib import contextmanager
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from secagg.errors import ConfigError
+from secagg.errors import ClientRefused, ConfigError
 from secagg.server.transport import (
+    ClientDeclined,
     ClientUnavailable,
     Deadline,
     DeadlineMissed,
@@ -138,6 +139,8 @@ def _serve(
                 _send(outbox, "reply", peer, clock.call(peer, clients[peer].handle, data))
             except DeadlineMissed as exc:  # the client goes on in the background
                 _send(outbox, "late", peer, str(exc))
+            except ClientRefused as exc:  # its own rules forbid it: a refusal, not a dropout
+                _send(outbox, "refused", peer, str(exc))
             except Exception as exc:  # noqa: BLE001 - a client's failure is a missing answer
                 _send(outbox, "error", peer, f"{type(exc).__name__}: {exc}")
             del data
@@ -321,6 +324,8 @@ class WorkerPoolTransport:
                         results.append((peer, exc))
                 elif kind == "late":
                     results.append((peer, DeadlineMissed(payload)))
+                elif kind == "refused":
+                    results.append((peer, ClientDeclined(f"{peer} {payload}")))
                 else:
                     results.append((peer, ClientUnavailable(f"{peer} failed: {payload}")))
             send_what_fits()

@@ -120,8 +120,31 @@ def test_a_node_configured_for_another_experiment_is_refused(tmp_path):
     other = tmp_path / "other"
     prepare(other, replace(PLAIN, rounds=5))
     grid.nodes[102] = other / "nodes" / "client_2"  # this node runs 5 rounds, the server 2
-    with pytest.raises(ConfigError, match=r"no SuperNode answered for \['client_2'\]"):
-        run_on_flower(grid, deployment=folder, out=tmp_path / "out", timeout=1, connect_timeout=1)
+    # its refusal is final: the coordinator says so at the first answer, not after the wait
+    with pytest.raises(ConfigError, match=r"node 102 refused this run \(bad_configuration\)"):
+        run_on_flower(grid, deployment=folder, out=tmp_path / "out", timeout=1, connect_timeout=600)
+
+
+def test_nodes_that_refuse_the_app_are_reported_as_such_at_once(tmp_path):
+    """Every node answers a hello with Flower's "invalid FAB" error (what ``secagg flower
+    node`` answers a run of an App other than the one pinned in its node.json): the
+    coordinator is told that, at the first answers (one hello per node), not, after its
+    wait, that no SuperNode answered."""
+    from flwr.app import Error, Message
+    from flwr.common.constant import ErrorCode
+
+    folder, grid = deploy(tmp_path, PLAIN)
+    hellos = []
+
+    def guarded(message, context):
+        hellos.append(message.metadata.dst_node_id)
+        return Message(Error(ErrorCode.INVALID_FAB, "not the pinned App"), reply_to=message)
+
+    grid.client_app = guarded
+    with pytest.raises(ConfigError, match=r"not the one pinned in the node's node.json") as err:
+        run_on_flower(grid, deployment=folder, out=tmp_path / "out", timeout=1, connect_timeout=600)
+    assert all(f"node {n} refused this run (invalid_fab)" in str(err.value) for n in grid.nodes)
+    assert sorted(hellos) == sorted(grid.nodes)  # asked once each: nothing waited for
 
 
 # ---- what a node's failure tells the coordinator (issue 47, item 4) ----------------------

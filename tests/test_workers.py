@@ -8,14 +8,14 @@ import os
 import numpy as np
 import pytest
 
-from secagg.errors import ConfigError
-from secagg.server.transport import ClientUnavailable
+from secagg.errors import ClientRefused, ConfigError
+from secagg.server.transport import ClientUnavailable, InProcessTransport
 from secagg.simulation.experiment import ExperimentConfig, run_experiment
 from secagg.simulation.workers import WorkerPoolTransport
 
 
 class Echo:
-    """Answers b"<id>:" + request; fails on b"boom", dies on b"die"."""
+    """Answers b"<id>:" + request; fails on b"boom", refuses b"no", dies on b"die"."""
 
     def __init__(self, cid):
         self.cid = cid
@@ -24,6 +24,8 @@ class Echo:
     def handle(self, data: bytes) -> bytes:
         if data == b"boom":
             raise RuntimeError("client crashed")
+        if data == b"no":
+            raise ClientRefused(self.cid, "consent", "release_refused")
         if data == b"die":
             os._exit(3)
         self.seconds["handled"] += 1
@@ -57,6 +59,24 @@ def test_replies_arrive_for_every_request_and_failures_are_missing_answers():
         assert len(stats) == 2 and all(s["peak_rss_bytes"] > 0 for s in stats)
         handled = sum(c["handled"] for s in stats for c in s["clients"].values())
         assert handled == 4
+
+
+@pytest.mark.parametrize("where", ["in process", "workers"])
+def test_a_refusal_is_told_apart_from_a_failure(where):
+    """A client's refusal (its own rule: ``ClientRefused``) and its failure are both missing
+    answers, but only the failure is a dropout that the engine may ask again
+    (``ClientUnavailable.refused``)."""
+    peers = ["c0", "c1"]
+    requests = [("c0", b"no"), ("c1", b"boom")]
+    if where == "in process":
+        echo = EchoClients()(peers)
+        replies = dict(InProcessTransport({p: echo[p].handle for p in peers}).exchange(requests))
+    else:
+        with WorkerPoolTransport(EchoClients(), peers, workers=2, in_flight=1) as transport:
+            replies = dict(transport.exchange(iter(requests)))
+    assert isinstance(replies["c0"], ClientUnavailable) and replies["c0"].refused
+    assert "release_refused" in str(replies["c0"])
+    assert isinstance(replies["c1"], ClientUnavailable) and not replies["c1"].refused
 
 
 def test_a_dead_worker_fails_its_requests_without_hanging():

@@ -96,6 +96,7 @@ def gather_consents(
             + "; "
             + "; ".join(f"{c}: {ctx.excluded.get(c, 'no answer')}" for c in missing),
             culprits=culprits,
+            unanswered=[c for c in culprits if c in ctx.unanswered],
             round=ctx.round,
             phase="consent",
             exclusions=ctx.excluded,

@@ -251,13 +251,18 @@ def test_flooding_is_sized_from_the_sum_and_every_decryption_of_the_key(n_client
     assert sigmas == [pytest.approx(expected, rel=1e-9)] * 2
 
 
-def test_a_client_that_refuses_consent_cannot_end_the_run():
-    """A malicious client uploads, then refuses to consent: its upload is in the sum, so
-    nothing can be opened that round (no update), it leaves the run, and the next round
-    goes on with the others, who reach the honest model."""
+@pytest.mark.parametrize("how", ["refuses", "never answers"])
+def test_a_client_that_withholds_consent_cannot_end_the_run(how):
+    """A malicious client uploads, then withholds its consent: its upload is in the sum, so
+    nothing can be opened that round (no update). A refusal (``ClientRefused``, the
+    client's own rule) takes it out of the run at once; no answer at all is a dropout
+    (a node down between its upload and its consent), asked again next round, but only
+    once per run (``MISSED_CONSENTS_FORGIVEN``): after that it leaves, and the run goes on
+    with the others, who reach the honest model. It stalls at most that many rounds."""
+    from secagg.errors import ClientRefused
     from secagg.protocols import make_protocol
     from secagg.protocols.optimizers import SGD
-    from secagg.server.engine import Server
+    from secagg.server.engine import MISSED_CONSENTS_FORGIVEN, Server
     from secagg.server.plan import TrainingPlan
     from secagg.server.transport import InProcessTransport
     from tests.conftest import backend_client
@@ -267,12 +272,14 @@ def test_a_client_that_refuses_consent_cannot_end_the_run():
     handlers = {c: backend_client(c, backends[c], np.full(4, 0.1), 10) for c in ids[:3]}
     honest_bad = backend_client("client_bad", backends["client_bad"], np.full(4, 0.1), 10)
 
-    def refuses(data):
+    def withholds(data):
         if Envelope.from_bytes(data).phase == "consent":
-            raise RuntimeError("will not consent")
+            if how == "refuses":
+                raise ClientRefused("client_bad", "consent", "release_refused")
+            raise RuntimeError("the node went down")
         return honest_bad(data)
 
-    handlers["client_bad"] = refuses
+    handlers["client_bad"] = withholds
     server = Server(
         make_protocol("fedavg"),
         server_backend,
@@ -281,11 +288,17 @@ def test_a_client_that_refuses_consent_cannot_end_the_run():
         np.zeros(4),
         plan=TrainingPlan(local_steps=1),
     )
-    server.setup(rounds=2)
-    first = server.run_round(0)
-    assert first.skipped and "client_bad" in first.skipped
-    np.testing.assert_array_equal(server.params, 0.0)  # no update
+    stalls = 1 if how == "refuses" else 1 + MISSED_CONSENTS_FORGIVEN
+    server.setup(rounds=stalls + 1)
+    for number in range(stalls):
+        assert "client_bad" not in server.left
+        report = server.run_round(number)
+        assert report.skipped and "client_bad" in report.skipped
+        assert "client_bad" in report.clients or "client_bad" in report.excluded
+        np.testing.assert_array_equal(server.params, 0.0)  # no update
     assert "client_bad" in server.left
-    second = server.run_round(1)
-    assert second.skipped is None and "client_bad" not in second.clients
+    last = server.run_round(stalls)
+    assert last.skipped is None and "client_bad" not in last.clients
     np.testing.assert_allclose(server.params, 0.1, atol=1e-6)
+    missed = {r["peer"]: r["rounds"] for r in server.audit.rounds_missed()}
+    assert missed == {"client_bad": list(range(1, stalls + 2))}  # the user's round numbers
