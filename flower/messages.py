@@ -42,8 +42,13 @@ LARGE = 1 << 20
 
 
 #: what a node's failed reply may carry: secagg's refusal codes (``secagg.errors.ERROR_CODES``),
-#: a request the node's experiment file does not allow, or anything else
-FAILURE_CODES = frozenset({code for _, code in ERROR_CODES} | {"request_refused", "internal_error"})
+#: a request the node's experiment file (or its ledger) does not allow, a new run of a seed
+#: whose run budgets the node's privacy ledger has spent (``secagg.flower.ledger``), or
+#: anything else
+FAILURE_CODES = frozenset(
+    {code for _, code in ERROR_CODES}
+    | {"request_refused", "privacy_budget_spent", "internal_error"}
+)
 FAILURE_PREFIX = "secagg:"
 
 

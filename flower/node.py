@@ -11,11 +11,15 @@ Nothing of it ever goes to the server.
 
 A node answers only what its own experiment file allows (:meth:`NodeClient.check_request`):
 the experiment it names (a digest of the complete settings), one of the file's seeds, the
-run itself or its protocol's pre-stage, and each (seed, stage) in one Flower run only: a
-request for anything else is refused with :class:`RequestRefused` before any client, key or
-budget is made for it. A node whose experiment derives DP noise from the run's seed
-(``dp_noise = "seeded"``, which the server names) refuses to run at all
-(:class:`SeededNoiseRefused`).
+run itself or its protocol's pre-stage: a request for anything else is refused with
+:class:`RequestRefused` before any client, key or budget is made for it. Runs of the same
+seed again (a failed run, a new deployment) are the node's privacy ledger's to admit
+(``secagg.flower.ledger``): a new Flower run of a seed is admitted before anything is built
+for it only while the runs of that seed that released this node's data fit in the node's
+own ``runs_per_seed`` (``[privacy]`` of ``node.toml``), and each reply that releases
+something is charged there before the reply leaves. A node whose experiment derives DP
+noise from the run's seed (``dp_noise = "seeded"``, which the server names) refuses to run
+at all (:class:`SeededNoiseRefused`).
 
 Node directory::
 
@@ -23,7 +27,10 @@ Node directory::
                        "app": the digest of the only Flower App this node runs (guard.py)}
     experiment.toml   the run's settings (the node's own copy)
     identity.json     its private keys and the rosters (mode 0600)
+    node.toml         the operator's own settings: environment, imports, [privacy]
     state/<run>/<seed>-<stage>.bin
+    privacy-ledger.json   the runs of each seed that released its data (mode 0600; the
+                          folder ``[privacy] ledger`` names, else here)
 """
 
 from __future__ import annotations
@@ -44,15 +51,21 @@ from secagg.flower.keystore import (
     read_node_identity,
     write_private_bytes,
 )
+from secagg.flower.ledger import (
+    LedgerSettings,
+    NodeLedger,
+    data_fingerprint,
+    line_key,
+    released_counts,
+)
 from secagg.plugins import only_node_modules
 from secagg.simulation.config import ExperimentConfig
 from secagg.simulation.settings import read_file, to_config
 
 
 class RequestRefused(SecaggError):
-    """A node refuses a request its own experiment file does not allow: another seed, a
-    stage its protocol does not have, or a (seed, stage) another Flower run already had.
-    Nothing is computed for it and no key is made."""
+    """A node refuses a request its own experiment file does not allow: another seed, or a
+    stage its protocol does not have. Nothing is computed for it and no key is made."""
 
 
 class SeededNoiseRefused(ConfigError):
@@ -107,30 +120,49 @@ def task_data(task: str) -> Any:
 NODE_SETTINGS = "node.toml"
 
 
-def apply_node_settings(node_dir: Path) -> list[str]:
-    """Apply a node's own ``node.toml`` to this process: ``environment`` (a table of
-    strings) is set first, then the modules of ``imports`` are imported (names or .py
-    paths), which are returned. A node brings its own data and task so: its operator's copy
-    of the task's module (which stands in for the module of the same name the experiment
-    names on the coordinator's machine: the node imports nothing else,
-    ``secagg.plugins.only_node_modules``), and the variables that module reads to find the
-    node's data (e.g. ``SITES_DIR``). Nothing here comes from the server."""
-    import os
+def read_node_settings(node_dir: Path) -> dict[str, Any]:
+    """A node's own ``node.toml`` (empty where there is none), its tables checked by name."""
     import tomllib
-
-    from secagg.plugins import import_user_modules
 
     path = Path(node_dir) / NODE_SETTINGS
     if not path.exists():
-        return []
+        return {}
     try:
         settings = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"{path} is not valid TOML: {exc}") from None
-    unknown = sorted(set(settings) - {"environment", "imports"})
-    environment, imports = settings.get("environment", {}), settings.get("imports", [])
+    unknown = sorted(set(settings) - {"environment", "imports", "privacy"})
     if unknown:
-        raise ConfigError(f"{path}: unknown settings {unknown}; it may set environment, imports")
+        raise ConfigError(
+            f"{path}: unknown settings {unknown}; it may set environment, imports, privacy"
+        )
+    return settings
+
+
+def ledger_settings(node_dir: Path) -> LedgerSettings:
+    """``[privacy]`` of a node's ``node.toml``: how many runs of each seed may release its
+    data (``runs_per_seed``, default 1) and where its ledger is (``ledger``, default the
+    node folder). The operator's, never the server's."""
+    table = read_node_settings(node_dir).get("privacy", {})
+    return LedgerSettings.from_table(table, Path(node_dir), Path(node_dir) / NODE_SETTINGS)
+
+
+def apply_node_settings(node_dir: Path) -> list[str]:
+    """Apply a node's own ``node.toml`` to this process: ``environment`` (a table of
+    strings) is set first, then the modules of ``imports`` are imported (names or .py
+    paths), which are returned (``[privacy]`` is the ledger's: :func:`ledger_settings`).
+    A node brings its own data and task so: its operator's copy of the task's module
+    (which stands in for the module of the same name the experiment names on the
+    coordinator's machine: the node imports nothing else,
+    ``secagg.plugins.only_node_modules``), and the variables that module reads to find the
+    node's data (e.g. ``SITES_DIR``). Nothing here comes from the server."""
+    import os
+
+    from secagg.plugins import import_user_modules
+
+    path = Path(node_dir) / NODE_SETTINGS
+    settings = read_node_settings(node_dir)
+    environment, imports = settings.get("environment", {}), settings.get("imports", [])
     if not isinstance(environment, dict) or not all(
         isinstance(v, str) for v in environment.values()
     ):
@@ -194,6 +226,9 @@ class NodeClient:
             self.config = load_experiment(experiment)
         self.experiment = experiment_name(self.config)
         self.identity = read_node_identity(self.dir)
+        self.ledger = NodeLedger(
+            self.client_id, self.dir, ledger_settings(self.dir), self.dir / NODE_SETTINGS
+        )
         self.observer_public()  # a server-blind node without the experimenter's key stops here
         if self.identity.client_id != self.client_id:
             raise ConfigError(
@@ -214,12 +249,27 @@ class NodeClient:
         if envelope is None:
             return self._hello(str(run.get("hello", "")), node_id)
         seed, stage = self.check_request(run, flower_run)
-        client = self._client(seed, stage)
         path = self.state_path(flower_run, seed, stage)
+        # admitted (or refused) by the node's ledger before any key or client is made; the
+        # data's fingerprint is taken only where a new run asks for admission
+        self.ledger.admit(
+            flower_run=flower_run,
+            seed=seed,
+            stage=stage,
+            has_state=path.exists(),
+            line=lambda: line_key(self.config.task, self.data_fingerprint(), seed, stage),
+            per_run=lambda: self.per_run(seed, stage),
+        )
+        client = self._client(seed, stage)
         previous = path.read_bytes() if path.exists() else None
         if previous is not None:
             client.restore_state(previous)
+        plaintext = self.config.backend == "plain" or self.config.allow_plaintext_updates
+        before = released_counts(client, plaintext_updates=plaintext)
         reply = client.handle(envelope)
+        after = released_counts(client, plaintext_updates=plaintext)
+        if after != before:  # this reply releases something: charged before it leaves
+            self.ledger.charge(flower_run=flower_run, seed=seed, stage=stage, counts=after)
         state = client.export_state()
         # a message that changed nothing is not written and synced again (a 1e6 model's
         # state is 16 MB); today every round's phase changes it (counters, consents), only
@@ -242,7 +292,8 @@ class NodeClient:
 
     def check_request(self, run: dict[str, Any], flower_run: int) -> tuple[int, str | None]:
         """(seed, stage) of a request, if this node's own experiment file allows it:
-        RequestRefused otherwise (nothing is built for it)."""
+        RequestRefused otherwise (nothing is built for it). Whether this Flower run may run
+        that seed is the ledger's to say (:meth:`answer`)."""
         seed, stage = run.get("seed"), run.get("stage") or None
         if type(seed) is not int:
             raise MalformedMessage("a request names no seed")
@@ -255,15 +306,6 @@ class NodeClient:
             raise RequestRefused(
                 f"{self.client_id}'s experiment ({self.config.protocol}) has no stage {stage!r}"
             )
-        label = f"{seed}-{stage or 'run'}.bin"
-        for other in sorted((self.dir / "state").glob(f"*/{label}")):
-            if other.parent.name != str(int(flower_run)):
-                raise RequestRefused(
-                    f"{self.client_id} served seed {seed} ({stage or 'run'}) in Flower run "
-                    f"{other.parent.name} already: a node serves each seed of its experiment "
-                    "in one Flower run (another would get fresh keys and budgets); prepare a "
-                    "new deployment to run it again"
-                )
         return seed, stage
 
     def _hello(self, nonce: str, node_id: int) -> bytes:
@@ -296,6 +338,36 @@ class NodeClient:
                 "coordinator's bundle (secagg flower join)"
             )
         return read_observer_public(path)
+
+    def data_fingerprint(self) -> str:
+        """A digest of this node's client's partition, as the node's task loads it (the
+        ledger counts runs per data: ``secagg.flower.ledger``)."""
+        with only_node_modules(self.own_modules):
+            loaded = task_data(self.config.task)
+        return data_fingerprint(loaded.train[int(self.client_id.rsplit("_", 1)[1])])
+
+    def per_run(self, seed: int, stage: str | None) -> str:
+        """What one run of (seed, stage) may release, as this node provisions it (for the
+        ledger's messages)."""
+        from secagg.simulation.provisioning import ClientFactory
+
+        with only_node_modules(self.own_modules):
+            factory = ClientFactory(self.config, seed, stage=stage)
+            budgets = factory.release_budgets(loaded=task_data(self.config.task))
+        dp = [
+            name
+            for name, on in (
+                ("client-level DP", self.config.client_dp),
+                ("DP-SGD", self.config.dp_sgd),
+                ("scalar DP", self.config.scalar_dp),
+            )
+            if on is not None
+        ]
+        return (
+            f"{budgets['decryption_budget']} reveal(s) and {budgets['open_budget']} open(s) "
+            f"over {self.config.rounds} round(s)"
+            + (f", with the ε of its {', '.join(dp)}" if dp else ", without DP")
+        )
 
     def _client(self, seed: int, stage: str | None):
         import torch

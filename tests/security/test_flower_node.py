@@ -7,9 +7,10 @@
   App whose digest ``prepare`` pinned in its folder: a foreign App's run gets Flower's
   "invalid FAB" reply, and nothing of it is stored (no run, no context, so nothing of it
   ever runs on the node or sees ``node-dir``).
-- **Seeds and stages not in the node's experiment file**, and a seed a previous Flower run
-  already had, are refused before anything is built: no key, no budget, no state. The
-  server gets the refusal's code only (``request_refused``); the detail is the node's log.
+- **Seeds and stages not in the node's experiment file**, and a seed whose runs that
+  released spent the node's own ledger, are refused before anything is built: no key, no
+  budget, no state. The server gets the refusal's code only (``request_refused``,
+  ``privacy_budget_spent``); the detail is the node's log.
 - **DP noise seeded from the run's seed** (the server names the seed) is refused by a node.
 
 Everything goes through the real classes: Flower's ``_pull_and_store_message`` with its
@@ -271,12 +272,16 @@ def test_a_seed_or_stage_not_in_the_nodes_experiment_is_refused(honest, change, 
     assert states(folder) == before  # nothing made for it: no client, no key, no state
 
 
-def test_a_seed_is_served_in_one_flower_run_only(honest, caplog):
-    """A second Flower run naming the same seed would get fresh keys and budgets."""
+def test_a_seed_runs_again_only_within_the_nodes_privacy_ledger(honest, caplog):
+    """A second Flower run naming the same seed would get fresh keys and budgets: run 7
+    released, so the node's ledger (one run per seed, its node.toml's default) refuses run
+    8 before anything is built, with its own code (``test_flower_ledger.py``: the rest)."""
     folder, seen = honest
     before = states(folder)
     reply = replay(folder, seen[102][0], flower_run=8)
-    refused_with(reply, "request_refused", "served seed 3 .run. in Flower run 7 already", caplog)
+    refused_with(
+        reply, "privacy_budget_spent", r"released in 1 run\(s\) of seed 3 .*0 left", caplog
+    )
     assert states(folder) == before
 
 
