@@ -192,8 +192,9 @@ def add_parser(sub: Any, add_settings: Any) -> None:
         "stop",
         help="stop a run of the deployment (`flwr stop`)",
         description="Stop Flower run ID on the deployment's SuperLink (`flwr stop ID secagg`). "
-        "The nodes keep their state of the run; a node serves each seed in one run only, so "
-        "a stopped run is not resumed: prepare a new deployment to run it again.",
+        "The nodes keep their state of the run, but a stopped run is not resumed: submit it "
+        "again as a new run, which each node admits if the stopped run released none of its "
+        "data or its node.toml allows another run of the seed ([privacy] runs_per_seed).",
     )
     stopper.add_argument("folder", type=Path, metavar="DIR", help="a prepared deployment")
     stopper.add_argument("run", type=int, metavar="ID", help="the Flower run id")
