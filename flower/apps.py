@@ -2,9 +2,13 @@
 node's secagg client. The Flower App that ``flwr run`` submits names these two
 (``[tool.flwr.app.components]``); ``secagg flower prepare`` writes it.
 
-The ServerApp is also where the experimenter sits in this deployment: it evaluates the
-global model after every round on the task's pooled test set and writes the run folder,
-exactly as ``secagg run`` does in simulation.
+The ServerApp is also where the experimenter sits in this deployment, and it holds only the
+coordinator's own test set (``held_by_coordinator``): it scores the global model after every
+round on the task's pooled test set, if the task declares one, and writes the run folder as
+``secagg run`` does in simulation. It never opens a site's data, nor counts the sites from
+it (the clients are the deployment's roster): no ``train_*`` columns, no per-client test
+scores (a client's test set is the site's); a task with no pooled test set is not scored
+here at all.
 
 Whatever fails in the ClientApp (secagg's handler, a task's loader parsing the site's file,
 Flower's routing) leaves the node as a fixed code (``messages.failure``: a refusal's code,
@@ -117,13 +121,15 @@ def run_on_flower(
     ``<out>-progress.log``."""
     import secagg
     from secagg.clients.tasks import get_task
+    from secagg.clients.tasks.tcga_brca import held_by_coordinator
 
     out.parent.mkdir(parents=True, exist_ok=True)
     config = load_experiment(deployment / "experiment.toml")
     experiment = experiment_name(config)
     roster = read_signers(deployment / "server" / "signers.json")
     signers = roster if config.backend != "plain" else None
-    ids = [f"client_{k}" for k in range(get_task(config.task).load().n_clients)]
+    ids = roster_clients(roster, deployment / "server" / "signers.json")
+    held = held_by_coordinator(get_task(config.task).load(), len(ids))
     log = out.with_name(out.name + "-progress.log")
 
     log.write_text("")  # this run's, from its first line (`secagg flower status` reads it)
@@ -138,6 +144,11 @@ def run_on_flower(
         (f"Flower run {flower_run}: " if flower_run is not None else "")
         + f"waiting for {len(ids)} SuperNodes (experiment {experiment})"
     )
+    if held.pooled_test is None:
+        say(
+            f"the coordinator holds no test set of {config.task} (it declares no pooled_test): "
+            "the rounds are not scored here; score models/ where a test set is held"
+        )
     nodes.wait_for_all(connect_timeout)
     say("nodes: " + ", ".join(f"{c}={n}" for c, n in sorted(nodes.node_of.items())))
     transports: list[FlowerTransport] = []
@@ -167,6 +178,7 @@ def run_on_flower(
         progress=say,
         signers=signers,
         command=["flwr run", str(deployment)],
+        data=held,
     )
     framing = (
         {k: sum(t.framing[k] for t in transports) for k in transports[0].framing}
@@ -193,6 +205,18 @@ def run_on_flower(
             f"where the key is, with `secagg flower open {out} --key observer.key`"
         )
     say(f"done: results in {out}")
+
+
+def roster_clients(roster: dict[str, bytes], path: Path) -> list[str]:
+    """The deployment's clients, ``client_0`` ... ``client_<n-1>``, from its roster (a
+    ConfigError where the roster's names are not that)."""
+    ids = [f"client_{k}" for k in range(len(roster))]
+    if not ids or set(roster) != set(ids):
+        raise ConfigError(
+            f"{path} names clients {sorted(roster)}; a deployment's are client_0 ... "
+            "client_<n-1>, one each: prepare the deployment again with `secagg flower prepare`"
+        )
+    return ids
 
 
 def secagg_progress(line: str) -> None:

@@ -98,13 +98,16 @@ class SealedCopies:
 
 def open_sealed(run: Path, key: Path, *, progress: Callable[[str], None] | None = None) -> Path:
     """Open every sealed copy in the run folder ``run`` with the experimenter's private key
-    ``key`` and evaluate it as the driver does after each round (the task's pooled test
-    set). Writes ``run/experimenter/metrics.csv`` (seed, round and the task's metrics) and
-    ``run/experimenter/models/seed-<seed>.npy`` (the last round's model); returns the CSV's
-    path. A copy sealed for another key, or altered, fails with one opaque error."""
+    ``key`` and evaluate it as the ServerApp would after each round, on what a deployment's
+    coordinator holds (the task's pooled test set, if it declares one; no site's data:
+    ``held_by_coordinator``). Writes ``run/experimenter/metrics.csv`` (seed, round and the
+    task's test metrics) and ``run/experimenter/models/seed-<seed>.npy`` (the last round's
+    model); returns the CSV's path. A copy sealed for another key, or altered, fails with
+    one opaque error."""
     import pandas as pd
 
     from secagg.clients.tasks import get_task
+    from secagg.clients.tasks.tcga_brca import held_by_coordinator
     from secagg.sealing import Observer
     from secagg.simulation.evaluation import evaluate
     from secagg.simulation.provisioning import seed_data
@@ -117,7 +120,8 @@ def open_sealed(run: Path, key: Path, *, progress: Callable[[str], None] | None 
     if not seeds:
         raise ConfigError(f"{run} holds no sealed models: not the folder of a server-blind run")
     task = get_task(config.task)
-    pooled = task.load()
+    declared = task.load()  # declares the sites' parts (lazily for a deployment's task)
+    pooled = held_by_coordinator(declared, declared.n_clients)
     rows = []
     for seed, folder in seeds:
         data, _ = seed_data(config, seed, pooled)

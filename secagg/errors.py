@@ -147,6 +147,12 @@ class StateError(ConfigError):
     protocol. The client that refused it keeps the state it had."""
 
 
+class DataNotHeld(ConfigError):
+    """A site's data was asked for where it is not held: a deployment's coordinator holds its
+    own test set only, and each site's data stays on its node
+    (:meth:`secagg.ClientData.not_held`). Nothing was read; the message says what asked."""
+
+
 class PolicyRefused(ProtocolStateError):
     """A client refuses a request its own provisioning does not allow (a phase the run does
     not use, training settings or DP other than its own, a round gone back, a budget

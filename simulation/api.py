@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -40,6 +40,9 @@ from secagg.simulation.outputs import Finished, RunFolder
 from secagg.simulation.provenance import provenance
 from secagg.simulation.settings import from_config
 from secagg.simulation.trackers import RoundRecord, Trackers, open_trackers, tracker_names
+
+if TYPE_CHECKING:
+    from secagg.clients.tasks import FederatedData
 
 
 @dataclass
@@ -137,6 +140,7 @@ def run(
     on_round: Callable[[RoundRecord], None] | None = None,
     trackers: str | Sequence[str] = (),
     experimenter: ExperimenterFactory | None = None,
+    data: FederatedData | None = None,
     **settings: Any,
 ) -> RunResult:
     """Run an experiment: every seed of ``config`` (or of an ``ExperimentConfig(**settings)``;
@@ -167,6 +171,10 @@ def run(
             seal the model for (``secagg.simulation.experiment.ExperimenterFactory``);
             default a fresh key pair per seed in this process. A deployment's ServerApp
             keeps the sealed copies for the experimenter elsewhere instead.
+        data: the task's data as the experimenter holds it: the sets scored after every
+            round (default: the task's ``load()``, every set). A deployment's ServerApp
+            passes what its coordinator holds (its test set: ``held_by_coordinator``), so
+            that no site's data is opened, scored or split there.
 
     Raises ``RunInterrupted`` (a ``KeyboardInterrupt``) on Ctrl-C or SIGTERM once the folder
     is up to date.
@@ -218,6 +226,7 @@ def run(
             skip=finished.seeds,
             signers=signers,
             experimenter=experimenter,
+            data=data,
         )
     except KeyboardInterrupt:
         listeners.close(failed=True)

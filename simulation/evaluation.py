@@ -1,8 +1,10 @@
-"""The experimenter's evaluation of a global model: the task's metrics on the pooled test
-set, each client's test set and the pooled training set.
+"""The experimenter's evaluation of a global model: the task's metrics on the sets it holds
+(the pooled test set, each client's test set, the pooled training set).
 
-The experimenter holds these sets; no party of the protocol does. Only the driver imports
-this module.
+It scores what it holds and nothing else. A simulation's experimenter holds every set of
+the task (no party of the protocol does); a deployment's coordinator holds only its own test
+set (``held_by_coordinator``: no ``train_*`` columns, no per-client ones). Only the driver
+and a deployment's experimenter import this module.
 """
 
 from __future__ import annotations
@@ -26,9 +28,12 @@ def evaluate(
     device: torch.device | None = None,
     batch_size: int = EVAL_BATCH,
 ) -> dict[str, float]:
-    """Metric of the global model on the pooled test set, each client's test set, and the
-    pooled training set; the task's extra ``metrics`` on the pooled sets (``test_<name>``,
-    ``train_<name>``). Scores undefined on a set count as NaN.
+    """Metric of the global model on the sets ``data`` holds: the pooled training set
+    (``train_pooled``, ``train_loss``) where it holds every client's
+    (``FederatedData.holds_training_data``), the pooled test set, each client's test set;
+    the task's extra ``metrics`` on the pooled sets (``test_<name>``, ``train_<name>``).
+    Scores undefined on a set count as NaN; a set not held has no columns (none at all where
+    nothing is held).
 
     ``predictions``: the protocol's own outputs for the pooled test set (Ensemble), which
     has no global model: only the pooled test set is scored.
@@ -44,12 +49,12 @@ def evaluate(
         n_test = len(data.pooled_test)
         scores = torch.as_tensor(predictions, dtype=torch.float32).reshape(n_test, -1)
         truth = data.pooled_test.y
-        out = {
+        scored = {
             "test_pooled": _score(task.metric, truth, scores),
             "test_loss": float(task.loss(scores, truth)),
         }
-        out.update(_extra(task, "test", truth, scores))
-        return out
+        scored.update(_extra(task, "test", truth, scores))
+        return scored
     model = task.make_model()
     if device is not None:
         model = model.to(device)
@@ -59,10 +64,12 @@ def evaluate(
     def outputs(part: ClientData) -> tuple[torch.Tensor, torch.Tensor]:
         return model_outputs(model, part, device=device, batch_size=batch_size)
 
-    train_out, train_y = outputs(ClientData.concat(data.train))
-    out = {"train_pooled": _score(task.metric, train_y, train_out)}
-    out["train_loss"] = float(task.loss(train_out, train_y))
-    out.update(_extra(task, "train", train_y, train_out))
+    out: dict[str, float] = {}
+    if data.train and data.holds_training_data:  # a coordinator holds no site's data
+        train_out, train_y = outputs(ClientData.concat(data.train))
+        out["train_pooled"] = _score(task.metric, train_y, train_out)
+        out["train_loss"] = float(task.loss(train_out, train_y))
+        out.update(_extra(task, "train", train_y, train_out))
     if data.pooled_test is not None:
         test_out, test_y = outputs(data.pooled_test)
         out["test_pooled"] = _score(task.metric, test_y, test_out)

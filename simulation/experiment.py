@@ -3,7 +3,10 @@
 This is the only place that imports both ``secagg.clients`` and ``secagg.server``: it plays
 the part of the network (an in-process transport by default, worker processes with
 ``workers``, or any transport the caller injects) and of the experimenter, who evaluates the
-global model on the pooled test set — data no party of the protocol holds.
+global model on the sets it holds — data no party of the protocol holds. In simulation that
+is every set of the task; a deployment's ServerApp passes only what its coordinator holds
+(``held_by_coordinator``: its test set, no site's data), and the driver then neither scores
+nor splits the clients' training data.
 
 It reads nothing from client objects: everything it learns about a run comes through the
 server's messages. In server-blind runs the experimenter's copy of the model arrives sealed
@@ -387,6 +390,8 @@ def _rounds(
                 )
                 if f"{where}_pooled" in row
                 else "model sealed for the experimenter"
+                if model is None
+                else "not scored (no set held)"
             )
             progress(
                 f"  seed {seed} round {number + 1}/{config.rounds}: {score}"
@@ -512,14 +517,17 @@ def run_experiment(
     skip: Sequence[int] = (),
     signers: Mapping[str, bytes] | None = None,
     experimenter: ExperimenterFactory | None = None,
+    data: FederatedData | None = None,
 ) -> ExperimentResult:
     """Every seed of ``config`` but those in ``skip`` (finished before: a resumed run);
     ``transport_factory`` replaces the in-process (or worker) transport, e.g. with a network
     one; ``recorder`` receives each round's row and each finished seed; ``signers``: the
-    clients' public signing keys when a deployment provisioned them (see ``run_seed``)."""
+    clients' public signing keys when a deployment provisioned them (see ``run_seed``);
+    ``data``: the task's data as the experimenter holds it, the sets it scores (default
+    ``task.load()``: all of them; a deployment's coordinator: ``held_by_coordinator``)."""
     config.validate()
     audit = audit if audit is not None else AuditLog()
-    data = get_task(config.task).load()
+    data = data if data is not None else get_task(config.task).load()
     check_data(config, data, progress)
     if config.dp_sgd is not None and config.dp_sgd.get("epsilon") is not None and progress:
         progress(

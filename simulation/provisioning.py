@@ -237,7 +237,11 @@ def seed_data(
     config: ExperimentConfig, seed: int, data: FederatedData
 ) -> tuple[FederatedData, Sequence[ClientData | None]]:
     """The clients' training data for a seed (its own random split, if the run asks for
-    one) and their validation sets."""
+    one) and their validation sets. Data that does not hold the clients' training sets (a
+    deployment's coordinator, ``held_by_coordinator``) comes back as it is: the sites split
+    their own, and there is nothing here to split."""
+    if not data.holds_training_data:
+        return data, [None] * data.n_clients
     if config.client_split is not None:
         split = seed % config.client_split_count if config.client_split_count else seed
         data = random_client_splits(data, split, config.client_split)

@@ -290,6 +290,42 @@ def test_extra_metrics_are_scored_on_the_pooled_sets():
     }
 
 
+def test_a_coordinator_scores_only_the_test_set_it_holds_and_reads_no_sites_part():
+    """``held_by_coordinator``: the pooled test set is scored as the experimenter scores it
+    in simulation; the sites' parts are not held (no train_* or per-client columns), are
+    never loaded, and any read of one is refused, naming whose it is."""
+    from secagg.clients.tasks.tcga_brca import held_by_coordinator
+    from secagg.errors import DataNotHeld
+    from secagg.simulation.provisioning import seed_data
+
+    task = replace(TCGA, metrics={"mean_risk": mean_score})
+    full = replace(tcga(), pooled_test=ClientData.concat(tcga().test))
+    opened: list[int] = []
+
+    def site(k: int) -> Dataset:
+        opened.append(k)
+        return full.train[k].dataset
+
+    declared = replace(full, train=[ClientData.lazy(functools.partial(site, k)) for k in range(6)])
+    held = held_by_coordinator(declared, 6)
+    w = flat_params(TCGA.make_model()) + 0.02
+    everything = evaluate(task, full, w)
+    out = evaluate(task, held, w)
+    # the same pooled test set: the simulation's scores of it, and nothing else
+    assert out == {k: everything[k] for k in ("test_pooled", "test_loss", "test_mean_risk")}
+    assert held.n_clients == 6 and held.test is None and not held.holds_training_data
+    config = ExperimentConfig(task="tcga-brca", validation_split=0.2)
+    assert seed_data(config, 3, held)[0] is held  # nothing to split where nothing is held
+    assert opened == []
+    part = held.train[4]
+    assert not part.held and not part.subset([0, 1]).held
+    for read in (len, lambda p: p.x, lambda p: p.batch([0])):
+        with pytest.raises(DataNotHeld, match="client_4's data is not held here"):
+            read(part)
+    assert opened == [] and declared.holds_training_data and full.holds_training_data
+    assert pickle.loads(pickle.dumps(part)).held is False
+
+
 def test_extra_metrics_score_an_ensembles_predictions():
     task = replace(TCGA, metrics={"mean_risk": mean_score})
     data = replace(tcga(), pooled_test=tcga().test[0])

@@ -7,7 +7,9 @@ The real SuperLink and SuperNodes, in separate processes: ``test_flower_e2e.py``
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -21,6 +23,7 @@ from secagg.flower.deployment import prepare
 from secagg.flower.messages import read_request
 from secagg.simulation.config import ExperimentConfig
 from tests.flower_grid import LoopbackGrid, audits_match
+from tests.test_plugins import registries  # noqa: F401  (the fixture)
 
 LARC = ExperimentConfig(
     task="tcga-brca", protocol="larc", backend="ckks", rounds=2, seeds=[3], local_steps=5
@@ -64,9 +67,96 @@ def test_a_run_over_flower_messages_gives_the_in_process_model_and_audit(tmp_pat
     a = pd.read_csv(out / "traffic.csv")[keep].groupby(keep[:3]).sum()
     b = pd.read_csv(tmp_path / "reference" / "traffic.csv")[keep].groupby(keep[:3]).sum()
     pd.testing.assert_frame_equal(a, b, check_exact=config.backend == "plain", rtol=0.01)
+    # tcga-brca's test sets are the sites' own (no pooled test set): the coordinator holds
+    # none, scores nothing, and says so
+    scored = [
+        c for c in pd.read_csv(out / "metrics.csv").columns if c.startswith(("test_", "train_"))
+    ]
+    assert scored == []
+    assert "holds no test set of tcga-brca" in (tmp_path / "out-progress.log").read_text()
     flower = json.loads((out / "flower.json").read_text())
     assert flower["framing"]["messages_sent"] == grid.delivered - len(grid.nodes)  # + hellos
     assert 0 < flower["framing"]["bytes_sent"] / flower["framing"]["messages_sent"] < 1000
+
+
+@pytest.mark.usefixtures("registries")
+def test_a_pilot_coordinator_scores_its_test_set_and_never_opens_a_sites_file(
+    tmp_path, monkeypatch
+):
+    """Four sites of the walkthrough's task (examples/own_model): each site's CSV lies only
+    in its own node's folder, the coordinator's folder holds only test.csv. The ServerApp
+    scores every round on that test set, as the in-process run does, and opens nothing
+    else; each node opens its own site's file and nothing else."""
+    import runpy
+
+    import pandas as pd
+
+    from secagg.plugins import import_user_modules
+
+    root = Path(__file__).resolve().parents[1] / "examples" / "own_model"
+    made, coordinator = tmp_path / "made", tmp_path / "coordinator"
+    runpy.run_path(str(root / "make_sites.py"), run_name="make_sites")["main"](made)
+    config = ExperimentConfig(
+        task="sites-mlp",
+        imports=[str(root / "sites_task.py")],
+        backend="ckks",
+        rounds=2,
+        seeds=[1],
+        local_steps=3,
+    )
+    import_user_modules(config.imports)
+    sites_task = sys.modules["sites_task"]
+    monkeypatch.setenv("SITES_DIR", str(made))  # everything in one place: the simulation
+    reference = secagg.run(config)
+    coordinator.mkdir()
+    (made / "test.csv").rename(coordinator / "test.csv")
+    monkeypatch.setenv("SITES_DIR", str(coordinator))  # the coordinator's process
+    folder, grid = deploy(tmp_path, config)
+    for k in range(4):  # each site's file where its node runs, and nowhere else
+        (folder / "nodes" / f"client_{k}" / "data").mkdir()
+        (made / f"site_{k}.csv").rename(folder / "nodes" / f"client_{k}" / "data" / f"site_{k}.csv")
+    assert sorted(p.name for p in coordinator.iterdir()) == ["test.csv"]
+
+    party = ["coordinator"]
+    opened: list[tuple[str, str]] = []
+    read = sites_task.CsvSite.__init__
+
+    def recorded(self, path):
+        opened.append((party[0], Path(path).name))
+        if party[0] == "coordinator" and Path(path).name != "test.csv":
+            raise AssertionError(f"the coordinator opened {path}")
+        read(self, path)
+
+    monkeypatch.setattr(sites_task.CsvSite, "__init__", recorded)
+    answer = grid.client_app
+
+    def at_its_node(message, context):
+        # what each node's node.toml sets in a process of its own: its own data folder
+        node = Path(context.node_config["node-dir"])
+        party[0] = node.name
+        monkeypatch.setenv("SITES_DIR", str(node / "data"))
+        try:
+            return answer(message, context)
+        finally:
+            party[0] = "coordinator"
+            monkeypatch.setenv("SITES_DIR", str(coordinator))
+
+    grid.client_app = at_its_node
+    out = tmp_path / "out"
+    run_on_flower(grid, deployment=folder, out=out, timeout=60, connect_timeout=5)
+
+    served = pd.read_csv(out / "metrics.csv")
+    assert list(served["round"]) == [0, 1, 2]
+    assert not [c for c in served.columns if c.startswith("train_")]  # nothing of the sites'
+    want = reference.metrics
+    for column in ("test_pooled", "test_auc", "test_loss"):
+        assert served[column].notna().all()
+        np.testing.assert_allclose(served[column], want[column], atol=1e-3)
+    # CKKS noise is fresh in every run: equal to its precision
+    np.testing.assert_allclose(final_model(out, 1), reference.final_params[1], atol=1e-4)
+    assert {name for who, name in opened if who == "coordinator"} == {"test.csv"}
+    at_nodes = {(who, name) for who, name in opened if who != "coordinator"}
+    assert at_nodes == {(f"client_{k}", f"site_{k}.csv") for k in range(4)}
 
 
 # ---- faults -------------------------------------------------------------------------------
@@ -373,11 +463,12 @@ def test_a_node_that_misses_its_first_hello_is_asked_again(tmp_path):
 def test_server_blind_over_flower_leaves_the_model_to_the_experimenter(tmp_path):
     """The ServerApp keeps sealed copies it cannot open and evaluates nothing after round
     0; the experimenter, with the key the nodes took from their own bundles, opens them
-    into the model and the metrics of the in-process server-blind run."""
+    into the model and the metrics of the in-process server-blind run, scored on the
+    task's pooled test set (what a deployment's coordinator holds)."""
     from secagg.errors import SecaggError
     from secagg.flower.experimenter import make_experimenter, open_sealed
 
-    config = replace(LARC, protocol="fedavg", server_blind=True)
+    config = replace(LARC, task="breast-cancer-iid", protocol="fedavg", server_blind=True)
     folder, grid = deploy(tmp_path, config)
     key = folder / "experimenter" / "observer.key"
     for node in (folder / "nodes").iterdir():  # the nodes' copy of the public key only
@@ -387,6 +478,8 @@ def test_server_blind_over_flower_leaves_the_model_to_the_experimenter(tmp_path)
     run_on_flower(grid, deployment=folder, out=out, timeout=60, connect_timeout=5)
     served = pd.read_csv(out / "metrics.csv")
     assert served.loc[served["round"] > 0, "test_pooled"].isna().all()
+    assert served.loc[served["round"] == 0, "test_pooled"].notna().all()  # the initial model
+    assert not [c for c in served.columns if c.startswith("train_")]  # the sites' data
     assert sorted(p.name for p in (out / "sealed" / "seed-3").iterdir())[0].startswith("round-0")
     # whoever lacks the experimenter's key (the server) opens nothing
     make_experimenter(tmp_path / "server")
@@ -396,9 +489,9 @@ def test_server_blind_over_flower_leaves_the_model_to_the_experimenter(tmp_path)
     assert list(opened["round"]) == [1, 2]
     reference = secagg.run(config)
     expected = reference.metrics.set_index("round").loc[[1, 2], "test_pooled"].to_numpy()
-    # the models agree to CKKS's precision (below); a c-index moves by a pair whose two
-    # risk scores lie within that noise of each other and swap order
+    # the models agree to CKKS's precision (below), far from moving a prediction
     np.testing.assert_allclose(opened["test_pooled"], expected, atol=5e-3)
+    assert not [c for c in opened.columns if c.startswith("train_")]
     np.testing.assert_allclose(
         np.load(out / "experimenter" / "models" / "seed-3.npy"),
         reference.final_params[3],

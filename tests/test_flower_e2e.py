@@ -82,11 +82,11 @@ def test_larc_on_ckks_over_superlink_and_supernodes_gives_the_in_process_run(tmp
         atol=1e-6,
     )
     audits_match(out, in_process)
-    a, b = (pd.read_csv(f / "metrics.csv") for f in (out, in_process))
-    assert (
-        a["c_index" if "c_index" in a else "test_pooled"].round(4).tolist()
-        == b["c_index" if "c_index" in b else "test_pooled"].round(4).tolist()
-    )
+    # tcga-brca's test sets are the sites' own: the coordinator holds none and scores
+    # nothing (test_flower.py's pilot test scores a test set the coordinator holds)
+    a = pd.read_csv(out / "metrics.csv")
+    assert list(a["round"]) == list(pd.read_csv(in_process / "metrics.csv")["round"])
+    assert not [c for c in a.columns if c.startswith(("test_", "train_"))]
     flower = json.loads((out / "flower.json").read_text())
     assert sorted(flower["nodes"]) == [f"client_{k}" for k in range(6)]
     assert not set(flower["secagg_modules"]) & SECRET_MODULES  # the server held no key code
@@ -109,7 +109,8 @@ def _operate(federation, folder, tmp_path) -> None:
     # the ServerApp's progress streams where Flower's own log command shows it
     shown = federation.flwr("log", run["run-id"], CONNECTION, "--show")
     assert f"[secagg] Flower run {run['run-id']}: waiting for 6 SuperNodes" in shown.stdout
-    assert "[secagg]   seed 3 round 2/2: c_index" in shown.stdout, shown.stdout[-2000:]
+    # tcga-brca: the coordinator holds no test set of it, so its rounds are not scored
+    assert "[secagg]   seed 3 round 2/2: not scored" in shown.stdout, shown.stdout[-2000:]
     # a second run of the deployment, stopped from the command line
     again = federation.submit(out=str(tmp_path / "again"))
     assert main(["flower", "stop", str(folder), str(again)]) == 0

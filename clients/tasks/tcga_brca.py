@@ -26,7 +26,7 @@ from lifelines.utils import concordance_index
 from torch import nn
 from torch.utils.data import ConcatDataset, Dataset, Subset, TensorDataset, default_collate
 
-from secagg.errors import ConfigError
+from secagg.errors import ConfigError, DataNotHeld
 
 DATA_DIR = Path(__file__).parent / "data" / "fed_tcga_brca"
 N_CLIENTS = 6
@@ -55,6 +55,10 @@ class ClientData:
 
     Training, DP-SGD and evaluation use only ``len``/``batch``/``batches``; ``x`` and ``y``
     materialise (and keep) the whole matrix for the protocols that need it (DEC, DGD, PVI).
+
+    :meth:`not_held` stands for a part that is another party's (a site's data on a
+    deployment's coordinator): it has no samples here, and any read raises
+    :class:`~secagg.errors.DataNotHeld`.
     """
 
     def __init__(self, x: torch.Tensor, y: torch.Tensor):
@@ -101,7 +105,20 @@ class ClientData:
         data._dataset, data._load, data._length = None, load, length
         return data
 
+    @classmethod
+    def not_held(cls, owner: str) -> ClientData:
+        """A part that ``owner`` holds and this process does not (a deployment's coordinator
+        and a site's data): ``held`` is False, and reading it (``len``, a batch, ``x``)
+        raises :class:`~secagg.errors.DataNotHeld` naming ``owner``, before anything is
+        opened. Its subsets are not held either."""
+        return cls.lazy(_NotHeld(owner))
+
     # ---- what kind ------------------------------------------------------------------------------
+    @property
+    def held(self) -> bool:
+        """Whether this process holds these samples (False for :meth:`not_held`)."""
+        return not isinstance(self._load, _NotHeld)
+
     @property
     def is_tensor(self) -> bool:
         """Held as whole tensors from the start (``ClientData(x, y)``)."""
@@ -160,6 +177,8 @@ class ClientData:
 
     def subset(self, indices: Indices) -> ClientData:
         """The samples at ``indices``, in that order, held the same way as these."""
+        if not self.held:  # a part of what is not held is not held either
+            return self
         idx = _index(indices)
         if self.is_tensor:
             assert self._x is not None and self._y is not None
@@ -221,6 +240,21 @@ class ClientData:
         return f"ClientData.from_dataset({self._dataset!r})"
 
 
+@dataclass(frozen=True)
+class _NotHeld:
+    """The loader of a part this process does not hold: it refuses, naming whose it is."""
+
+    owner: str
+
+    def __call__(self) -> Dataset:
+        raise DataNotHeld(
+            f"{self.owner}'s data is not held here: a deployment's coordinator holds only its "
+            "own test set (the task's pooled_test), and each site's data stays on its node. "
+            "What reads a client's samples at the server (a protocol's pre-stage, a release "
+            "length taken from the data) runs in simulation only"
+        )
+
+
 def _index(indices: Indices) -> torch.Tensor:
     """Indices as an int64 tensor (a torch tensor or numpy array as given: indexing with it
     selects exactly what indexing with the original did)."""
@@ -270,6 +304,27 @@ class FederatedData:
     @property
     def n_clients(self) -> int:
         return len(self.train)
+
+    @property
+    def holds_training_data(self) -> bool:
+        """Whether this process holds every client's training set: a simulation's experimenter
+        does, a deployment's coordinator does not (:func:`held_by_coordinator`)."""
+        return all(part.held for part in self.train)
+
+
+def held_by_coordinator(data: FederatedData, n_clients: int) -> FederatedData:
+    """What a deployment's coordinator holds of the task's data ``data`` (as ``task.load()``
+    declares it): its own test set (``pooled_test``) and nothing of the ``n_clients`` sites:
+    their training parts are :meth:`ClientData.not_held` (``client_<k>``), and the clients'
+    own test sets (``test``) are dropped, being site data too. Nothing of ``data`` is read:
+    a site's part declared lazily is never opened (nor counted: ``n_clients`` comes from the
+    deployment)."""
+    return FederatedData(
+        data.name,
+        [ClientData.not_held(f"client_{k}") for k in range(n_clients)],
+        None,
+        pooled_test=data.pooled_test,
+    )
 
 
 def _to_client_data(frame: pd.DataFrame) -> ClientData:
