@@ -308,6 +308,16 @@ class Server:
         # leaves the run (every later request would fail or find no weight for it)
         for client, why in ctx.excluded.items():
             self.left[client] = f"excluded at set-up: {why}"
+        need = self.policy.required_clients(len(self.transport.peers))
+        if len(self.peers()) < need:  # before any upload, so nothing is released
+            raise RoundAborted(
+                f"set-up left {len(self.peers())} of {len(self.transport.peers)} clients, "
+                f"need {need} (min_clients {self.policy.min_clients}); exclusions: "
+                f"{ctx.excluded}",
+                round=ctx.round,
+                phase="setup",
+                exclusions=ctx.excluded,
+            )
         return dict(ctx.excluded)
 
     def _initialise(self, ctx: RoundContext) -> None:
@@ -402,10 +412,11 @@ class Server:
 
     def _enough(self, ctx: RoundContext, usable: int) -> None:
         """Abort before combining anything when fewer uploads than the policy's minimum."""
-        if usable < self.policy.min_clients:
+        need = self.policy.required_clients(len(self.transport.peers))
+        if usable < need:
             raise RoundAborted(
-                f"round {ctx.round}: {usable} usable uploads, need "
-                f"{self.policy.min_clients}; exclusions: {ctx.excluded}",
+                f"round {ctx.round}: {usable} usable uploads, need {need} (min_clients "
+                f"{self.policy.min_clients}); exclusions: {ctx.excluded}",
                 round=ctx.round,
                 phase="train",
                 exclusions=ctx.excluded,

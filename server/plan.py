@@ -33,7 +33,10 @@ class RunPolicy:
             client's update in plaintext on an encrypted backend; the audit says so.
         streaming: fold uploads into a running sum as they arrive, where the protocol's
             weights are known beforehand.
-        min_clients: a round with fewer usable uploads is aborted.
+        min_clients: a round with fewer usable uploads is aborted before anything is
+            combined, and a set-up that leaves fewer clients aborts the run before its first
+            round (nothing released either way); ``"all"``: every client of the run (a
+            pilot that must not lose a site).
         max_message_bytes: the largest reply the server decodes.
         max_weight_share: the clients' cap on one upload's share of a sum's weight (their
             release policy's; 1: no cap, as on plain): the server caps every sum to it so
@@ -43,13 +46,22 @@ class RunPolicy:
     server_blind: bool = False
     allow_plaintext_updates: bool = False
     streaming: bool = True
-    min_clients: int = 1
+    min_clients: int | str = 1
     max_message_bytes: int = wire.DEFAULT_MAX_BYTES
     max_weight_share: float = 0.5
 
     def __post_init__(self):
-        if not isinstance(self.min_clients, int) or self.min_clients < 1:
-            raise ConfigError(f"min_clients must be a positive integer, got {self.min_clients!r}")
+        check_min_clients(self.min_clients)
+
+    def required_clients(self, n_clients: int) -> int:
+        """The fewest clients a round may go on with, in a run of ``n_clients``."""
+        return n_clients if self.min_clients == "all" else int(self.min_clients)
+
+
+def check_min_clients(value: Any) -> None:
+    """ConfigError unless ``value`` is a positive integer or ``"all"``."""
+    if value != "all" and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise ConfigError(f"min_clients must be a positive integer or 'all', got {value!r}")
 
 
 def check_run(

@@ -31,7 +31,7 @@ from secagg.protocols import (
 )
 from secagg.protocols.optimizers import OPTIMIZERS, StepSchedule, make_optimizer
 from secagg.protocols.pieces import FixedServerStep, ValidationFeedback, piece, pre_stage_of
-from secagg.server.plan import RunPolicy, TrainingPlan, check_protocol_run
+from secagg.server.plan import RunPolicy, TrainingPlan, check_min_clients, check_protocol_run
 from secagg.threshold.params import DEFAULT_PRESET as THRESHOLD_DEFAULT
 from secagg.threshold.params import STREAMING_PRESET as THRESHOLD_STREAMING
 from secagg.threshold.params import get_preset as get_threshold_preset
@@ -97,6 +97,9 @@ class ExperimentConfig:
     #: request (in process or in a worker); one that has not answered by then is a dropout
     #: for that request. 0: no deadline. (Over Flower the App's ``timeout`` sets it.)
     request_timeout: float = 120.0
+    #: the fewest clients a round may go on with (an int, or "all": every client of the
+    #: run); fewer, and the seed is aborted before anything of that round is released
+    min_clients: int | str = 1
     #: torch's intra-op threads per client process (in-process clients share this one)
     threads: int = 1
     #: where clients train and the experimenter evaluates: "cpu", "cuda", "cuda:N", or
@@ -150,6 +153,7 @@ class ExperimentConfig:
             raise ConfigError(
                 f"request_timeout must be seconds >= 0 (0: no deadline), got {timeout!r}"
             )
+        check_min_clients(self.min_clients)
         if not isinstance(self.threads, int) or isinstance(self.threads, bool) or self.threads < 1:
             raise ConfigError(f"threads must be an integer >= 1, got {self.threads!r}")
         if self.client_split_count is not None and (
@@ -271,6 +275,7 @@ class ExperimentConfig:
             server_blind=self.server_blind,
             allow_plaintext_updates=self.allow_plaintext_updates,
             streaming=self.streaming,
+            min_clients=self.min_clients,
             # plain caps the same weights as the encrypted backends: the same model on both
             max_weight_share=float(options.get("max_weight_share", 0.5)),
         )

@@ -93,6 +93,19 @@ def parse_names(text: str) -> list[str]:
     return names
 
 
+def parse_min_clients(text: str) -> int | str:
+    """``"all"`` or a positive integer."""
+    if str(text).strip().lower() == "all":
+        return "all"
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"write a positive integer or all, got {text!r}") from None
+    if value < 1:
+        raise ValueError(f"write a positive integer or all, got {text!r}")
+    return value
+
+
 def parse_bool(text: str) -> bool:
     lowered = str(text).strip().lower()
     if lowered not in ("true", "false"):
@@ -361,6 +374,15 @@ CORE = (
         (int,),
         "0",
         group="server performance",
+    ),
+    _s(
+        "min_clients",
+        "the fewest clients a round may go on with: a number, or all (every client of the "
+        "run: a pilot that must not lose a site); a set-up or a round that leaves fewer "
+        "aborts the seed before anything of it is released",
+        parse_min_clients,
+        (int, str),
+        "1",
     ),
     _s(
         "request_timeout",

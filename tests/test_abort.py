@@ -148,3 +148,57 @@ def test_fewer_uploads_than_the_minimum_abort_before_any_second_phase():
         server.run_round(0)
     assert info.value.phase == "train" and set(info.value.exclusions) == {"c"}
     assert sent == ["train"] * 3
+
+
+def test_min_clients_all_aborts_at_set_up_before_anything_is_uploaded():
+    """``min_clients="all"`` (a pilot that must not lose a site): a client that fails key
+    set-up aborts the run at set-up, before any training request, so nothing of any
+    client is uploaded or released; with the default the run goes on without it."""
+    from secagg.server.plan import RunPolicy
+    from tests.conftest import backend_client
+
+    ids = ["a", "b", "c"]
+    server_backend, backends = make_backends("ckks", ids)
+    honest = {c: backend_client(c, backends[c], np.full(2, 0.1), 10) for c in ids}
+    sent: list[str] = []
+
+    def handler(c):
+        def handle(data):
+            phase = Envelope.from_bytes(data).phase
+            sent.append(phase)
+            if c == "c" and phase.startswith("key"):
+                raise RuntimeError("the site's data does not load")
+            return honest[c](data)
+
+        return handle
+
+    for policy, aborts in ((RunPolicy(min_clients="all"), True), (RunPolicy(), False)):
+        sent.clear()
+        server_backend, backends = make_backends("ckks", ids)
+        honest = {c: backend_client(c, backends[c], np.full(2, 0.1), 10) for c in ids}
+        server = Server(
+            make_protocol("fedavg"),
+            server_backend,
+            SGD(2),
+            InProcessTransport({c: handler(c) for c in ids}),
+            np.zeros(2),
+            plan=TrainingPlan(local_steps=1),
+            policy=policy,
+        )
+        if aborts:
+            with pytest.raises(RoundAborted, match=r"set-up left 2 of 3 clients, need 3") as info:
+                server.setup(rounds=1)
+            assert info.value.phase == "setup" and set(info.value.exclusions) == {"c"}
+            assert "train" not in sent and "consent" not in sent
+        else:
+            assert set(server.setup(rounds=1)) == {"c"}
+            assert server.run_round(0).skipped is None
+
+
+@pytest.mark.parametrize("bad", [0, -1, "some", 1.5, True])
+def test_min_clients_is_a_positive_integer_or_all(bad):
+    from secagg.errors import ConfigError
+    from secagg.server.plan import RunPolicy
+
+    with pytest.raises(ConfigError, match="positive integer or 'all'"):
+        RunPolicy(min_clients=bad)

@@ -56,6 +56,7 @@ SPECIAL = {
     "threshold_t": ("3", 3),
     "imports": ("json,string", ["json", "string"]),  # importable anywhere, harmless
     "device": ("auto", "auto"),
+    "min_clients": ("all", "all"),
 }
 
 
