@@ -92,13 +92,16 @@ def main(argv: list[str] | None = None) -> None:
     for name, base in CONFIGS.items():
         if name in skipped:
             continue
+        encrypted_run = replace(base, backend=encrypted, backend_options=options)
+        cap = {"max_weight_share": encrypted_run.policy().max_weight_share}
         runs = {
             b: run_complete(
                 replace(
                     base,
                     backend=b,
                     seeds=args.seeds,
-                    backend_options={} if b == "plain" else options,
+                    # plain with the encrypted backend's weight cap: the same algorithm
+                    backend_options=cap if b == "plain" else options,
                 )
             )
             for b in ("plain", encrypted)

@@ -89,7 +89,9 @@ def side_by_side(protocol: str, backend: str, rounds: int) -> dict:
     if cfg.optimizer_config()["name"] in ("adam", "yogi", "adagrad"):
         cfg = replace(cfg, server_opt={"tau": 1e-3})
     start = time.perf_counter()
-    plain = run_experiment(replace(cfg, backend="plain", backend_options={}))
+    # plain with the encrypted backend's weight cap (plain's own is off): the same algorithm
+    cap = {"max_weight_share": cfg.policy().max_weight_share}
+    plain = run_experiment(replace(cfg, backend="plain", backend_options=cap))
     middle = time.perf_counter()
     other = run_experiment(cfg)
     end = time.perf_counter()

@@ -181,6 +181,22 @@ class AuditLog:
             }
         )
 
+    def capped(
+        self, round_number: int, peer: str, asked: float, used: float, max_share: float
+    ) -> None:
+        """The run's cap on one upload's share of a sum (``max_weight_share``) changed
+        ``peer``'s share from ``asked`` to ``used``: not the weight the algorithm chose."""
+        self.records.append(
+            {
+                "event": "capped",
+                **self._where(round_number),
+                "peer": peer,
+                "asked_share": asked,
+                "used_share": used,
+                "max_weight_share": max_share,
+            }
+        )
+
     def absent(self, round_number: int, peer: str, reason: str) -> None:
         """A client of the run that was not asked this round: it left the run (``reason``)."""
         self.records.append(
@@ -274,6 +290,16 @@ class AuditLog:
             ),
             "exclusions": excluded,
             "rounds_missed": self.rounds_missed(),
+            # where the run's cap changed a client's weight from what the algorithm chose
+            "weights_capped": [
+                {
+                    k: r[k]
+                    for k in ("run", "round", "peer", "asked_share", "used_share")
+                    + ("max_weight_share",)
+                }
+                for r in self.records
+                if r["event"] == "capped"
+            ],
             "aborted_runs": aborted,
             # what the clients learn that the server does not, and who can decrypt at all
             "opened_by_clients": dict(sorted(opened.items())),

@@ -74,6 +74,8 @@ class RoundReport:
     reports: dict[str, dict[str, float]] = field(default_factory=dict)
     #: why the round made no update (contributors refused a release), or None
     skipped: str | None = None
+    #: clients whose share of a sum the run's cap changed: (share asked, share used)
+    capped: dict[str, tuple[float, float]] = field(default_factory=dict)
 
 
 class PrivacyLedger:
@@ -358,7 +360,13 @@ class Server:
             self._validate(ctx, feedback, send_model=not self.updates.blind)
         self.ledger.record(ctx)
         return RoundReport(
-            number, list(ctx.active), dict(ctx.excluded), dict(ctx.seconds), norm, reports
+            number,
+            list(ctx.active),
+            dict(ctx.excluded),
+            dict(ctx.seconds),
+            norm,
+            reports,
+            capped=dict(ctx.capped_shares),
         )
 
     def _skipped(self, ctx: RoundContext, exc: ConsentRefused) -> RoundReport:

@@ -75,6 +75,20 @@ def capped_weights(weights: Mapping[str, float], max_share: float) -> dict[str, 
     return out
 
 
+def cap_changes(
+    wanted: Mapping[str, float], used: Mapping[str, float]
+) -> dict[str, tuple[float, float]]:
+    """Each client whose share of Σ|w| the cap changed: (its share asked, its share used)."""
+    total_wanted = sum(abs(w) for w in wanted.values()) or 1.0
+    total_used = sum(abs(w) for w in used.values()) or 1.0
+    out = {}
+    for client, w in wanted.items():
+        asked, got = abs(w) / total_wanted, abs(used[client]) / total_used
+        if not math.isclose(asked, got, rel_tol=1e-12, abs_tol=1e-15):
+            out[client] = (asked, got)
+    return out
+
+
 class RoundContext:
     """A round for a protocol: the exchange, the backend, and what was released.
 
@@ -106,6 +120,8 @@ class RoundContext:
         self._sums: list[tuple[Any, dict[str, float]]] = []
         self._used: dict[int, dict[str, float]] = {}  # id(sum) -> its weights, this round
         self.releases: list[tuple[str, dict[str, float]]] = []
+        #: clients whose share of a sum the cap changed this round: (asked, used) shares
+        self.capped_shares: dict[str, tuple[float, float]] = {}
         #: digest of each upload loaded this round -> who sent it, under which name
         self._uploads: dict[str, tuple[str, str]] = {}
 
@@ -157,15 +173,24 @@ class RoundContext:
                 phase="aggregate",
                 exclusions=self.excluded,
             )
-        used = capped_weights(
-            check_weights({c: weights[c] for c in clients}), self.max_weight_share
-        )
+        used = self.capped({c: weights[c] for c in clients})
         start = time.perf_counter()
         total = self.backend.weighted_sum([handles[c] for c in clients], [used[c] for c in clients])
         self.seconds["aggregate"] += time.perf_counter() - start
         self._sums.append((total, used))
         self._used[id(total)] = used
         return total
+
+    def capped(self, weights: Mapping[str, float]) -> dict[str, float]:
+        """``weights`` under the run's cap (:func:`capped_weights`); where the cap changed
+        a client's share of the sum, the round records it (``capped_shares``) and the audit
+        says so: the algorithm did not get the weights it asked for."""
+        wanted = check_weights(weights)
+        used = capped_weights(wanted, self.max_weight_share)
+        for client, (asked, got) in cap_changes(wanted, used).items():
+            self.capped_shares[client] = (asked, got)
+            self.exchange.audit.capped(self.round, client, asked, got, self.max_weight_share)
+        return used
 
     def weights_of(self, handle: Any) -> dict[str, float]:
         """The weights a sum of this round was formed with (after the clients' cap)."""
@@ -266,7 +291,7 @@ class StreamedSum:
 
     def __init__(self, ctx: RoundContext, weights: Mapping[str, float]):
         self._ctx = ctx
-        self.weights = capped_weights(check_weights(weights), ctx.max_weight_share)
+        self.weights = ctx.capped(weights)
         self.folded: dict[str, float] = {}
         self._sum = ctx.backend.running_sum(ctx.n_params)
 

@@ -321,7 +321,7 @@ def cmd_tasks(_: argparse.Namespace) -> int:
         print(f"{name:28s} {task.description} (metric: {task.metric_name}{also})")
     print(
         "\n`secagg run --task NAME` runs one; your own: `--import MODULE` "
-        "(docs/own-model.md walks through one)"
+        "(docs/tutorials/own-model.md walks through one)"
     )
     return 0
 

@@ -228,6 +228,11 @@ class ExperimentConfig:
                 )
 
         if self.dp_sgd is not None:
+            if isinstance(self.dp_sgd, dict) and "clip" not in self.dp_sgd:
+                raise ConfigError(
+                    "dp_sgd needs a per-sample clip norm as well: write clip=C,epsilon=E or "
+                    f"clip=C,noise=Z (e.g. clip=1.0,epsilon=3), got {self.dp_sgd!r}"
+                )
             need("dp_sgd", self.dp_sgd, ("clip",), ("noise", "epsilon"))
             if ("noise" in self.dp_sgd) == ("epsilon" in self.dp_sgd):
                 raise ConfigError("dp_sgd needs exactly one of noise=z and epsilon=ε")
@@ -276,8 +281,8 @@ class ExperimentConfig:
             allow_plaintext_updates=self.allow_plaintext_updates,
             streaming=self.streaming,
             min_clients=self.min_clients,
-            # plain caps the same weights as the encrypted backends: the same model on both
-            max_weight_share=float(options.get("max_weight_share", 0.5)),
+            # the encrypted backends' clients require the cap; plain has it off unless set
+            max_weight_share=float(options.get("max_weight_share", 1.0)),
         )
 
     def plan(self, n_clients: int) -> TrainingPlan:

@@ -54,7 +54,7 @@ def evaluate(
             "test_loss": float(task.loss(scores, truth)),
         }
         scored.update(_extra(task, "test", truth, scores))
-        return scored
+        return with_metric_name(task, scored)
     model = task.make_model()
     if device is not None:
         model = model.to(device)
@@ -87,6 +87,24 @@ def evaluate(
         out.update(_extra(task, "test", test_y, test_out))
         out["test_client_avg"] = float(np.nanmean(per_client))
         out.update({f"test_client_{k}": v for k, v in enumerate(per_client)})
+    return with_metric_name(task, out)
+
+
+#: column names the pooled scores' aliases must not take
+_RESERVED = {"pooled", "loss", "client_avg"}
+
+
+def with_metric_name(task: Task, scores: dict[str, float]) -> dict[str, float]:
+    """``scores`` with each pooled score of the task's metric also under the metric's own
+    name (``test_auc`` beside ``test_pooled`` for a metric named ``auc``): the task's names
+    hold in every output. Not where an extra metric or a column already has that name."""
+    name = task.metric_name
+    if name in task.metrics or name in _RESERVED or name.startswith("client_"):
+        return scores
+    out = dict(scores)
+    for prefix in ("train", "test"):
+        if f"{prefix}_pooled" in out:
+            out.setdefault(f"{prefix}_{name}", out[f"{prefix}_pooled"])
     return out
 
 

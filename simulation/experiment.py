@@ -367,6 +367,8 @@ def _rounds(
             "excluded": len(report.excluded),
             # 1: contributors refused a release, the round made no update (engine._skipped)
             "skipped": int(report.skipped is not None),
+            # clients whose weight the run's cap (max_weight_share) lowered or raised
+            "weights_capped": len(report.capped),
             "bytes_up": sum(r["bytes"] for r in traffic if r["direction"] == "received"),
             "bytes_down": sum(r["bytes"] for r in traffic if r["direction"] == "sent"),
             "seconds_round": wall,
@@ -399,6 +401,15 @@ def _rounds(
                 f"{row['bytes_down'] / 1e3:.1f} kB  {wall:.2f} s"
                 + (f"  excluded {report.excluded}" if report.excluded else "")
                 + (f"  no update: {report.skipped}" if report.skipped else "")
+                + (
+                    f"  weights capped at {server.policy.max_weight_share:g}: "
+                    + ", ".join(
+                        f"{c} {asked:.3f}->{used:.3f}"
+                        for c, (asked, used) in sorted(report.capped.items())
+                    )
+                    if report.capped
+                    else ""
+                )
             )
         done = convergence.finished() if convergence is not None else None
         if done:

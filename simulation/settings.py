@@ -147,6 +147,8 @@ class Setting:
     owners: tuple[str, ...] = ()
     choices: tuple[Any, ...] | None = None
     group: str = "experiment"
+    #: (owner, default) of a setting several backends share (plain's weight cap is off)
+    owner_defaults: tuple[tuple[str, str], ...] = ()
     metavar: str | None = None
 
     @property
@@ -156,6 +158,18 @@ class Setting:
     @property
     def is_bool(self) -> bool:
         return self.parse is parse_bool
+
+
+def _defaults_text(defaults: Iterable[tuple[str, str]]) -> str:
+    """``[("plain", "1.0"), ("ckks", "0.5"), ("threshold", "0.5")]`` -> "0.5 on ckks,
+    threshold; 1.0 on plain" (one default for all: just it)."""
+    by_value: dict[str, list[str]] = {}
+    for owner, value in defaults:
+        by_value.setdefault(value, []).append(owner)
+    if len(by_value) == 1:
+        return next(iter(by_value))
+    ordered = sorted(by_value.items(), key=lambda kv: -len(kv[1]))
+    return "; ".join(f"{value} on {', '.join(owners)}" for value, owners in ordered)
 
 
 def _s(key, help, parse, toml_types, default="", **kw) -> Setting:
@@ -242,13 +256,14 @@ CORE = (
     _s("vae_beta", "the beta-VAE's KL weight beta", float, NUM, "0.1", group="pre-stage"),
     _s(
         "dp_sgd",
-        "sample-level DP-SGD on every client with Opacus: a per-sample clip norm and a noise "
-        "multiplier, or a target epsilon for the whole run",
+        "sample-level DP-SGD on every client with Opacus: a per-sample clip norm C, and "
+        "either a noise multiplier Z or a target epsilon E at dp_delta, which each seed's "
+        "run meets (a seed is a run of its own; privacy.json also composes the seeds)",
         parse_numbers,
         (dict,),
         "off",
         group="differential privacy",
-        metavar="clip=C,noise=Z|epsilon=E",
+        metavar="clip=C,noise=Z or clip=C,epsilon=E",
     ),
     _s(
         "client_dp",
@@ -447,13 +462,17 @@ def settings_table() -> dict[str, Setting]:
             for opt in spec.options:
                 key = opt.flag.replace("-", "_")
                 same = table.get(key)
-                if same is not None and (same.place, same.target, same.default) == (
-                    kind,
-                    opt.key,
-                    str(opt.default),
-                ):  # the same setting in another backend: one flag for both
+                if same is not None and (same.place, same.target) == (kind, opt.key):
+                    # the same setting in another backend: one flag for both (each backend
+                    # resolves its own default where the flag is not given)
+                    defaults = same.owner_defaults or ((same.owners[0], same.default),)
+                    defaults += ((owner, str(opt.default)),)
                     table[key] = replace(
-                        same, owners=(*same.owners, owner), group=f"{same.group}, {owner}"
+                        same,
+                        owners=(*same.owners, owner),
+                        group=f"{same.group}, {owner}",
+                        owner_defaults=defaults,
+                        default=_defaults_text(defaults),
                     )
                     continue
                 if same is not None:

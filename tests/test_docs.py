@@ -148,3 +148,16 @@ def test_every_python_block_runs(page, body, tmp_path):
         [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, f"{page.relative_to(ROOT)}:\n{done.stderr[-3000:]}"
+
+
+def test_every_page_the_code_points_users_to_exists():
+    """A path like ``docs/tutorials/own-model.md`` in a message or help text of the library
+    names a page that is there (``secagg tasks`` once pointed at one that was not)."""
+    named = {
+        match
+        for folder in ("clients", "flower", "protocols", "server", "simulation", "secagg")
+        for source in (ROOT / folder).rglob("*.py")
+        for match in re.findall(r"\bdocs/[\w./-]+\.md\b", source.read_text())
+    }
+    assert named, "no page named at all: the pattern is wrong"
+    assert sorted(p for p in named if not (ROOT / p).exists()) == []

@@ -216,6 +216,7 @@ def test_dp_on_and_off_under_ckks_show_the_server_the_same_items():
         ({"protocol": "regagg", "client_dp": {"clip": 1.0, "noise": 1.0}}, "weighted sum"),
         ({"dp_sgd": {"clip": 1.0, "noise": 1.0, "epsilon": 2.0}}, "exactly one"),
         ({"dp_sgd": {"noise": 1.0}}, "clip"),
+        ({"dp_sgd": {"epsilon": 3.0}}, r"write clip=C,epsilon=E .*e\.g\. clip=1\.0,epsilon=3"),
         ({"client_dp": {"clip": -1.0, "noise": 1.0}}, "clip norm"),
         ({"scalar_dp": {"low": 1.0, "high": 0.0, "noise": 1.0}}, "low < high"),
         ({"dp_delta": 2.0}, "dp_delta"),

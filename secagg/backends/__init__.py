@@ -316,15 +316,25 @@ def _release_policy_options() -> tuple[BackendOption, ...]:
             "a client reveals or opens only sums where every upload's weight is at "
             "least this fraction of the mean weight (refuses sums one upload dominates)",
         ),
-        BackendOption(
-            "max_weight_share",
-            "max-weight-share",
-            float,
-            0.5,
-            "a client reveals or opens only sums where no upload has more than this "
-            "fraction of the total weight (0.5: the others together weigh at least as much "
-            "as the largest; 1 turns the cap off); the server caps its weights to it",
-        ),
+        max_weight_share_option(0.5),
+    )
+
+
+def max_weight_share_option(default: float) -> BackendOption:
+    """The cap on one upload's share of a sum: the encrypted backends' clients consent only
+    to sums within it (it keeps one upload from being most of what is released), so their
+    server caps its weights to it; on ``plain`` it protects nothing and is off unless asked
+    for (textbook FedAvg), which makes the cap's price measurable on the baseline."""
+    return BackendOption(
+        "max_weight_share",
+        "max-weight-share",
+        float,
+        default,
+        "no upload gets more than this fraction of a sum's total weight: the server caps "
+        "the weights to it (the largest lowered, the rest keep their ratios; each round "
+        "that the cap changes says so). On ckks and threshold the clients consent only to "
+        "sums within it (0.5: the others together weigh at least as much as the largest); "
+        "on plain it is off (1: textbook weights) unless set, to measure what the cap costs",
     )
 
 
@@ -362,6 +372,7 @@ BACKENDS: dict[str, BackendSpec] = {
                 "(for protocols that need every digit, such as the exact Cox model's sums)",
                 ("float32", "float64"),
             ),
+            max_weight_share_option(1.0),
         ),
     ),
     "ckks": BackendSpec(
