@@ -127,19 +127,38 @@ def use_own_tls(
         serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
     ):
         raise ConfigError(f"{key} is not the private key of {cert}")
-    now = datetime.datetime.now(datetime.UTC)
     for what, made in (("CA certificate", authority), ("certificate", server)):
-        if not made.not_valid_before_utc <= now <= made.not_valid_after_utc:
-            raise ConfigError(
-                f"the {what} is valid from {made.not_valid_before_utc:%Y-%m-%d} to "
-                f"{made.not_valid_after_utc:%Y-%m-%d}, not now"
-            )
+        _check_valid_now(what, made)
+    _check_names(cert, server, hosts)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = {"ca": folder / "ca.crt", "cert": folder / "server.pem", "key": folder / "server.key"}
+    paths["ca"].write_bytes(authority.public_bytes(serialization.Encoding.PEM))
+    paths["cert"].write_bytes(server.public_bytes(serialization.Encoding.PEM))
+    write_private_bytes(paths["key"], Path(key).read_bytes())
+    return paths
+
+
+def _check_valid_now(what: str, made: x509.Certificate) -> None:
+    now = datetime.datetime.now(datetime.UTC)
+    if not made.not_valid_before_utc <= now <= made.not_valid_after_utc:
+        raise ConfigError(
+            f"the {what} is valid from {made.not_valid_before_utc:%Y-%m-%d} to "
+            f"{made.not_valid_after_utc:%Y-%m-%d}, not now"
+        )
+
+
+def _names_in(server: x509.Certificate) -> set[str]:
+    """The host names and addresses a server certificate is valid for."""
     try:
         named = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-        names = {str(n) for n in named.get_values_for_type(x509.DNSName)}
-        names |= {str(n) for n in named.get_values_for_type(x509.IPAddress)}
     except x509.ExtensionNotFound:
-        names = set()
+        return set()
+    names = {str(n) for n in named.get_values_for_type(x509.DNSName)}
+    return names | {str(n) for n in named.get_values_for_type(x509.IPAddress)}
+
+
+def _check_names(cert: Path, server: x509.Certificate, hosts: tuple[str, ...]) -> None:
+    names = _names_in(server)
     missing = [h for h in hosts if h not in names]
     if missing:
         raise ConfigError(
@@ -147,12 +166,22 @@ def use_own_tls(
             f"{', '.join(sorted(names)) or 'no host'}): SuperNodes that connect by that "
             "name would refuse it"
         )
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = {"ca": folder / "ca.crt", "cert": folder / "server.pem", "key": folder / "server.key"}
-    paths["ca"].write_bytes(authority.public_bytes(serialization.Encoding.PEM))
-    paths["cert"].write_bytes(server.public_bytes(serialization.Encoding.PEM))
-    write_private_bytes(paths["key"], Path(key).read_bytes())
-    return paths
+
+
+def check_kept_tls(folder: Path, hosts: tuple[str, ...] = ()) -> None:
+    """A deployment's ``tls/`` can serve another run as it is: its CA certificate and the
+    SuperLink's certificate are valid now and the certificate names every one of
+    ``hosts``. ConfigError says which check failed (re-preparing keeps ``tls/``, so what
+    fails here fails at the SuperNodes' first connection)."""
+    loaded = {}
+    for what, name in (("CA certificate", "ca.crt"), ("certificate", "server.pem")):
+        path = Path(folder) / name
+        try:
+            loaded[what] = x509.load_pem_x509_certificate(path.read_bytes())
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"{path} is not a PEM {what}: {exc}") from None
+        _check_valid_now(what, loaded[what])
+    _check_names(Path(folder) / "server.pem", loaded["certificate"], hosts)
 
 
 def make_node_key(private: Path) -> Path:

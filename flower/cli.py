@@ -7,13 +7,18 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from secagg.errors import ConfigError, SecaggError
+
+if TYPE_CHECKING:
+    from secagg.flower.deployment import Reprepared
 
 #: Flower's defaults: the SuperLink's one port (SuperNodes, CLI, ServerApp), and a SuperNode's
 #: Runtime API (``flower-supernode --port``), which ``commands`` counts up from, one per node
 SUPERLINK_PORT, NODE_PORT = 9092, 9094
+#: seconds a SuperNode has to answer one message, unless `prepare --timeout` says otherwise
+DEFAULT_TIMEOUT = 120.0
 
 
 def _port(text: str) -> int:
@@ -53,13 +58,28 @@ def add_parser(sub: Any, add_settings: Any) -> None:
     verbs = flower.add_subparsers(dest="verb", metavar="VERB", required=True)
     prepare = verbs.add_parser(
         "prepare",
-        help="write a deployment folder for an experiment",
+        help="write a deployment folder for an experiment, or re-prepare one (--update)",
         description="Write DIR: the experiment's settings (the same flags and TOML keys as "
         "`secagg run`), each client's secagg identity in its own node folder (mode 0600), "
         "the server's roster of public signing keys, the Flower App, and with --tls a demo "
-        "CA and SuperLink certificate, with --auth each SuperNode's authentication key.",
+        "CA and SuperLink certificate, with --auth each SuperNode's authentication key. "
+        "With --update, re-prepare the deployment DIR in place for changed settings: "
+        "DIR's own settings with --preset, --config and the flags over them; the CA, the "
+        "SuperLink's certificate and key, the SuperNode keys, the nodes' keys and rosters "
+        "and the experimenter's key are kept as they are, the settings, the App and the "
+        "node bundles rewritten, and it prints which sites must take their new bundle "
+        "(`secagg flower join`). It refuses what cannot keep them: other clients, TLS or "
+        "authentication switched on, other certificates, changed public.json files.",
     )
-    prepare.add_argument("folder", type=Path, metavar="DIR", help="a new or empty folder")
+    prepare.add_argument(
+        "folder", type=Path, metavar="DIR", help="a new or empty folder (--update: a deployment)"
+    )
+    prepare.add_argument(
+        "--update",
+        action="store_true",
+        help="re-prepare the deployment DIR in place, keeping its CA, certificates and keys "
+        "(after a failed run, only if the settings must change: else submit it again)",
+    )
     prepare.add_argument("--tls", action="store_true", help="make a demo CA and certificate")
     prepare.add_argument(
         "--auth", action="store_true", help="SuperNode authentication keys (needs --tls)"
@@ -75,9 +95,9 @@ def add_parser(sub: Any, add_settings: Any) -> None:
     prepare.add_argument(
         "--timeout",
         type=float,
-        default=120.0,
+        default=None,
         help="seconds a SuperNode has to answer one message before the server counts it "
-        "missing (default 120)",
+        f"missing (default {DEFAULT_TIMEOUT:g}; --update: the deployment's)",
     )
     prepare.add_argument(
         "--host",
@@ -255,7 +275,10 @@ def run(args: argparse.Namespace, resolve: Any) -> int:
                 f"{args.folder}/node.toml (imports = [...]) before you start the node"
             )
             return 0
-        print(f"{args.folder} is ready: secagg flower node {args.folder} --superlink ...")
+        print(
+            f"{args.folder} is ready: start its node (stop it first if it runs: a node reads "
+            f"its pinned App when it starts): secagg flower node {args.folder} --superlink ..."
+        )
         return 0
     if args.verb == "experimenter":
         from secagg.flower.experimenter import make_experimenter
@@ -295,7 +318,43 @@ def _prepare(args: argparse.Namespace, resolve: Any) -> int:
     from secagg.simulation import settings as S
 
     args.resume, args.overwrite = None, False
+    own_tls = _own_tls(args)
+    if args.update:
+        return _update(args, resolve, own_tls)
     config, _ = S.to_config(resolve(args))
+    nodes = prepare(
+        args.folder,
+        config,
+        tls=args.tls,
+        auth=args.auth,
+        timeout=DEFAULT_TIMEOUT if args.timeout is None else args.timeout,
+        hosts=tuple(args.host),
+        publics=tuple(args.nodes),
+        own_tls=own_tls,
+        observer=args.observer,
+    )
+    if config.server_blind and args.observer is None:
+        _say_experimenter_key(args.folder)
+    print(
+        f"deployment of {config.protocol} on {config.backend} ({config.task}, "
+        f"{len(nodes)} clients) written to {args.folder}/"
+    )
+    if args.nodes:  # the sites' keys are theirs: the nodes can only run where those are
+        print(
+            "each site takes its bundle (a copy of nodes/<client>/) with `secagg flower join "
+            "NODE_DIR BUNDLE` and starts its node; every command, for every machine: "
+            f"secagg flower commands {args.folder} --superlink HOST"
+        )
+    else:
+        print(
+            f"run it here: secagg flower demo {args.folder}\n"
+            f"or on separate machines: secagg flower commands {args.folder}"
+        )
+    return 0
+
+
+def _own_tls(args: argparse.Namespace) -> dict[str, Path] | None:
+    """The deployment's own CA, certificate and key (all three given), or None (none)."""
     given = {"ca": args.ca_cert, "cert": args.server_cert, "key": args.server_key}
     flags = {"ca": "--ca-cert", "cert": "--server-cert", "key": "--server-key"}
     missing = [flags[k] for k, v in given.items() if v is None]
@@ -304,30 +363,93 @@ def _prepare(args: argparse.Namespace, resolve: Any) -> int:
             "your own CA takes all three: --ca-cert, --server-cert and --server-key "
             f"(missing: {', '.join(missing)})"
         )
-    nodes = prepare(
+    return given if not missing else None
+
+
+def _say_experimenter_key(folder: Path) -> None:
+    print(
+        f"server-blind: the experimenter's private key is in {folder}/experimenter/"
+        "; move that folder off the server's machine before the run (or make the key "
+        "where the experimenter works: secagg flower experimenter, prepare --observer)"
+    )
+
+
+def _update(args: argparse.Namespace, resolve: Any, own_tls: dict[str, Path] | None) -> int:
+    """``prepare DIR --update``: DIR re-prepared in place, and what each site must do."""
+    from secagg.flower.deployment import read_deployment, reprepare, updated_settings
+    from secagg.simulation import settings as S
+
+    read_deployment(args.folder)  # before its settings are read: a deployment, whole
+    config, _ = S.to_config(updated_settings(args.folder, resolve(args)))
+    made_experimenter = not (args.folder / "experimenter").exists()
+    done = reprepare(
         args.folder,
         config,
-        tls=args.tls,
-        auth=args.auth,
+        tls=args.tls or None,  # a flag not given keeps the deployment's
+        auth=args.auth or None,
         timeout=args.timeout,
         hosts=tuple(args.host),
         publics=tuple(args.nodes),
-        own_tls=given if all(given.values()) else None,
+        own_tls=own_tls,
         observer=args.observer,
     )
-    if config.server_blind and args.observer is None:
-        print(
-            f"server-blind: the experimenter's private key is in {args.folder}/experimenter/"
-            "; move that folder off the server's machine before the run (or make the key "
-            "where the experimenter works: secagg flower experimenter, prepare --observer)"
-        )
+    if made_experimenter and (args.folder / "experimenter").exists():
+        _say_experimenter_key(args.folder)
+    was = "unchanged" if done.previous == done.experiment else f"was {done.previous}"
     print(
-        f"deployment of {config.protocol} on {config.backend} ({config.task}, "
-        f"{len(nodes)} clients) written to {args.folder}/\n"
-        f"run it here: secagg flower demo {args.folder}\n"
-        f"or on separate machines: secagg flower commands {args.folder}"
+        f"{args.folder}/ re-prepared in place: experiment {done.experiment} ({was}), "
+        f"{config.protocol} on {config.backend}, {config.rounds} round"
+        f"{'s' if config.rounds != 1 else ''}; kept as they were: "
+        f"{_kept(args.folder, done)}"
     )
+    for line in _site_steps(args.folder, done):
+        print(line)
     return 0
+
+
+def _site_steps(folder: Path, done: Reprepared) -> list[str]:
+    """What each site must do after ``prepare --update``, then how to run it."""
+    submit = submit_command(folder.resolve())
+    if not done.rejoin:
+        lines = ["no site must take a new bundle: nothing a node's bundle pins changed"]
+    else:
+        lines = [
+            f"{cid}: " + (f"new bundle ({', '.join(names)} changed)" if names else "unchanged")
+            for cid, names in done.changed.items()
+        ]
+    if done.rejoin and done.keys == "nodes":
+        lines.append(
+            "each site with a new bundle: stop its node, `secagg flower join NODE_DIR "
+            f"BUNDLE` (BUNDLE: a copy of {folder}/nodes/<client>/), start its node again"
+        )
+    elif done.rejoin:  # a demo's node folders are the nodes, rewritten in place
+        lines.append(
+            f"a node started from a copy of {folder}/nodes/<client>/ takes the changed "
+            "files and starts again"
+        )
+    if done.keys == "nodes":
+        lines.append(f"then submit (`secagg flower commands {folder}` prints all): {submit}")
+    else:
+        lines.append(
+            f"then run it here: secagg flower demo {folder}; or, its nodes on other "
+            f"machines, submit: {submit}"
+        )
+    return lines
+
+
+def _kept(folder: Path, done: Reprepared) -> str:
+    """What ``prepare --update`` kept as it was, in words."""
+    kept = [name for name in ("tls/", "auth/") if (folder / name).is_dir()]
+    kept += ["server/signers.json"]
+    kept += ["the sites' rosters" if done.keys == "nodes" else "the nodes' keys"]
+    kept += ["the experimenter's key"] if (folder / "observer.pub").exists() else []
+    return ", ".join(kept)
+
+
+def submit_command(folder: Path) -> str:
+    """The command that submits a run of the deployment in ``folder`` (the Flower CLI's
+    connection ``secagg``)."""
+    return f"flwr run {folder}/app secagg --stream --run-config 'deployment=\"{folder}\"'"
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -419,7 +541,13 @@ def _commands(args: argparse.Namespace) -> int:
     lines += [
         "",
         "# submit the run (results on the SuperLink's machine, in the deployment's results/)",
-        f"flwr run {folder}/app secagg --stream --run-config 'deployment=\"{folder}\"'",
+        submit_command(folder),
+        "",
+        "# after a failed run, if no setting must change (a site fixed its data, a node",
+        "# crashed): start again what stopped and submit the same line again; each node admits",
+        "# the new run while its privacy ledger allows (a run that released nothing costs",
+        "# nothing). If a setting must change: secagg flower prepare DIR --update --rounds ...",
+        "# (it keeps the CA, the certificates and every key, and says which sites re-join)",
     ]
     print("\n".join(lines))
     return 0
