@@ -174,7 +174,9 @@ def add_parser(sub: Any, add_settings: Any) -> None:
         description="Copy the coordinator's bundle for this node (nodes/<client>/ of a "
         "deployment prepared with --nodes: settings, the pinned App's digest, the rosters, "
         "the CA certificate) into the node's folder, after checking that the rosters hold "
-        "this node's own public keys. Then start the node with `secagg flower node DIR`.",
+        "this node's own public keys (a bundle that fails leaves the node's own in place). "
+        "Then start the node with `secagg flower node DIR`. After the coordinator "
+        "re-prepares (`prepare --update`), join again with the new bundle: the keys stay.",
     )
     join.add_argument("folder", type=Path, metavar="DIR", help="the node's own folder")
     join.add_argument("bundle", type=Path, metavar="BUNDLE", help="its nodes/<client> folder")
