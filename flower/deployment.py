@@ -1,4 +1,6 @@
-"""A deployment's folder: what ``secagg flower prepare`` writes, once, for one experiment.
+"""A deployment's folder: what ``secagg flower prepare`` writes for one experiment, and
+re-prepares in place for changed settings (``--update``, :func:`reprepare`: the settings,
+the App and the node bundles anew, every certificate and key kept).
 
 ::
 
@@ -488,7 +490,9 @@ def reprepare(
 ) -> Reprepared:
     """Re-prepare the deployment in ``folder`` for ``config`` in place: new settings, App
     and node bundles, with everything the SuperLink and the sites hold kept (``REWRITTEN``
-    says what is rewritten; no private key is made, read or overwritten).
+    says what is rewritten). No private key is read or overwritten; one is made only where
+    the experiment turns server-blind without ``observer``: the experimenter's, in
+    ``experimenter/``, as ``prepare`` makes it.
 
     It refuses, with ConfigError and before anything is written, what cannot keep them:
     a folder that is not a deployment; an experiment with other clients; TLS or SuperNode
