@@ -395,14 +395,15 @@ def _update(args: argparse.Namespace, resolve: Any, own_tls: dict[str, Path] | N
         own_tls=own_tls,
         observer=args.observer,
     )
-    if made_experimenter and (args.folder / "experimenter").exists():
+    made_experimenter = made_experimenter and (args.folder / "experimenter").exists()
+    if made_experimenter:
         _say_experimenter_key(args.folder)
     was = "unchanged" if done.previous == done.experiment else f"was {done.previous}"
     print(
         f"{args.folder}/ re-prepared in place: experiment {done.experiment} ({was}), "
         f"{config.protocol} on {config.backend}, {config.rounds} round"
         f"{'s' if config.rounds != 1 else ''}; kept as they were: "
-        f"{_kept(args.folder, done)}"
+        f"{_kept(args.folder, done, experimenter=not made_experimenter)}"
     )
     for line in _site_steps(args.folder, done):
         print(line)
@@ -439,12 +440,14 @@ def _site_steps(folder: Path, done: Reprepared) -> list[str]:
     return lines
 
 
-def _kept(folder: Path, done: Reprepared) -> str:
-    """What ``prepare --update`` kept as it was, in words."""
+def _kept(folder: Path, done: Reprepared, *, experimenter: bool) -> str:
+    """What ``prepare --update`` kept as it was, in words (``experimenter``: the
+    experimenter's key, where there is one, was not made just now)."""
     kept = [name for name in ("tls/", "auth/") if (folder / name).is_dir()]
     kept += ["server/signers.json"]
     kept += ["the sites' rosters" if done.keys == "nodes" else "the nodes' keys"]
-    kept += ["the experimenter's key"] if (folder / "observer.pub").exists() else []
+    if experimenter and (folder / "observer.pub").exists():
+        kept.append("the experimenter's key")
     return ", ".join(kept)
 
 
