@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from secagg.errors import ConfigError, SecaggError
 
 if TYPE_CHECKING:
-    from secagg.flower.deployment import Reprepared
+    from secagg.flower.redeploy import Reprepared
 
 #: Flower's defaults: the SuperLink's one port (SuperNodes, CLI, ServerApp), and a SuperNode's
 #: Runtime API (``flower-supernode --port``), which ``commands`` counts up from, one per node
@@ -378,7 +378,7 @@ def _say_experimenter_key(folder: Path) -> None:
 
 def _update(args: argparse.Namespace, resolve: Any, own_tls: dict[str, Path] | None) -> int:
     """``prepare DIR --update``: DIR re-prepared in place, and what each site must do."""
-    from secagg.flower.deployment import read_deployment, reprepare, updated_settings
+    from secagg.flower.redeploy import read_deployment, reprepare, updated_settings
     from secagg.simulation import settings as S
 
     read_deployment(args.folder)  # before its settings are read: a deployment, whole

@@ -15,7 +15,8 @@ import pytest
 
 from secagg.errors import ConfigError
 from secagg.flower.apps import run_on_flower
-from secagg.flower.deployment import init_node, join_node, prepare, reprepare
+from secagg.flower.deployment import init_node, join_node, prepare
+from secagg.flower.redeploy import reprepare
 from secagg.simulation.cli import main
 from secagg.simulation.config import ExperimentConfig
 from tests.flower_grid import LoopbackGrid
@@ -202,7 +203,7 @@ def test_a_bundle_that_fails_its_check_leaves_the_nodes_own_in_place(tmp_path):
 
 
 def test_updated_settings_keep_the_deployments_and_drop_another_protocols(tmp_path):
-    from secagg.flower.deployment import updated_settings
+    from secagg.flower.redeploy import updated_settings
 
     folder = tmp_path / "deploy"
     larc = replace(CONFIG, protocol="larc", backend="ckks", protocol_options={"q": 7.0})
