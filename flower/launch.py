@@ -21,7 +21,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -67,10 +67,21 @@ class LocalFederation:
     """The deployment prepared in ``folder`` (``secagg flower prepare``), run locally.
 
     Use as a context manager: ``with LocalFederation(folder) as fed: fed.run()``; leaving
-    it stops every process (also on Ctrl-C). Logs go to ``folder/local/``."""
+    it stops every process (also on Ctrl-C). Logs go to ``folder/local/``.
+
+    A deployment whose nodes made their own keys (``prepare --nodes``) runs only from the
+    folders its nodes joined their bundles in (``node_dirs``: client id -> folder, each
+    made by ``secagg flower init`` and ``join``); ``env`` is the coordinator's own
+    environment (the SuperLink's and its ServerApps', not the SuperNodes')."""
 
     def __init__(
-        self, folder: Path, *, log: Callable[[str], None] | None = None, warm: bool = True
+        self,
+        folder: Path,
+        *,
+        log: Callable[[str], None] | None = None,
+        warm: bool = True,
+        node_dirs: Mapping[str, Path] | None = None,
+        env: Mapping[str, str] | None = None,
     ):
         self.folder = Path(folder).resolve()
         #: secagg's warm executor on every SuperNode (False: Flower's own, a fresh process
@@ -82,12 +93,26 @@ class LocalFederation:
             raise ConfigError(
                 f"{self.folder} is not a prepared deployment: run `secagg flower prepare` first"
             ) from None
-        if self.spec.get("keys") == "nodes":
+        if self.spec.get("keys") == "nodes" and node_dirs is None:
             raise ConfigError(
                 f"{self.folder}'s keys were made on its nodes (prepare --nodes): its "
                 "nodes/ folders are public bundles, which cannot run here; start each node "
                 "where its keys are (`secagg flower commands` prints how)"
             )
+        if node_dirs is not None and set(node_dirs) != set(self.spec["clients"]):
+            raise ConfigError(
+                f"node_dirs names {sorted(node_dirs)}; the deployment's clients are "
+                f"{self.spec['clients']}: give one node folder for each"
+            )
+        #: each client's node folder: the deployment's nodes/<client> unless given (a
+        #: rehearsal of sites that made their own keys: the folders they joined the bundle in)
+        self.node_dirs = {
+            c: Path(node_dirs[c]).resolve() if node_dirs else self.folder / "nodes" / c
+            for c in self.spec["clients"]
+        }
+        #: set for the SuperLink and the ServerApp processes it starts (the coordinator's
+        #: environment, e.g. where its test set is), not for the SuperNodes
+        self.coordinator_env = dict(env or {})
         self.tls, self.auth = bool(self.spec["tls"]), bool(self.spec["auth"])
         self.work = self.folder / "local"
         self.log = log or (lambda line: None)
@@ -104,6 +129,8 @@ class LocalFederation:
     # ---- processes ----------------------------------------------------------------------
     def _env(self, home: str) -> dict[str, str]:
         env = dict(os.environ)
+        if home == "superlink":
+            env.update(self.coordinator_env)
         env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"  # flower-superexec and co.
         env["FLWR_HOME"] = str(self.work / home)
         env["PYTHONUNBUFFERED"] = "1"
@@ -203,7 +230,7 @@ class LocalFederation:
     def node_command(self, cid: str) -> list[str]:
         """The command that starts ``cid``'s SuperNode: Flower's, guarded so that it runs
         only the App pinned in its node folder (``secagg.flower.guard``)."""
-        node = self.folder / "nodes" / cid
+        node = self.node_dirs[cid]
         command = [
             sys.executable, "-m", "secagg.flower.guard", str(node),
             "--superlink", f"127.0.0.1:{self.ports['superlink']}",

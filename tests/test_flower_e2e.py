@@ -10,10 +10,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import runpy
+import shutil
 import signal
 import subprocess
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -25,6 +28,7 @@ from secagg.flower.launch import BIN, CONNECTION, LocalFederation, free_port, js
 from secagg.simulation.config import ExperimentConfig
 from tests.flower_grid import audits_match
 from tests.test_layering import SECRET_MODULES
+from tests.test_plugins import registries  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.slow
 
@@ -269,3 +273,154 @@ def _wait_for(path, pattern, federation, run_id, timeout=600, poll=2.0):
                 raise AssertionError(f"the run ended ({status}) before {pattern!r} appeared")
         time.sleep(poll)
     raise AssertionError(f"{pattern!r} never appeared in {path}; see {federation.work}")
+
+
+# ---- the three-site pilot (docs/tutorials/three-sites.md walks the same path) ---------------
+OWN_MODEL = Path(__file__).resolve().parents[1] / "examples" / "own_model"
+
+
+def _logs_of(federation, run_id: int, out: Path) -> str:
+    """What the coordinator sees of a run: its progress log and Flower's log of its
+    ServerApp (``flwr log``)."""
+    shown = federation.flwr("log", str(run_id), CONNECTION, "--show")
+    assert f"[secagg] Flower run {run_id}: waiting for 3 SuperNodes" in shown.stdout, shown
+    return out.with_name(out.name + "-progress.log").read_text() + shown.stdout + shown.stderr
+
+
+def _ledger_runs(site: Path) -> dict[int, dict]:
+    """A site's privacy ledger: its runs by Flower run id (none before its first admission)."""
+    path = site / "privacy-ledger.json"
+    runs = json.loads(path.read_text())["runs"] if path.exists() else {}
+    return {int(key.split("|")[1]): record for key, record in runs.items()}
+
+
+@pytest.mark.usefixtures("registries")
+def test_a_three_site_pilot_a_broken_site_costs_nothing_and_a_foreign_app_is_refused(tmp_path):
+    """The three-sites walkthrough, on one machine over a real SuperLink (TLS, node
+    authentication): three sites make their own keys (``secagg flower init --auth``), each
+    holding only its own CSV and its own copy of the task's code (the own-model walkthrough's
+    ``sites-mlp`` with three sites), named in its own node.toml; the coordinator holds only
+    the test set and prepares from the sites' public.json files (``--min-clients all``); each
+    site joins its bundle.
+
+    1. Site 1's CSV lacks its label column: its node fails at set-up and the coordinator
+       learns a code only (no column, path or cell in its logs); with min_clients all the
+       seed aborts at set-up, before anything is released, so no ledger is charged.
+    2. Site 1 fixes its CSV; the same seed again on the same deployment is admitted by
+       every node's ledger and completes, scored on the coordinator's test set only.
+    3. A copy of the deployment's App with one byte changed is refused by every node (once
+       each), and the coordinator says so with the remedy.
+
+    No site's CSV is ever anywhere but in its own site's folder."""
+    from secagg.simulation.cli import main
+
+    # the data: three sites' CSVs (make_sites.py deals four: the fourth is not the pilot's)
+    coordinator, made = tmp_path / "coordinator", tmp_path / "made"
+    coordinator.mkdir()
+    runpy.run_path(str(OWN_MODEL / "make_sites.py"), run_name="make_sites")["main"](made)
+    code = (OWN_MODEL / "sites_task.py").read_text()
+    assert "\nN_SITES = 4\n" in code
+    (coordinator / "sites_task.py").write_text(code.replace("\nN_SITES = 4\n", "\nN_SITES = 3\n"))
+    (made / "test.csv").rename(coordinator / "test.csv")
+
+    # 1. each site makes its keys where it runs; only public.json leaves it
+    sites = {f"client_{k}": tmp_path / f"site_{k}" for k in range(3)}
+    for k, (cid, site) in enumerate(sites.items()):
+        assert main(["flower", "init", str(site), "--client", cid, "--auth"]) == 0
+        (site / "data").mkdir()
+        (made / f"site_{k}.csv").rename(site / "data" / f"site_{k}.csv")
+    shutil.rmtree(made)
+    broken = sites["client_1"] / "data" / "site_1.csv"
+    good = broken.read_text()
+    without_label = pd.read_csv(broken).drop(columns="label")
+    without_label.to_csv(broken, index=False)  # the site's export lost a column
+    cell = broken.read_text().splitlines()[1].split(",")[0]
+    # 2. the coordinator prepares from the public keys; its experiment names its own code
+    deploy = tmp_path / "deploy"
+    prepared = main(
+        [
+            "flower", "prepare", str(deploy), "--import", str(coordinator / "sites_task.py"),
+            "--task", "sites-mlp", "--backend", "ckks", "--rounds", "2", "--seeds", "1",
+            "--local-steps", "3", "--min-clients", "all", "--tls", "--auth",
+            "--nodes", *(str(site / "public.json") for site in sites.values()),
+        ]
+    )  # fmt: skip
+    assert prepared == 0
+    # 3. each site takes its bundle and names its own copy of the code and its own data
+    for cid, site in sites.items():
+        assert main(["flower", "join", str(site), str(deploy / "nodes" / cid)]) == 0
+        (site / "code").mkdir()
+        shutil.copy(coordinator / "sites_task.py", site / "code" / "sites_task.py")
+        (site / "node.toml").write_text(
+            f'imports = ["code/sites_task.py"]\n\n[environment]\nSITES_DIR = "{site / "data"}"\n'
+        )
+
+    def csvs() -> list[Path]:
+        return sorted(p for p in tmp_path.rglob("*.csv") if p.name.startswith("site_"))
+
+    where = [site / "data" / f"site_{k}.csv" for k, site in enumerate(sites.values())]
+    assert csvs() == where  # each site's CSV in its own folder only
+    assert sorted(p.name for p in coordinator.glob("*.csv")) == ["test.csv"]
+
+    with LocalFederation(
+        deploy, node_dirs=sites, env={"SITES_DIR": str(coordinator)}
+    ) as federation:
+        pids = [federation.superlink.pid, *(p.pid for p in federation.nodes.values())]
+        # 4. the first run: site 1 fails at set-up, the seed aborts before any release
+        first = tmp_path / "run-1"
+        run_1 = federation.submit(out=str(first))
+        assert federation.wait(run_1, 300, poll=1.0) == "finished:completed"
+        seen = _logs_of(federation, run_1, first)
+        aborted = json.loads((first / "flower.json").read_text())["aborted"]
+        assert list(aborted) == ["1"], seen
+        assert "set-up left 2 of 3 clients, need 3 (min_clients all)" in aborted["1"]
+        assert "client_1" in aborted["1"] and "the node failed: internal_error" in aborted["1"]
+        assert "seed 1 aborted in set-up" in seen
+        for secret in ("label", "site_1.csv", str(sites["client_1"]), cell):
+            assert secret not in seen, secret  # a code reached the coordinator, nothing else
+        node_log = (federation.work / "supernode-client_1.log").read_text()
+        assert "'label'" in node_log and "internal_error" in node_log  # the detail stayed
+        assert not [r for s in sites.values() for r in _ledger_runs(s).values() if r["released"]]
+        assert run_1 not in _ledger_runs(sites["client_1"])  # refused before admission
+
+        # 5. the site fixes its CSV; the same seed again is admitted everywhere and completes
+        broken.write_text(good)
+        second = tmp_path / "run-2"
+        run_2 = federation.submit(out=str(second))
+        assert federation.wait(run_2, 600, poll=1.0) == "finished:completed"
+        seen = _logs_of(federation, run_2, second)
+        assert json.loads((second / "flower.json").read_text())["aborted"] == {}, seen
+        metrics = pd.read_csv(second / "metrics.csv")
+        assert metrics["round"].tolist() == [0, 1, 2] and metrics["clients"].tolist()[1:] == [3, 3]
+        assert metrics[["test_pooled", "test_auc"]].notna().all().all()
+        assert not [c for c in metrics.columns if c.startswith("train_")]
+        for site in sites.values():
+            runs = _ledger_runs(site)
+            assert runs[run_2]["released"] and runs[run_2]["open"], runs
+            assert all(not r["released"] and not r["open"] for i, r in runs.items() if i != run_2)
+
+        # 6. a foreign App: the deployment's own with one byte changed
+        foreign = tmp_path / "foreign-app"
+        shutil.copytree(deploy / "app", foreign)
+        pyproject = (foreign / "pyproject.toml").read_text()
+        assert 'version = "1.0.0"' in pyproject
+        (foreign / "pyproject.toml").write_text(pyproject.replace('"1.0.0"', '"1.0.1"'))
+        third = tmp_path / "run-3"
+        config = f"deployment={json.dumps(str(deploy))} out={json.dumps(str(third))}"
+        done = federation.flwr(
+            "run", str(foreign), CONNECTION, "--format", "json", "--run-config", config
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        run_3 = int(json_of(done.stdout)["run-id"])
+        assert federation.wait(run_3, 300, poll=1.0) == "finished:failed"
+        seen = _logs_of(federation, run_3, third)
+        said = third.with_name(third.name + "-progress.log").read_text()
+        refused = re.findall(r"node (\d+) refused this run: invalid_fab", said)
+        assert sorted(map(int, refused)) == sorted(federation.node_ids.values()), seen
+        assert "not the one pinned in the node's node.json" in seen, seen
+        assert not (third / "flower.json").exists()
+    deadline = time.monotonic() + 15
+    while not all(gone(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert all(gone(p) for p in pids)  # every process stopped
+    assert csvs() == where  # and no site's CSV was copied anywhere
