@@ -69,12 +69,24 @@ class AuditLog:
         self.declared: set[str] = set()
         #: items covered by differential privacy in this run (the engine fills it)
         self.dp_protected: set[str] = set()
+        #: each item in ``dp_protected``: the mechanism that covers it, and how far
+        self.dp_coverage: dict[str, str] = {}
         #: key-setup and receipt items: protocol machinery, derived from no client data
         self.infrastructure: set[str] = set()
         #: who can decrypt what the clients upload (the backend's key model, set by the engine)
         self.key_model: str | None = None
         #: SETUP from the engine's set-up until its first round starts, ROUND otherwise
         self.stage: str = ROUND
+
+    def dp_protect(self, item: str, mechanism: str) -> None:
+        """``item`` is covered by differential privacy, as ``mechanism`` says (several
+        mechanisms on one item are listed together)."""
+        self.dp_protected.add(item)
+        known = self.dp_coverage.get(item)
+        if known is None:
+            self.dp_coverage[item] = mechanism
+        elif mechanism not in known:
+            self.dp_coverage[item] = f"{known}; {mechanism}"
 
     # ---- round numbers ------------------------------------------------------------------
     def begin_setup(self) -> None:
@@ -274,6 +286,11 @@ class AuditLog:
             "declared_plaintext_items": sorted(self.declared),
             "undeclared_plaintext_items": sorted(set(learned) - self.declared),
             "dp_protected_items": sorted(set(learned) & self.dp_protected),
+            # by which mechanism, and what it does not cover
+            "dp_coverage": {
+                item: self.dp_coverage.get(item, "")
+                for item in sorted(set(learned) & self.dp_protected)
+            },
             # derived from client data and learned without DP noise
             "not_dp_protected_items": sorted(
                 set(learned) - self.dp_protected - self.infrastructure

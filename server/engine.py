@@ -56,6 +56,14 @@ from secagg.server.transport import Transport
 #: stall per run; a refusal, or one miss more, and it leaves the run
 MISSED_CONSENTS_FORGIVEN = 1
 
+#: what each DP mechanism covers, as the audit summary states it (``dp_coverage``)
+DP_SGD_COVERS = (
+    "sample-level DP-SGD: each client's training (its ε, per client and seed, in "
+    "privacy.json) protects every sample in it; not client-level: whether a client took part, "
+    "and what it reports outside its training (sample counts, losses), are not covered"
+)
+CLIENT_DP_COVERS = "client-level DP: each client's update clipped and noised before it is protected"
+
 ENGINE_DECLARED = ("n_samples",)  # what the training phase itself shows the server
 
 
@@ -241,10 +249,14 @@ class Server:
         self.audit.key_model = backend.key_model
         if self.policy.server_blind:
             self.audit.declared.add("applied")  # clients' receipts for the apply phase
+        if "dp_sgd_epsilon" in self.plan.reports:  # the clients train with DP-SGD
+            for item in ("global_update", *self.audit.update_fields):
+                self.audit.dp_protect(item, DP_SGD_COVERS)
         if self.plan.client_dp is not None:
-            self.audit.dp_protected.add("global_update")
+            self.audit.dp_protect("global_update", CLIENT_DP_COVERS)
         if self.plan.scalar_dp is not None:
-            self.audit.dp_protected |= set(caps.client_scalars)
+            for item in caps.client_scalars:
+                self.audit.dp_protect(item, "scalar DP: each client's value clipped and noised")
         self.ledger = PrivacyLedger(self.plan.client_dp, sees_uploads=backend.can_read)
         self.updates = (
             BlindApply(initial_params)

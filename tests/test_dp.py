@@ -208,6 +208,25 @@ def test_dp_on_and_off_under_ckks_show_the_server_the_same_items():
     assert off["dp_protected_items"] == []
     assert "delta_loss" in off["not_dp_protected_items"]
     assert on["not_dp_protected_items"] == ["n_samples"]
+    # each protected item says by what, and how far that goes
+    assert set(on["dp_coverage"]) == {"delta_loss", "global_update"}
+    assert "client-level DP" in on["dp_coverage"]["global_update"]
+    assert "sample-level DP-SGD" in on["dp_coverage"]["global_update"]
+    assert on["dp_coverage"]["delta_loss"].startswith("scalar DP")
+
+
+def test_dp_sgd_alone_covers_the_update_at_sample_level_and_says_so():
+    """With DP-SGD only, the revealed update is a function of DP-SGD-trained models: it is
+    covered at sample level (not client level), and the audit says which and how far,
+    instead of listing it among the items learned without DP noise."""
+    base = ExperimentConfig(
+        task="tcga-brca", protocol="fedavg", backend="ckks", rounds=1, seeds=[1], local_steps=2
+    )
+    summary = run_experiment(replace(base, dp_sgd={"clip": 1.0, "noise": 1.0})).audit.summary()
+    assert "global_update" in summary["dp_protected_items"]
+    assert "global_update" not in summary["not_dp_protected_items"]
+    coverage = summary["dp_coverage"]["global_update"]
+    assert coverage.startswith("sample-level DP-SGD") and "not client-level" in coverage
 
 
 @pytest.mark.parametrize(
