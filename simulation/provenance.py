@@ -7,6 +7,7 @@ nothing heavy.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 import shlex
@@ -107,6 +108,56 @@ def machine() -> dict[str, Any]:
     except (ValueError, OSError, AttributeError):  # not on every platform
         pass
     return info
+
+
+def data_provenance(task: Any) -> dict[str, dict[str, Any]] | None:
+    """Where ``task``'s data came from, if it says (``Task.sources``): per source its
+    resolved path, size and SHA-256 (a folder's: over its files' relative names and
+    contents, in order), or ``"missing": true``. None for a task that declares none."""
+    sources = getattr(task, "sources", None)
+    if sources is None:
+        return None
+    return {str(label): describe_path(Path(path)) for label, path in sources().items()}
+
+
+def describe_path(path: Path) -> dict[str, Any]:
+    """A file's or folder's path, size and SHA-256 (what :func:`data_provenance` records)."""
+    path = path.expanduser().resolve()
+    if path.is_file():
+        files = [path]
+    elif path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file())
+    else:
+        return {"path": str(path), "missing": True}
+    digest, size = hashlib.sha256(), 0
+    for file in files:
+        if path.is_dir():
+            digest.update(file.relative_to(path).as_posix().encode() + b"\0")
+        with open(file, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+                size += len(block)
+    out: dict[str, Any] = {"path": str(path), "bytes": size, "sha256": digest.hexdigest()}
+    if path.is_dir():
+        out["files"] = len(files)
+    return out
+
+
+def changed_data(recorded: dict[str, Any] | None, now: dict[str, Any] | None) -> list[str]:
+    """The sources whose path, size or digest differ between a run's record and now (each
+    as "label: what changed"); empty when both agree or neither records any."""
+    recorded, now = recorded or {}, now or {}
+    out = []
+    for label in sorted(set(recorded) | set(now)):
+        a, b = recorded.get(label), now.get(label)
+        if a is None or b is None:
+            out.append(f"{label}: {'not recorded then' if a is None else 'not declared now'}")
+        elif a.get("sha256") != b.get("sha256") or a.get("path") != b.get("path"):
+            out.append(
+                f"{label}: {a.get('path')} ({a.get('sha256', 'missing')[:12]}) then, "
+                f"{b.get('path')} ({b.get('sha256', 'missing')[:12]}) now"
+            )
+    return out
 
 
 def provenance(argv: list[str] | None = None) -> dict[str, Any]:

@@ -56,6 +56,11 @@ class Task:
     #: task's metric is (metrics.csv's ``test_<name>`` and ``train_<name>`` columns, the
     #: summary, ``secagg compare``, the figures and the trackers)
     metrics: Mapping[str, Callable[[np.ndarray, np.ndarray], float]] = field(default_factory=dict)
+    #: where the task's data comes from: a callable returning ``{label: path}`` of the files
+    #: or folders ``load`` reads (e.g. ``{"sites": folder}``). Each run records their path,
+    #: size and SHA-256 (config.json's ``provenance.data``), and resuming a run whose data
+    #: changed is refused; a rerun elsewhere can check it read the same data
+    sources: Callable[[], Mapping[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         for name in self.metrics:
@@ -219,6 +224,7 @@ TASKS = {
         Ref(_TCGA, "cox_loss"),
         Ref(_TCGA, "c_index"),
         "c_index",
+        sources=Ref(_TCGA, "data_sources", ("flamby",)),
     ),
     "tcga-brca-idash": Task(
         "tcga-brca-idash",

@@ -35,6 +35,12 @@ REGIONS = ("Northeast", "South", "West", "Midwest", "Europe", "Canada")
 VARIANTS = {"flamby": DATA_DIR, "idash2024": DATA_DIR / "idash2024_variant"}
 
 
+def data_sources(variant: str) -> dict[str, Path]:
+    """The files a variant's ``load`` reads (``Task.sources``: each run records them)."""
+    folder = VARIANTS[variant]
+    return {name: folder / name for name in ("brca.csv", "train_test_split.csv")}
+
+
 #: an index argument of :meth:`ClientData.batch` and :meth:`ClientData.subset`
 Indices = torch.Tensor | np.ndarray | Sequence[int]
 

@@ -58,6 +58,11 @@ def load() -> FederatedData:
     return FederatedData("sites", train, None, pooled_test=test)
 
 
+def sources() -> dict[str, Path]:
+    """Where the data comes from: each run records the folder's files and their SHA-256."""
+    return {"sites": sites_folder()}
+
+
 def make_model() -> nn.Module:
     return nn.Sequential(nn.Linear(30, 16), nn.ReLU(), nn.Linear(16, 1))
 
@@ -85,5 +90,6 @@ register_task(
         accuracy,
         "accuracy",
         metrics={"auc": auc},
+        sources=sources,
     ),
 )
