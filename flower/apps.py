@@ -10,6 +10,10 @@ it (the clients are the deployment's roster): no ``train_*`` columns, no per-cli
 scores (a client's test set is the site's); a task with no pooled test set is not scored
 here at all.
 
+A run that ends ``degraded`` or ``aborted`` writes its folder as a complete one does, then
+the ServerApp raises (``RunNotComplete``): Flower records it as ``finished:failed``, and
+``secagg flower status`` shows secagg's status beside Flower's.
+
 Whatever fails in the ClientApp (secagg's handler, a task's loader parsing the site's file,
 Flower's routing) leaves the node as a fixed code (``messages.failure``: a refusal's code,
 ``request_refused``, or ``internal_error``), never the exception's text or type, which can
@@ -28,7 +32,7 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
-from secagg.errors import ClientRefused, ConfigError, error_code
+from secagg.errors import ClientRefused, ConfigError, RunNotComplete, error_code
 from secagg.flower import messages
 from secagg.flower.keystore import experiment_name, read_signers
 from secagg.flower.node import RequestRefused, load_experiment, node_client
@@ -118,7 +122,12 @@ def run_on_flower(
 ) -> None:
     """The experiment of ``deployment`` over the SuperNodes ``grid`` reaches; results in
     ``out`` (the run folder of ``secagg run``, plus ``flower.json``), progress also in
-    ``<out>-progress.log``."""
+    ``<out>-progress.log``.
+
+    A run that is not complete (``degraded``: some site missed rounds; ``aborted``: a seed
+    stopped early; ``secagg.simulation.status``) raises ``RunNotComplete`` once every file is
+    written, so that Flower marks the run ``finished:failed``; run.json and flower.json say
+    which and why."""
     import secagg
     from secagg.clients.tasks import get_task
     from secagg.clients.tasks.tcga_brca import held_by_coordinator
@@ -192,6 +201,9 @@ def run_on_flower(
                 "nodes": nodes.node_of,
                 "framing": framing,
                 "aborted": {str(s): r for s, r in result.aborted.items()},
+                # secagg's status of the run, as in run.json (secagg.simulation.status)
+                "status": result.status.status,
+                "problems": list(result.status.problems),
                 # what this process imported of secagg: the test checks that no secret-key
                 # module is among them
                 "secagg_modules": sorted(m for m in sys.modules if m.startswith("secagg")),
@@ -204,7 +216,15 @@ def run_on_flower(
             f"the models are sealed for the experimenter in {out / 'sealed'}: open them "
             f"where the key is, with `secagg flower open {out} --key observer.key`"
         )
-    say(f"done: results in {out}")
+    status = result.status
+    if status.complete:
+        say(f"done: results in {out}")
+        return
+    for problem in status.problems:
+        say(f"{status.status}: {problem}")
+    say(f"{status.line()}; results in {out}")
+    # Flower records a ServerApp that raises as finished:failed, with this message
+    raise RunNotComplete(f"secagg run {status.line()} (results in {out})", status.status)
 
 
 def roster_clients(roster: dict[str, bytes], path: Path) -> list[str]:

@@ -466,11 +466,16 @@ def _demo(args: argparse.Namespace) -> int:
         run_id = federation.submit(out=str(out))
         say(f"Flower run {run_id}: progress in {out}-progress.log")
         status = federation.wait(run_id, args.wait)
-    if status != "finished:completed":
+    flower = (
+        json.loads((out / "flower.json").read_text()) if (out / "flower.json").is_file() else None
+    )
+    # a degraded or aborted run fails its ServerApp on purpose (Flower: finished:failed),
+    # after writing its folder: report secagg's status and exit with its code
+    mine = (flower or {}).get("status", "complete")
+    if flower is None or (status != "finished:completed" and mine == "complete"):
         raise SecaggError(f"the Flower run ended {status}; logs in {federation.work}/")
-    flower = json.loads((out / "flower.json").read_text())
-    for seed, reason in flower["aborted"].items():
-        say(f"seed {seed} was aborted: {reason}")
+    for problem in flower.get("problems", []):
+        say(f"{mine}: {problem}")
     framing = flower["framing"]
     print(
         f"results in {out}/; Flower's framing: {framing['messages_sent']} requests "
@@ -478,6 +483,12 @@ def _demo(args: argparse.Namespace) -> int:
         f"{framing['messages_received']} replies "
         f"(+{framing['bytes_received'] / max(framing['messages_received'], 1):.0f} B each)"
     )
+    if mine != "complete":
+        from secagg.simulation.status import EXIT_CODES, RunStatus
+
+        line = RunStatus(mine, tuple(flower.get("problems", []))).line()
+        print(f"{line} (Flower: {status}; exit status {EXIT_CODES.get(mine, 1)})")
+        return EXIT_CODES.get(mine, 1)
     return 0
 
 

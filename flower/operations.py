@@ -4,12 +4,15 @@ Both ask the SuperLink through Flower's own CLI (``flwr ls``, ``flwr stop``) on 
 named ``secagg``: the local demo's while ``secagg flower demo`` runs (``DIR/local/cli``), else
 the one in the user's Flower configuration (``secagg flower commands`` prints it). Beside
 Flower's view of each run (status, elapsed time, its traffic), ``status`` shows secagg's:
+the run's status from its run.json (``running``, ``complete``, ``degraded``, ``aborted``:
+Flower says ``finished:failed`` for the last two, see ``secagg.simulation.status``) and
 the ServerApp's last progress line (seed, round, metric, bytes), read from the progress log
 it writes next to the run's results. The same lines reach ``flwr log RUN secagg``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -17,6 +20,7 @@ from typing import Any
 
 from secagg.errors import ConfigError, SecaggError
 from secagg.flower.launch import BIN, CONNECTION, DeploymentError, json_of
+from secagg.simulation.status import shorten
 
 
 def _check(folder: Path) -> None:
@@ -63,26 +67,44 @@ def runs(folder: Path, run_id: int | None = None) -> list[dict[str, Any]]:
         ) from None
     for run in listed:
         run["progress"] = last_progress(folder, int(run["run-id"]))
+        run["secagg"] = secagg_status(folder, int(run["run-id"]))
     return listed
 
 
-def last_progress(folder: Path, run_id: int) -> str | None:
-    """The last line of the ServerApp's progress log for Flower run ``run_id``: its default
-    results folder's (``results/run-<id>``), else the demo's (``results``) where that run
-    wrote it."""
+def _run_files(folder: Path, run_id: int) -> tuple[Path, Path] | None:
+    """The progress log and results folder of Flower run ``run_id``: its default results
+    folder's (``results/run-<id>``), else the demo's (``results``) where that run wrote it."""
     results = Path(folder) / "results"
-    for log, run_file in (
-        (results / f"run-{run_id}-progress.log", None),
-        (results.with_name("results-progress.log"), results / "flower.json"),
-    ):
-        if not log.exists():
-            continue
-        if run_file is not None and not _is_run(log, run_id):
-            continue
-        lines = [x for x in log.read_text().splitlines() if x.strip()]
-        if lines:
-            return lines[-1].strip()
+    own = results / f"run-{run_id}"
+    if own.with_name(own.name + "-progress.log").exists():
+        return own.with_name(own.name + "-progress.log"), own
+    demo = results.with_name("results-progress.log")
+    if demo.exists() and _is_run(demo, run_id):
+        return demo, results
     return None
+
+
+def last_progress(folder: Path, run_id: int) -> str | None:
+    """The last line of the ServerApp's progress log for Flower run ``run_id``."""
+    found = _run_files(folder, run_id)
+    if found is None:
+        return None
+    lines = [x for x in found[0].read_text().splitlines() if x.strip()]
+    return lines[-1].strip() if lines else None
+
+
+def secagg_status(folder: Path, run_id: int) -> dict[str, Any] | None:
+    """secagg's status of Flower run ``run_id`` from its run.json (``status``: running,
+    complete, degraded, aborted, interrupted, failed; ``problems``), where it is here."""
+    found = _run_files(folder, run_id)
+    state = found[1] / "run.json" if found is not None else None
+    if state is None or not state.is_file():
+        return None
+    try:
+        document = json.loads(state.read_text())
+    except json.JSONDecodeError:
+        return None
+    return {"status": document.get("status"), "problems": document.get("problems", [])}
 
 
 def _is_run(log: Path, run_id: int) -> bool:
@@ -112,10 +134,18 @@ def format_runs(listed: list[dict[str, Any]]) -> str:
     blocks = []
     for run in listed:
         traffic = run.get("network-traffic", {})
+        mine = run.get("secagg")
+        status = (
+            ""
+            if mine is None
+            else f"{mine['status']}"
+            + (f" ({shorten(mine['problems'][0], 160)})" if mine.get("problems") else "")
+            + "; "
+        )
         blocks.append(
             f"Flower run {run['run-id']}: {run['status']}, {run.get('elapsed', '?')} elapsed, "
             f"traffic in {traffic.get('inbound-bytes', 0) / 1e6:.2f} MB, out "
             f"{traffic.get('outbound-bytes', 0) / 1e6:.2f} MB\n"
-            f"  secagg: {run['progress'] or _NO_LOG}"
+            f"  secagg: {status}{run['progress'] or _NO_LOG}"
         )
     return "\n".join(blocks)

@@ -373,5 +373,6 @@ register_protocol(
     summary="consensus ADMM for ridge/lasso/logistic/SVM (GenoMed4All D6.2 §3.4)",
     # linear models on tables
     example=Example(settings={"task": "diabetes-label"}),
+    tasks=("diabetes-*", "breast-cancer-*"),
     _builtin=True,
 )

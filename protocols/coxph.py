@@ -274,5 +274,6 @@ register_protocol(
         precise=True,
         client_vectors={"event_times": "once"},
     ),
+    tasks=("coxph-*",),
     _builtin=True,
 )

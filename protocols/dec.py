@@ -517,5 +517,6 @@ register_protocol(
             "protocol_options": {"pretrain_rounds": 2, "kmeans_iters": 2, "restarts": 2},
         }
     ),
+    tasks=("dec-*",),
     _builtin=True,
 )

@@ -515,5 +515,6 @@ register_protocol(
     "the clients; imputes missing values (GenoMed4All D6.2 9)",
     # [values | mask] tables
     example=Example(settings={"task": "dgd-breast-cancer-label"}),
+    tasks=("dgd-*",),
     _builtin=True,
 )

@@ -355,5 +355,6 @@ register_protocol(
     "(GenoMed4All D6.2 4.3)",
     # logistic regression
     example=Example(settings={"task": "bayes-breast-cancer-label"}),
+    tasks=("bayes-*",),
     _builtin=True,
 )

@@ -50,6 +50,10 @@ class ProtocolSpec:
     summary: str = ""
     builtin: bool = False
     example: Example = Example()
+    #: the tasks whose model and data the protocol can train, as patterns of task names
+    #: (``fnmatch``: ``"coxph-*"``); empty: any task. A run on another task is refused at
+    #: configuration (:func:`check_task`), not aborted in its first round
+    tasks: tuple[str, ...] = ()
 
     @property
     def options(self) -> tuple[Option, ...]:
@@ -68,6 +72,7 @@ def register_protocol(
     default_optimizer: dict[str, Any] | None = None,
     summary: str = "",
     example: Example | None = None,
+    tasks: tuple[str, ...] = (),
     replace: bool = False,
     _builtin: bool = False,
 ) -> None:
@@ -75,8 +80,10 @@ def register_protocol(
 
     ``default_optimizer`` is the server optimizer's configuration (``{"name": "adam",
     "lr": 0.01, ...}``; default SGD with lr 1); ``example``: its short run for the generic
-    tests (:class:`Example`; default: two rounds of the default task). A name already taken
-    is refused unless ``replace``.
+    tests (:class:`Example`; default: two rounds of the default task); ``tasks``: the task
+    names (patterns, ``"coxph-*"``) whose model and data it can train, where it cannot train
+    any (a run on another task is refused at configuration; your own task serves it under a
+    name that matches). A name already taken is refused unless ``replace``.
     """
     if not (isinstance(protocol, type) and issubclass(protocol, Protocol)):
         raise ConfigError(f"register_protocol({name!r}): {protocol!r} is not a Protocol class")
@@ -90,6 +97,32 @@ def register_protocol(
         summary,
         _builtin,
         example if example is not None else Example(),
+        tuple(tasks),
+    )
+
+
+def serves(name: str, task: str) -> bool:
+    """Whether protocol ``name`` can train task ``task`` (its ``tasks`` patterns)."""
+    from fnmatch import fnmatchcase
+
+    patterns = protocol_spec(name).tasks
+    return not patterns or any(fnmatchcase(task, p) for p in patterns)
+
+
+def check_task(name: str, task: str, registered: list[str]) -> None:
+    """ConfigError where protocol ``name`` cannot train ``task``, naming the registered
+    tasks that it can."""
+    if serves(name, task):
+        return
+    fits = [t for t in registered if serves(name, t)]
+    shown = ", ".join(fits[:6]) + (f" and {len(fits) - 6} more" if len(fits) > 6 else "")
+    spec = protocol_spec(name)
+    example = spec.example.settings.get("task")
+    suggest = example if example in fits else fits[0] if fits else None
+    raise ConfigError(
+        f"protocol {name!r} cannot train task {task!r}: it needs a "
+        f"{' or '.join(spec.tasks)} task "
+        + (f"({shown}); pass e.g. --task {suggest}" if fits else "(none is registered)")
     )
 
 

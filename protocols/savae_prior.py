@@ -191,5 +191,6 @@ register_protocol(
         amplified=True,
         client_vectors={"pseudo_points": "round"},
     ),
+    tasks=("savae-prior-*", "savae-moe-*"),
     _builtin=True,
 )

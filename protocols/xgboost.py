@@ -432,5 +432,6 @@ register_protocol(
     "report's top-S proposal), one tree per round (GenoMed4All D6.2 10.2)",
     # boosted trees over binned features
     example=Example(settings={"task": "xgb-breast-cancer-label"}, precise=True),
+    tasks=("xgb-*",),
     _builtin=True,
 )

@@ -132,11 +132,16 @@ def _backend_rows(name: str) -> list[list[str]]:
             return "refused: " + text(exc)
         return "yes"
 
+    from secagg.protocols import PROTOCOLS
+
+    # a protocol that trains only some tasks (coxph: coxph-*) is asked on its example's task
+    spec = PROTOCOLS[name]
+    task = {"task": spec.example.settings["task"]} if spec.tasks else {}
     rows = []
     for backend in BACKENDS:  # registry order: plain, then the encrypted backends
-        config = ExperimentConfig(protocol=name, backend=backend)
+        config = ExperimentConfig(protocol=name, backend=backend, **task)
         default = outcome(config)
-        blind = outcome(ExperimentConfig(protocol=name, backend=backend, server_blind=True))
+        blind = outcome(ExperimentConfig(protocol=name, backend=backend, server_blind=True, **task))
         resolved = config.resolved_backend_options()
         rows.append(
             [
@@ -229,6 +234,14 @@ def protocols_page() -> str:
             if fixed is not None
             else f"- Default server optimizer: {code(optimizer)}",
             f"- Built-in: {yes_no(spec.builtin)}",
+            # the tasks it can train (others are refused at configuration)
+            "- Tasks: "
+            + (
+                ", ".join(code(t) for t in spec.tasks)
+                + f" (the backends below are asked on {code(spec.example.settings['task'])})"
+                if spec.tasks
+                else "any"
+            ),
             "",
             "### Backends",
             "",

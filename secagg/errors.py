@@ -181,6 +181,16 @@ def error_code(error: BaseException) -> str:
     return "internal_error"
 
 
+class RunNotComplete(SecaggError):
+    """A run over Flower ended ``degraded`` or ``aborted`` (``secagg.simulation.status``):
+    its ServerApp raises this once the run folder is written, so that Flower records the run
+    as failed. ``status`` is the run's status, as in its run.json."""
+
+    def __init__(self, message: str, status: str):
+        super().__init__(message)
+        self.status = status
+
+
 class ClientRefused(SecaggError):
     """A client did not answer a request: what crosses the wire is the client, the phase and
     a fixed code (:data:`ERROR_CODES`), never the detail, which can carry values from the

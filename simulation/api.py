@@ -39,6 +39,7 @@ from secagg.simulation.experiment import (
 from secagg.simulation.outputs import Finished, RunFolder
 from secagg.simulation.provenance import provenance
 from secagg.simulation.settings import from_config
+from secagg.simulation.status import COMPLETE, RunStatus, decide, seed_outcome
 from secagg.simulation.trackers import RoundRecord, Trackers, open_trackers, tracker_names
 
 if TYPE_CHECKING:
@@ -58,6 +59,12 @@ class RunResult:
     final_params: dict[int, np.ndarray]
     aborted: dict[int, str] = field(default_factory=dict)  # seed -> why it stopped early
     files: dict[str, Path] = field(default_factory=dict)
+    #: ``complete``, ``degraded`` or ``aborted``, with the problems that made it so
+    #: (``secagg.simulation.status``); the same as the folder's run.json. A run that is not
+    #: complete does not raise: check ``result.status.complete`` before using its numbers
+    status: RunStatus = field(default_factory=lambda: RunStatus(COMPLETE))
+    #: per seed, what ``status`` was decided from (as in run.json)
+    outcomes: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def audit_summary(self) -> dict[str, Any]:
@@ -177,7 +184,8 @@ def run(
             that no site's data is opened, scored or split there.
 
     Raises ``RunInterrupted`` (a ``KeyboardInterrupt``) on Ctrl-C or SIGTERM once the folder
-    is up to date.
+    is up to date. A run that lost clients or seeds does not raise: ``result.status`` says
+    ``complete``, ``degraded`` or ``aborted``, and why (``secagg.simulation.status``).
     """
     if resume and out is None:
         raise ConfigError("resume needs the folder of the run to continue (out=...)")
@@ -251,9 +259,31 @@ def run(
         metrics = metrics.sort_values(
             ["seed", "round"], key=lambda c: c.map(order) if c.name == "seed" else c, kind="stable"
         ).reset_index(drop=True)
+    outcomes = {**finished.outcomes, **result.outcomes}
+    for seed in finished.seeds:  # finished by an older secagg: decided from its files
+        if seed not in outcomes:
+            rows = [
+                {str(k): v for k, v in r.items()}
+                for r in metrics[metrics["seed"] == seed].to_dict("records")
+            ]
+            ran = max((int(r["round"]) for r in rows), default=0)
+            outcomes[seed] = seed_outcome(
+                seed,
+                config.rounds,
+                rows,
+                audit,
+                aborted=finished.aborted.get(seed),
+                stopped="stopped early (recorded by an older secagg)"
+                if ran < config.rounds and seed not in finished.aborted
+                else None,
+            )
+    status = decide(config.seeds, outcomes)
+    if report and status.notes:
+        for note in status.notes:
+            report(f"note: {note}")
     files: dict[str, Path] = {}
     if folder is not None:
-        folder.finish("complete")
+        folder.finish(status)
         files = {
             str(p.relative_to(folder.path)): p
             for p in sorted(folder.path.rglob("*"))
@@ -268,4 +298,6 @@ def run(
         {**finished.final_params, **result.final_params},
         {**finished.aborted, **result.aborted},
         files,
+        status,
+        outcomes,
     )

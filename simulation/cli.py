@@ -116,7 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
         "goes (metrics.csv after every round; every table, the audit, the figures and the "
         "seed's model after every seed), so Ctrl-C loses only the seed in progress and "
         "--resume continues. Every flag is also a TOML key (--server-lr: server_lr); "
-        "values layer: defaults < --preset < --config < flags.",
+        "values layer: defaults < --preset < --config < flags. Exit status: 0 complete "
+        "(every seed ran every round with every client), 4 degraded (some client missed "
+        "rounds, or a round made no update), 3 aborted (a seed stopped early), 2 a usage or "
+        "configuration error, 130 interrupted; run.json records the same status.",
     )
     run.add_argument("--preset", help="a bundled preset (`secagg presets` lists them)")
     run.add_argument(
@@ -171,15 +174,22 @@ def build_parser() -> argparse.ArgumentParser:
     compare = sub.add_parser(
         "compare",
         help="compare finished runs side by side, with paired differences",
-        description="A table of the runs' final metric (mean ± std over seeds), bytes and "
-        "seconds per round, and each run's paired difference against the first on the "
-        "seeds they share (split-clustered when the seeds share client splits); with --out, "
-        "also compare.csv, compare.md and compare.png.",
+        description="A table of the runs' status, final metric (mean ± std over seeds), "
+        "bytes and seconds per round, and each run's paired difference against the first on "
+        "the seeds they share (split-clustered when the seeds share client splits); with "
+        "--out, also compare.csv, compare.md and compare.png. A run that is not complete "
+        "(run.json) is refused unless --include-incomplete.",
     )
     compare.add_argument("folders", nargs="+", type=Path, metavar="FOLDER")
     compare.add_argument("--metric", help="metric column (default: test_pooled, else train_pooled)")
     compare.add_argument("--round", type=int, help="round to compare (default: the last)")
     compare.add_argument("--out", type=Path, help="write compare.csv/.md/.png here")
+    compare.add_argument(
+        "--include-incomplete",
+        action="store_true",
+        help="compare runs whose run.json says degraded, aborted, interrupted or failed "
+        "(refused otherwise), with a warning and their status in the table",
+    )
     bench = sub.add_parser(
         "bench",
         help="run a benchmark: "
@@ -261,11 +271,15 @@ def cmd_run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 130
-    for seed, reason in result.aborted.items():
-        print(f"seed {seed} was aborted: {reason}", file=sys.stderr)
-    print(final_line(result))
+    status = result.status
+    for problem in status.problems:  # each in full; the closing line shortens them
+        print(f"{status.status}: {problem}", file=sys.stderr)
+    if status.status != "aborted":  # an aborted seed's scores are no result
+        print(("" if status.complete else f"{status.status} run, ") + final_line(result))
     print(f"results in {folder}/")
-    return 0
+    if not status.complete:  # last, where a script or a reader looks
+        print(f"{status.line()} (exit status {status.exit_code})")
+    return status.exit_code
 
 
 def final_line(result) -> str:
@@ -312,6 +326,8 @@ def cmd_protocols(_: argparse.Namespace) -> int:
         print(f"{name:14s} {spec.summary}\n{'':14s} settings: {settings}")
         if flags:
             print(f"{'':14s} flags: {flags}")
+        if spec.tasks:  # it trains only these (a run on another task is refused)
+            print(f"{'':14s} tasks: {', '.join(spec.tasks)}")
     return 0
 
 
@@ -337,9 +353,26 @@ def cmd_presets(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from secagg.simulation.compare import compare_runs, format_table
+    import warnings
 
-    table = compare_runs(args.folders, metric=args.metric, round=args.round, out=args.out)
+    from secagg.simulation.compare import IncompleteRunWarning, compare_runs, format_table
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", IncompleteRunWarning)
+        table = compare_runs(
+            args.folders,
+            metric=args.metric,
+            round=args.round,
+            out=args.out,
+            include_incomplete=args.include_incomplete,
+        )
+    for warning in caught:
+        if issubclass(warning.category, IncompleteRunWarning):
+            print(f"secagg: warning: {warning.message}", file=sys.stderr)
+        else:  # anything else as Python would have shown it
+            warnings.showwarning(
+                warning.message, warning.category, warning.filename, warning.lineno
+            )
     print(format_table(table))
     if args.out:
         print(f"written to {args.out}/")

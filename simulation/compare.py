@@ -9,6 +9,13 @@ reference) is a paired difference over those seeds, with its 95 % t-interval fro
 interval is formed over the splits instead ("split-clustered"); a run without split settings
 contributes no sharing. Runs on different tasks cannot be compared and are refused.
 
+Each run's status (``run.json``: ``complete``, ``degraded``, ``aborted``, ...; see
+``secagg.simulation.status``) is a column of the table. A run that is not complete is
+refused, naming its status and why, unless ``include_incomplete`` (``secagg compare
+--include-incomplete``): then it is compared, with a warning and its status and problems in
+the table's notes. A folder without run.json (written by hand, or by a secagg older than
+run.json) has status ``unknown`` and is compared.
+
 :func:`compare_runs` returns the table (and with ``out`` writes ``compare.csv``,
 ``compare.png`` and ``compare.md``); :func:`format_table` renders it for a terminal.
 """
@@ -39,6 +46,7 @@ from secagg.simulation.figures import (  # noqa: E402
     traffic_by_stage,
 )
 from secagg.simulation.stats import paired_difference  # noqa: E402
+from secagg.simulation.status import shorten  # noqa: E402
 
 #: metric columns tried, in order, when none is asked for
 DEFAULT_METRICS = ("test_pooled", "train_pooled")
@@ -51,6 +59,7 @@ COLUMNS = [
     "task",
     "protocol",
     "backend",
+    "status",
     "n_seeds",
     "metric",
     "round",
@@ -81,6 +90,9 @@ class Run:
     metrics: pd.DataFrame
     settings: dict[str, Any]
     traffic: pd.DataFrame | None
+    #: run.json's status (``unknown`` without one) and the problems behind it
+    status: str = "unknown"
+    problems: tuple[str, ...] = ()
 
 
 # ---- loading ------------------------------------------------------------------------------
@@ -122,7 +134,45 @@ def load_run(run_dir: Path, label: str) -> Run:
             traffic = pd.read_csv(traffic_path)
         except pd.errors.EmptyDataError:
             traffic = None
-    return Run(label, run_dir, metrics, read_settings(run_dir), traffic)
+    status, problems = read_status(run_dir)
+    return Run(label, run_dir, metrics, read_settings(run_dir), traffic, status, problems)
+
+
+def read_status(run_dir: Path) -> tuple[str, tuple[str, ...]]:
+    """The run's status and its problems from run.json (``unknown`` without one)."""
+    path = Path(run_dir) / "run.json"
+    if not path.is_file():
+        return "unknown", ()
+    try:
+        state = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path} is not valid JSON ({exc}); rewrite it or remove it") from exc
+    if not isinstance(state, dict):
+        raise ConfigError(f"{path} does not hold a run's state")
+    return str(state.get("status", "unknown")), tuple(map(str, state.get("problems", [])))
+
+
+class IncompleteRunWarning(UserWarning):
+    """Runs that are not complete are being compared (``include_incomplete``)."""
+
+
+def check_statuses(runs: Sequence[Run], include_incomplete: bool) -> None:
+    """Refuse runs that are not complete (ConfigError naming each), or with
+    ``include_incomplete`` warn of them."""
+    incomplete = [r for r in runs if r.status not in ("complete", "unknown")]
+    if not incomplete:
+        return
+    shown = "; ".join(
+        f"{r.label} is {r.status}" + (f" ({shorten(r.problems[0], 160)})" if r.problems else "")
+        for r in incomplete
+    )
+    if not include_incomplete:
+        raise ConfigError(
+            f"not every run is complete: {shown}. Their numbers are not those of the runs "
+            "they were configured as; compare them anyway with --include-incomplete "
+            "(include_incomplete=True), or rerun them"
+        )
+    warnings.warn(f"comparing runs that are not complete: {shown}", IncompleteRunWarning, 3)
 
 
 def unique_labels(labels: Sequence[str]) -> list[str]:
@@ -336,6 +386,7 @@ def comparison_table(runs: Sequence[Run], *, metric: str, round: int) -> pd.Data
             "task": _settings_or_column(run, "task"),
             "protocol": _settings_or_column(run, "protocol"),
             "backend": _settings_or_column(run, "backend"),
+            "status": run.status,
             "n_seeds": int(values.size),
             "metric": metric,
             "round": int(round),
@@ -370,6 +421,13 @@ def comparison_table(runs: Sequence[Run], *, metric: str, round: int) -> pd.Data
             if not run.settings or not reference.settings:
                 missing = "; no config.json: splits assumed per seed"
                 row["note"] = (row["note"] + missing).lstrip("; ")
+        if run.status not in ("complete", "unknown"):  # the reference's: "reference; ..."
+            said = (
+                f"{run.status}"
+                + (f": {shorten(run.problems[0], 160)}" if run.problems else "")
+                + (f" (+{len(run.problems) - 1} more in run.json)" if len(run.problems) > 1 else "")
+            )
+            row["note"] = f"{row['note']}; {said}".lstrip("; ")
         rows.append(row)
     # the task's other pooled scores, mean and std over seeds at the same round (a task
     # with several metrics: each is compared the same way with metric=)
@@ -395,6 +453,7 @@ def compare_runs(
     round: int | None = None,
     labels: Sequence[str] | None = None,
     out: Path | None = None,
+    include_incomplete: bool = False,
 ) -> pd.DataFrame:
     """Compare run folders side by side; the first is the reference.
 
@@ -403,9 +462,12 @@ def compare_runs(
     ``round``: the round to compare at (default the final round, which must then be the
     same in every run). ``labels``: a name per run (default its folder's name; repeats are
     numbered). ``out``: a folder to write ``compare.csv``, ``compare.png`` and
-    ``compare.md`` to (created if needed).
+    ``compare.md`` to (created if needed). ``include_incomplete``: compare runs whose
+    run.json says other than ``complete`` (degraded, aborted, ...), with a warning; by
+    default they are refused.
 
-    Returns one row per run: ``task``, ``protocol``, ``backend``, ``n_seeds``, the metric's
+    Returns one row per run: ``task``, ``protocol``, ``backend``, ``status`` (run.json's),
+    ``n_seeds``, the metric's
     ``mean`` and ``std`` over seeds at ``round``, ``bytes_up``/``bytes_down``/
     ``seconds_round`` per round (mean over seeds and rounds 1..round), ``bytes_setup`` (key
     setup, enrolment and a protocol's initialisation: round 0, once per seed), and against
@@ -421,6 +483,7 @@ def compare_runs(
         raise ConfigError(f"{len(labels)} labels for {len(dirs)} run folders: give one per run")
     names = list(labels) if labels is not None else [d.resolve().name or str(d) for d in dirs]
     runs = [load_run(d, label) for d, label in zip(dirs, unique_labels(names))]
+    check_statuses(runs, include_incomplete)
     check_tasks(runs)
     chosen = choose_metric(runs, metric)
     at = choose_round(runs, round)
@@ -453,6 +516,7 @@ def table_cells(df: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
         "run",
         "protocol",
         "backend",
+        "status",
         "seeds",
         f"{metric} @ round {at}",
         f"Δ vs {ref} [95% CI]",
@@ -470,7 +534,7 @@ def table_cells(df: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
         value = f"{r['mean']:.4f}" if np.isfinite(r["mean"]) else "–"
         if np.isfinite(r["std"]):
             value += f" ± {r['std']:.4f}"
-        if r["note"] == "reference":
+        if str(r["note"]).startswith("reference"):
             diff = "(reference)"
         elif np.isfinite(r["diff_mean"]):
             diff = f"{r['diff_mean']:+.4f}"
@@ -484,6 +548,7 @@ def table_cells(df: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
                 str(r["label"]),
                 str(r["protocol"]),
                 str(r["backend"]),
+                str(r["status"]),
                 str(r["n_seeds"]),
                 value,
                 diff,
@@ -507,7 +572,9 @@ def _mean_std_cell(mean: float, std: float) -> str:
 
 def _notes(df: pd.DataFrame) -> list[str]:
     return [
-        f"{r['label']}: {r['note']}" for _, r in df.iterrows() if r["note"] not in ("", "reference")
+        f"{r['label']}: {str(r['note']).removeprefix('reference; ')}"
+        for _, r in df.iterrows()
+        if r["note"] not in ("", "reference")
     ]
 
 
@@ -524,7 +591,7 @@ def format_table(df: pd.DataFrame) -> str:
 def markdown_table(df: pd.DataFrame) -> str:
     """The comparison table in markdown, with a caption saying how Δ was computed."""
     header, rows = table_cells(df)
-    align = ["---" if k < 3 else "---:" for k in range(len(header))]
+    align = ["---" if k < 4 else "---:" for k in range(len(header))]
     align[-1] = "---"
     lines = ["| " + " | ".join(row) + " |" for row in [header, align, *rows]]
     ref = df["label"].iloc[0] if len(df) else ""

@@ -18,7 +18,7 @@ from secagg.backends import BACKENDS, resolve_options
 from secagg.ckks.presets import DEFAULT_PRESET as CKKS_DEFAULT
 from secagg.ckks.presets import STREAMING_PRESET as CKKS_STREAMING
 from secagg.ckks.presets import get_preset as get_ckks_preset
-from secagg.clients.tasks import get_task
+from secagg.clients.tasks import TASKS, get_task
 from secagg.dp import ClientDP, ScalarDP
 from secagg.errors import ConfigError
 from secagg.plugins import import_user_modules, recorded_name
@@ -31,6 +31,7 @@ from secagg.protocols import (
 )
 from secagg.protocols.optimizers import OPTIMIZERS, StepSchedule, make_optimizer
 from secagg.protocols.pieces import FixedServerStep, ValidationFeedback, piece, pre_stage_of
+from secagg.protocols.registry import check_task
 from secagg.server.plan import RunPolicy, TrainingPlan, check_min_clients, check_protocol_run
 from secagg.threshold.params import DEFAULT_PRESET as THRESHOLD_DEFAULT
 from secagg.threshold.params import STREAMING_PRESET as THRESHOLD_STREAMING
@@ -119,6 +120,7 @@ class ExperimentConfig:
         if not isinstance(self.device, str) or not DEVICE.fullmatch(self.device):
             raise ConfigError(f"device must be cpu, cuda, cuda:N or auto, got {self.device!r}")
         protocol_spec(self.protocol)  # an unknown name fails there, naming the choices
+        check_task(self.protocol, self.task, list(TASKS))  # e.g. coxph on tcga-brca
         if self.backend not in BACKENDS:
             raise ConfigError(f"unknown backend {self.backend!r}; available: {', '.join(BACKENDS)}")
         if self.local_epochs is not None and (

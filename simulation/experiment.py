@@ -65,6 +65,7 @@ from secagg.simulation.provisioning import (  # noqa: F401 - re-exported: the dr
     seed_data,
     server_step,
 )
+from secagg.simulation.status import rounds_text, seed_outcome
 from secagg.simulation.workers import WorkerPoolTransport
 
 if TYPE_CHECKING:  # client-side and key code: imported where a client or key is made, so
@@ -83,6 +84,11 @@ class SeedRun:
     #: the protocol's own predictions for the pooled test set after the last round
     #: (Ensemble), else None
     final_predictions: np.ndarray | None = None
+    #: why the protocol stopped before the last round by design (``Convergence``), else None
+    stopped: str | None = None
+    #: what ``secagg.simulation.status.decide`` needs of this seed (``seed_outcome``), set
+    #: once the seed is over
+    outcome: dict[str, Any] | None = None
 
 
 @dataclass
@@ -94,6 +100,8 @@ class ExperimentResult:
     aborted: dict[int, str] = field(default_factory=dict)
     #: client-level DP per seed: each round's releases and realised multipliers
     privacy_events: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    #: per seed, what the run's status is decided from (``secagg.simulation.status``)
+    outcomes: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     def __iter__(self):  # ``metrics, audit = run_experiment(...)`` keeps working
         return iter((self.metrics, self.audit))
@@ -338,6 +346,7 @@ def _rounds(
     scalar_releases: Counter = Counter()  # protected scalars each client revealed so far
     scalars = audit.dp_protected & set(protocol.capabilities.client_scalars)
     model: np.ndarray | None = server.params
+    done: str | None = None
     for number in range(config.rounds):
         stop_if_interrupted()
         first_record = len(audit.records)
@@ -419,7 +428,7 @@ def _rounds(
     if progress:
         for row in audit.rounds_missed():
             if row["run"] == audit.run:
-                progress(f"  seed {seed}: {row['peer']} missed {_rounds_text(row['rounds'])}")
+                progress(f"  seed {seed}: {row['peer']} missed {rounds_text(row['rounds'])}")
     return SeedRun(
         rows,
         # the server's own view where the experimenter is elsewhere (the initial model)
@@ -427,19 +436,8 @@ def _rounds(
         None,
         list(server.privacy_events),
         predictions(),
+        stopped=done or None,
     )
-
-
-def _rounds_text(rounds: list[int]) -> str:
-    """``[2, 3, 4, 7]`` as "rounds 2-4, 7"."""
-    spans: list[list[int]] = []
-    for r in rounds:
-        if spans and r == spans[-1][1] + 1:
-            spans[-1][1] = r
-        else:
-            spans.append([r, r])
-    text = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in spans)
-    return ("round " if len(rounds) == 1 else "rounds ") + text
 
 
 def _aborted(
@@ -586,6 +584,7 @@ def _run_seeds(
     final: dict[int, np.ndarray] = {}
     aborted: dict[int, str] = {}
     events: dict[int, list[dict[str, Any]]] = {}
+    outcomes: dict[int, dict[str, Any]] = {}
     for i, seed in enumerate(config.seeds):
         if seed in skip:
             continue
@@ -606,6 +605,10 @@ def _run_seeds(
             signers=signers,
             experimenter=experimenter,
         )
+        run.outcome = seed_outcome(
+            seed, config.rounds, run.rows, audit, aborted=run.aborted, stopped=run.stopped
+        )
+        outcomes[seed] = run.outcome
         rows += run.rows
         final[seed] = run.final_params
         events[seed] = run.privacy_events
@@ -614,7 +617,7 @@ def _run_seeds(
         if recorder:
             recorder.on_seed(seed, run, audit)
     metrics = pd.DataFrame(rows)
-    return ExperimentResult(metrics, audit, final, aborted, events)
+    return ExperimentResult(metrics, audit, final, aborted, events, outcomes)
 
 
 def check_data(
@@ -622,9 +625,15 @@ def check_data(
 ) -> None:
     """What only the data can tell, before anything trains: a pre-stage's needs, and more
     worker processes than clients (the extra ones would idle)."""
-    stage = pre_stage_of(make_protocol(config.protocol, **config.protocol_options))
+    protocol = make_protocol(config.protocol, **config.protocol_options)
+    stage = pre_stage_of(protocol)
     if stage is not None:
         STAGES[stage].check(config, data)
+    if piece(protocol, ClientEvaluation) is not None and data.pooled_test is None:
+        raise ConfigError(
+            f"{config.protocol} scores an evaluation set on the clients; {config.task} has "
+            "no pooled test set"
+        )
     if config.workers > data.n_clients and progress:
         progress(
             f"note: workers {config.workers} > {data.n_clients} clients on {config.task}; "

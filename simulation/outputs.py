@@ -4,7 +4,9 @@ What is written when:
 
 - before training: ``config.json`` (settings, resolved settings, provenance), ``config.toml``
   (the settings alone: ``secagg run --config DIR/config.toml`` reruns the run) and
-  ``run.json`` (status and finished seeds);
+  ``run.json`` (status and finished seeds; each finished seed's ``outcome``, and at the end
+  the run's status with its ``problems``, ``notes`` and ``exit_code``:
+  ``secagg.simulation.status``);
 - after every round: ``metrics.csv`` (finished seeds and the rounds of the seed in progress);
 - after every seed: every table, the audit, the figures, and the seed's final model
   (``models/seed-<s>.npy``, exact float64 parameters, and ``models/seed-<s>.pt``, a torch
@@ -36,6 +38,7 @@ import pandas as pd
 from secagg.errors import ConfigError
 from secagg.simulation.config import ExperimentConfig
 from secagg.simulation.settings import from_config, to_config, to_toml
+from secagg.simulation.status import RunStatus
 
 if TYPE_CHECKING:
     import torch
@@ -118,6 +121,9 @@ class Finished:
     audit_sets: dict[str, list[str]] = field(default_factory=dict)
     final_params: dict[int, np.ndarray] = field(default_factory=dict)
     aborted: dict[int, str] = field(default_factory=dict)
+    #: per seed, what its status is decided from (``secagg.simulation.status``); a seed
+    #: finished by an older secagg has none
+    outcomes: dict[int, dict[str, Any]] = field(default_factory=dict)
     privacy_events: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
 
 
@@ -260,6 +266,8 @@ class RunFolder:
             finished.final_params[s] = np.load(self.path / MODELS / f"seed-{s}.npy")
             if info.get("aborted"):
                 finished.aborted[s] = info["aborted"]
+            if info.get("outcome") is not None:
+                finished.outcomes[s] = info["outcome"]
             finished.privacy_events[s] = info.get("privacy_events", [])
         return finished
 
@@ -283,14 +291,20 @@ class RunFolder:
         )
         self._state("running")
 
-    def _state(self, status: str, audit: AuditLog | None = None) -> None:
-        document = {
+    def _state(
+        self, status: str, audit: AuditLog | None = None, detail: RunStatus | None = None
+    ) -> None:
+        document: dict[str, Any] = {
             "format": FORMAT,
             "status": status,
             "seeds": self.config.seeds,
             "finished": {str(s): v for s, v in self.finished.items()},
             "updated_utc": datetime.now(UTC).isoformat(timespec="seconds"),
         }
+        if detail is not None:  # the run is over and decided (secagg.simulation.status)
+            document["exit_code"] = detail.exit_code
+            document["problems"] = list(detail.problems)
+            document["notes"] = list(detail.notes)
         if audit is not None:
             document["audit_sets"] = {
                 "declared": sorted(audit.declared),
@@ -320,7 +334,11 @@ class RunFolder:
         with open(self.path / "audit.jsonl", "a") as fh:
             fh.writelines(json.dumps(r) + "\n" for r in new)
         self._audit_written = len(audit.records)
-        self.finished[seed] = {"aborted": run.aborted, "privacy_events": run.privacy_events}
+        self.finished[seed] = {
+            "aborted": run.aborted,
+            "outcome": run.outcome,
+            "privacy_events": run.privacy_events,
+        }
         # rows of seeds that did not finish (an earlier attempt's) are not results
         done = set(self.finished)
         self.rows = [r for r in self.rows if r["seed"] in done]
@@ -328,8 +346,14 @@ class RunFolder:
         write_tables(self.path, self.config, pd.DataFrame(self.rows), audit)
         self._state("running", audit)
 
-    def finish(self, status: str) -> None:
-        self._state(status)
+    def finish(self, status: str | RunStatus) -> None:
+        """The run is over: ``status`` is its decided status (``complete``, ``degraded``,
+        ``aborted``, with its problems) or how it ended early (``interrupted``,
+        ``failed``)."""
+        if isinstance(status, RunStatus):
+            self._state(status.status, detail=status)
+        else:
+            self._state(status)
         lock, self._lock = self._lock, None
         if lock is not None:
             lock.close()  # closing the file releases its lock

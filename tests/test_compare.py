@@ -182,7 +182,8 @@ def test_out_writes_table_figure_and_markdown(tmp_path):
     assert image.ndim == 3 and image.shape[1] > 1000
     md = (out / "compare.md").read_text()
     assert md.startswith("| run | protocol | backend |")
-    assert "| b | fedavg | ckks | 6 |" in md and "single: 1 seed in common with a" in md
+    # no run.json: its status is unknown
+    assert "| b | fedavg | ckks | unknown | 6 |" in md and "single: 1 seed in common with a" in md
     text = format_table(table)
     assert "(reference)" in text and "per seed" in text
     assert f"{table.loc[1, 'diff_mean']:+.4f} [{table.loc[1, 'diff_ci_low']:+.4f}," in text

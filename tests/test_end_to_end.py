@@ -1,6 +1,7 @@
 """Small end-to-end runs through the CLI: outputs, byte accounting, audit, errors."""
 
 import json
+import re
 
 import pandas as pd
 import pytest
@@ -158,8 +159,12 @@ def test_a_dp_run_writes_its_privacy_report(tmp_path):
                 "low=-1,high=1,noise=2",
             ]
         )
-        == 0
+        == 4  # degraded: the clients' release rules refuse some round's release (skipped)
     )
+    state = json.loads((tmp_path / "run.json").read_text())
+    assert state["status"] == "degraded" and state["problems"]
+    for problem in state["problems"]:
+        assert re.fullmatch(r"rounds? [0-9, -]+ of seed [12] made no update \(skipped\)", problem)
     report = json.loads((tmp_path / "privacy.json").read_text())
     eps = report["client_level"]["epsilon_per_seed"]
     assert set(eps) == {"1", "2"} and all(0 < e < float("inf") for e in eps.values())

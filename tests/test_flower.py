@@ -17,7 +17,7 @@ import pytest
 from cryptography import x509
 
 import secagg
-from secagg.errors import ConfigError
+from secagg.errors import ConfigError, RunNotComplete
 from secagg.flower.apps import run_on_flower
 from secagg.flower.deployment import prepare
 from secagg.flower.messages import read_request
@@ -39,11 +39,18 @@ def deploy(tmp_path, config):
     return tmp_path / "deployment", grid
 
 
-def over_flower(tmp_path, config, grid=None, timeout=60.0):
+def over_flower(tmp_path, config, grid=None, timeout=60.0, expect="complete"):
+    """The run over Flower; ``expect``: its status (a run that is not complete fails its
+    ServerApp once the folder is written)."""
     folder, made = deploy(tmp_path, config)
     grid = grid or made
     out = tmp_path / "out"
-    run_on_flower(grid, deployment=folder, out=out, timeout=timeout, connect_timeout=5)
+    if expect == "complete":
+        run_on_flower(grid, deployment=folder, out=out, timeout=timeout, connect_timeout=5)
+    else:
+        with pytest.raises(RunNotComplete, match=expect):
+            run_on_flower(grid, deployment=folder, out=out, timeout=timeout, connect_timeout=5)
+    assert json.loads((out / "run.json").read_text())["status"] == expect
     return out, grid
 
 
@@ -171,7 +178,14 @@ def test_a_node_down_for_a_round_is_excluded_and_rejoins_the_next(tmp_path, unav
     grid.down_for = lambda node, rnd, phase: node == 102 and rnd == 1  # the protocol's
     grid.unavailable_replies = unavailable
     out = tmp_path / "out"
-    run_on_flower(grid, deployment=folder, out=out, timeout=1.0, connect_timeout=5)
+    # a site missed a round: the run is degraded, and the ServerApp fails (Flower:
+    # finished:failed) once its folder is written
+    with pytest.raises(RunNotComplete, match="degraded: client_2 missed round 2 of seed 3"):
+        run_on_flower(grid, deployment=folder, out=out, timeout=1.0, connect_timeout=5)
+    assert json.loads((out / "run.json").read_text())["status"] == "degraded"
+    assert json.loads((out / "flower.json").read_text())["problems"] == [
+        "client_2 missed round 2 of seed 3"
+    ]
     metrics = pd.read_csv(out / "metrics.csv")
     assert metrics["clients"].tolist()[1:] == [6, 5, 6]
     summary = json.loads((out / "audit_summary.json").read_text())
@@ -193,8 +207,11 @@ def test_threshold_runs_on_with_t_holders_and_stops_cleanly_below(tmp_path, down
         node in down and rnd == 1 and (phases is None or phase in phases)
     )
     out = tmp_path / "out"
-    run_on_flower(grid, deployment=folder, out=out, timeout=1.0, connect_timeout=5)
+    status = "degraded" if len(down) == 1 else "aborted"
+    with pytest.raises(RunNotComplete, match=status):
+        run_on_flower(grid, deployment=folder, out=out, timeout=1.0, connect_timeout=5)
     flower = json.loads((out / "flower.json").read_text())
+    assert flower["status"] == json.loads((out / "run.json").read_text())["status"] == status
     summary = json.loads((out / "audit_summary.json").read_text())
     assert any(e["peer"] == "client_2" for e in summary["exclusions"])
     if len(down) == 1:
@@ -259,7 +276,7 @@ def test_a_nodes_failure_reaches_the_coordinator_as_a_code_its_text_the_nodes_lo
         return built(self, seed, stage)
 
     monkeypatch.setattr(NodeClient, "_client", loading)
-    out, _ = over_flower(tmp_path, replace(PLAIN, rounds=1), timeout=5)
+    out, _ = over_flower(tmp_path, replace(PLAIN, rounds=1), timeout=5, expect="degraded")
     summary = json.loads((out / "audit_summary.json").read_text())
     assert [(e["peer"], e["reason"]) for e in summary["exclusions"]] == [
         ("client_2", "client_2: the node failed: internal_error")
@@ -427,7 +444,8 @@ def test_a_reply_that_is_not_a_secagg_envelope_is_a_missing_answer(tmp_path):
 
     grid.client_app = Odd()
     out = tmp_path / "out"
-    run_on_flower(grid, deployment=folder, out=out, timeout=5, connect_timeout=5)
+    with pytest.raises(RunNotComplete, match="degraded: client_2 missed round 1"):
+        run_on_flower(grid, deployment=folder, out=out, timeout=5, connect_timeout=5)
     summary = json.loads((out / "audit_summary.json").read_text())
     assert [(e["round"], e["peer"]) for e in summary["exclusions"]] == [(1, "client_2")]
     assert "without a 'secagg' record" in summary["exclusions"][0]["reason"]
@@ -550,6 +568,10 @@ def test_status_shows_flowers_record_of_each_run_beside_the_serverapps_progress(
     (folder / "results-progress.log").write_text(
         "Flower run 5: waiting for 6 SuperNodes\n  seed 3 round 1/2: c_index 0.61\n"
     )
+    (folder / "results").mkdir()
+    (folder / "results" / "run.json").write_text(  # secagg's status of run 5, beside Flower's
+        json.dumps({"status": "degraded", "problems": ["client_2 missed round 2 of seed 3"]})
+    )
     listed = {
         "runs": [
             {"run-id": "5", "status": "running", "elapsed": "00:00:09",
@@ -572,6 +594,11 @@ def test_status_shows_flowers_record_of_each_run_beside_the_serverapps_progress(
     shown = operations.format_runs(runs)
     assert "Flower run 5: running, 00:00:09 elapsed, traffic in 2.00 MB, out 0.50 MB" in shown
     assert "no progress log here" in shown  # run 4's log is not this one
+    assert (
+        "  secagg: degraded (client_2 missed round 2 of seed 3); seed 3 round 1/2: c_index 0.61"
+        in shown
+    )
+    assert runs[0]["secagg"]["status"] == "degraded" and runs[1]["secagg"] is None
     operations.stop(folder, 5)
     assert asked[-1] == ("stop", "5", "secagg")
     with pytest.raises(SecaggError, match="flwr stop 9"):

@@ -177,7 +177,10 @@ BAD = [
         ["--protocol", "dec", "--task", "dec-breast-cancer-iid", "--vae-rounds", "3"],
         "--dec-pretrain-rounds",
     ),
-    (["--protocol", "dec", "--task", "breast-cancer-iid"], "use a DEC task (dec-digits-niid1"),
+    (
+        ["--protocol", "dec", "--task", "breast-cancer-iid"],
+        "protocol 'dec' cannot train task 'breast-cancer-iid': it needs a dec-* task (dec-digits",
+    ),
     (["--dp-delta", "1e-6"], "apply only with differential privacy"),
     (["--protocol", "larc", "--no-streaming"], "changes nothing for larc"),
     (["--protocol", "fedavg", "--larc-q", "3"], "setting of protocol larc"),

@@ -134,7 +134,7 @@ def test_best_split_is_the_brute_force_best():
 
 
 def test_xgboost_refuses_a_model_or_features_that_are_not_trees_and_bins():
-    with pytest.raises(ConfigError, match="use an xgb-\\* task"):  # a linear model
+    with pytest.raises(ConfigError, match="needs a xgb-\\* task"):  # a linear model
         secagg.run(task="breast-cancer-iid", protocol="xgboost", backend="plain", rounds=1)
 
     class Client:  # a tree-sized model over features that are not bin indices
