@@ -37,6 +37,7 @@ import pandas as pd
 
 from secagg.errors import ConfigError
 from secagg.simulation.config import ExperimentConfig
+from secagg.simulation.provenance import changed_data, data_provenance
 from secagg.simulation.settings import from_config, to_config, to_toml
 from secagg.simulation.status import RunStatus
 
@@ -232,6 +233,15 @@ class RunFolder:
                 f"--resume: {self.path} was started with other settings ({', '.join(differ)}); "
                 "resume with no settings (they are read from the folder) or the same ones"
             )
+        recorded = json.loads((self.path / "config.json").read_text()).get("provenance", {})
+        changed = changed_data(recorded.get("data"), self.data_now())
+        if changed:
+            raise ConfigError(
+                f"--resume: the task's data changed since {self.path} was started ("
+                + "; ".join(changed)
+                + "): its finished seeds trained on other data. Restore the data, or start "
+                "a new run in another folder"
+            )
         state_file = self.path / "run.json"
         try:
             state = json.loads(state_file.read_text())
@@ -271,9 +281,17 @@ class RunFolder:
             finished.privacy_events[s] = info.get("privacy_events", [])
         return finished
 
+    def data_now(self) -> dict[str, Any] | None:
+        """The task's data sources as they are now (``Task.sources``), or None."""
+        from secagg.clients.tasks import get_task
+
+        return data_provenance(get_task(self.config.task))
+
     # ---- during the run -------------------------------------------------------------------
     def start(self, provenance: dict[str, Any]) -> None:
         settings = from_config(self.config)
+        # where the task's data came from, where it says (Task.sources)
+        provenance = {**provenance, "data": self.data_now()}
         document = {
             "format": FORMAT,
             "settings": settings,

@@ -36,3 +36,33 @@ def test_the_default_task_declares_its_files():
     recorded = data_provenance(get_task("tcga-brca"))
     assert set(recorded) == {"brca.csv", "train_test_split.csv"}
     assert all(r["bytes"] > 0 and len(r["sha256"]) == 64 for r in recorded.values())
+
+
+def test_a_run_records_its_data_and_resume_refuses_data_that_changed(tmp_path, monkeypatch):
+    """The run's config.json names each source's digest; after a seed finished, the data
+    changes, and ``--resume`` of that folder is refused, naming the source."""
+    import json
+
+    import pytest
+
+    import secagg
+    from secagg.clients.tasks import TASKS, Task
+    from secagg.errors import ConfigError
+    from secagg.simulation.config import ExperimentConfig
+
+    data = tmp_path / "data.csv"
+    data.write_text("anything the task reads\n")
+    base = get_task("tcga-brca")
+    sourced = Task(**{**base.__dict__, "name": "tcga-sourced", "sources": lambda: {"data": data}})
+    monkeypatch.setitem(TASKS, "tcga-sourced", sourced)  # removed again after the test
+    out = tmp_path / "run"
+    config = ExperimentConfig(task="tcga-sourced", rounds=1, local_steps=1, seeds=[1, 2])
+    secagg.run(config.validate(), out=out)
+    recorded = json.loads((out / "config.json").read_text())["provenance"]["data"]
+    assert recorded["data"]["sha256"] == describe_path(data)["sha256"]
+    state = json.loads((out / "run.json").read_text())
+    state["status"], state["finished"] = "interrupted", {"1": state["finished"]["1"]}
+    (out / "run.json").write_text(json.dumps(state))  # as if stopped after seed 1
+    data.write_text("other data\n")
+    with pytest.raises(ConfigError, match=r"the task's data changed .*data: "):
+        secagg.run(out=out, resume=True)

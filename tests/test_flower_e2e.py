@@ -372,8 +372,10 @@ def test_a_three_site_pilot_a_broken_site_costs_nothing_and_a_foreign_app_is_ref
         # 4. the first run: site 1 fails at set-up, the seed aborts before any release
         first = tmp_path / "run-1"
         run_1 = federation.submit(out=str(first))
-        assert federation.wait(run_1, 300, poll=1.0) == "finished:completed"
+        # an aborted run is a failed Flower run (RunNotComplete), with secagg's own status
+        assert federation.wait(run_1, 300, poll=1.0) == "finished:failed"
         seen = _logs_of(federation, run_1, first)
+        assert json.loads((first / "run.json").read_text())["status"] == "aborted", seen
         aborted = json.loads((first / "flower.json").read_text())["aborted"]
         assert list(aborted) == ["1"], seen
         assert "set-up left 2 of 3 clients, need 3 (min_clients all)" in aborted["1"]
