@@ -33,6 +33,9 @@ from secagg.simulation.settings import parse_seeds
 
 HERE = Path(__file__).parent
 #: ``secagg bench feddisco_digits --check``: NIID-1, seed 0, α 0 and 0.3, all 25 rounds
+#: the results files it writes, one per run's arguments (the reference page lists them)
+RESULTS = "feddisco_*.md"
+
 CHECK = Check(
     args=("--split", "niid1", "--seeds", "0", "--alphas", "0,0.3"),
     csv="feddisco_niid1.csv",

@@ -54,6 +54,19 @@ def output_folder(
         check_writable(out)  # the same check as `secagg run --out`: a folder, writable
     except ConfigError as exc:
         parser.error(str(exc))
+    committed = Path(__file__).resolve().parent / "results"
+    if Path(out).resolve() == committed:
+        from secagg.simulation.provenance import git_commit
+
+        git = git_commit(ignore=("benchmarks/results",))
+        if git is not None and git["dirty"]:
+            # a results file names the commit that made it: anyone must be able to check
+            # that commit out and get the same code
+            parser.error(
+                f"--out {out} holds the committed results, which are written only from a "
+                "clean checkout (their commit line must be one anyone can check out): "
+                "commit or stash your changes first, or write elsewhere (no --out)"
+            )
     present = [f for f in outputs if (out / f).exists()]
     if present and not overwrite:
         parser.error(

@@ -39,6 +39,9 @@ from secagg.threshold.params import get_preset as threshold_preset
 
 HERE = Path(__file__).parent
 #: ``secagg bench parity --check``: seed 42 on ckks compact with 30 flooding bits (about 30 s)
+#: the results files it writes, one per run's arguments (the reference page lists them)
+RESULTS = "parity_*.md"
+
 CHECK = Check(
     args=("--seeds", "42", "--preset", "compact", "--flooding-bits", "30"),
     csv="parity_compact_flood30.csv",

@@ -32,6 +32,9 @@ RESULTS = Path(__file__).resolve().parent / "results"
 SMALL = ExperimentConfig(rounds=2, seeds=[1], local_steps=3, backend="ckks")
 #: ``secagg bench protocol_parity --check``: four protocols of different kinds (a FedAvg
 #: round, LARC's weights after the uploads, the exact Cox model, XGBoost's histograms)
+#: the results files it writes, one per run's arguments (the reference page lists them)
+RESULTS = "protocol_parity_*.md"
+
 CHECK = Check(
     args=("--protocols", "fedavg,larc,coxph,xgboost"),
     csv="protocol_parity_threshold.csv",

@@ -548,6 +548,9 @@ def benchmarks_page() -> str:
         why_not = _module_constant(source, "NO_CHECK")
         outputs = _module_constant(source, "OUTPUTS") or (f"{name}.md",)
         results = [o for o in outputs if o.endswith(".md") and (root / "results" / o).is_file()]
+        pattern = _module_constant(source, "RESULTS")  # names that follow the arguments
+        if pattern:
+            results += sorted(p.name for p in (root / "results").glob(pattern))
         rerun = None if check is None else " ".join(check.get("args") or ("(its declared subset)",))
         rows.append(
             [

@@ -99,15 +99,9 @@ class Run:
 def read_settings(run_dir: Path) -> dict[str, Any]:
     """The run's flat settings from config.json: its ``"settings"`` entry, or the top level
     in older folders; ``{}`` without a config.json."""
-    path = Path(run_dir) / "config.json"
-    if not path.is_file():
+    config = _json_object(Path(run_dir) / "config.json", "a JSON object of settings")
+    if config is None:
         return {}
-    try:
-        config = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path} is not valid JSON ({exc}); rewrite it or remove it") from exc
-    if not isinstance(config, dict):
-        raise ConfigError(f"{path} does not hold a JSON object of settings")
     settings = config.get("settings", config)
     return settings if isinstance(settings, dict) else {}
 
@@ -140,16 +134,24 @@ def load_run(run_dir: Path, label: str) -> Run:
 
 def read_status(run_dir: Path) -> tuple[str, tuple[str, ...]]:
     """The run's status and its problems from run.json (``unknown`` without one)."""
-    path = Path(run_dir) / "run.json"
-    if not path.is_file():
+    state = _json_object(Path(run_dir) / "run.json", "a run's state")
+    if state is None:
         return "unknown", ()
+    return str(state.get("status", "unknown")), tuple(map(str, state.get("problems", [])))
+
+
+def _json_object(path: Path, what: str) -> dict[str, Any] | None:
+    """The JSON object in ``path`` (None where there is no such file); ConfigError, saying
+    what to do, for anything else."""
+    if not path.is_file():
+        return None
     try:
-        state = json.loads(path.read_text())
+        value = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path} is not valid JSON ({exc}); rewrite it or remove it") from exc
-    if not isinstance(state, dict):
-        raise ConfigError(f"{path} does not hold a run's state")
-    return str(state.get("status", "unknown")), tuple(map(str, state.get("problems", [])))
+    if not isinstance(value, dict):
+        raise ConfigError(f"{path} does not hold {what}")
+    return value
 
 
 class IncompleteRunWarning(UserWarning):

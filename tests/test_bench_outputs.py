@@ -150,3 +150,23 @@ def test_bad_seeds_end_the_run_with_what_is_wrong(module, seeds, tmp_path, capsy
     assert stop.value.code == 2
     assert "seed" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())  # nothing written
+
+
+@pytest.mark.parametrize("dirty", [True, False])
+def test_the_committed_results_are_written_only_from_a_clean_checkout(dirty, capsys, monkeypatch):
+    """``--out benchmarks/results`` from a checkout with uncommitted changes is refused
+    before anything is measured (a results file's commit line must be one anyone can check
+    out); from a clean one it is the folder used."""
+    from secagg.simulation import provenance
+
+    monkeypatch.setattr(
+        provenance, "git_commit", lambda ignore=(): {"commit": "0" * 40, "dirty": dirty}
+    )
+    committed = Path(options.__file__).resolve().parent / "results"
+    if dirty:
+        with pytest.raises(SystemExit) as stop:
+            crypto.parse_args(["--out", str(committed), "--overwrite"])
+        assert stop.value.code == 2
+        assert "written only from a clean checkout" in capsys.readouterr().err
+    else:
+        assert crypto.parse_args(["--out", str(committed), "--overwrite"]).out == committed
