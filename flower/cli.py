@@ -46,6 +46,11 @@ def superlink_address(given: str, port: int | None) -> tuple[str, int]:
 
 
 def add_parser(sub: Any, add_settings: Any) -> None:
+    """``secagg flower`` and its verbs, on ``sub`` (``secagg``'s sub-commands): each parser
+    is of ``sub``'s class (``secagg.simulation.cli.SuggestingParser``: no abbreviated flags,
+    "did you mean" for flags, choices and verbs)."""
+    from secagg.simulation.settings import preset_names
+
     flower = sub.add_parser(
         "flower",
         help="run an experiment over Flower: SuperLink and SuperNodes, TLS, node "
@@ -125,7 +130,12 @@ def add_parser(sub: Any, add_settings: Any) -> None:
         " where the experimenter works); without it prepare makes the key pair in "
         "DIR/experimenter/, which must then leave the server's machine",
     )
-    prepare.add_argument("--preset", help="a bundled preset (`secagg presets` lists them)")
+    prepare.add_argument(
+        "--preset",
+        choices=preset_names(),
+        metavar="NAME",
+        help="a bundled preset (`secagg presets` lists them)",
+    )
     prepare.add_argument("--config", type=Path, help="a TOML file of settings")
     add_settings(prepare)
     demo = verbs.add_parser(

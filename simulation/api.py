@@ -32,6 +32,7 @@ from secagg.simulation.experiment import (
     ExperimenterFactory,
     SeedRun,
     TransportFactory,
+    device_choice,
     run_experiment,
     stderr_progress,
     summarize,
@@ -77,17 +78,24 @@ class RunResult:
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
+#: the stop signal the running run received last (None: none, or a KeyboardInterrupt that
+#: no handler of ours raised, which counts as Ctrl-C)
+_received: list[int | None] = [None]
+
+
 def _catch_sigint() -> dict | None:
     """Ctrl-C (or SIGTERM) raises KeyboardInterrupt and also sets ``INTERRUPTED``, which the
     run checks between rounds (CPython drops a KeyboardInterrupt raised inside some
-    callbacks). Returns the previous handlers (None off the main thread, where signals
-    cannot be set)."""
+    callbacks); which signal it was is kept for ``RunInterrupted``. Returns the previous
+    handlers (None off the main thread, where signals cannot be set)."""
     if threading.current_thread() is not threading.main_thread():
         return None
     INTERRUPTED.clear()
+    _received[0] = None
 
     def handler(signum, frame):
         INTERRUPTED.set()
+        _received[0] = signum
         raise KeyboardInterrupt
 
     return {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
@@ -126,12 +134,20 @@ class Fanout:
 
 
 class RunInterrupted(KeyboardInterrupt):
-    """Ctrl-C stopped a run that writes to a folder: what finished is saved there, and
-    ``secagg run --resume FOLDER`` (or ``run(out=FOLDER, resume=True)``) continues it."""
+    """Ctrl-C or SIGTERM stopped a run that writes to a folder: what finished is saved
+    there, and ``secagg run --resume FOLDER`` (or ``run(out=FOLDER, resume=True)``)
+    continues it. ``signal`` is the one that stopped it; ``exit_code`` the shell's status
+    for it, 128 + its number: 130 for Ctrl-C (SIGINT), 143 for SIGTERM."""
 
-    def __init__(self, folder: Path, finished: int, total: int):
-        super().__init__(f"interrupted: {finished} of {total} seeds saved in {folder}")
+    def __init__(self, folder: Path, finished: int, total: int, signal_number: int = signal.SIGINT):
+        name = signal.Signals(signal_number).name
+        super().__init__(f"interrupted ({name}): {finished} of {total} seeds saved in {folder}")
         self.folder, self.finished, self.total = folder, finished, total
+        self.signal = signal.Signals(signal_number)
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + int(self.signal)
 
 
 def run(
@@ -157,7 +173,8 @@ def run(
         config: the experiment; see ``ExperimentConfig`` for every field.
         out: a folder for the results (see ``secagg.simulation.outputs``): new or empty,
             checked before anything trains, and written as the run goes, so that an
-            interrupted run keeps its finished seeds.
+            interrupted run keeps its finished seeds; a new run refused (a ConfigError)
+            before its first seed records anything leaves no file of its own there.
         overwrite: replace the results of an earlier run in ``out``.
         resume: continue the interrupted run in ``out``: finished seeds are kept, the others
             run; without ``config`` and ``settings`` the folder's own settings are used.
@@ -183,9 +200,10 @@ def run(
             passes what its coordinator holds (its test set: ``held_by_coordinator``), so
             that no site's data is opened, scored or split there.
 
-    Raises ``RunInterrupted`` (a ``KeyboardInterrupt``) on Ctrl-C or SIGTERM once the folder
-    is up to date. A run that lost clients or seeds does not raise: ``result.status`` says
-    ``complete``, ``degraded`` or ``aborted``, and why (``secagg.simulation.status``).
+    Raises ``RunInterrupted`` (a ``KeyboardInterrupt``; its ``exit_code`` is 130 for Ctrl-C,
+    143 for SIGTERM) on Ctrl-C or SIGTERM once the folder is up to date. A run that lost
+    clients or seeds does not raise: ``result.status`` says ``complete``, ``degraded`` or
+    ``aborted``, and why (``secagg.simulation.status``).
     """
     if resume and out is None:
         raise ConfigError("resume needs the folder of the run to continue (out=...)")
@@ -203,12 +221,20 @@ def run(
         tracker_names(trackers)  # an unknown one is refused before anything is written
         if out is None:
             raise ConfigError("trackers write under the run's folder: pass out=FOLDER")
+    # a GPU this process cannot use is refused before the folder is touched (where the
+    # clients train here: behind another transport, e.g. Flower's, each node picks its own)
+    device = device_choice(config.device, here=transport is None)
     report = stderr_progress if progress is True else (progress or None)
     audit = AuditLog()
     folder, finished = None, Finished()
     if out is not None:
         folder, finished = RunFolder.prepare(Path(out), config, overwrite=overwrite, resume=resume)
-        folder.start(provenance(command))
+        try:
+            folder.start({**provenance(command), "device": device})
+        except ConfigError:
+            if not resume:  # a resumed folder's files are an earlier run's
+                folder.discard()
+            raise
         if report:
             report(f"results go to {folder.path}/")
         audit.records = list(finished.audit_records)
@@ -241,10 +267,21 @@ def run(
         if folder is None:
             raise
         folder.finish("interrupted")
-        raise RunInterrupted(folder.path, len(folder.finished), len(config.seeds)) from None
-    except BaseException:
+        raise RunInterrupted(
+            folder.path,
+            len(folder.finished),
+            len(config.seeds),
+            _received[0] or signal.SIGINT,
+        ) from None
+    except BaseException as exc:
         listeners.close(failed=True)
-        if folder is not None:
+        if folder is None:
+            raise
+        if isinstance(exc, ConfigError) and not resume and folder.untouched:
+            # refused before the first seed recorded anything: nothing of this run is
+            # worth keeping, and a "failed" run there would block the same --out
+            folder.discard()
+        else:
             folder.finish("failed")
         raise
     finally:

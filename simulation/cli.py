@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import signal
 import sys
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from secagg.backends import BACKENDS
 from secagg.clients.tasks import TASKS
@@ -70,9 +72,54 @@ BENCHMARKS = {
 }
 
 
+#: how to list the names an option takes, by its destination (an option with few choices
+#: lists them in its error; one with many points to ``PROG --help``)
+LISTINGS = {
+    "task": "`secagg tasks` lists them",
+    "protocol": "`secagg protocols` lists them",
+    "preset": "`secagg presets` lists them",
+    "show": "`secagg presets` lists them",
+}
+#: an option with at most this many choices lists them all in its error
+FEW = 8
+
+
+def close_names(given: str, names: Iterable[Any], n: int = 3, cutoff: float = 0.6) -> list[str]:
+    """The names closest to ``given`` (difflib, ignoring case), best first: what every
+    "did you mean" of the command line suggests, for flags, choices and commands alike."""
+    by_lower: dict[str, str] = {}
+    for name in map(str, names):
+        by_lower.setdefault(name.lower(), name)
+    found = difflib.get_close_matches(str(given).lower(), by_lower, n=n, cutoff=cutoff)
+    return [by_lower[m] for m in found]
+
+
+def either(names: list[str]) -> str:
+    """``a``, ``a or b``, ``a, b or c``."""
+    return " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 2 else names)
+
+
+def unknown_name(what: str, given: str, names: Iterable[Any], listing: str | None = None) -> str:
+    """``unknown task 'tcga-brcaa'; did you mean tcga-brca? (`secagg tasks` lists them)``:
+    the closest names and how to list them all (or, where they are few, all of them)."""
+    names = [str(n) for n in names]
+    close = close_names(given, names)
+    text = f"{what} {given!r}" + (f"; did you mean {either(close)}?" if close else "")
+    if listing is None and len(names) <= FEW:
+        listing = f"choose from {', '.join(names)}"
+    return text + (f" ({listing})" if listing else "")
+
+
 class SuggestingParser(argparse.ArgumentParser):
-    """An ArgumentParser whose "unrecognized arguments" error names the closest flags of the
-    command given (a mistyped ``--rounsd`` gets "did you mean --rounds?")."""
+    """The parser of every ``secagg`` command (the top one, each sub-command, ``flower``'s):
+    no abbreviated flags (``--local-step`` is not ``--local-steps``), and short errors that
+    name the closest valid names: a mistyped flag ("did you mean --rounds?"), an option's
+    value (``--task``, ``--backend``, ``--ckks-preset`` ...) or a command (``secagg rnu``),
+    with how to list them, not the whole usage and every choice."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def parse_args(self, args=None, namespace=None):
         parsed, extras = self.parse_known_args(args, namespace)
@@ -84,18 +131,48 @@ class SuggestingParser(argparse.ArgumentParser):
             message = f"unrecognized arguments: {' '.join(extras)}"
             for token in extras:
                 flag = token.split("=", 1)[0]
-                close = difflib.get_close_matches(flag, known, n=2, cutoff=0.75)
+                close = close_names(flag, known, n=2, cutoff=0.75)
                 if flag.startswith("--") and close:
-                    message += f"\n  {flag}: did you mean {' or '.join(close)}?"
+                    message += f"\n  {flag}: did you mean {either(close)}?"
             scope.error(message)
         return parsed
 
     def _command(self, parsed: argparse.Namespace) -> argparse.ArgumentParser | None:
-        """The sub-command's parser ``parsed`` chose, if any."""
+        """The innermost sub-command's parser ``parsed`` chose, if any."""
         for action in self._actions:
             if isinstance(action, argparse._SubParsersAction):
-                return action.choices.get(getattr(parsed, action.dest or "", None) or "")
+                chosen = action.choices.get(getattr(parsed, action.dest or "", None) or "")
+                if isinstance(chosen, SuggestingParser):
+                    return chosen._command(parsed) or chosen
+                return chosen
         return None
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        if action.choices is None or value in action.choices:
+            return
+        if isinstance(action, argparse._SubParsersAction):
+            raise argparse.ArgumentError(
+                None,
+                unknown_name(
+                    "unknown command", value, action.choices, f"`{self.prog} --help` lists them"
+                ),
+            )
+        choices = list(action.choices)
+        listing = LISTINGS.get(action.dest)
+        if listing is None and len(choices) > FEW:
+            listing = f"`{self.prog} --help` lists them"
+        raise argparse.ArgumentError(
+            action, unknown_name("invalid choice", value, choices, listing)
+        )
+
+    def error(self, message: str) -> NoReturn:
+        """The message, under a usage line short enough not to bury it (``secagg run``'s
+        full usage is tens of lines: ``--help`` shows it)."""
+        usage = self.format_usage()
+        if usage.count("\n") > 3:
+            usage = f"usage: {self.prog} ... (`{self.prog} --help` explains every option)\n"
+        self._print_message(usage, sys.stderr)
+        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -119,9 +196,15 @@ def build_parser() -> argparse.ArgumentParser:
         "values layer: defaults < --preset < --config < flags. Exit status: 0 complete "
         "(every seed ran every round with every client), 4 degraded (some client missed "
         "rounds, or a round made no update), 3 aborted (a seed stopped early), 2 a usage or "
-        "configuration error, 130 interrupted; run.json records the same status.",
+        "configuration error, 130 interrupted by Ctrl-C (SIGINT), 143 by SIGTERM; run.json "
+        "records the same status.",
     )
-    run.add_argument("--preset", help="a bundled preset (`secagg presets` lists them)")
+    run.add_argument(
+        "--preset",
+        choices=S.preset_names(),
+        metavar="NAME",
+        help="a bundled preset (`secagg presets` lists them)",
+    )
     run.add_argument(
         "--config",
         type=Path,
@@ -158,7 +241,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_settings(run)
 
     presets = sub.add_parser("presets", help="list the bundled presets, or show one")
-    presets.add_argument("--show", metavar="NAME", help="print the preset's settings")
+    presets.add_argument(
+        "--show", choices=S.preset_names(), metavar="NAME", help="print the preset's settings"
+    )
     listings = (
         sub.add_parser("protocols", help="list the registered protocols and their settings"),
         sub.add_parser("tasks", help="list the registered tasks (data, model, metric)"),
@@ -201,7 +286,9 @@ def build_parser() -> argparse.ArgumentParser:
         "`secagg bench NAME --check` re-runs the subset it declares and compares it with its "
         "committed results (exit status 1 if a value differs beyond its tolerance).",
     )
-    bench.add_argument("name", choices=list(BENCHMARKS))
+    bench.add_argument(
+        "name", choices=list(BENCHMARKS), metavar="NAME", help="the benchmark (listed above)"
+    )
     bench.add_argument("rest", nargs=argparse.REMAINDER, help="the benchmark's own options")
     from secagg.flower.cli import add_parser as add_flower
 
@@ -237,7 +324,23 @@ def resolve_settings(args: argparse.Namespace) -> dict[str, Any]:
     if args.config:
         layers.append(S.read_file(args.config))
     layers.append(S.flag_values(args))
-    return S.layer(*layers)
+    values = S.layer(*layers)
+    check_names(values)
+    return values
+
+
+def check_names(values: dict[str, Any]) -> None:
+    """The task, protocol and backend a preset or file names, checked against the registries
+    as they are now (with what ``--import`` and entry points registered), with the closest
+    names where one is unknown (a flag's value was checked by the parser already)."""
+    for key, registry in (("task", TASKS), ("protocol", PROTOCOLS), ("backend", BACKENDS)):
+        name = values.get(key)
+        if isinstance(name, str) and name not in registry:
+            raise SecaggError(
+                unknown_name(f"unknown {key}", name, registry, LISTINGS.get(key))
+                + " (your own: --import MODULE, or imports = [...] in the config)"
+                * (key != "backend")
+            )
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -265,12 +368,13 @@ def cmd_run(args: argparse.Namespace) -> int:
             trackers=args.tracker,
         )
     except RunInterrupted as stop:
+        by = "" if stop.signal == signal.SIGINT else f" by {stop.signal.name}"
         print(
-            f"secagg: interrupted; {stop.finished} of {stop.total} seeds finished and are "
+            f"secagg: interrupted{by}; {stop.finished} of {stop.total} seeds finished and are "
             f"saved in {stop.folder}/; continue with: secagg run --resume {stop.folder}",
             file=sys.stderr,
         )
-        return 130
+        return stop.exit_code  # 130 for Ctrl-C, 143 for SIGTERM, as the shell counts them
     status = result.status
     for problem in status.problems:  # each in full; the closing line shortens them
         print(f"{status.status}: {problem}", file=sys.stderr)

@@ -535,6 +535,10 @@ def run_experiment(
     ``data``: the task's data as the experimenter holds it, the sets it scores (default
     ``task.load()``: all of them; a deployment's coordinator: ``held_by_coordinator``)."""
     config.validate()
+    # a GPU this process cannot use, for clients built here: refused before anything runs
+    device = device_choice(config.device, here=transport_factory is None)
+    if progress and config.device == "auto" and transport_factory is None:
+        progress(device_line(device))
     audit = audit if audit is not None else AuditLog()
     data = data if data is not None else get_task(config.task).load()
     check_data(config, data, progress)
@@ -618,6 +622,38 @@ def _run_seeds(
             recorder.on_seed(seed, run, audit)
     metrics = pd.DataFrame(rows)
     return ExperimentResult(metrics, audit, final, aborted, events, outcomes)
+
+
+def device_choice(name: str, *, here: bool = True) -> dict[str, str]:
+    """Which torch device a run's ``device`` setting picks in this process (``setting``,
+    ``used``), and for ``auto`` why (``why``); a ConfigError for a GPU this process cannot
+    use, before anything is written or trained. config.json's provenance records it
+    (``device``). ``here=False``: the clients train elsewhere (behind a transport such as
+    Flower's), where each picks its own; nothing is checked here."""
+    if not here:
+        return {
+            "setting": name,
+            "why": "the clients train behind the run's transport, each on its own machine's device",
+        }
+    device = resolve_device(name)
+    choice = {"setting": name, "used": str(device)}
+    if name == "auto":
+        if device.type == "cuda":
+            choice["why"] = (
+                f"the first of the {torch.cuda.device_count()} CUDA GPU(s) torch sees: "
+                f"{torch.cuda.get_device_name(device)}"
+            )
+        elif not torch.backends.cuda.is_built():
+            choice["why"] = "torch sees no CUDA GPU: this torch is built without CUDA"
+        else:
+            choice["why"] = "torch sees no CUDA GPU in this process"
+    return choice
+
+
+def device_line(choice: Mapping[str, str]) -> str:
+    """``device auto: cpu (torch sees no CUDA GPU ...)``: the progress line of ``auto``."""
+    why = f" ({choice['why']})" if choice.get("why") else ""
+    return f"device {choice['setting']}: {choice['used']}{why}"
 
 
 def check_data(

@@ -19,6 +19,8 @@ nothing but its own number.
 
 The folder must be new or empty. A folder holding a run needs ``overwrite`` (which removes
 only the files secagg writes, and refuses a folder with anything else in it) or ``resume``.
+A new run refused before its first seed records anything (``RunFolder.discard``) removes the
+files it wrote and the folders it made, so that it blocks nothing.
 """
 
 from __future__ import annotations
@@ -163,6 +165,7 @@ class RunFolder:
         self.path = Path(path)
         self.config = config
         self._lock: Any = None  # the open lock file (``lock_folder``)
+        self._created: Path | None = None  # the outermost folder prepare() made, if any
         self.rows: list[dict[str, Any]] = []  # every row written so far (finished + current)
         self.finished: dict[int, dict[str, Any]] = {}
         self._audit_written = 0
@@ -183,8 +186,14 @@ class RunFolder:
         if overwrite and resume:
             raise ConfigError("--overwrite and --resume contradict each other: choose one")
         path = default_folder(config) if path is None else Path(path)
+        created = None  # the outermost folder this run makes (``discard`` removes it)
+        for parent in (path, *path.parents):
+            if parent.exists():
+                break
+            created = parent
         check_writable(path)
         folder = cls(path, config)
+        folder._created = created
         folder._lock = lock_folder(path)  # held until finish() or this process ends
         entries = [p for p in path.iterdir() if p.name not in (".secagg-write-test", LOCK)]
         if resume:
@@ -375,6 +384,45 @@ class RunFolder:
         lock, self._lock = self._lock, None
         if lock is not None:
             lock.close()  # closing the file releases its lock
+
+    @property
+    def untouched(self) -> bool:
+        """Nothing of a seed recorded yet: the folder holds only this run's start files."""
+        return not self.rows and not self.finished
+
+    def discard(self) -> None:
+        """Undo a new run refused before its first seed recorded anything (``--device
+        cuda`` without a GPU, a task's data a protocol cannot use ...): remove the files it
+        wrote (config.json, config.toml, run.json, a tracker's folder), and the folders
+        ``prepare`` made for it, so that the same ``--out`` takes the next run as if this
+        one had never started. Anything else in the folder stays, and so does the folder
+        then; a resumed run is never discarded (its files are an earlier run's)."""
+        if not self.untouched:
+            raise ConfigError(f"{self.path} holds a seed's results: it is not discarded")
+        for name in RUN_FILES:
+            p = self.path / name
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            elif p.exists() or p.is_symlink():
+                p.unlink(missing_ok=True)
+        for p in self.path.glob(".*.tmp"):  # an atomic write cut short
+            p.unlink(missing_ok=True)
+        lock, self._lock = self._lock, None
+        try:
+            if self._created is None:
+                return  # the folder was there before: its lock file may be others' too
+            (self.path / LOCK).unlink(missing_ok=True)
+            (self.path / ".secagg-write-test").unlink(missing_ok=True)
+            for folder in (self.path, *self.path.parents):  # up to the one this run made
+                try:
+                    folder.rmdir()  # only if empty
+                except OSError:
+                    break
+                if folder == self._created:
+                    break
+        finally:
+            if lock is not None:
+                lock.close()
 
     def _save_model(self, seed: int, params: np.ndarray) -> None:
         import torch

@@ -424,7 +424,8 @@ CORE = (
     _s(
         "device",
         "where clients train and the model is evaluated: cpu, cuda, cuda:N, or auto (the "
-        "first GPU torch sees, else the CPU); encryption always runs on the CPU",
+        "first GPU torch sees, else the CPU; the run says which, and config.json records it); "
+        "encryption always runs on the CPU",
         str,
         (str,),
         "cpu",

@@ -117,15 +117,25 @@ def test_resuming_a_complete_run_trains_nothing_and_keeps_its_results(
 
 
 def test_sigterm_stops_like_ctrl_c_and_the_folder_is_locked_while_a_run_writes(tmp_path, capsys):
-    """What SLURM sends at the time limit: the run stops as on Ctrl-C, its folder marked
-    interrupted and resumable. While a process writes a folder, another one is refused."""
+    """What SLURM sends at the time limit: the run stops as on Ctrl-C, with its one line,
+    its finished seeds kept and its folder marked interrupted and resumable, but exits 143
+    (128 + SIGTERM), as the shell counts it. While a process writes a folder, another one
+    is refused."""
     from secagg.simulation.outputs import lock_folder
 
     folder = tmp_path / "run"
     stopped = interrupt_after_first_seed(folder, sig=signal.SIGTERM)
-    assert stopped.returncode == 130, stopped.stderr
+    assert stopped.returncode == 143, stopped.stderr
     assert "Traceback" not in stopped.stderr, stopped.stderr
-    assert json.loads((folder / "run.json").read_text())["status"] == "interrupted"
+    last = stopped.stderr.strip().splitlines()[-1]
+    assert "interrupted by SIGTERM" in last and "--resume" in last, stopped.stderr
+    state = json.loads((folder / "run.json").read_text())
+    assert state["status"] == "interrupted"
+    done = sorted(int(s) for s in state["finished"])
+    assert 1 <= len(done) < 3, "SIGTERM came too late to test anything"
+    for seed in done:  # what finished is kept: its rows and its model
+        assert (comparable(folder)["seed"] == seed).sum() == 4
+        assert (folder / "models" / f"seed-{seed}.npy").is_file()
     held = lock_folder(folder)  # as a second process would hold it
     try:
         assert main(["run", "--resume", str(folder), "--quiet"]) == 2
