@@ -313,7 +313,8 @@ def test_a_coordinator_scores_only_the_test_set_it_holds_and_reads_no_sites_part
     everything = evaluate(task, full, w)
     out = evaluate(task, held, w)
     # the same pooled test set: the simulation's scores of it, and nothing else
-    assert out == {k: everything[k] for k in ("test_pooled", "test_loss", "test_mean_risk")}
+    shown = ("test_pooled", "test_c_index", "test_loss", "test_mean_risk")
+    assert out == {k: everything[k] for k in shown}
     assert held.n_clients == 6 and held.test is None and not held.holds_training_data
     config = ExperimentConfig(task="tcga-brca", validation_split=0.2)
     assert seed_data(config, 3, held)[0] is held  # nothing to split where nothing is held

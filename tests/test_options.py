@@ -57,7 +57,10 @@ def test_there_are_options_to_check():
 )
 def test_every_protocol_setting_reaches_its_protocol(protocol, option, tmp_path):
     value = other_value(option)
-    config = resolved(["--protocol", protocol, *flag_argv(option, value)], tmp_path)
+    # on a task the protocol can train (its example's; the default task otherwise)
+    task = PROTOCOLS[protocol].example.settings.get("task")
+    on = ["--task", task] if task else []
+    config = resolved(["--protocol", protocol, *on, *flag_argv(option, value)], tmp_path)
     built = make_protocol(protocol, **config.protocol_options)
     assert built.option_values()[option.key] == value
     # and the default is the constructor's own
