@@ -97,16 +97,72 @@ def pinned_app(node_dir: Path) -> str:
     return pin
 
 
+class TaskAfterObjects:
+    """The SuperNode's state as Flower's ``_pull_and_store_message`` sees it, with the
+    ClientApp task it creates for a message held back until the message's objects are all
+    in the object store.
+
+    flwr 1.42 creates the task (which the executor's next ``AcquireTask`` hands out) before
+    it pulls the message's objects from the SuperLink: a ClientApp started in between pulls
+    the content-less message and then asks for objects that are not there yet, again and
+    again (measured: 6.2 object requests for a message of 3 objects), each a request to the
+    SuperNode's Runtime API and each wait a back-off that can overshoot the object's
+    arrival. Here ``create_task`` only notes what to create (:data:`HELD`, which Flower only
+    tests for None and hands back to ``finish_task``, stands for it), :meth:`release`
+    creates it once the pull returned with the objects stored, and a ``finish_task`` of the
+    held task (Flower's own failure path: the pull of the objects failed) finishes
+    nothing, because nothing was created. Flower's code, its order and its checks are
+    otherwise unchanged."""
+
+    #: the task id Flower sees for a held task (Flower's ids are unsigned 64-bit)
+    HELD = -1
+
+    def __init__(self, state: Any):
+        self._state = state
+        self.held: dict[str, Any] | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._state, name)
+
+    def create_task(self, **asked: Any) -> int:
+        self.held = asked
+        return self.HELD
+
+    def finish_task(self, task_id: int, *args: Any, **kwargs: Any) -> Any:
+        if task_id == self.HELD:
+            self.held = None  # never created: nothing to finish
+            return True
+        return self._state.finish_task(task_id, *args, **kwargs)
+
+    def release(self, message_id: str, object_store: Any) -> bool:
+        """Create the held task, if any; False where that fails (as Flower does when its own
+        creation fails: the message and its objects deleted, nothing runs)."""
+        if self.held is None:
+            return True
+        asked, self.held = self.held, None
+        if self._state.create_task(**asked) is not None:
+            return True
+        from flwr.supernode import start_client_internal as supernode
+
+        supernode.log(logging.ERROR, "secagg: no task for message %s; dropped", message_id)
+        self._state.delete_messages(message_ids=[message_id])
+        object_store.delete(message_id)
+        return False
+
+
 def guard_pull(pin: str, pull: Callable[..., int | None]) -> Callable[..., int | None]:
     """Flower's ``_pull_and_store_message`` (``pull``), refusing runs of another App: the
     FAB of a run the node has not accepted is checked as it arrives; a foreign one gets
-    Flower's "invalid FAB" error reply and nothing is stored."""
+    Flower's "invalid FAB" error reply and nothing is stored. A message's ClientApp task is
+    created only once its objects are stored (:class:`TaskAfterObjects`), and the warm
+    executor woken then."""
     from flwr.app import Error, Message
     from flwr.common.constant import ErrorCode
     from flwr.supernode import start_client_internal as supernode
 
     def guarded(*, state: Any, object_store: Any, receive: Any, get_fab: Any, **rest: Any):
         received: list[Message] = []
+        tasks = TaskAfterObjects(state)
 
         def receive_and_remember():
             asked = time.time()
@@ -124,12 +180,16 @@ def guard_pull(pin: str, pull: Callable[..., int | None]) -> Callable[..., int |
 
         try:
             run = pull(
-                state=state,
+                state=tasks,
                 object_store=object_store,
                 receive=receive_and_remember,
                 get_fab=get_pinned_fab,
                 **rest,
             )
+            if run is not None and not tasks.release(
+                received[-1].metadata.message_id, object_store
+            ):
+                return None
             if TRACE and received:
                 _trace("stored", received[-1].metadata.message_id)
             if run is not None:

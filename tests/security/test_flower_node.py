@@ -325,3 +325,68 @@ def test_dp_noise_seeded_from_the_run_is_refused_by_a_node(tmp_path, caplog):
     refused_with(reply, "bad_configuration", 'set dp_noise = "os"', caplog)
     with pytest.raises(SeededNoiseRefused):  # and a guarded SuperNode does not start
         guard.run_supernode(node, ["--superlink", "x:9092", "--insecure"])
+
+
+@pytest.mark.parametrize("objects_arrive", [True, False], ids=["stored", "pull-failed"])
+def test_a_messages_clientapp_task_exists_only_once_its_objects_are_stored(
+    tmp_path, monkeypatch, objects_arrive
+):
+    """Flower creates a message's ClientApp task before it pulls the message's objects, so
+    an executor that asks in between starts a ClientApp that waits for objects not yet
+    there. On a guarded node no task exists while the objects are pulled; the task is
+    created once all are in the node's object store, before the warm executor is woken. A
+    message whose objects cannot be pulled leaves no task and no message (Flower's own
+    failure path, unchanged)."""
+    from flwr.supercore.inflatable.inflatable_utils import ObjectPullError
+
+    nodes = prepare(tmp_path / "dep", PLAIN)
+    node = nodes["client_0"]
+    ours = guard.build_app(tmp_path / "dep" / "app")
+    monkeypatch.setattr(supernode, "_pull_and_store_message", supernode._pull_and_store_message)
+    guard.install(guard.pinned_app(node))
+    state = NodeStateFactory(objectstore_factory=ObjectStoreFactory()).state()
+    store = ObjectStoreFactory().store()
+    state.set_node_id(100)
+    message = Message(RecordDict({"q": ConfigRecord({"a": 1})}), 100, "query")
+    message.metadata.__dict__.update({"_run_id": 5, "_message_id": message.object_id})
+    message.metadata.__dict__["_src_node_id"] = 1
+    objects = {k: v.deflate() for k, v in get_all_nested_objects(message).items()}
+    fab = Fab(hashlib.sha256(ours).hexdigest(), ours, {})
+    run = replace(Run.create_empty(5), fab_hash=fab.hash_str, series_id=5)
+    pulled: list[str] = []
+
+    def pull_object(run_id, object_id):
+        assert state.get_tasks(run_ids=[5]) == []  # no ClientApp can start yet
+        pulled.append(object_id)
+        if not objects_arrive:
+            raise ObjectPullError(object_id, "gone")
+        return objects[object_id]
+
+    woken = []
+    monkeypatch.setattr(
+        guard, "wake_executor", lambda: woken.append(len(state.get_tasks(run_ids=[5])))
+    )
+    got = supernode._pull_and_store_message(
+        state=state,
+        object_store=store,
+        node_config={"node-dir": str(node)},
+        receive=lambda: (message, get_object_tree(message)),
+        get_run=lambda r: run,
+        get_fab=lambda h, r: fab,
+        pull_object=pull_object,
+        confirm_message_received=lambda r, m: None,
+        trusted_entities=None,
+    )
+    assert pulled
+    if objects_arrive:
+        assert got == 5
+        (task,) = state.get_tasks(run_ids=[5])
+        assert task.status.status == "pending" and task.run_id == 5
+        assert all(store.get(k) == v for k, v in objects.items())  # every object stored
+        assert woken == [1]  # woken once, with the task there to take
+        (stored,) = state.get_messages_legacy(run_ids=[5], is_reply=False)
+        assert stored.metadata.message_id == message.metadata.message_id
+    else:
+        assert got is None and woken == []
+        assert state.get_tasks(run_ids=[5]) == []  # nothing created, nothing to run
+        assert state.get_messages_legacy(run_ids=[5], is_reply=False) == []
