@@ -382,6 +382,26 @@ def fork_executor(zygote: int) -> Any:
     return ForkExecutor()
 
 
+def die_with_parent(parent_pid: int) -> None:
+    """End this process (SIGTERM) as soon as the SuperNode that started it dies, from now on,
+    warm-up included. Flower's own watch of the parent starts only with its loop, after the
+    imports and the node's data (tens of seconds on a loaded machine): a SuperNode the
+    SuperLink refused, which ``secagg flower node`` starts again every 3 s, left an executor
+    warming up per try beside the live one's (seen in the fault test: the restarted node's
+    executor ready 55 s after its start, later than the run's last round). Linux's
+    ``PR_SET_PDEATHSIG``; elsewhere only Flower's watch. Not inherited by the zygote or the
+    message processes (the kernel clears it at fork)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent_pid:  # it died before the line above
+        sys.exit(0)
+
+
 def main(argv: list[str] | None = None) -> None:
     """``python -m secagg.flower.warm --runtime-api-address HOST:PORT --parent-pid PID
     [--insecure | --root-certificates FILE]``: the warm executor of one SuperNode."""
@@ -396,6 +416,7 @@ def main(argv: list[str] | None = None) -> None:
     tls.add_argument("--insecure", action="store_true")
     tls.add_argument("--root-certificates")
     args = parser.parse_args(argv)
+    die_with_parent(args.parent_pid)
     warm_imports()
     if args.node_dir:  # the node's own settings applied, its task's data loaded, once
         from secagg.flower.node import NodeClient, preload_task_data

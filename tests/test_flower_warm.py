@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import sys
 import time
 
 import pytest
@@ -359,3 +360,50 @@ def test_a_process_is_profiled_only_where_asked(tmp_path, monkeypatch):
     (written,) = tmp_path.iterdir()
     assert written.name == f"serverapp-{os.getpid()}.prof"
     assert pstats.Stats(str(written)).total_calls > 0
+
+
+def test_the_executor_ends_with_its_supernode_even_while_it_warms_up(tmp_path):
+    """An executor whose SuperNode died (a start the SuperLink refused) does not go on
+    importing torch and loading data beside the next try's executor: it ends with its parent
+    at once, wherever it is (``die_with_parent``), where Flower's own watch of the parent
+    starts only with its loop."""
+    import signal
+    import subprocess
+    from pathlib import Path
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("PR_SET_PDEATHSIG is Linux's")
+    child = (
+        "import os, sys, time; from secagg.flower.warm import die_with_parent; "
+        "die_with_parent(os.getppid()); print(os.getpid(), flush=True); time.sleep(600)"
+    )
+    parent = (  # the SuperNode: starts the executor, then is killed
+        "import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', sys.argv[1]], "
+        "stdout=subprocess.PIPE, text=True); print(p.stdout.readline().strip(), flush=True); "
+        "import time; time.sleep(600)"
+    )
+    supernode = subprocess.Popen(
+        [sys.executable, "-c", parent, child], stdout=subprocess.PIPE, text=True
+    )
+    executor = int(supernode.stdout.readline())
+
+    def alive(pid: int) -> bool:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            return False
+        return "\nState:\tZ" not in status
+
+    try:
+        assert alive(executor)
+        supernode.send_signal(signal.SIGKILL)
+        supernode.wait()
+        for _ in range(600):  # the kernel signals it at once; wait however loaded the machine is
+            if not alive(executor):
+                break
+            time.sleep(0.1)
+        assert not alive(executor)
+    finally:  # nothing of the test outlives it
+        for pid in (executor, supernode.pid):
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
