@@ -40,7 +40,9 @@ want=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [[ ! -f $stamp || "$(cat "$stamp")" != "$want" ]]; then
   echo "secagg setup: installing dependencies (first time: a few minutes, torch is large)" >&2
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e ".[test,flower,native,docs]"
+  # the editable install without the extension (SECAGG_NATIVE=off: setup.py skips it), which
+  # scripts/build_native.sh builds in place next, and rebuilds when its sources change
+  SECAGG_NATIVE=off .venv/bin/python -m pip install -q -e ".[test,flower,native,docs]"
   echo "$want" > "$stamp"
 fi
 bash scripts/build_native.sh

@@ -1,9 +1,11 @@
-"""The wheel installs one import name, ``secagg``, with its data, presets and type marker,
-and works from outside the source tree."""
+"""The wheel installs one import name, ``secagg``, with its data, presets, type marker and
+native extension, and works from outside the source tree (scripts/check_wheel.sh, in CI,
+runs a threshold round from a clean venv); the sdist carries what building it needs."""
 
 import os
 import subprocess
 import sys
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -57,6 +59,47 @@ def test_the_wheel_installs_only_the_secagg_namespace(wheel):
     assert "secagg/clients/tasks/data/fed_tcga_brca/brca.csv" in names
     assert "secagg/simulation/presets/quickstart.toml" in names
     assert not any("benchmarks" in n for n in names)  # they stay in the repository
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("SECAGG_NATIVE") == "off", reason="SECAGG_NATIVE=off")
+def test_the_wheel_carries_the_native_extension(wheel):
+    """The build backend puts the extension into the wheel: without it an installed secagg
+    has no threshold backend and runs ckks on TenSEAL's binding alone."""
+    names = zipfile.ZipFile(wheel).namelist()
+    assert any(n.startswith("secagg/ckks/_seal_native.") and n.endswith(".so") for n in names)
+    assert "-none-any" not in wheel.name  # tagged for the interpreter it was built for
+
+
+@pytest.mark.slow
+def test_the_sdist_carries_what_the_build_needs_and_no_tests(tmp_path):
+    """SEAL's sources ride in the sdist (installing it downloads nothing but the build
+    requirements); the tests stay in the repository, whose benchmarks/ and docs/ they use."""
+    code = "import sys; from setuptools import build_meta as b; print(b.build_sdist(sys.argv[1]))"
+    built = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    sdist = tmp_path / built.stdout.split()[-1]
+    with tarfile.open(sdist) as archive:
+        names = {n.split("/", 1)[1] for n in archive.getnames() if "/" in n}
+    for needed in (
+        "setup.py",
+        "pyproject.toml",
+        "native/CMakeLists.txt",
+        "native/seal_native.cpp",
+        "native/seal_build.py",
+        "native/SEAL/CMakeLists.txt",
+        "native/SEAL/LICENSE",
+        "native/SEAL/native/src/seal/seal.h",
+        "secagg/clients/tasks/data/fed_tcga_brca/brca.csv",
+    ):
+        assert needed in names, needed
+    assert not any(n.startswith(("tests/", "benchmarks/")) for n in names)
+    assert not any(n.endswith(".so") for n in names)
 
 
 @pytest.mark.slow
