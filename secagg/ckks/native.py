@@ -28,7 +28,13 @@ from secagg.errors import ConfigError
 ENV = "SECAGG_NATIVE"
 THREADS_ENV = "SECAGG_NATIVE_THREADS"
 MODES = ("auto", "on", "off")
-_BUILD_HINT = "build it with `bash scripts/build_native.sh` (or set SECAGG_NATIVE=off)"
+# where the extension comes from: an installed secagg has it when its wheel was built by the
+# build backend (setup.py), a checkout once scripts/build_native.sh ran
+INSTALL_HINT = (
+    "install secagg from its sdist or a wheel built from it (the build backend builds the "
+    "extension; a C++17 compiler is needed), or in a checkout run `bash scripts/build_native.sh`"
+)
+_BUILD_HINT = f"{INSTALL_HINT} (or set SECAGG_NATIVE=off)"
 
 
 def mode() -> str:

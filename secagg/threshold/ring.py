@@ -40,7 +40,7 @@ import numpy as np
 from secagg.ckks import native
 from secagg.errors import ConfigError, MalformedCiphertext
 
-_BUILD_HINT = "build it with `bash scripts/build_native.sh`"
+_BUILD_HINT = native.INSTALL_HINT
 
 
 @functools.cache
