@@ -2,8 +2,8 @@
 # Create .venv with CPython 3.13 (SECAGG_PYTHON overrides: any interpreter pyproject.toml's
 # requires-python accepts) and install secagg into it. Idempotent: recreates .venv when its
 # Python is not that one, reinstalls only when pyproject.toml changed since the last
-# successful install; then builds the native extension over SEAL (scripts/build_native.sh;
-# SECAGG_NATIVE=off skips).
+# successful install; then builds the native extension over SEAL in place
+# (scripts/build_native.sh; SECAGG_NATIVE=off skips).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -39,10 +39,12 @@ stamp=.venv/.secagg-installed
 want=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [[ ! -f $stamp || "$(cat "$stamp")" != "$want" ]]; then
   echo "secagg setup: installing dependencies (first time: a few minutes, torch is large)" >&2
-  .venv/bin/python -m pip install -q --upgrade pip
-  # the editable install without the extension (SECAGG_NATIVE=off: setup.py skips it), which
-  # scripts/build_native.sh builds in place next, and rebuilds when its sources change
-  SECAGG_NATIVE=off .venv/bin/python -m pip install -q -e ".[test,flower,native,docs]"
+  .venv/bin/python -m pip install -q --upgrade pip "setuptools>=77"
+  # the editable install without the extension (SECAGG_NATIVE=off: setup.py skips it, so the
+  # build needs nothing but .venv's setuptools), which scripts/build_native.sh builds in place
+  # next, and rebuilds when its sources change
+  SECAGG_NATIVE=off .venv/bin/python -m pip install -q --no-build-isolation \
+    -e ".[test,flower,native,docs]"
   echo "$want" > "$stamp"
 fi
 bash scripts/build_native.sh
