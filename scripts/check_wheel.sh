@@ -23,13 +23,17 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 echo "secagg wheel check: building the wheel" >&2
+# setuptools' staging folders: a wheel takes whatever they hold, a stale extension included
+rm -rf build/lib.* build/bdist.*
 .venv/bin/python -m pip wheel . --no-deps --no-build-isolation -q -w "$work/dist" \
   > "$work/build.log" 2>&1 || { tail -n 40 "$work/build.log" >&2; exit 1; }
 wheel=$(ls "$work"/dist/secagg-*.whl)
-if ! .venv/bin/python -m zipfile -l "$wheel" | grep -q 'secagg/ckks/_seal_native\..*\.so'; then
-  echo "secagg wheel check: $(basename "$wheel") carries no native extension" >&2
-  exit 1
-fi
+.venv/bin/python - "$wheel" <<'EOF'
+import re, sys, zipfile
+names = zipfile.ZipFile(sys.argv[1]).namelist()
+if not any(re.fullmatch(r"secagg/ckks/_seal_native\..*\.so", n) for n in names):
+    sys.exit(f"secagg wheel check: {sys.argv[1]} carries no native extension")
+EOF
 
 .venv/bin/python -m venv "$work/venv"
 "$work/venv/bin/python" -m pip install -q --no-deps --no-index "$wheel"
