@@ -31,6 +31,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -243,7 +244,7 @@ class RunFolder:
                 "resume with no settings (they are read from the folder) or the same ones"
             )
         recorded = json.loads((self.path / "config.json").read_text()).get("provenance", {})
-        changed = changed_data(recorded.get("data"), self.data_now())
+        changed = changed_data(recorded.get("data"), self.data_now)
         if changed:
             raise ConfigError(
                 f"--resume: the task's data changed since {self.path} was started ("
@@ -290,8 +291,10 @@ class RunFolder:
             finished.privacy_events[s] = info.get("privacy_events", [])
         return finished
 
+    @cached_property
     def data_now(self) -> dict[str, Any] | None:
-        """The task's data sources as they are now (``Task.sources``), or None."""
+        """The task's data sources as they are now (``Task.sources``), or None; hashed once
+        per run start (a resume compares them and then records them)."""
         from secagg.clients.tasks import get_task
 
         return data_provenance(get_task(self.config.task))
@@ -300,7 +303,7 @@ class RunFolder:
     def start(self, provenance: dict[str, Any]) -> None:
         settings = from_config(self.config)
         # where the task's data came from, where it says (Task.sources)
-        provenance = {**provenance, "data": self.data_now()}
+        provenance = {**provenance, "data": self.data_now}
         document = {
             "format": FORMAT,
             "settings": settings,
