@@ -30,14 +30,22 @@ from benchmarks.stats import (
     markdown_table,
     run_complete,
 )
-from secagg.ckks.presets import DEFAULT_PRESET as CKKS_DEFAULT
+from secagg.backends import backend_spec
 from secagg.protocols import make_protocol
 from secagg.simulation.cli import parse_seeds
 from secagg.simulation.experiment import ExperimentConfig
-from secagg.threshold.params import DEFAULT_PRESET as THRESHOLD_DEFAULT
 from secagg.threshold.params import get_preset as threshold_preset
 
 HERE = Path(__file__).parent
+
+
+def default_preset(backend: str) -> str:
+    """The backend's preset for protocols that weigh their uploads after they arrive."""
+    presets = backend_spec(backend).presets
+    assert presets is not None
+    return presets.default
+
+
 #: ``secagg bench parity --check``: seed 42 on ckks compact with 30 flooding bits (about 30 s)
 #: the results files it writes, one per run's arguments (the reference page lists them)
 RESULTS = "parity_*.md"
@@ -76,16 +84,17 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=parse_seeds, default=parse_seeds("42-46"))
     parser.add_argument("--backend", choices=("ckks", "threshold"), default="ckks")
+    defaults = {b: default_preset(b) for b in ("ckks", "threshold")}
     parser.add_argument(
         "--preset",
-        help=f"the backend's preset ({CKKS_DEFAULT} / {THRESHOLD_DEFAULT} by default; on "
+        help=f"the backend's preset ({defaults['ckks']} / {defaults['threshold']} by default; on "
         "threshold, lean runs the streaming protocols only)",
     )
     parser.add_argument("--flooding-bits", type=int, default=30, help="ckks only")
     parser.add_argument("--out", type=Path, default=HERE / "results")
     args = parser.parse_args(argv)
     encrypted = args.backend
-    preset = args.preset or {"ckks": CKKS_DEFAULT, "threshold": THRESHOLD_DEFAULT}[encrypted]
+    preset = args.preset or defaults[encrypted]
     words = ["python", "-m", "benchmarks.parity", "--seeds", seeds_text(args.seeds)]
     words += ["--backend", encrypted, "--preset", preset]
     if encrypted == "ckks":

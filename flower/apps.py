@@ -32,6 +32,7 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
+from secagg.backends import backend_spec
 from secagg.errors import ClientRefused, ConfigError, RunNotComplete, error_code
 from secagg.flower import messages
 from secagg.flower.keystore import experiment_name, read_signers
@@ -136,7 +137,7 @@ def run_on_flower(
     config = load_experiment(deployment / "experiment.toml")
     experiment = experiment_name(config)
     roster = read_signers(deployment / "server" / "signers.json")
-    signers = roster if config.backend != "plain" else None
+    signers = roster if backend_spec(config.backend).keyed else None
     ids = roster_clients(roster, deployment / "server" / "signers.json")
     held = held_by_coordinator(get_task(config.task).load(), len(ids))
     log = out.with_name(out.name + "-progress.log")

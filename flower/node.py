@@ -41,6 +41,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from secagg.backends import backend_spec
 from secagg.errors import ConfigError, MalformedMessage, SecaggError
 from secagg.flower.experimenter import OBSERVER_PUBLIC, read_observer_public
 from secagg.flower.keystore import (
@@ -264,7 +265,10 @@ class NodeClient:
         previous = path.read_bytes() if path.exists() else None
         if previous is not None:
             client.restore_state(previous)
-        plaintext = self.config.backend == "plain" or self.config.allow_plaintext_updates
+        plaintext = (
+            backend_spec(self.config.backend).server_reads_uploads
+            or self.config.allow_plaintext_updates
+        )
         before = released_counts(client, plaintext_updates=plaintext)
         reply = client.handle(envelope)
         after = released_counts(client, plaintext_updates=plaintext)

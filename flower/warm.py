@@ -107,21 +107,16 @@ def warm_imports() -> None:
 
 
 def warm_backend(config: Any) -> None:
-    """Build, once in the zygote, what secagg's ckks backend builds once per process and
-    shares (``functools.cache``): SEAL's context for the node's preset and its fingerprint,
-    and the native extension's parameters and seed expander. Every message's process built
-    them anew (0.08 s per ckks message measured, most of a node's own work per message).
-    Public parameters only: no key exists yet."""
-    if config.backend != "ckks":
-        return
-    from secagg.ckks import native
-    from secagg.ckks.presets import get_preset
-    from secagg.ckks.public import params_fingerprint
+    """Build, once in the zygote, what the node's backend builds once per process and
+    shares (``BackendSpec.warm``; ckks: SEAL's context for the node's preset and its
+    fingerprint, the native extension's parameters and seed expander). Every message's
+    process built them anew (0.08 s per ckks message measured, most of a node's own work
+    per message). Public parameters only: no key exists yet."""
+    from secagg.backends import backend_spec
 
-    preset = get_preset(config.resolved_backend_options()["preset"])
-    params_fingerprint(preset)  # and make_context(preset)
-    if native.module() is not None:
-        native.seed_expander(preset.poly_modulus_degree, tuple(preset.coeff_bits))
+    spec = backend_spec(config.backend)
+    if spec.warm is not None:
+        spec.warm(config.resolved_backend_options())
 
 
 # ---- the zygote ---------------------------------------------------------------------------

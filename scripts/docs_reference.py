@@ -179,8 +179,10 @@ def _option_rows(name: str, spec: Any, settings: Mapping[str, Any] | None) -> li
 
 
 def protocols_page() -> str:
-    from secagg.ckks.presets import STREAMING_PRESET as CKKS_STREAMING
+    from secagg.backends import backend_spec
     from secagg.protocols import PROTOCOLS
+
+    streaming = backend_spec("ckks").default_preset(streams=True, precise_sums=False)
     from secagg.protocols.base import Capabilities
     from secagg.protocols.pieces import FixedServerStep, piece, pieces_of
     from secagg.protocols.registry import protocol_settings
@@ -203,7 +205,7 @@ def protocols_page() -> str:
         "nothing has. `reveals` lists what the server learns in plaintext on an encrypted "
         "backend besides the sample counts; `streams`: the weights are fixed before the "
         "uploads, so the server folds them in as they arrive (and ckks defaults to its "
-        f"{code(CKKS_STREAMING)} preset). Each protocol's values are those of the protocol "
+        f"{code(streaming)} preset). Each protocol's values are those of the protocol "
         "built with its default settings; a few protocols change them with their settings.",
         "",
     ]
@@ -344,6 +346,7 @@ def presets_page() -> str:
         ["Backend", "Summary", "Clients open aggregates"],
         [[code(b.name), text(b.summary), yes_no(b.client_opens)] for b in BACKENDS.values()],
     )
+    presets = {b: spec.presets for b, spec in BACKENDS.items() if spec.presets is not None}
     exposed = {
         (owner, s.target): s
         for s in S.settings_table().values()
@@ -380,8 +383,8 @@ def presets_page() -> str:
         f"checks every set at {ckks.CKKSPreset.security_bits}-bit security when it builds "
         "the context, so an insecure set cannot be used. A sum's scale is 2^(scale bits + "
         "weight bits); the coefficient modulus lists the data primes, then SEAL's special "
-        f"prime. Default: {code(ckks.STREAMING_PRESET)} for protocols whose weights are "
-        f"fixed before the uploads (streaming), else {code(ckks.DEFAULT_PRESET)}.",
+        f"prime. Default: {code(presets['ckks'].streaming)} for protocols whose weights are "
+        f"fixed before the uploads (streaming), else {code(presets['ckks'].default)}.",
         "",
     ]
     body += table(
@@ -421,8 +424,8 @@ def presets_page() -> str:
         "",
         f"{code(exposed[('threshold', 'preset')].flag + ' NAME')} (`secagg.threshold.params`): "
         "one prime modulus, ring dimension N. Default: "
-        f"{code(threshold.STREAMING_PRESET)} for streaming protocols, else "
-        f"{code(threshold.DEFAULT_PRESET)}.",
+        f"{code(presets['threshold'].streaming)} for streaming protocols, else "
+        f"{code(presets['threshold'].default)}.",
         "",
     ]
     body += table(

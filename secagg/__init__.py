@@ -13,7 +13,8 @@ processes, which import ``secagg.server``, never load torch or the data librarie
   run it, get DataFrames and the written files back (``secagg.RunResult``); ``on_round=``
   gets a ``secagg.RoundRecord`` after every round, ``trackers=`` writes TensorBoard/MLflow;
 - ``secagg.register_task(name, task)`` with ``secagg.Task``; ``secagg.register_protocol(name,
-  cls, ...)`` with ``secagg.Protocol`` and ``secagg.Capabilities``.
+  cls, ...)`` with ``secagg.Protocol`` and ``secagg.Capabilities``;
+  ``secagg.register_backend(spec)`` with ``secagg.BackendSpec``.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ _LAZY = {
     "Protocol": "secagg.protocols",
     "Capabilities": "secagg.protocols",
     "ClientHalf": "secagg.protocols",
+    "register_backend": "secagg.backends",
+    "BackendSpec": "secagg.backends",
 }
 
 __all__ = ["__version__", *_LAZY]

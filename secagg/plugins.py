@@ -1,19 +1,22 @@
 """A researcher's own code: modules named by a run, and installed packages' entry points.
 
 Two ways in, both of which register into the same registries the built-ins use
-(``secagg.clients.tasks.TASKS``, ``secagg.protocols.PROTOCOLS``), so every place that
-lists or looks up a task or protocol (CLI choices, configs, workers, nodes) sees them:
+(``secagg.clients.tasks.TASKS``, ``secagg.protocols.PROTOCOLS``, ``secagg.backends.BACKENDS``),
+so every place that lists or looks up a task, protocol or backend (CLI choices, configs,
+workers, nodes) sees them:
 
 - **modules a run names** (``--import mymodule``, ``imports = ["mymodule"]`` in a config,
   ``ExperimentConfig(imports=[...])``): imported before the run's settings are checked;
-  a module calls ``register_task`` / ``register_protocol`` at import. A name is a module
-  importable from the current folder or ``sys.path``, or a path to a ``.py`` file. The
-  run records the names in its config.toml, so the rerun command imports them again, and
-  worker processes and Flower nodes import them before they build a client.
+  a module calls ``register_task`` / ``register_protocol`` / ``register_backend`` at
+  import. A name is a module importable from the current folder or ``sys.path``, or a
+  path to a ``.py`` file. The run records the names in its config.toml, so the rerun
+  command imports them again, and worker processes and Flower nodes import them before
+  they build a client.
 - **installed packages** declare entry points in the groups ``secagg.tasks`` (a
-  :class:`~secagg.clients.tasks.Task`, or a callable returning one) and ``secagg.protocols``
-  (a ``Protocol`` class); each registry loads its group when a name is not found, and the
-  command line loads both before it lists choices.
+  :class:`~secagg.clients.tasks.Task`, or a callable returning one), ``secagg.protocols``
+  (a ``Protocol`` class) and ``secagg.backends`` (a :class:`~secagg.backends.BackendSpec`,
+  or a callable returning one); each registry loads its group when a name is not found,
+  and the command line loads all three before it lists choices.
 
 Importing a module runs its code: name only modules you trust, as with ``python -m``.
 On a Flower node the coordinator's experiment names modules too, and the node runs none
@@ -36,6 +39,7 @@ from secagg.errors import ConfigError
 
 TASK_GROUP = "secagg.tasks"
 PROTOCOL_GROUP = "secagg.protocols"
+BACKEND_GROUP = "secagg.backends"
 
 _loaded_groups: set[str] = set()
 

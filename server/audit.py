@@ -50,16 +50,6 @@ SETUP = "setup"
 ROUND = "round"
 
 
-#: the backends' key models (``ServerBackend.key_model``), as the audit states them
-WHO_CAN_DECRYPT = {
-    "none": "nothing is encrypted: the server reads every upload",
-    "shared": "any one client (every client holds the one secret key); the server alone cannot",
-    "threshold": "any t of the n key holders together, for one consented sum (one-time keys, "
-    "Shamir-shared t of n): no client alone; the server with fewer than t holders learns "
-    "nothing more",
-}
-
-
 class AuditLog:
     def __init__(self, update_fields: Iterable[str] = ("pseudo_gradient",)):
         #: fields that carry one client's own model update
@@ -73,8 +63,9 @@ class AuditLog:
         self.dp_coverage: dict[str, str] = {}
         #: key-setup and receipt items: protocol machinery, derived from no client data
         self.infrastructure: set[str] = set()
-        #: who can decrypt what the clients upload (the backend's key model, set by the engine)
-        self.key_model: str | None = None
+        #: who can decrypt what the clients upload (``ServerBackend.who_can_decrypt``, set
+        #: by the engine)
+        self.who_can_decrypt: str = "unknown"
         #: SETUP from the engine's set-up until its first round starts, ROUND otherwise
         self.stage: str = ROUND
 
@@ -320,7 +311,7 @@ class AuditLog:
             "aborted_runs": aborted,
             # what the clients learn that the server does not, and who can decrypt at all
             "opened_by_clients": dict(sorted(opened.items())),
-            "who_can_decrypt": WHO_CAN_DECRYPT.get(self.key_model or "", "unknown"),
+            "who_can_decrypt": self.who_can_decrypt,
         }
 
     def write(self, folder: Path) -> None:

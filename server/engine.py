@@ -246,7 +246,7 @@ class Server:
         # which the clients' consents bind; nothing the server did not send
         self.audit.declared.add("basis")
         self.audit.infrastructure |= set(backend.declares) | {"applied", "basis"} | reports
-        self.audit.key_model = backend.key_model
+        self.audit.who_can_decrypt = backend.who_can_decrypt
         if self.policy.server_blind:
             self.audit.declared.add("applied")  # clients' receipts for the apply phase
         if "dp_sgd_epsilon" in self.plan.reports:  # the clients train with DP-SGD

@@ -339,7 +339,6 @@ def check_names(values: dict[str, Any]) -> None:
             raise SecaggError(
                 unknown_name(f"unknown {key}", name, registry, LISTINGS.get(key))
                 + " (your own: --import MODULE, or imports = [...] in the config)"
-                * (key != "backend")
             )
 
 
@@ -527,14 +526,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def load_user_code(argv: list[str]) -> None:
     """Import what the command line names before the parser is built, so that the tasks
-    and protocols a user module (``--import``, a ``--config`` file's or a resumed run's
-    ``imports``) or an installed package (entry points) registers are valid choices."""
+    protocols and backends a user module (``--import``, a ``--config`` file's or a resumed
+    run's ``imports``) or an installed package (entry points) registers are valid choices."""
+    from secagg.backends import load_backend_entry_points
     from secagg.clients.tasks import load_task_entry_points
     from secagg.plugins import import_user_modules
     from secagg.protocols.registry import load_protocol_entry_points
 
     load_task_entry_points()
     load_protocol_entry_points()
+    load_backend_entry_points()
     scan = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     scan.add_argument("--import", "--imports", dest="imports", action="append", default=[])
     scan.add_argument("--config", type=Path)

@@ -14,10 +14,7 @@ import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from secagg.backends import BACKENDS, resolve_options
-from secagg.ckks.presets import DEFAULT_PRESET as CKKS_DEFAULT
-from secagg.ckks.presets import STREAMING_PRESET as CKKS_STREAMING
-from secagg.ckks.presets import get_preset as get_ckks_preset
+from secagg.backends import backend_spec, resolve_options
 from secagg.clients.tasks import TASKS, get_task
 from secagg.dp import ClientDP, ScalarDP
 from secagg.errors import ConfigError
@@ -33,9 +30,6 @@ from secagg.protocols.optimizers import OPTIMIZERS, StepSchedule, make_optimizer
 from secagg.protocols.pieces import FixedServerStep, ValidationFeedback, piece, pre_stage_of
 from secagg.protocols.registry import check_task
 from secagg.server.plan import RunPolicy, TrainingPlan, check_min_clients, check_protocol_run
-from secagg.threshold.params import DEFAULT_PRESET as THRESHOLD_DEFAULT
-from secagg.threshold.params import STREAMING_PRESET as THRESHOLD_STREAMING
-from secagg.threshold.params import get_preset as get_threshold_preset
 
 #: the devices a run may name (whether a GPU is there is checked when clients are built)
 DEVICE = re.compile(r"cpu|auto|cuda(:[0-9]+)?")
@@ -121,8 +115,7 @@ class ExperimentConfig:
             raise ConfigError(f"device must be cpu, cuda, cuda:N or auto, got {self.device!r}")
         protocol_spec(self.protocol)  # an unknown name fails there, naming the choices
         check_task(self.protocol, self.task, list(TASKS))  # e.g. coxph on tcga-brca
-        if self.backend not in BACKENDS:
-            raise ConfigError(f"unknown backend {self.backend!r}; available: {', '.join(BACKENDS)}")
+        backend_spec(self.backend)  # an unknown name fails there, naming the choices
         if self.local_epochs is not None and (
             not isinstance(self.local_epochs, int) or self.local_epochs < 1
         ):
@@ -172,9 +165,8 @@ class ExperimentConfig:
         make_optimizer({**self.optimizer_config(), "dim": 1})
         protocol = make_protocol(self.protocol, **self.protocol_options)
         make_client_half(self.protocol, **self.protocol_options)
-        if not BACKENDS[self.backend].client_opens and (
-            protocol.capabilities.opens_per_round or self.server_blind
-        ):
+        spec = backend_spec(self.backend)
+        if not spec.client_opens and (protocol.capabilities.opens_per_round or self.server_blind):
             raise ConfigError(
                 f"{self.protocol}{' server-blind' if self.server_blind else ''} needs clients "
                 f"to open aggregates themselves, which backend {self.backend} does not do yet; "
@@ -183,27 +175,22 @@ class ExperimentConfig:
         check_protocol_run(
             protocol,
             backend=self.backend,
-            backend_can_read=self.backend == "plain",
+            backend_can_read=spec.server_reads_uploads,
             policy=self.policy(),
             client_dp=self.client_dp is not None,
             validation=self.validation_split is not None,
         )
         options = self.resolved_backend_options()
         streams = protocol.capabilities.streams and self.streaming
-        default = {"ckks": CKKS_DEFAULT, "threshold": THRESHOLD_DEFAULT}.get(self.backend)
-        if default is not None:
-            preset = (
-                get_ckks_preset(options["preset"])
-                if self.backend == "ckks"
-                else get_threshold_preset(options["preset"])
+        preset = spec.preset(options)
+        if preset is not None and preset.weighted_by_clients and not streams:
+            fitting = spec.default_preset(streams=False, precise_sums=True)
+            raise ConfigError(
+                f"{self.backend} preset {options['preset']!r} has the clients apply "
+                f"weights fixed before the uploads (a streaming run); {self.protocol} "
+                + ("weighs its uploads after they arrive" if self.streaming else "is not")
+                + f": use --{self.backend}-preset {fitting}"
             )
-            if preset.weighted_by_clients and not streams:
-                raise ConfigError(
-                    f"{self.backend} preset {options['preset']!r} has the clients apply "
-                    f"weights fixed before the uploads (a streaming run); {self.protocol} "
-                    + ("weighs its uploads after they arrive" if self.streaming else "is not")
-                    + f": use --{self.backend}-preset {default}"
-                )
         if protocol.capabilities.single_contributor_releases and (
             options.get("min_contributors", 1) > 1
         ):
@@ -315,20 +302,19 @@ class ExperimentConfig:
         )
 
     def resolved_backend_options(self) -> dict[str, Any]:
-        """The backend's options with defaults filled in. On ckks the default preset depends
-        on the protocol: ``lean`` (client-weighted, one data prime) where the protocol fixes
-        its weights before the uploads, the run streams and the protocol does not need
-        precise sums (``Capabilities.precise_sums``), else ``compact``; threshold's likewise
-        between ``lean`` and ``wide``."""
+        """The backend's options with defaults filled in. A backend with presets gives the
+        run its default preset by the protocol (:meth:`~secagg.backends.PresetFamily.for_run`:
+        the client-weighted one where the protocol fixes its weights before the uploads, the
+        run streams and the protocol needs no precise sums — ckks's and threshold's ``lean``
+        — else the default: ckks's ``compact``, threshold's ``wide``)."""
         options = dict(self.backend_options)
-        if self.backend in ("ckks", "threshold") and "preset" not in options:
+        if "preset" not in options:
             caps = PROTOCOLS[self.protocol].protocol.capabilities
-            lean = caps.streams and self.streaming and not caps.precise_sums
-            streaming, default = {
-                "ckks": (CKKS_STREAMING, CKKS_DEFAULT),
-                "threshold": (THRESHOLD_STREAMING, THRESHOLD_DEFAULT),
-            }[self.backend]
-            options["preset"] = streaming if lean else default
+            preset = backend_spec(self.backend).default_preset(
+                streams=caps.streams and self.streaming, precise_sums=caps.precise_sums
+            )
+            if preset is not None:
+                options["preset"] = preset
         return resolve_options(self.backend, options)
 
     def to_dict(self) -> dict[str, Any]:

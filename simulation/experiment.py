@@ -31,6 +31,7 @@ import pandas as pd
 import torch
 
 from secagg.backends import (
+    backend_spec,
     make_server_backend,
     provision,
     public_signers,
@@ -244,7 +245,7 @@ def _run(
     torch.manual_seed(seed)  # FLamby: the seed fixes the initial model (and the clients'
     initial = flat_params(task.make_model())  # batch order)
     ids = [f"client_{k}" for k in range(task_data.n_clients)]
-    if config.backend != "plain" and factory.provisions is None and signers is None:
+    if backend_spec(config.backend).keyed and factory.provisions is None and signers is None:
         factory = replace(
             factory,
             provisions=provision(ids, **release_budgets(config, protocol, initial.size, task_data)),

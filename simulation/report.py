@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from secagg.backends import backend_spec
 from secagg.clients.tasks import get_task
 from secagg.protocols import make_protocol
 from secagg.server.audit import AuditLog
@@ -114,7 +115,7 @@ def privacy_report(config: ExperimentConfig, metrics: pd.DataFrame, audit: Audit
             "epsilon_per_seed": per_seed("eps_client_level"),
             "accounted_against": (
                 "each noised upload (the server reads them on plain)"
-                if config.backend == "plain"
+                if backend_spec(config.backend).server_reads_uploads
                 else "the released sums, each round's jointly (they share the uploads' noise)"
             ),
             "epsilon_against_sums_only_per_seed": per_seed("eps_client_level_sums"),

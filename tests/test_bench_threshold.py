@@ -26,13 +26,12 @@ from benchmarks.overhead import (
     threshold_pairs,
     threshold_targets,
 )
+from secagg.backends import backend_spec
 from secagg.backends.base import applied_weight
-from secagg.ckks.presets import STREAMING_PRESET as CKKS_STREAMING
 from secagg.simulation.experiment import ExperimentConfig
 from secagg.threshold.params import (
     PRESETS,
     SIGNATURE_BYTES,
-    STREAMING_PRESET,
     default_t,
     get_preset,
     quantise,
@@ -216,8 +215,12 @@ def test_the_threshold_sweep_alternates_ckks_lean_and_threshold_lean_in_pairs():
     assert {w.preset for _, w in configs if w.backend == "threshold"} == {THRESHOLD_PRESET}
     assert {w.preset for _, w in configs if w.backend == "ckks"} == {THRESHOLD_CKKS_PRESET}
     # each backend on what a streaming FedAdam run picks by default: both lean
-    assert THRESHOLD_PRESET == STREAMING_PRESET == "lean"
-    assert THRESHOLD_CKKS_PRESET == CKKS_STREAMING == "lean"
+    streaming = {
+        b: backend_spec(b).default_preset(streams=True, precise_sums=False)
+        for b in ("ckks", "threshold")
+    }
+    assert THRESHOLD_PRESET == streaming["threshold"] == "lean"
+    assert THRESHOLD_CKKS_PRESET == streaming["ckks"] == "lean"
     for backend, preset in (("threshold", THRESHOLD_PRESET), ("ckks", THRESHOLD_CKKS_PRESET)):
         run = ExperimentConfig(protocol="fedadam", backend=backend)
         assert run.resolved_backend_options()["preset"] == preset

@@ -2,10 +2,16 @@
 ``threshold`` (masks under one-time keys Shamir-shared t of n, ring arithmetic from SEAL).
 
 ``BACKENDS`` is the registry everything reads (the experiment driver, the CLI's choices and
-option groups): each entry says how to build the server half and a client's half from the
-backend's own options (:class:`~secagg.backends.base.BackendOption`). Server code imports
-``secagg.backends.base`` and the server halves only; the client halves (which hold keys) are
-imported when a client is built.
+option groups, the Flower node, the audit): each entry (:class:`BackendSpec`) says how to
+build the server half and a client's half from the backend's own options
+(:class:`~secagg.backends.base.BackendOption`), and holds every fact about the backend that
+the rest of secagg asks — whether the server reads the uploads, its parameter sets and which
+one a run gets by default, what a node can build once before any message. Nothing else
+decides by a backend's name. :func:`register_backend` adds one from outside the package, as
+do installed packages through the entry-point group ``secagg.backends``.
+
+Server code imports ``secagg.backends.base`` and the server halves only; the client halves
+(which hold keys) are imported when a client is built.
 """
 
 from __future__ import annotations
@@ -136,8 +142,28 @@ def public_signers(provisions: Mapping[str, Provision]) -> dict[str, bytes]:
 
 
 @dataclass(frozen=True)
+class PresetFamily:
+    """A backend's named parameter sets (its ``preset`` option) and the rule for the one a
+    run gets when it names none: ``streaming`` (the clients apply weights fixed before the
+    uploads; the server only adds) where the protocol plans its weights, the run streams and
+    the protocol needs no precise sums, else ``default`` (weights chosen after the uploads).
+
+    ``get``: a preset by name (its ``weighted_by_clients`` says whether the clients apply the
+    weights)."""
+
+    get: Callable[[str], Any]
+    default: str
+    streaming: str
+
+    def for_run(self, *, streams: bool, precise_sums: bool) -> str:
+        """The preset a run gets unless it names one."""
+        return self.streaming if streams and not precise_sums else self.default
+
+
+@dataclass(frozen=True)
 class BackendSpec:
-    """A registry entry: the backend's options and how to build each half from them."""
+    """A registry entry: the backend's options, how to build each half from them, and what
+    the rest of secagg needs to know about it."""
 
     name: str
     summary: str
@@ -150,6 +176,32 @@ class BackendSpec:
     #: whether clients can open an aggregate themselves (LARC's Ĝ, RegAgg's centre,
     #: server-blind updates), besides revealing one to the server
     client_opens: bool = True
+    #: whether the server reads each client's upload (``plain``): protocols that need the
+    #: individual updates (robust aggregators) run only here, and client-level DP is
+    #: accounted against each noised upload rather than the released sums. A backend that
+    #: keeps uploads from the server has keys: its clients are provisioned with identities
+    #: and signing keys (:attr:`keyed`)
+    server_reads_uploads: bool = False
+    #: its parameter sets, if it has a ``preset`` option (:class:`PresetFamily`)
+    presets: PresetFamily | None = None
+    #: public work a Flower node can do once, before any message, from the resolved options
+    #: (ckks: SEAL's context and the native extension's parameters for the preset)
+    warm: Callable[[dict[str, Any]], None] | None = None
+
+    @property
+    def keyed(self) -> bool:
+        """Whether the clients hold keys (provisioning gives them identities and signers)."""
+        return not self.server_reads_uploads
+
+    def default_preset(self, *, streams: bool, precise_sums: bool) -> str | None:
+        """The preset a run gets unless it names one (None: the backend has no presets)."""
+        if self.presets is None:
+            return None
+        return self.presets.for_run(streams=streams, precise_sums=precise_sums)
+
+    def preset(self, options: Mapping[str, Any]) -> Any:
+        """The preset the resolved ``options`` name (None: the backend has no presets)."""
+        return None if self.presets is None else self.presets.get(options["preset"])
 
     def resolve(self, options: Mapping[str, Any]) -> dict[str, Any]:
         """The options with defaults filled in, each checked (ConfigError otherwise)."""
@@ -222,6 +274,32 @@ def _ckks_client(client_id: str, options: dict[str, Any], provision: Provision) 
         max_weight_share=options["max_weight_share"],
         releases_per_upload=provision.releases_per_upload,
     )
+
+
+def _ckks_presets(name: str) -> Any:
+    from secagg.ckks.presets import get_preset
+
+    return get_preset(name)
+
+
+def _threshold_presets(name: str) -> Any:
+    from secagg.threshold.params import get_preset
+
+    return get_preset(name)
+
+
+def _ckks_warm(options: dict[str, Any]) -> None:
+    """SEAL's context for the preset and its fingerprint, and the native extension's
+    parameters and seed expander: what the ckks halves build once per process
+    (``functools.cache``). Public parameters only; no key exists yet."""
+    from secagg.ckks import native
+    from secagg.ckks.presets import get_preset
+    from secagg.ckks.public import params_fingerprint
+
+    preset = get_preset(options["preset"])
+    params_fingerprint(preset)  # and make_context(preset)
+    if native.module() is not None:
+        native.seed_expander(preset.poly_modulus_degree, tuple(preset.coeff_bits))
 
 
 def server_policy(options: dict[str, Any], max_weight: int):
@@ -374,6 +452,7 @@ BACKENDS: dict[str, BackendSpec] = {
             ),
             max_weight_share_option(1.0),
         ),
+        server_reads_uploads=True,
     ),
     "ckks": BackendSpec(
         "ckks",
@@ -407,6 +486,8 @@ BACKENDS: dict[str, BackendSpec] = {
             *_release_policy_options(),
         ),
         _check_flooding,
+        presets=PresetFamily(_ckks_presets, default="compact", streaming="lean"),
+        warm=_ckks_warm,
     ),
     "threshold": BackendSpec(
         "threshold",
@@ -443,13 +524,52 @@ BACKENDS: dict[str, BackendSpec] = {
             *_release_policy_options(),
         ),
         _check_threshold,
+        presets=PresetFamily(_threshold_presets, default="wide", streaming="lean"),
     ),
 }
 
 
+def register_backend(spec: BackendSpec, *, replace: bool = False) -> None:
+    """Make ``spec`` available as ``spec.name`` (CLI ``--backend`` and its option flags,
+    configs, workers, Flower nodes). A name already taken is refused unless ``replace``."""
+    if not isinstance(spec, BackendSpec):
+        raise ConfigError(f"register_backend: {spec!r} is not a BackendSpec")
+    name = spec.name
+    if not name or not name.replace("-", "").replace("_", "").isalnum():
+        raise ConfigError(f"backend names are letters, digits, - and _; got {name!r}")
+    if name in BACKENDS and not replace:
+        raise ConfigError(f"backend {name!r} is already registered (pass replace=True)")
+    if spec.presets is not None and "preset" not in {o.key for o in spec.options}:
+        raise ConfigError(f"backend {name!r} has presets but no 'preset' option")
+    BACKENDS[name] = spec
+
+
+def load_backend_entry_points() -> None:
+    """Register the backends installed packages declare (entry point group
+    ``secagg.backends``: a :class:`BackendSpec`, or a callable returning one); once per
+    process."""
+    from secagg.plugins import BACKEND_GROUP, new_entry_points
+
+    for point in new_entry_points(BACKEND_GROUP):
+        if point.name not in BACKENDS:
+            loaded = point.load()
+            spec = loaded() if callable(loaded) and not isinstance(loaded, BackendSpec) else loaded
+            if not isinstance(spec, BackendSpec):
+                raise ConfigError(
+                    f"entry point {point.name!r} ({point.value}) in group {BACKEND_GROUP!r} "
+                    f"is not a BackendSpec (nor a callable returning one): {spec!r}"
+                )
+            register_backend(spec)
+
+
 def backend_spec(name: str) -> BackendSpec:
+    if name not in BACKENDS:  # an installed package's backend (entry point)?
+        load_backend_entry_points()
     if name not in BACKENDS:
-        raise ConfigError(f"unknown backend {name!r}; available: {', '.join(BACKENDS)}")
+        raise ConfigError(
+            f"unknown backend {name!r}; available: {', '.join(BACKENDS)} (a backend of your "
+            "own: register_backend in a module named with --import MODULE)"
+        )
     return BACKENDS[name]
 
 
@@ -461,8 +581,17 @@ def make_server_backend(
     name: str, options: Mapping[str, Any], signers: Mapping[str, bytes] | None = None
 ) -> ServerBackend:
     """The server half; ``signers`` (the clients' public signing keys, from provisioning)
-    lets it check consents before relaying them (the clients check them regardless)."""
-    return backend_spec(name).make_server(resolve_options(name, options), signers)
+    lets it check consents before relaying them (the clients check them regardless). A
+    server half that can read what its registry entry says it cannot (or the reverse) is
+    refused: the run's checks and the audit rely on the entry."""
+    spec = backend_spec(name)
+    server = spec.make_server(resolve_options(name, options), signers)
+    if bool(server.can_read) != spec.server_reads_uploads:
+        raise ConfigError(
+            f"backend {name!r}: its server half has can_read={server.can_read}, its registry "
+            f"entry server_reads_uploads={spec.server_reads_uploads}; make them agree"
+        )
+    return server
 
 
 def make_client_backend(
@@ -480,6 +609,9 @@ __all__ = [
     "BACKENDS",
     "BackendOption",
     "BackendSpec",
+    "PresetFamily",
+    "register_backend",
+    "load_backend_entry_points",
     "ClientBackend",
     "ServerBackend",
     "backend_spec",
@@ -502,7 +634,7 @@ def make_backends(
     provisioned with fresh identities and one roster."""
     provisions = (
         provision(client_ids, decryption_budget, reveal_length, open_budget)
-        if name != "plain"
+        if backend_spec(name).keyed
         else {}
     )
     return (

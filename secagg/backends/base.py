@@ -207,6 +207,8 @@ class ServerBackend(ABC):
     name: str
     #: who may open an aggregate: "none", "shared" or "threshold" (module docstring)
     key_model: str
+    #: the same, as the audit states it to a reader (``audit_summary.json``)
+    who_can_decrypt: str
     #: wire kind of a protected vector: what the server receives when a client uploads one
     upload_kind: str
     #: whether the server can read a handle (True only for the plaintext baseline)

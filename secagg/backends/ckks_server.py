@@ -161,6 +161,9 @@ class CKKSServer(ServerBackend):
     upload_kind = wire.CIPHERTEXT
     can_read = False
     key_model = "shared"
+    who_can_decrypt = (
+        "any one client (every client holds the one secret key); the server alone cannot"
+    )
     # clients' public keys, key-install receipts, signed consents to releases, the flooding
     # σ a decryptor reports (from the descriptor and its provisioning, no client data)
     declares = ("x25519_public", "installed", "consent", SIGMA_FIELD)

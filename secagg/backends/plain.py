@@ -33,6 +33,7 @@ class PlainServer(ServerBackend):
     upload_kind = wire.VECTOR
     can_read = True
     key_model = "none"
+    who_can_decrypt = "nothing is encrypted: the server reads every upload"
 
     def load(self, envelope: Envelope, name: str, length: int) -> np.ndarray:
         return envelope.vector(name, length)

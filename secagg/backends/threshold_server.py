@@ -84,6 +84,11 @@ class ThresholdServer(ServerBackend):
     upload_kind = wire.CIPHERTEXT
     can_read = False
     key_model = "threshold"
+    who_can_decrypt = (
+        "any t of the n key holders together, for one consented sum (one-time keys, "
+        "Shamir-shared t of n): no client alone; the server with fewer than t holders learns "
+        "nothing more"
+    )
     # signed consents to releases; the contributors whose sealed share a holder could not open
     declares = ("consent", "unopened")
 

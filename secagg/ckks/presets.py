@@ -141,10 +141,8 @@ PRESETS: dict[str, CKKSPreset] = {
         ),
     )
 }
-#: the default for protocols whose weights are fixed after the uploads arrive
-DEFAULT_PRESET = "compact"
-#: the default for protocols that fix their weights before (``Capabilities.streams``)
-STREAMING_PRESET = "lean"
+# Which preset a run gets when it names none is the backend registry's rule
+# (``secagg.backends.BACKENDS["ckks"].presets``).
 
 
 def get_preset(name: str) -> CKKSPreset:

@@ -191,9 +191,8 @@ PRESETS: dict[str, ThresholdPreset] = {
         ),
     )
 }
-#: the preset of protocols whose weights are planned before the uploads (as ckks's)
-STREAMING_PRESET = "lean"
-DEFAULT_PRESET = "wide"
+# Which preset a run gets when it names none is the backend registry's rule
+# (``secagg.backends.BACKENDS["threshold"].presets``).
 
 
 def get_preset(name: str) -> ThresholdPreset:
