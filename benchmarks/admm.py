@@ -75,8 +75,8 @@ def reference(problem: str, dataset: str) -> np.ndarray:
 def trace(problem: str, split: str, backend: str, rounds: int, progress) -> list[dict]:
     from secagg.clients.tasks.tabular import pooled
     from secagg.protocols.admm import objective
+    from secagg.runspec.config import ExperimentConfig
     from secagg.server.audit import AuditLog
-    from secagg.simulation.config import ExperimentConfig
     from secagg.simulation.experiment import run_seed
 
     dataset = PROBLEMS[problem]
@@ -132,7 +132,7 @@ def first_below(series: pd.Series, iterations: pd.Series, level: float) -> str:
 
 def table(frame: pd.DataFrame) -> pd.DataFrame:
     from secagg.clients.tasks import get_task
-    from secagg.simulation.evaluation import evaluate
+    from secagg.runspec.evaluation import evaluate
 
     rows = []
     for (problem, split, backend), g in frame.groupby(["problem", "split", "backend"], sort=False):

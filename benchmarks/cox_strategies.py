@@ -170,8 +170,8 @@ def run_one(job: dict[str, Any]) -> dict[str, Any]:
 
     from secagg.clients.tasks import TASKS, register_task
     from secagg.clients.training import set_flat_params
+    from secagg.runspec.config import ExperimentConfig
     from secagg.server.audit import AuditLog
-    from secagg.simulation.config import ExperimentConfig
     from secagg.simulation.experiment import run_seed
 
     task = make_task(job)

@@ -94,8 +94,8 @@ def scores(task_name: str, params: np.ndarray, dataset: str, split: str) -> dict
 
 def run(task_name: str, seed: int, backend: str = "plain") -> tuple[np.ndarray, float]:
     """(final model, cluster accuracy of the k-means initialisation on its own points)."""
+    from secagg.runspec.config import ExperimentConfig
     from secagg.server.audit import AuditLog
-    from secagg.simulation.config import ExperimentConfig
     from secagg.simulation.experiment import run_seed
 
     config = ExperimentConfig(

@@ -125,7 +125,7 @@ def one_seed(dataset: str, split: str, seed: int, rounds: int, steps: int) -> li
     from secagg.clients.tasks import TASKS, ClientData, dgd_task, register_task
     from secagg.clients.tasks import dgd as task
     from secagg.clients.training import flat_params
-    from secagg.simulation.config import ExperimentConfig
+    from secagg.runspec.config import ExperimentConfig
 
     spec = dgd_task(dataset, split, seed=seed)
     if spec.name not in TASKS:  # seed 0's is built in
@@ -182,8 +182,8 @@ def ckks_check(dataset: str, split: str, rounds: int, steps: int) -> dict:
     server read. Float64 against float32 shows how far the trajectory itself amplifies
     rounding of the size of CKKS's error."""
     from secagg.clients.tasks import TASKS, dgd_task, register_task
+    from secagg.runspec.config import ExperimentConfig
     from secagg.server.audit import AuditLog
-    from secagg.simulation.config import ExperimentConfig
     from secagg.simulation.experiment import run_seed
 
     spec = dgd_task(dataset, split)

@@ -94,7 +94,7 @@ def updates(task: str, seed: int, steps: int) -> tuple[np.ndarray, np.ndarray]:
     from secagg.clients.tasks import get_task
     from secagg.clients.training import flat_params
     from secagg.protocols.optimizers import StepSchedule
-    from secagg.simulation.config import ExperimentConfig
+    from secagg.runspec.config import ExperimentConfig
     from secagg.simulation.experiment import ClientFactory
 
     config = ExperimentConfig(task=task, seeds=[seed], local_steps=steps)

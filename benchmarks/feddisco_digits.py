@@ -28,8 +28,8 @@ from benchmarks.stats import (
     paired_difference,
     run_complete,
 )
+from secagg.runspec.settings import parse_seeds
 from secagg.simulation.experiment import ExperimentConfig, stderr_progress
-from secagg.simulation.settings import parse_seeds
 
 HERE = Path(__file__).parent
 #: ``secagg bench feddisco_digits --check``: NIID-1, seed 0, α 0 and 0.3, all 25 rounds

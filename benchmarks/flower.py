@@ -108,7 +108,7 @@ LARC_TARGET_S, FEDAVG_TARGET_RATIO = 3.0, 1.5
 
 def case_config(case: str, rounds: int, work: Path):
     """The experiment of a case (``work``: where the fedavg-1m task's module is written)."""
-    from secagg.simulation.config import ExperimentConfig
+    from secagg.runspec.config import ExperimentConfig
 
     if case == "larc":
         return ExperimentConfig(

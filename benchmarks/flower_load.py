@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from secagg.flower.deployment import prepare
     from secagg.flower.launch import LocalFederation
-    from secagg.simulation.config import ExperimentConfig
+    from secagg.runspec.config import ExperimentConfig
 
     config = ExperimentConfig(
         task="tcga-brca", protocol="larc", backend="ckks", rounds=args.rounds, seeds=[3],

@@ -88,7 +88,7 @@ def seed_list(parser: argparse.ArgumentParser, text: str) -> list[int]:
     """The seeds ``text`` names ("0-9", "0,2,5-7"), or the run ends through ``parser.error``
     with what is wrong (exit status 2). The text itself stays the option's value, so the
     results can show the command as given."""
-    from secagg.simulation.settings import parse_seeds
+    from secagg.runspec.settings import parse_seeds
 
     try:
         return parse_seeds(text)

@@ -103,8 +103,8 @@ def main(argv: list[str] | None = None) -> None:
 
     from secagg.clients.tasks import tabular
     from secagg.protocols import pvi
+    from secagg.runspec.config import ExperimentConfig
     from secagg.server.audit import AuditLog
-    from secagg.simulation.config import ExperimentConfig
     from secagg.simulation.experiment import run_seed
 
     v, y, v_test, y_test = tabular.pooled("breast-cancer")

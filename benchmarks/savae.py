@@ -91,8 +91,8 @@ def task_name(dataset: str, seed: int, only: int | None, prior: str | None) -> s
 def run_arm(
     dataset: str, seed: int, arm: str, backend: str, args, preset: str | None = None
 ) -> tuple[dict, np.ndarray]:
+    from secagg.runspec.config import ExperimentConfig
     from secagg.server.audit import AuditLog
-    from secagg.simulation.config import ExperimentConfig
     from secagg.simulation.experiment import run_seed
 
     only, prior, protocol = ARMS[arm]

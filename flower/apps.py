@@ -126,7 +126,7 @@ def run_on_flower(
     ``<out>-progress.log``.
 
     A run that is not complete (``degraded``: some site missed rounds; ``aborted``: a seed
-    stopped early; ``secagg.simulation.status``) raises ``RunNotComplete`` once every file is
+    stopped early; ``secagg.runspec.status``) raises ``RunNotComplete`` once every file is
     written, so that Flower marks the run ``finished:failed``; run.json and flower.json say
     which and why."""
     import secagg
@@ -202,7 +202,7 @@ def run_on_flower(
                 "nodes": nodes.node_of,
                 "framing": framing,
                 "aborted": {str(s): r for s, r in result.aborted.items()},
-                # secagg's status of the run, as in run.json (secagg.simulation.status)
+                # secagg's status of the run, as in run.json (secagg.runspec.status)
                 "status": result.status.status,
                 "problems": list(result.status.problems),
                 # what this process imported of secagg: the test checks that no secret-key

@@ -49,7 +49,7 @@ def add_parser(sub: Any, add_settings: Any) -> None:
     """``secagg flower`` and its verbs, on ``sub`` (``secagg``'s sub-commands): each parser
     is of ``sub``'s class (``secagg.simulation.cli.SuggestingParser``: no abbreviated flags,
     "did you mean" for flags, choices and verbs)."""
-    from secagg.simulation.settings import preset_names
+    from secagg.runspec.settings import preset_names
 
     flower = sub.add_parser(
         "flower",
@@ -327,7 +327,7 @@ def run(args: argparse.Namespace, resolve: Any) -> int:
 
 def _prepare(args: argparse.Namespace, resolve: Any) -> int:
     from secagg.flower.deployment import prepare
-    from secagg.simulation import settings as S
+    from secagg.runspec import settings as S
 
     args.resume, args.overwrite = None, False
     own_tls = _own_tls(args)
@@ -389,7 +389,7 @@ def _say_experimenter_key(folder: Path) -> None:
 def _update(args: argparse.Namespace, resolve: Any, own_tls: dict[str, Path] | None) -> int:
     """``prepare DIR --update``: DIR re-prepared in place, and what each site must do."""
     from secagg.flower.redeploy import read_deployment, reprepare, updated_settings
-    from secagg.simulation import settings as S
+    from secagg.runspec import settings as S
 
     read_deployment(args.folder)  # before its settings are read: a deployment, whole
     config, _ = S.to_config(updated_settings(args.folder, resolve(args)))
@@ -494,7 +494,7 @@ def _demo(args: argparse.Namespace) -> int:
         f"(+{framing['bytes_received'] / max(framing['messages_received'], 1):.0f} B each)"
     )
     if mine != "complete":
-        from secagg.simulation.status import EXIT_CODES, RunStatus
+        from secagg.runspec.status import EXIT_CODES, RunStatus
 
         line = RunStatus(mine, tuple(flower.get("problems", []))).line()
         print(f"{line} (Flower: {status}; exit status {EXIT_CODES.get(mine, 1)})")

@@ -57,8 +57,8 @@ from secagg.flower.keystore import (
     write_signers,
 )
 from secagg.flower.node import NODE_SETTINGS, check_runs_on_flower
-from secagg.simulation.config import ExperimentConfig
-from secagg.simulation.settings import from_config, imports_named_in, to_toml
+from secagg.runspec.config import ExperimentConfig
+from secagg.runspec.settings import from_config, imports_named_in, to_toml
 
 
 def app_pyproject(*, comment: str, name: str, description: str, module: str, config: str) -> str:
@@ -309,7 +309,7 @@ def experiment_file(config: ExperimentConfig) -> tuple[str, str]:
     deployment would send every site a new bundle for nothing."""
     import tomllib
 
-    from secagg.simulation.settings import check_keys, to_config
+    from secagg.runspec.settings import check_keys, to_config
 
     body = to_toml(from_config(config))
     as_read, _ = to_config(check_keys(tomllib.loads(body), "experiment.toml"))

@@ -108,10 +108,10 @@ def open_sealed(run: Path, key: Path, *, progress: Callable[[str], None] | None 
 
     from secagg.clients.tasks import get_task
     from secagg.clients.tasks.tcga_brca import held_by_coordinator
+    from secagg.runspec.evaluation import evaluate
+    from secagg.runspec.provisioning import seed_data
+    from secagg.runspec.settings import read_file, to_config
     from secagg.sealing import Observer
-    from secagg.simulation.evaluation import evaluate
-    from secagg.simulation.provisioning import seed_data
-    from secagg.simulation.settings import read_file, to_config
 
     run, out = Path(run), Path(run) / "experimenter"
     config, _ = to_config(read_file(run / "config.toml"))

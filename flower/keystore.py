@@ -28,7 +28,7 @@ from typing import Any
 
 from secagg.backends import Identity
 from secagg.errors import ConfigError
-from secagg.simulation.config import ExperimentConfig
+from secagg.runspec.config import ExperimentConfig
 
 
 def experiment_name(config: ExperimentConfig) -> str:

@@ -60,8 +60,8 @@ from secagg.flower.ledger import (
     released_counts,
 )
 from secagg.plugins import only_node_modules
-from secagg.simulation.config import ExperimentConfig
-from secagg.simulation.settings import read_file, to_config
+from secagg.runspec.config import ExperimentConfig
+from secagg.runspec.settings import read_file, to_config
 
 
 class RequestRefused(SecaggError):
@@ -353,7 +353,7 @@ class NodeClient:
     def per_run(self, seed: int, stage: str | None) -> str:
         """What one run of (seed, stage) may release, as this node provisions it (for the
         ledger's messages)."""
-        from secagg.simulation.provisioning import ClientFactory
+        from secagg.runspec.provisioning import ClientFactory
 
         with only_node_modules(self.own_modules):
             factory = ClientFactory(self.config, seed, stage=stage)
@@ -376,7 +376,7 @@ class NodeClient:
     def _client(self, seed: int, stage: str | None):
         import torch
 
-        from secagg.simulation.provisioning import ClientFactory
+        from secagg.runspec.provisioning import ClientFactory
 
         # the run's intra-op threads (1 by default), as in-process clients and workers
         # train: several nodes on one machine would otherwise each take every core

@@ -5,7 +5,7 @@ named ``secagg``: the local demo's while ``secagg flower demo`` runs (``DIR/loca
 the one in the user's Flower configuration (``secagg flower commands`` prints it). Beside
 Flower's view of each run (status, elapsed time, its traffic), ``status`` shows secagg's:
 the run's status from its run.json (``running``, ``complete``, ``degraded``, ``aborted``:
-Flower says ``finished:failed`` for the last two, see ``secagg.simulation.status``) and
+Flower says ``finished:failed`` for the last two, see ``secagg.runspec.status``) and
 the ServerApp's last progress line (seed, round, metric, bytes), read from the progress log
 it writes next to the run's results. The same lines reach ``flwr log RUN secagg``.
 """
@@ -20,7 +20,7 @@ from typing import Any
 
 from secagg.errors import ConfigError, SecaggError
 from secagg.flower.launch import BIN, CONNECTION, DeploymentError, json_of
-from secagg.simulation.status import shorten
+from secagg.runspec.status import shorten
 
 
 def _check(folder: Path) -> None:

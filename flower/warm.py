@@ -65,7 +65,7 @@ WARM_MODULES = (
     "torch",
     "flwr.supernode.cli.flwr_clientapp",
     "secagg.flower.apps",  # the App: node, messages, transport
-    "secagg.simulation.experiment",  # ClientFactory, the task registry
+    "secagg.runspec.provisioning",  # ClientFactory, the task registry
     "secagg.clients.runtime",
     "secagg.clients.privacy",  # opacus (and with it torch.distributed, sympy, scipy)
     "secagg.backends.ckks_client",  # tenseal, SEAL, the native extension

@@ -58,7 +58,7 @@ class ExtraReleases(ABC):
 
 class PreStage(ABC):
     #: the federated pre-stage the experiment runs before round 0 on the same clients and
-    #: backend (simulation/provisioning.py's PRE_STAGES: "beta-vae", "autoencoder")
+    #: backend (runspec/provisioning.py's PRE_STAGES: "beta-vae", "autoencoder")
     pretrain: ClassVar[str]
 
     @abstractmethod

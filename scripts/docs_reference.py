@@ -93,7 +93,7 @@ def page(title: str, intro: str, body: list[str]) -> str:
 # ---- protocols ----------------------------------------------------------------------------------
 def _protocol_option_settings() -> dict[tuple[str, str], Any]:
     """(protocol, option key) -> the CLI/TOML setting the option is exposed as."""
-    from secagg.simulation.settings import settings_table
+    from secagg.runspec.settings import settings_table
 
     return {
         (owner, s.target): s
@@ -123,7 +123,7 @@ def _backend_rows(name: str) -> list[list[str]]:
     run gets by default. Asked of the configuration itself, so the page says what a run would."""
     from secagg.backends import BACKENDS
     from secagg.errors import ConfigError
-    from secagg.simulation.config import ExperimentConfig
+    from secagg.runspec.config import ExperimentConfig
 
     def outcome(config: ExperimentConfig) -> str:
         try:
@@ -186,7 +186,7 @@ def protocols_page() -> str:
     from secagg.protocols.base import Capabilities
     from secagg.protocols.pieces import FixedServerStep, piece, pieces_of
     from secagg.protocols.registry import protocol_settings
-    from secagg.simulation.settings import settings_table
+    from secagg.runspec.settings import settings_table
 
     generic = settings_table()["protocol_option"]
     blind = settings_table()["server_blind"]
@@ -326,7 +326,7 @@ def tasks_page() -> str:
 def presets_page() -> str:
     from secagg.backends import BACKENDS
     from secagg.ckks import presets as ckks
-    from secagg.simulation import settings as S
+    from secagg.runspec import settings as S
     from secagg.threshold import params as threshold
 
     body = ["## Run presets", ""]

@@ -2,8 +2,9 @@
 
 One import namespace: ``secagg`` itself is the privacy layer (wire format, backends, key
 wrapping, flooding, DP arithmetic); the algorithms are ``secagg.protocols``, the client runtime
-``secagg.clients``, the round engine ``secagg.server``, and the experiment driver and CLI
-``secagg.simulation``.
+``secagg.clients``, the round engine ``secagg.server``, a run's definition ``secagg.runspec``
+(configuration, settings, provisioning), the in-process experiment driver and CLI
+``secagg.simulation``, and the Flower deployment ``secagg.flower``.
 
 The experiment API is available at the top (loaded on first use, so that the server's
 processes, which import ``secagg.server``, never load torch or the data libraries):
@@ -25,7 +26,7 @@ from typing import Any
 __version__ = "0.1.0"
 
 _LAZY = {
-    "ExperimentConfig": "secagg.simulation.config",
+    "ExperimentConfig": "secagg.runspec.config",
     "load_model": "secagg.simulation.outputs",
     "run": "secagg.simulation.api",
     "RunResult": "secagg.simulation.api",

@@ -25,6 +25,8 @@ import numpy as np
 import pandas as pd
 
 from secagg.errors import ConfigError
+from secagg.runspec.settings import from_config
+from secagg.runspec.status import COMPLETE, RunStatus, decide, seed_outcome
 from secagg.server.audit import AuditLog
 from secagg.simulation.experiment import (
     INTERRUPTED,
@@ -39,8 +41,6 @@ from secagg.simulation.experiment import (
 )
 from secagg.simulation.outputs import Finished, RunFolder
 from secagg.simulation.provenance import provenance
-from secagg.simulation.settings import from_config
-from secagg.simulation.status import COMPLETE, RunStatus, decide, seed_outcome
 from secagg.simulation.trackers import RoundRecord, Trackers, open_trackers, tracker_names
 
 if TYPE_CHECKING:
@@ -61,7 +61,7 @@ class RunResult:
     aborted: dict[int, str] = field(default_factory=dict)  # seed -> why it stopped early
     files: dict[str, Path] = field(default_factory=dict)
     #: ``complete``, ``degraded`` or ``aborted``, with the problems that made it so
-    #: (``secagg.simulation.status``); the same as the folder's run.json. A run that is not
+    #: (``secagg.runspec.status``); the same as the folder's run.json. A run that is not
     #: complete does not raise: check ``result.status.complete`` before using its numbers
     status: RunStatus = field(default_factory=lambda: RunStatus(COMPLETE))
     #: per seed, what ``status`` was decided from (as in run.json)
@@ -203,7 +203,7 @@ def run(
     Raises ``RunInterrupted`` (a ``KeyboardInterrupt``; its ``exit_code`` is 130 for Ctrl-C,
     143 for SIGTERM) on Ctrl-C or SIGTERM once the folder is up to date. A run that lost
     clients or seeds does not raise: ``result.status`` says ``complete``, ``degraded`` or
-    ``aborted``, and why (``secagg.simulation.status``).
+    ``aborted``, and why (``secagg.runspec.status``).
     """
     if resume and out is None:
         raise ConfigError("resume needs the folder of the run to continue (out=...)")

@@ -1,6 +1,6 @@
 """``secagg`` command line: run experiments, resume them, compare them, list presets.
 
-Every setting is a flag and a TOML key of the same name (``secagg.simulation.settings``);
+Every setting is a flag and a TOML key of the same name (``secagg.runspec.settings``);
 values layer, lowest first: defaults < ``--preset`` < ``--config`` < flags. This module
 imports neither torch nor the experiment driver until a command needs them, so ``--help``,
 ``--version`` and ``presets`` answer at once.
@@ -20,7 +20,7 @@ from secagg.backends import BACKENDS
 from secagg.clients.tasks import TASKS
 from secagg.errors import SecaggError
 from secagg.protocols import PROTOCOLS
-from secagg.simulation import settings as S
+from secagg.runspec import settings as S
 
 #: a command-line-friendly ``parse_seeds`` (benchmarks use it as an argparse type)
 parse_seeds = S._argparse_type(S.parse_seeds)

@@ -10,7 +10,7 @@ interval is formed over the splits instead ("split-clustered"); a run without sp
 contributes no sharing. Runs on different tasks cannot be compared and are refused.
 
 Each run's status (``run.json``: ``complete``, ``degraded``, ``aborted``, ...; see
-``secagg.simulation.status``) is a column of the table. A run that is not complete is
+``secagg.runspec.status``) is a column of the table. A run that is not complete is
 refused, naming its status and why, unless ``include_incomplete`` (``secagg compare
 --include-incomplete``): then it is compared, with a warning and its status and problems in
 the table's notes. A folder without run.json (written by hand, or by a secagg older than
@@ -39,6 +39,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from secagg.errors import ConfigError  # noqa: E402
+from secagg.runspec.status import shorten  # noqa: E402
 from secagg.simulation.figures import (  # noqa: E402
     SETUP,
     byte_unit,
@@ -46,7 +47,6 @@ from secagg.simulation.figures import (  # noqa: E402
     traffic_by_stage,
 )
 from secagg.simulation.stats import paired_difference  # noqa: E402
-from secagg.simulation.status import shorten  # noqa: E402
 
 #: metric columns tried, in order, when none is asked for
 DEFAULT_METRICS = ("test_pooled", "train_pooled")

@@ -48,13 +48,9 @@ from secagg.protocols import (
 )
 from secagg.protocols.optimizers import StepSchedule, make_optimizer
 from secagg.protocols.pieces import ClientEvaluation, Convergence, PreStage, piece, pre_stage_of
-from secagg.server.audit import AuditLog
-from secagg.server.engine import Server
-from secagg.server.transport import InProcessTransport, Transport
-from secagg.simulation.config import ExperimentConfig
-from secagg.simulation.evaluation import evaluate
-from secagg.simulation.privacy import client_level_epsilon, scalar_epsilons, scalar_release_counts
-from secagg.simulation.provisioning import (  # noqa: F401 - re-exported: the driver's names
+from secagg.runspec.config import ExperimentConfig
+from secagg.runspec.evaluation import evaluate
+from secagg.runspec.provisioning import (  # noqa: F401 - re-exported: the driver's names
     STAGES,
     ClientFactory,
     Stage,
@@ -66,7 +62,11 @@ from secagg.simulation.provisioning import (  # noqa: F401 - re-exported: the dr
     seed_data,
     server_step,
 )
-from secagg.simulation.status import rounds_text, seed_outcome
+from secagg.runspec.status import rounds_text, seed_outcome
+from secagg.server.audit import AuditLog
+from secagg.server.engine import Server
+from secagg.server.transport import InProcessTransport, Transport
+from secagg.simulation.privacy import client_level_epsilon, scalar_epsilons, scalar_release_counts
 from secagg.simulation.workers import WorkerPoolTransport
 
 if TYPE_CHECKING:  # client-side and key code: imported where a client or key is made, so
@@ -87,7 +87,7 @@ class SeedRun:
     final_predictions: np.ndarray | None = None
     #: why the protocol stopped before the last round by design (``Convergence``), else None
     stopped: str | None = None
-    #: what ``secagg.simulation.status.decide`` needs of this seed (``seed_outcome``), set
+    #: what ``secagg.runspec.status.decide`` needs of this seed (``seed_outcome``), set
     #: once the seed is over
     outcome: dict[str, Any] | None = None
 
@@ -101,7 +101,7 @@ class ExperimentResult:
     aborted: dict[int, str] = field(default_factory=dict)
     #: client-level DP per seed: each round's releases and realised multipliers
     privacy_events: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
-    #: per seed, what the run's status is decided from (``secagg.simulation.status``)
+    #: per seed, what the run's status is decided from (``secagg.runspec.status``)
     outcomes: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     def __iter__(self):  # ``metrics, audit = run_experiment(...)`` keeps working

@@ -6,7 +6,7 @@ What is written when:
   (the settings alone: ``secagg run --config DIR/config.toml`` reruns the run) and
   ``run.json`` (status and finished seeds; each finished seed's ``outcome``, and at the end
   the run's status with its ``problems``, ``notes`` and ``exit_code``:
-  ``secagg.simulation.status``);
+  ``secagg.runspec.status``);
 - after every round: ``metrics.csv`` (finished seeds and the rounds of the seed in progress);
 - after every seed: every table, the audit, the figures, and the seed's final model
   (``models/seed-<s>.npy``, exact float64 parameters, and ``models/seed-<s>.pt``, a torch
@@ -39,10 +39,10 @@ import numpy as np
 import pandas as pd
 
 from secagg.errors import ConfigError
-from secagg.simulation.config import ExperimentConfig
+from secagg.runspec.config import ExperimentConfig
+from secagg.runspec.settings import from_config, to_config, to_toml
+from secagg.runspec.status import RunStatus
 from secagg.simulation.provenance import changed_data, data_provenance
-from secagg.simulation.settings import from_config, to_config, to_toml
-from secagg.simulation.status import RunStatus
 
 if TYPE_CHECKING:
     import torch
@@ -125,7 +125,7 @@ class Finished:
     audit_sets: dict[str, list[str]] = field(default_factory=dict)
     final_params: dict[int, np.ndarray] = field(default_factory=dict)
     aborted: dict[int, str] = field(default_factory=dict)
-    #: per seed, what its status is decided from (``secagg.simulation.status``); a seed
+    #: per seed, what its status is decided from (``secagg.runspec.status``); a seed
     #: finished by an older secagg has none
     outcomes: dict[int, dict[str, Any]] = field(default_factory=dict)
     privacy_events: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
@@ -225,7 +225,7 @@ class RunFolder:
             settings = json.loads(file.read_text())["settings"]
         except (json.JSONDecodeError, KeyError, TypeError):
             raise ConfigError(f"{file} is not a secagg run's config.json") from None
-        from secagg.simulation.settings import check_keys
+        from secagg.runspec.settings import check_keys
 
         return to_config(check_keys(settings, str(file)))[0]
 
@@ -331,7 +331,7 @@ class RunFolder:
             "finished": {str(s): v for s, v in self.finished.items()},
             "updated_utc": datetime.now(UTC).isoformat(timespec="seconds"),
         }
-        if detail is not None:  # the run is over and decided (secagg.simulation.status)
+        if detail is not None:  # the run is over and decided (secagg.runspec.status)
             document["exit_code"] = detail.exit_code
             document["problems"] = list(detail.problems)
             document["notes"] = list(detail.notes)

@@ -13,8 +13,8 @@ import pandas as pd
 from secagg.backends import backend_spec
 from secagg.clients.tasks import get_task
 from secagg.protocols import make_protocol
+from secagg.runspec.config import ExperimentConfig
 from secagg.server.audit import AuditLog
-from secagg.simulation.config import ExperimentConfig
 from secagg.simulation.figures import write_figures
 from secagg.simulation.privacy import (
     client_level_epsilon,

@@ -153,6 +153,6 @@ def test_in_process_clients_train_on_the_configured_torch_threads():
         )
         assert seen and set(seen) == {threads}
         assert torch.get_num_threads() == before
-    assert secagg.simulation.config.ExperimentConfig().threads == 1
+    assert secagg.runspec.config.ExperimentConfig().threads == 1
     with pytest.raises(secagg.errors.ConfigError, match="threads"):
         secagg.run(task="tcga-brca", rounds=1, threads=0)

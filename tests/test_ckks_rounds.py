@@ -18,12 +18,12 @@ from secagg.protocols.fedavg import sample_size_weights
 from secagg.protocols.optimizers import SGD
 from secagg.protocols.pieces import FederatedInitialisation, piece, pre_stage_of
 from secagg.protocols.twophase import TwoPhase
+from secagg.runspec.provisioning import pretrain_settings
 from secagg.server.audit import AuditLog
 from secagg.server.engine import Server
 from secagg.server.plan import TrainingPlan
 from secagg.server.transport import InProcessTransport
 from secagg.simulation.experiment import ExperimentConfig, ExperimentResult, run_experiment
-from secagg.simulation.provisioning import pretrain_settings
 from secagg.wire import Envelope
 from tests.conftest import backend_client, make_server
 

@@ -28,7 +28,7 @@ from secagg.clients.training import (
     set_flat_params,
 )
 from secagg.errors import ConfigError
-from secagg.simulation.evaluation import evaluate
+from secagg.runspec.evaluation import evaluate
 from secagg.simulation.experiment import (
     ClientFactory,
     ExperimentConfig,
@@ -297,7 +297,7 @@ def test_a_coordinator_scores_only_the_test_set_it_holds_and_reads_no_sites_part
     never loaded, and any read of one is refused, naming whose it is."""
     from secagg.clients.tasks.tcga_brca import held_by_coordinator
     from secagg.errors import DataNotHeld
-    from secagg.simulation.provisioning import seed_data
+    from secagg.runspec.provisioning import seed_data
 
     task = replace(TCGA, metrics={"mean_risk": mean_score})
     full = replace(tcga(), pooled_test=ClientData.concat(tcga().test))

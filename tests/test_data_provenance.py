@@ -48,7 +48,7 @@ def test_a_run_records_its_data_and_resume_refuses_data_that_changed(tmp_path, m
     import secagg
     from secagg.clients.tasks import TASKS, Task
     from secagg.errors import ConfigError
-    from secagg.simulation.config import ExperimentConfig
+    from secagg.runspec.config import ExperimentConfig
 
     data = tmp_path / "data.csv"
     data.write_text("anything the task reads\n")

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from secagg.errors import ConfigError
+from secagg.runspec.config import ExperimentConfig
 from secagg.server.audit import AuditLog
 from secagg.server.transport import DeadlineMissed, InProcessTransport
-from secagg.simulation.config import ExperimentConfig
 from secagg.simulation.experiment import default_transport
 from secagg.simulation.workers import WorkerPoolTransport
 from tests.conftest import honest_client, make_server

@@ -166,8 +166,8 @@ def test_a_model_of_another_layout_and_bad_settings_are_refused():
 
 
 def _dec_run(backend: str):
+    from secagg.runspec.config import ExperimentConfig
     from secagg.server.audit import AuditLog
-    from secagg.simulation.config import ExperimentConfig
     from secagg.simulation.experiment import run_seed
 
     config = ExperimentConfig(

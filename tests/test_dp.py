@@ -23,10 +23,10 @@ from secagg.dp import (
     realised_noise_multiplier,
 )
 from secagg.errors import ConfigError
+from secagg.runspec.settings import parse_numbers
 from secagg.simulation.cli import build_parser
 from secagg.simulation.experiment import ExperimentConfig, run_experiment
 from secagg.simulation.privacy import gaussian_epsilon
-from secagg.simulation.settings import parse_numbers
 
 
 def test_clipping_bounds_every_update_and_leaves_short_ones_alone():

@@ -12,8 +12,8 @@ from secagg.ckks.release import Descriptor, ReleasePolicy
 from secagg.errors import ConfigError, MalformedMessage, ReleaseRefused, StateError
 from secagg.protocols import make_protocol
 from secagg.protocols.ensemble import EnsembleClient, evaluation_set
+from secagg.runspec.config import ExperimentConfig
 from secagg.server.audit import AuditLog
-from secagg.simulation.config import ExperimentConfig
 from secagg.simulation.experiment import run_seed
 from secagg.wire import Envelope
 from tests.harness import RecordingTransport

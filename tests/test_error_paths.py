@@ -14,11 +14,11 @@ from secagg.ckks.presets import get_preset
 from secagg.errors import ConfigError, KeySetupError, RoundAborted, SecaggError
 from secagg.protocols import make_client_half, make_protocol
 from secagg.protocols.optimizers import SGD, make_optimizer, optimizer_fields
+from secagg.runspec.settings import read_file
 from secagg.server.engine import Server
 from secagg.server.plan import RunPolicy, TrainingPlan
 from secagg.server.transport import InProcessTransport
 from secagg.simulation.experiment import ExperimentConfig
-from secagg.simulation.settings import read_file
 from secagg.wire import Envelope
 
 

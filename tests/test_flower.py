@@ -21,7 +21,7 @@ from secagg.errors import ConfigError, RunNotComplete
 from secagg.flower.apps import run_on_flower
 from secagg.flower.deployment import prepare
 from secagg.flower.messages import read_request
-from secagg.simulation.config import ExperimentConfig
+from secagg.runspec.config import ExperimentConfig
 from tests.flower_grid import LoopbackGrid, audits_match
 from tests.test_plugins import registries  # noqa: F401  (the fixture)
 

@@ -25,7 +25,7 @@ import pytest
 import secagg
 from secagg.flower.deployment import prepare
 from secagg.flower.launch import BIN, CONNECTION, LocalFederation, free_port, json_of
-from secagg.simulation.config import ExperimentConfig
+from secagg.runspec.config import ExperimentConfig
 from tests.flower_grid import audits_match
 from tests.test_layering import SECRET_MODULES
 from tests.test_plugins import registries  # noqa: F401  (the fixture)

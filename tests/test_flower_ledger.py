@@ -36,7 +36,7 @@ from secagg.flower.ledger import (
     spent,
 )
 from secagg.flower.node import NodeClient
-from secagg.simulation.config import ExperimentConfig
+from secagg.runspec.config import ExperimentConfig
 from tests.flower_grid import LoopbackGrid, as_server
 
 PLAIN = ExperimentConfig(

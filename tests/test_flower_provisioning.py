@@ -17,8 +17,8 @@ import secagg
 from secagg.errors import ConfigError
 from secagg.flower.apps import run_on_flower
 from secagg.flower.deployment import init_node, join_node, prepare
+from secagg.runspec.config import ExperimentConfig
 from secagg.simulation.cli import main
-from secagg.simulation.config import ExperimentConfig
 from tests.flower_grid import LoopbackGrid
 
 CONFIG = ExperimentConfig(
@@ -181,7 +181,7 @@ def test_a_node_brings_its_own_code_and_data_in_its_node_toml(tmp_path):
     code = str(coordinator / "sites_task.py")
     env = {**__import__("os").environ, "SITES_DIR": str(coordinator / "sites")}
     config = (
-        "from secagg.simulation.config import ExperimentConfig\n"
+        "from secagg.runspec.config import ExperimentConfig\n"
         "from secagg.flower.deployment import prepare\n"
         f"config = ExperimentConfig(task='sites-mlp', imports=[{code!r}], backend='ckks',"
         " rounds=1, seeds=[0], local_steps=2).validate()\n"

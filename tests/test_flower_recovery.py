@@ -17,8 +17,8 @@ from secagg.errors import ConfigError
 from secagg.flower.apps import run_on_flower
 from secagg.flower.deployment import init_node, join_node, prepare
 from secagg.flower.redeploy import reprepare
+from secagg.runspec.config import ExperimentConfig
 from secagg.simulation.cli import main
-from secagg.simulation.config import ExperimentConfig
 from tests.flower_grid import LoopbackGrid
 
 #: deterministic and quick: plaintext FedAvg, one seed, one local step

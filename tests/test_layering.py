@@ -1,9 +1,14 @@
-"""Dependencies point one way: server -> protocols -> secagg; clients -> protocols, secagg.
+"""Dependencies point one way: server -> protocols -> secagg; clients -> protocols, secagg;
+both drivers (simulation/, flower/) -> runspec -> clients, server, protocols, secagg.
 
 The folders are installed as one namespace (``secagg.protocols`` is the ``protocols/``
 folder, and so on); "secagg" below means the privacy layer itself, the ``secagg/`` folder.
 The server never imports the client package, a task, or anything that loads data; only the
-experiment driver (simulation/) wires both sides together.
+drivers wire both sides together: the in-process one (simulation/) and the Flower one
+(flower/), which both stand on the definition of a run (runspec/: configuration, settings,
+provisioning, evaluation, status). runspec imports neither driver, and the Flower package
+(a deployed node above all) never imports the simulator. The simulator's CLI may import
+the Flower package (``secagg flower``), never the other way round.
 """
 
 import ast
@@ -14,12 +19,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SUBPACKAGES = ("protocols", "clients", "server", "simulation")
+SUBPACKAGES = ("protocols", "clients", "server", "runspec", "simulation", "flower")
+RUNS = {"runspec", "simulation", "flower"}  # a run's definition and its two drivers
 FORBIDDEN = {
-    "secagg": {"protocols", "clients", "server", "simulation", "torch", "pandas", "lifelines"},
-    "protocols": {"clients", "server", "simulation", "torch", "pandas", "lifelines"},
-    "server": {"clients", "simulation", "torch", "pandas", "lifelines", "sklearn"},
-    "clients": {"server", "simulation"},
+    "secagg": {"protocols", "clients", "server", *RUNS, "torch", "pandas", "lifelines"},
+    "protocols": {"clients", "server", *RUNS, "torch", "pandas", "lifelines"},
+    "server": {"clients", *RUNS, "torch", "pandas", "lifelines", "sklearn"},
+    "clients": {"server", *RUNS},
+    "runspec": {"simulation", "flower"},
+    "flower": {"simulation"},
 }
 
 
@@ -149,12 +157,13 @@ def test_the_check_sees_a_secret_module_when_one_is_loaded():
     assert secret_modules_loaded_by("secagg.backends.ckks_client") != []
 
 
-def test_a_flower_node_builds_its_client_without_the_driver_or_the_server(tmp_path):
+def test_a_flower_node_builds_its_client_without_the_simulator_or_the_server(tmp_path):
     """A node's message builds the client from the node's own settings
-    (``secagg.simulation.provisioning``): neither the experiment driver nor any of the
-    server's code but the round plan (the data type its policy compares) is loaded."""
+    (``secagg.runspec.provisioning``): no module of the simulator (``secagg.simulation``)
+    and none of the server's code but the round plan (the data type its policy compares) is
+    loaded."""
     from secagg.flower.deployment import prepare
-    from secagg.simulation.config import ExperimentConfig
+    from secagg.runspec.config import ExperimentConfig
 
     config = ExperimentConfig(
         task="tcga-brca", protocol="larc", backend="ckks", rounds=1, seeds=[0], local_steps=1
@@ -165,13 +174,37 @@ def test_a_flower_node_builds_its_client_without_the_driver_or_the_server(tmp_pa
         f"client = NodeClient({str(node)!r})._client(0, None)\n"
         "assert type(client).__name__ == 'Client'\n"
         "print(sorted(m for m in sys.modules if m.startswith(('secagg.server', "
-        "'secagg.simulation'))))"
+        "'secagg.simulation', 'secagg.runspec'))))"
     )
     loaded = set(ast.literal_eval(printed_by(code)))
-    assert "secagg.simulation.provisioning" in loaded  # what it builds the client with
+    assert "secagg.runspec.provisioning" in loaded  # what it builds the client with
     assert not {m for m in loaded if m.startswith("secagg.server.")} - {"secagg.server.plan"}
-    assert not loaded & {
-        "secagg.simulation.experiment",
-        "secagg.simulation.api",
-        "secagg.simulation.workers",
-    }
+    assert not {m for m in loaded if m.startswith("secagg.simulation")}
+
+
+def test_importing_the_flower_node_loads_no_simulator_module():
+    """A deployed node (its ClientApp, the guarded SuperNode and its warm executor) stands on
+    ``secagg.runspec``, never on the in-process driver; nor does the warm executor preload
+    any of the simulator's modules."""
+    code = (
+        "import sys, secagg.flower.node, secagg.flower.apps, secagg.flower.guard, "
+        "secagg.flower.warm as warm; "
+        "print(sorted(m for m in sys.modules if m.startswith('secagg.simulation')) "
+        "+ [m for m in warm.WARM_MODULES + warm.WARM_OPTIONAL_MODULES "
+        "if m.startswith('secagg.simulation')])"
+    )
+    assert printed_by(code) == "[]"
+
+
+def test_the_layering_check_sees_imports_inside_functions(tmp_path):
+    """``imported_roots`` walks the whole tree (``ast.walk``): an import inside a function,
+    a method or an ``if TYPE_CHECKING:`` block counts as much as one at the top."""
+    module = tmp_path / "module.py"
+    module.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from secagg.server.audit import AuditLog\n"
+        "def f():\n    from secagg.simulation import experiment\n"
+        "class C:\n    def g(self):\n        import secagg.flower.node\n"
+        "        from secagg import runspec\n"
+    )
+    assert {"server", "simulation", "flower", "runspec"} <= imported_roots(module)

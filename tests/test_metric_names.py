@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-from secagg.simulation.evaluation import with_metric_name
+from secagg.runspec.evaluation import with_metric_name
 
 SCORES = {"train_pooled": 0.7, "train_loss": 0.5, "test_pooled": 0.6, "test_loss": 0.9}
 
@@ -33,7 +33,7 @@ def test_a_run_writes_the_metric_under_its_name_in_metrics_csv_and_the_records(t
     ``test_c_index``, equal to ``test_pooled``, so ``record.metrics["test_c_index"]``
     works as the tutorial's callback reads its own metric."""
     import secagg
-    from secagg.simulation.config import ExperimentConfig
+    from secagg.runspec.config import ExperimentConfig
 
     seen = []
     config = ExperimentConfig(rounds=1, local_steps=1, seeds=[1]).validate()

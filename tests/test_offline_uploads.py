@@ -17,7 +17,7 @@ from secagg.ckks.presets import get_preset
 from secagg.ckks.public import SEED_INFO_BYTES
 from secagg.ckks.secret import SecretKeyHolder
 from secagg.errors import ConfigError, ValueRangeError
-from secagg.simulation.config import ExperimentConfig
+from secagg.runspec.config import ExperimentConfig
 from secagg.simulation.experiment import run_experiment
 from tests.harness import PLAN, BackendRound, planned_sum, planned_values
 

@@ -13,7 +13,7 @@ from secagg.backends import BACKENDS
 from secagg.options import Flag, Option, options_of
 from secagg.protocols.base import Protocol
 from secagg.protocols.registry import PROTOCOLS, make_protocol
-from secagg.simulation import settings as S
+from secagg.runspec import settings as S
 from secagg.simulation.cli import build_parser
 
 

@@ -57,7 +57,7 @@ def test_the_wheel_installs_only_the_secagg_namespace(wheel):
     assert "secagg/py.typed" in names
     assert any(n.endswith("licenses/LICENSE") for n in names)
     assert "secagg/clients/tasks/data/fed_tcga_brca/brca.csv" in names
-    assert "secagg/simulation/presets/quickstart.toml" in names
+    assert "secagg/runspec/presets/quickstart.toml" in names
     assert not any("benchmarks" in n for n in names)  # they stay in the repository
 
 

@@ -125,7 +125,7 @@ def _same_metrics(a: Path, b: Path) -> bool:
 
 @pytest.mark.usefixtures("registries")
 def test_a_py_path_is_recorded_absolute_and_a_module_name_as_given(tmp_path, monkeypatch):
-    from secagg.simulation.config import ExperimentConfig
+    from secagg.runspec.config import ExperimentConfig
 
     write_module(tmp_path, "user_lines_a")
     monkeypatch.chdir(tmp_path)
@@ -213,7 +213,7 @@ def test_a_flower_node_imports_the_module_its_experiment_names(tmp_path):
     """A node reads its experiment from its own folder, in a process of its own: the user
     module the experiment names is imported there, and its task builds the node's client."""
     from secagg.flower.deployment import prepare
-    from secagg.simulation.config import ExperimentConfig
+    from secagg.runspec.config import ExperimentConfig
 
     path = write_module(tmp_path, "user_lines_node")
     config = ExperimentConfig(

@@ -21,7 +21,7 @@ from secagg.ckks import native, offline
 from secagg.ckks.public import SEED_INFO_BYTES
 from secagg.ckks.release import NEXT_SEEDS, PRECHECK
 from secagg.errors import MalformedCiphertext, MalformedMessage, ProtocolStateError
-from secagg.simulation.config import ExperimentConfig
+from secagg.runspec.config import ExperimentConfig
 from secagg.simulation.experiment import run_experiment
 from secagg.wire import Envelope
 from tests.harness import PLAN, BackendRound, planned_sum, planned_values

@@ -12,8 +12,8 @@ import secagg
 from secagg.clients.tasks import tabular
 from secagg.errors import ProtocolStateError
 from secagg.protocols import pvi
+from secagg.runspec.config import ExperimentConfig
 from secagg.server.audit import AuditLog
-from secagg.simulation.config import ExperimentConfig
 from secagg.simulation.experiment import run_seed
 
 PRIOR = pvi.prior_natural(31, 1.0)

@@ -14,9 +14,9 @@ import pytest
 
 import secagg
 from secagg.errors import ConfigError
+from secagg.runspec.status import EXIT_CODES, decide, rounds_text
 from secagg.simulation.cli import main
 from secagg.simulation.compare import IncompleteRunWarning, compare_runs
-from secagg.simulation.status import EXIT_CODES, decide, rounds_text
 from tests.test_plugins import registries  # noqa: F401 - the fixture
 
 #: a user module: FedAvg whose client_1 fails its training request in protocol round

@@ -15,8 +15,8 @@ from secagg.clients.tasks import savae
 from secagg.clients.training import flat_params, set_flat_params
 from secagg.errors import ConfigError
 from secagg.protocols import savae_prior
+from secagg.runspec.config import ExperimentConfig
 from secagg.server.audit import AuditLog
-from secagg.simulation.config import ExperimentConfig
 from secagg.simulation.experiment import run_seed
 
 FAST = dict(local_steps=5, batch_size=32, client_lr="0.01", seeds=[0])

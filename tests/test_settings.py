@@ -22,9 +22,9 @@ from secagg.backends import BACKENDS
 from secagg.clients.training import flat_params
 from secagg.errors import ConfigError
 from secagg.protocols import PROTOCOLS
-from secagg.simulation import settings as S
+from secagg.runspec import settings as S
+from secagg.runspec.config import ExperimentConfig
 from secagg.simulation.cli import build_parser, main
-from secagg.simulation.config import ExperimentConfig
 from secagg.simulation.outputs import default_folder
 
 TINY = ["--rounds", "2", "--seeds", "1,2", "--local-steps", "5"]

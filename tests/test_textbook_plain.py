@@ -8,10 +8,10 @@ import pytest
 from secagg.backends import make_backends
 from secagg.protocols import make_protocol
 from secagg.protocols.optimizers import SGD
+from secagg.runspec.config import ExperimentConfig
 from secagg.server.engine import Server
 from secagg.server.plan import RunPolicy, TrainingPlan
 from secagg.server.transport import InProcessTransport
-from secagg.simulation.config import ExperimentConfig
 from tests.conftest import backend_client, honest_client
 
 IDS = ["client_0", "client_1", "client_2"]

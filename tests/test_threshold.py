@@ -625,7 +625,7 @@ def test_a_client_weighted_preset_with_weights_chosen_after_the_uploads_is_refus
     """LARC weighs its uploads after they arrive: lean (the clients weight) would have every
     client refuse its first training request; the configuration is refused before round 0,
     naming the preset to use."""
-    config = secagg.simulation.config.ExperimentConfig(
+    config = secagg.runspec.config.ExperimentConfig(
         protocol="larc", backend=backend, backend_options={"preset": "lean"}
     )
     with pytest.raises(secagg.errors.ConfigError, match=f"use --{backend}-preset"):

@@ -20,9 +20,9 @@ import secagg.simulation.experiment as experiment
 from secagg import wire
 from secagg.ckks.release import Descriptor, ReleasePolicy
 from secagg.errors import ClientRefused, ReleaseRefused
+from secagg.runspec.config import ExperimentConfig
 from secagg.server.engine import Server
 from secagg.server.round import capped_weights
-from secagg.simulation.config import ExperimentConfig
 from secagg.simulation.experiment import ClientFactory, run_experiment
 from secagg.wire import Envelope
 

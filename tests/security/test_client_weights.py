@@ -14,7 +14,7 @@ import pytest
 from secagg.ckks.presets import get_preset
 from secagg.ckks.public import to_bytes
 from secagg.errors import ConfigError, ProtocolStateError, ReleaseRefused, RoundAborted
-from secagg.simulation.config import ExperimentConfig
+from secagg.runspec.config import ExperimentConfig
 from tests.harness import BackendRound
 
 LEAN = get_preset("lean")

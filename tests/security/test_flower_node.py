@@ -45,8 +45,8 @@ from secagg.flower.apps import client_app, run_on_flower
 from secagg.flower.deployment import prepare
 from secagg.flower.launch import LocalFederation
 from secagg.flower.node import SeededNoiseRefused
-from secagg.simulation.config import ExperimentConfig
-from secagg.simulation.settings import from_config, to_toml
+from secagg.runspec.config import ExperimentConfig
+from secagg.runspec.settings import from_config, to_toml
 from tests.flower_grid import LoopbackGrid, as_server
 
 PLAIN = ExperimentConfig(

@@ -21,8 +21,8 @@ import random
 import pytest
 
 from secagg import wire
+from secagg.runspec.config import ExperimentConfig
 from secagg.server.transport import InProcessTransport
-from secagg.simulation.config import ExperimentConfig
 from secagg.simulation.experiment import run_experiment
 from secagg.wire import Envelope, Field
 

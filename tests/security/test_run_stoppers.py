@@ -39,10 +39,10 @@ from secagg.clients.runtime import Client
 from secagg.errors import KeySetupError
 from secagg.protocols import make_protocol
 from secagg.protocols.optimizers import SGD
+from secagg.runspec.config import ExperimentConfig
 from secagg.server.engine import Server
 from secagg.server.plan import TrainingPlan
 from secagg.server.transport import InProcessTransport
-from secagg.simulation.config import ExperimentConfig
 from secagg.simulation.experiment import run_experiment
 from secagg.wire import Envelope
 from tests.conftest import backend_client

@@ -336,7 +336,7 @@ def optimizer_settings(name: str) -> set[str] | None:
 def inapplicable(config: ExperimentConfig) -> list[str]:
     """Settings changed from their defaults that the run would ignore, each named with what
     to do. (A protocol's or backend's own option given for another one is caught where the
-    settings are read, :func:`secagg.simulation.settings.to_config`.)"""
+    settings are read, :func:`secagg.runspec.settings.to_config`.)"""
     default = ExperimentConfig()
     changed = {
         f.name

@@ -49,7 +49,7 @@ from secagg.protocols.pieces import (
     ValidationFeedback,
     piece,
 )
-from secagg.simulation.config import ExperimentConfig
+from secagg.runspec.config import ExperimentConfig
 
 if TYPE_CHECKING:  # client-side and key code: imported where a client is made
     from secagg.clients.policy import ClientPolicy

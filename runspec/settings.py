@@ -31,7 +31,7 @@ from secagg.errors import ConfigError
 from secagg.plugins import import_user_modules
 from secagg.protocols import PROTOCOLS, make_protocol
 from secagg.protocols.pieces import FixedServerStep, piece
-from secagg.simulation.config import ExperimentConfig
+from secagg.runspec.config import ExperimentConfig
 
 PRESETS = Path(__file__).parent / "presets"
 
