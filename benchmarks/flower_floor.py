@@ -162,7 +162,7 @@ def exchange(grid, requests, timeout: float, poll: float = 0.05) -> float:
 
 @server_app.main()
 def main(grid: Grid, context: Context) -> None:
-    from secagg.flower.guard import shorten_object_pulls
+    from secagg.flower.process import shorten_object_pulls
 
     shorten_object_pulls()  # as secagg's ServerApp does (FlowerNodes)
     config = context.run_config

@@ -2,6 +2,8 @@
 
 - :mod:`~secagg.flower.messages`: a secagg envelope as bytes inside a Flower message;
 - :mod:`~secagg.flower.transport`: the server's transport over Flower's ``Grid``;
+- :mod:`~secagg.flower.process`: what each of secagg's processes on Flower sets up for
+  itself, on either side (Flower's shorter wait for objects, the profiling diagnostic);
 - :mod:`~secagg.flower.node`: a SuperNode's client, rebuilt from its own directory for every
   message (keys, model, optimizer copy and data position stay on the node);
 - :mod:`~secagg.flower.apps`: the ServerApp and the ClientApp;

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from secagg.errors import ConfigError, SecaggError
+from secagg.flower.process import shorten_object_pulls
 
 #: the most files and bytes a FAB may hold to be looked at (secagg's App is one small file)
 MAX_FILES, MAX_BYTES = 16, 1 << 20
@@ -340,23 +341,6 @@ def shorten_polls(seconds: float = NODE_POLL_SECONDS, reply: float = REPLY_POLL_
             time.sleep(min(wanted, seconds if wanted >= 1 else reply))
 
     supernode.time = ShortSleeps()  # type: ignore[assignment]
-
-
-#: Flower's first wait before it asks again for an object that has not arrived (flwr: 1 s,
-#: doubling up to 10 s). A message's receiver often asks while its sender is still pushing
-#: the objects (measured: 8 of 64 replies of a LARC run waited the whole second)
-OBJECT_PULL_BACKOFF = 0.05
-
-
-def shorten_object_pulls(seconds: float = OBJECT_PULL_BACKOFF) -> None:
-    """Make this process's Flower wait ``seconds`` (not 1 s) before it asks again for an
-    object that is not there yet; the later waits still double up to Flower's cap, and its
-    limits on tries and time are unchanged."""
-    from flwr.supercore.inflatable import inflatable_utils as objects
-
-    for pull in (objects.pull_objects, objects.pull_and_inflate_object_from_tree):
-        defaults: dict[str, Any] = pull.__kwdefaults__ or {}
-        defaults["initial_backoff"] = min(seconds, defaults["initial_backoff"])
 
 
 #: the write end of the pipe that wakes the warm executor (secagg.flower.warm) when a task

@@ -33,6 +33,7 @@ from flwr.app import Message
 
 from secagg.errors import ConfigError, MalformedMessage
 from secagg.flower import messages
+from secagg.flower.process import profile_process, shorten_object_pulls
 from secagg.server.transport import ClientUnavailable, Reply, check_reply
 
 HELLO_CONTEXT = b"secagg flower hello v1"
@@ -120,9 +121,6 @@ class FlowerNodes:
         self._seen: frozenset[int] = frozenset()
         # a reply is often listed before its node has pushed all of it: ask again after
         # 50 ms rather than Flower's 1 s (the ServerApp's own process)
-        from secagg.flower.guard import shorten_object_pulls
-        from secagg.flower.warm import profile_process
-
         shorten_object_pulls()
         profile_process("serverapp")
 

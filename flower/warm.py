@@ -48,8 +48,9 @@ import struct
 import sys
 import time
 import traceback
-from collections.abc import Callable
 from typing import Any
+
+from secagg.flower.process import profile_process, shorten_object_pulls
 
 #: how often Flower's SuperExec loop asks the SuperNode for a task (flwr's default: 1 s)
 POLL_SECONDS = "0.05"
@@ -271,31 +272,6 @@ def trace_clientapp(asked: float) -> None:
 _TIMELINE: dict[str, Any] | None = None
 
 
-def profile_process(role: str) -> Callable[[], None] | None:
-    """A diagnostic: where ``SECAGG_FLOWER_PROFILE`` names a folder, profile this process
-    (cProfile) from now to its exit, into ``<folder>/<role>-<pid>.prof`` (the ServerApp,
-    the executor, each message's process); returns what stops and writes it (also run at
-    exit, which a forked child that leaves by ``os._exit`` calls itself), None when not
-    asked."""
-    where = os.environ.get("SECAGG_FLOWER_PROFILE", "")
-    if not os.path.isdir(where):
-        return None
-    import atexit
-    import cProfile
-
-    profile = cProfile.Profile()
-    path = os.path.join(where, f"{role}-{os.getpid()}.prof")
-
-    def dump() -> None:
-        atexit.unregister(dump)
-        profile.disable()
-        profile.dump_stats(path)
-
-    atexit.register(dump)
-    profile.enable()
-    return dump
-
-
 def freeze_heap() -> None:
     """Move everything the zygote holds out of reach of the garbage collector: a message's
     process would otherwise walk half a million objects (torch, tenseal, flwr) in its first
@@ -419,8 +395,6 @@ def main(argv: list[str] | None = None) -> None:
         config = NodeClient(args.node_dir).config
         preload_task_data(config.task)
         warm_backend(config)
-    from secagg.flower.guard import shorten_object_pulls
-
     shorten_object_pulls()  # a message's process asks its SuperNode for the message's objects
     freeze_heap()
     wake = () if args.wake_fd is None else (args.wake_fd,)

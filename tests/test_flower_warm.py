@@ -17,7 +17,7 @@ from flwr.supercore.constant import TaskType  # noqa: E402
 from flwr.supercore.superexec.executor import subprocess_executor  # noqa: E402
 from flwr.supercore.superexec.executor.types import ExecutionSpec  # noqa: E402
 
-from secagg.flower import warm  # noqa: E402
+from secagg.flower import process, warm  # noqa: E402
 
 
 def spec(**changes) -> ExecutionSpec:
@@ -186,16 +186,14 @@ def test_the_supernode_polls_the_superlink_and_its_own_state_each_at_its_own_pac
 def test_flower_asks_again_for_a_missing_object_sooner_its_limits_unchanged(monkeypatch):
     from flwr.supercore.inflatable import inflatable_utils as objects
 
-    from secagg.flower import guard
-
     pulls = (objects.pull_objects, objects.pull_and_inflate_object_from_tree)
     before = [dict(p.__kwdefaults__) for p in pulls]
     for p in pulls:  # restored after the test
         monkeypatch.setattr(p, "__kwdefaults__", dict(p.__kwdefaults__))
-    guard.shorten_object_pulls(0.05)
+    process.shorten_object_pulls(0.05)
     for p, old in zip(pulls, before, strict=True):
         assert p.__kwdefaults__ == {**old, "initial_backoff": 0.05}
-    guard.shorten_object_pulls(5)  # never longer than Flower's own
+    process.shorten_object_pulls(5)  # never longer than Flower's own
     assert all(p.__kwdefaults__["initial_backoff"] == 0.05 for p in pulls)
 
 
@@ -352,9 +350,9 @@ def test_a_process_is_profiled_only_where_asked(tmp_path, monkeypatch):
     import pstats
 
     monkeypatch.delenv("SECAGG_FLOWER_PROFILE", raising=False)
-    assert warm.profile_process("serverapp") is None
+    assert process.profile_process("serverapp") is None
     monkeypatch.setenv("SECAGG_FLOWER_PROFILE", str(tmp_path))
-    done = warm.profile_process("serverapp")
+    done = process.profile_process("serverapp")
     sum(range(1000))
     done()
     (written,) = tmp_path.iterdir()

@@ -208,3 +208,17 @@ def test_the_layering_check_sees_imports_inside_functions(tmp_path):
         "        from secagg import runspec\n"
     )
     assert {"server", "simulation", "flower", "runspec"} <= imported_roots(module)
+
+
+#: the Flower modules that run in the ServerApp's process (apps.py holds the ClientApp too)
+#: and the node-side modules that start and warm a SuperNode's processes
+FLOWER_SERVER_SIDE = ("transport.py", "apps.py", "messages.py", "process.py")
+FLOWER_NODE_PROCESSES = {"secagg.flower.guard", "secagg.flower.warm", "secagg.flower.supervise"}
+
+
+@pytest.mark.parametrize("name", FLOWER_SERVER_SIDE)
+def test_the_flower_server_side_never_imports_the_node_processes(name):
+    """The ServerApp's transport shares with a node's processes only what both may import
+    (``secagg.flower.messages``, ``secagg.flower.process``): the modules that start, guard
+    and warm a SuperNode are the node's."""
+    assert not imported_modules(ROOT / "flower" / name) & FLOWER_NODE_PROCESSES
