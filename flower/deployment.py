@@ -58,7 +58,7 @@ from secagg.flower.keystore import (
 )
 from secagg.flower.node import NODE_SETTINGS, check_runs_on_flower
 from secagg.runspec.config import ExperimentConfig
-from secagg.runspec.settings import from_config, imports_named_in, to_toml
+from secagg.runspec.settings import check_keys, from_config, imports_named_in, to_config, to_toml
 
 
 def app_pyproject(*, comment: str, name: str, description: str, module: str, config: str) -> str:
@@ -308,8 +308,6 @@ def experiment_file(config: ExperimentConfig) -> tuple[str, str]:
     yet spelled out), and the same settings must keep the same name, or a re-prepared
     deployment would send every site a new bundle for nothing."""
     import tomllib
-
-    from secagg.runspec.settings import check_keys, to_config
 
     body = to_toml(from_config(config))
     as_read, _ = to_config(check_keys(tomllib.loads(body), "experiment.toml"))

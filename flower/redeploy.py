@@ -35,6 +35,7 @@ from secagg.flower.experimenter import OBSERVER_PUBLIC, make_experimenter, read_
 from secagg.flower.guard import app_digest, build_app
 from secagg.flower.keystore import IDENTITY, ROSTER
 from secagg.flower.node import NODE_SETTINGS, check_runs_on_flower
+from secagg.runspec import settings as S
 from secagg.runspec.config import ExperimentConfig
 from secagg.runspec.settings import imports_named_in
 
@@ -106,8 +107,6 @@ def updated_settings(folder: Path, given: Mapping[str, Any]) -> dict[str, Any]:
     layers a run's. Where ``given`` names another protocol or backend, the old one's own
     settings are dropped, since they would not apply to the new one (with a protocol, its
     server optimizer too: each protocol has its own default)."""
-    from secagg.runspec import settings as S
-
     kept = S.read_file(Path(folder) / "experiment.toml")
     table = S.settings_table()
     dropped: set[str] = set()
