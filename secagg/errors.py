@@ -182,7 +182,7 @@ def error_code(error: BaseException) -> str:
 
 
 class RunNotComplete(SecaggError):
-    """A run over Flower ended ``degraded`` or ``aborted`` (``secagg.simulation.status``):
+    """A run over Flower ended ``degraded`` or ``aborted`` (``secagg.runspec.status``):
     its ServerApp raises this once the run folder is written, so that Flower records the run
     as failed. ``status`` is the run's status, as in its run.json."""
 
