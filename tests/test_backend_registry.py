@@ -18,8 +18,8 @@ from secagg.backends import (
     register_backend,
 )
 from secagg.errors import ConfigError
+from secagg.runspec.config import ExperimentConfig
 from secagg.simulation.cli import main
-from secagg.simulation.config import ExperimentConfig
 
 #: a backend of a researcher's own: uploads rounded to an int8 grid, which the server reads
 #: (so robust aggregators, which need the individual uploads, run on it)
