@@ -33,7 +33,8 @@ from secagg.errors import ConfigError, StateError
 
 
 class PrivateTrainer:
-    """A LocalTrainer whose steps are DP-SGD steps; same interface, plus ``epsilon``."""
+    """A LocalTrainer whose steps are DP-SGD steps; same interface, plus ``epsilon`` and
+    ``steps_taken``."""
 
     def __init__(
         self, trainer: LocalTrainer, noise_multiplier: float, max_grad_norm: float, seed: int
@@ -183,6 +184,24 @@ class PrivateTrainer:
 
     def predict(self, w, features):
         return self.inner.predict(w, features)
+
+    def steps_taken(self) -> int:
+        """The DP-SGD steps this client's accountant counted so far: every optimizer step that
+        added noise (an empty Poisson batch too: it is a noise-only step), each sampled at
+        ``sample_rate`` with multiplier ``noise_multiplier``. The accountant keeps them as
+        (z, q, steps) entries; this client's z and q never change, so its history is one
+        entry (or none), and (``noise_multiplier``, ``sample_rate``, this count) is all of
+        it. A history with another (z, q) (a state from another client) raises StateError:
+        its ε would not be the ε of those three numbers."""
+        history = self.engine.accountant.history
+        mine = (self.noise_multiplier, self.sample_rate)
+        other = sorted({(z, q) for z, q, _ in history} - {mine})
+        if other:
+            raise StateError(
+                f"the DP-SGD accountant holds steps at (noise multiplier, sample rate) {other}, "
+                f"this client steps at {mine}: its steps cannot be reported as its own"
+            )
+        return sum(int(n) for _, _, n in history)
 
     def epsilon(self, delta: float) -> float:
         """ε spent so far at ``delta`` (Opacus' RDP accountant)."""

@@ -439,7 +439,8 @@ class Client:
 
     def _reports(self, wanted: dict[str, Any]) -> dict[str, Field]:
         """Data-independent numbers the run asked for: DP-SGD's ε so far (at δ), the noise
-        multiplier the client uses (solved for a target ε, or given) and its sampling rate."""
+        multiplier the client uses (solved for a target ε, or given), its sampling rate and
+        the steps its accountant counted so far (the run composes ε over seeds from these)."""
         out = {}
         for name, setting in wanted.items():
             if not name.startswith("dp_sgd_") or not hasattr(self.trainer, "epsilon"):
@@ -451,6 +452,8 @@ class Client:
                 out[name] = wire.scalar(trainer.noise_multiplier)
             elif name == "dp_sgd_sample_rate":
                 out[name] = wire.scalar(trainer.sample_rate)
+            elif name == "dp_sgd_steps":
+                out[name] = wire.scalar(trainer.steps_taken())
             else:
                 raise ProtocolStateError(f"{self.id} cannot report {name!r}")
         return out

@@ -27,7 +27,10 @@ class TrainingPlan:
         scalar_dp: clip and noise every scalar clients report (the protocol's
             ``client_scalars``).
         reports: data-independent numbers clients attach to their training reply, by name,
-            with their settings (``{"dp_sgd_epsilon": {"delta": 1e-5}}``).
+            with their settings (``{"dp_sgd_epsilon": {"delta": 1e-5}}``). DP-SGD's four
+            (``dp_sgd_epsilon``, ``dp_sgd_noise_multiplier``, ``dp_sgd_sample_rate``,
+            ``dp_sgd_steps``) are functions of public settings and the client's sample count
+            n_i: the engine declares every report as a plaintext item.
     """
 
     client_lr: StepSchedule = field(default_factory=StepSchedule)

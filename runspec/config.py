@@ -295,6 +295,7 @@ class ExperimentConfig:
                     "dp_sgd_epsilon": {"delta": self.dp_delta},
                     "dp_sgd_noise_multiplier": {},
                     "dp_sgd_sample_rate": {},
+                    "dp_sgd_steps": {},
                 }
                 if self.dp_sgd
                 else {}

@@ -238,6 +238,9 @@ class Server:
         self.transport = transport
         self.server_lr = server_lr
         self.audit = audit if audit is not None else AuditLog()
+        # what clients report beside their upload (DP-SGD's ε, noise multiplier, sampling
+        # rate and counted steps): functions of public settings and each client's n_i
+        # (which n_samples shows anyway), declared plaintext items
         reports = set(self.plan.reports)
         self.audit.declared |= (
             set(ENGINE_DECLARED) | set(caps.reveals) | set(backend.declares) | reports

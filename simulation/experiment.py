@@ -494,6 +494,8 @@ def privacy_columns(
         for cid, r in sorted(reports.items()):  # what each client's ε rests on
             out[f"dp_sgd_noise_multiplier_{cid}"] = r["dp_sgd_noise_multiplier"]
             out[f"dp_sgd_sample_rate_{cid}"] = r["dp_sgd_sample_rate"]
+            # the steps its accountant counted: what ε over seeds is composed from
+            out[f"dp_sgd_steps_{cid}"] = r["dp_sgd_steps"]
     if config.scalar_dp is not None:
         eps = scalar_epsilons(scalar_releases, config.scalar_dp["noise"], config.dp_delta)
         out["eps_scalars_max"] = max(eps.values(), default=0.0)

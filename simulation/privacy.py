@@ -6,6 +6,7 @@ Three mechanisms, each a Gaussian mechanism or a composition of them:
   the clients) is one Gaussian mechanism on every client's data with the realised noise
   multiplier the engine logged (``Server.privacy_events``), sampling rate 1 (all clients);
 - DP-SGD: each client's own Opacus accountant (Poisson-subsampled Gaussian per local step);
+  over seeds, the steps each client's accountant counted (it reports them) composed here;
 - scalar DP: each client's revealed scalars, one Gaussian mechanism with multiplier σ_s and
   sensitivity (high − low) per release, counted from the audit.
 
@@ -95,32 +96,3 @@ def composed_epsilon(steps: Iterable[tuple[float, float, int]], delta: float) ->
     if isinstance(rdp, int):
         return 0.0
     return _rdp_epsilon(rdp, delta)
-
-
-def dp_sgd_steps(
-    noise_multiplier: float, sample_rate: float, epsilon: float, delta: float
-) -> int | None:
-    """The number of DP-SGD steps at (z, q) whose ε at δ is ``epsilon``: what a client's Opacus
-    accountant counted, recovered from the ε the client reported (its accountant keeps one
-    (z, q, steps) entry while z and q stay the same, and RDP grows linearly in the steps).
-    None where no whole number of steps gives ``epsilon`` back (to 1e-9 relative)."""
-    z, q = float(noise_multiplier), float(sample_rate)
-    if not (z > 0 and 0 < q <= 1 and math.isfinite(epsilon) and epsilon >= 0):
-        return None
-    if epsilon == 0:
-        return 0
-    unit = np.asarray(_unit_rdp(z, q))
-
-    def eps(n: int) -> float:
-        return _rdp_epsilon(unit * n, delta)
-
-    lo, hi = 0, 1  # eps(lo) < epsilon <= eps(hi)
-    while eps(hi) < epsilon:
-        lo, hi = hi, hi * 2
-        if hi > 2**40:
-            return None
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if eps(mid) < epsilon else (lo, mid)
-    best = min((lo, hi), key=lambda n: abs(eps(n) - epsilon))
-    return best if best > 0 and abs(eps(best) - epsilon) <= 1e-9 * epsilon else None

@@ -19,7 +19,6 @@ from secagg.simulation.figures import write_figures
 from secagg.simulation.privacy import (
     client_level_epsilon,
     composed_epsilon,
-    dp_sgd_steps,
     scalar_epsilons,
     scalar_release_counts,
 )
@@ -134,12 +133,22 @@ def privacy_report(config: ExperimentConfig, metrics: pd.DataFrame, audit: Audit
                 for s, (_, row) in zip(final.index, final.iterrows())
             }  # index: the seeds
 
-        composed = dp_sgd_composed(metrics, seeds, config.dp_delta)
+        histories, not_composed = dp_sgd_histories(metrics, seeds)
+        composed = {c: composed_epsilon(h.values(), config.dp_delta) for c, h in histories.items()}
         report["dp_sgd"] = {
             **config.dp_sgd,
-            "worst_client_epsilon_composed_over_seeds": max(composed.values(), default=None),
+            # a worst client over some clients only could be below the worst: none then
+            "worst_client_epsilon_composed_over_seeds": (
+                None if not_composed else max(composed.values(), default=None)
+            ),
             "epsilon_composed_over_seeds_per_client": composed,
+            "composed_from": DP_SGD_COMPOSED_FROM,
+            "steps_per_seed_and_client": {
+                s: {c: h[s][2] for c, h in histories.items() if s in h} for s in seeds
+            },
+            "not_composed": not_composed,
             "per_seed_figures": PER_SEED,
+            "worst_client_epsilon_per_seed": per_seed("eps_dp_sgd_max"),
             "epsilon_per_seed_and_client": per_client("eps_dp_sgd_"),
             "noise_multiplier_per_seed_and_client": per_client("dp_sgd_noise_multiplier_"),
             "sample_rate_per_seed_and_client": per_client("dp_sgd_sample_rate_"),
@@ -148,15 +157,20 @@ def privacy_report(config: ExperimentConfig, metrics: pd.DataFrame, audit: Audit
         names = audit.dp_protected & set(
             make_protocol(config.protocol, **config.protocol_options).capabilities.client_scalars
         )
-        counts: Counter = Counter()
-        for s in seeds:
-            counts += scalar_release_counts(audit.records, str(s), names)
-        composed = scalar_epsilons(counts, config.scalar_dp["noise"], config.dp_delta)
+        sigma = config.scalar_dp["noise"]
+        each = {s: scalar_release_counts(audit.records, str(s), names) for s in seeds}
+        counts: Counter = sum(each.values(), Counter())
+        composed = scalar_epsilons(counts, sigma, config.dp_delta)
         report["scalars"] = {
             **config.scalar_dp,
             "worst_client_epsilon_composed_over_seeds": max(composed.values(), default=0.0),
+            "epsilon_composed_over_seeds_per_client": dict(sorted(composed.items())),
             "per_seed_figures": PER_SEED,
             "worst_client_epsilon_per_seed": per_seed("eps_scalars_max"),
+            "epsilon_per_seed_and_client": {
+                s: dict(sorted(scalar_epsilons(c, sigma, config.dp_delta).items()))
+                for s, c in each.items()
+            },
         }
     return report
 
@@ -184,31 +198,49 @@ def client_level_composed(
     return client_level_epsilon(events, delta)
 
 
-def dp_sgd_composed(metrics: pd.DataFrame, seeds: list[int], delta: float) -> dict[str, float]:
-    """Each client's DP-SGD ε over every seed: its accountant's steps in each seed (from the
-    ε, multiplier and sampling rate it last reported there), composed in one accountant."""
+DP_SGD_COMPOSED_FROM = (
+    "each client's counted steps (dp_sgd_steps: what its Opacus accountant counted, one "
+    "(noise multiplier, sampling rate, steps) entry per seed, the last it reported there), "
+    "their RDP curves added: what one accountant fed every seed's steps gives"
+)
+
+
+def dp_sgd_histories(
+    metrics: pd.DataFrame, seeds: list[int]
+) -> tuple[dict[str, dict[int, tuple[float, float, int]]], dict[str, str]]:
+    """Each client's DP-SGD accountant history over ``seeds``, by seed: the (noise
+    multiplier, sampling rate, steps) of its last report in each seed where it reported,
+    with the steps its accountant counted (``dp_sgd_steps``; a client's z and q never change,
+    so this one entry is its accountant's whole history in that seed). A client that
+    reported ε in a seed but no counted steps (metrics written before clients reported
+    them) gets no history: it is in the second dict, with why; its ε over seeds is not
+    composed."""
     prefix = "eps_dp_sgd_"
     clients = sorted(
         c[len(prefix) :] for c in metrics.columns if c.startswith(prefix) and c != "eps_dp_sgd_max"
     )
-    out: dict[str, float] = {}
+    histories: dict[str, dict[int, tuple[float, float, int]]] = {}
+    missing: dict[str, str] = {}
     for c in clients:
-        cols = [f"{prefix}{c}", f"dp_sgd_noise_multiplier_{c}", f"dp_sgd_sample_rate_{c}"]
-        if not all(col in metrics for col in cols):
-            continue
-        history = []
+        cols = [f"dp_sgd_noise_multiplier_{c}", f"dp_sgd_sample_rate_{c}", f"dp_sgd_steps_{c}"]
+        history: dict[int, tuple[float, float, int]] = {}
         for s in seeds:
-            rows = metrics[(metrics["seed"] == s) & (metrics["round"] > 0)][cols].dropna()
-            if rows.empty:
+            rows = metrics[(metrics["seed"] == s) & (metrics["round"] > 0)]
+            rows = rows[rows[f"{prefix}{c}"].notna()]
+            if rows.empty:  # no upload of its was taken in this seed: no report either
                 continue
-            eps, z, q = (float(v) for v in rows.iloc[-1])
-            steps = dp_sgd_steps(z, q, eps, delta)
-            if steps is None:  # not one (z, q) entry: no composed figure for this client
+            last = rows.iloc[-1]
+            if not all(col in last.index and pd.notna(last[col]) for col in cols):
+                missing[c] = (
+                    f"seed {s}: the client's reports carry no counted steps (dp_sgd_steps; "
+                    "metrics written before clients reported them)"
+                )
                 break
-            history.append((z, q, steps))
+            z, q, steps = (float(last[col]) for col in cols)
+            history[s] = (z, q, int(steps))
         else:
-            out[c] = composed_epsilon(history, delta)
-    return out
+            histories[c] = history
+    return histories, missing
 
 
 def write_tables(

@@ -198,12 +198,13 @@ def test_dp_on_and_off_under_ckks_show_the_server_the_same_items():
             dp_noise="seeded",
         )
     ).audit.summary()
-    # DP-SGD adds three items: each client's ε so far, its noise multiplier and sampling
-    # rate, functions of public settings and n_i
+    # DP-SGD adds four items: each client's ε so far, its noise multiplier, sampling rate
+    # and the steps its accountant counted, functions of public settings and n_i
     assert set(on["learned_in_plaintext"]) == set(off["learned_in_plaintext"]) | {
         "dp_sgd_epsilon",
         "dp_sgd_noise_multiplier",
         "dp_sgd_sample_rate",
+        "dp_sgd_steps",
     }
     assert on["undeclared_plaintext_items"] == off["undeclared_plaintext_items"] == []
     assert on["individual_updates_revealed"] is False
@@ -405,8 +406,12 @@ def test_privacy_json_composes_epsilon_over_every_seed(tmp_path):
     assert sorted(composed) == [f"client_{k}" for k in range(6)]
     for cid, eps in composed.items():
         rates = [final.loc[s, f"dp_sgd_sample_rate_{cid}"] for s in seeds]
+        assert [final.loc[s, f"dp_sgd_steps_{cid}"] for s in seeds] == [rounds * steps] * 3
+        assert [dp_sgd["steps_per_seed_and_client"][str(s)][cid] for s in seeds] == [
+            rounds * steps
+        ] * 3
         expected = _accountant_epsilon([(1.0, q, rounds * steps) for q in rates])
-        assert eps == pytest.approx(expected, rel=1e-9)
+        assert eps == pytest.approx(expected, rel=1e-12)
         assert all(eps > dp_sgd["epsilon_per_seed_and_client"][str(s)][cid] for s in seeds)
     assert dp_sgd["worst_client_epsilon_composed_over_seeds"] == max(composed.values())
     assert "each seed alone" in dp_sgd["per_seed_figures"]
@@ -415,9 +420,16 @@ def test_privacy_json_composes_epsilon_over_every_seed(tmp_path):
     scalars = report["scalars"]
     expected = _accountant_epsilon([(sigma_s, 1.0, rounds * len(seeds))])
     assert scalars["worst_client_epsilon_composed_over_seeds"] == pytest.approx(expected)
+    each = _accountant_epsilon([(sigma_s, 1.0, rounds)])
+    assert scalars["epsilon_composed_over_seeds_per_client"] == pytest.approx(
+        {f"client_{k}": expected for k in range(6)}
+    )
     for s in seeds:
         eps = scalars["worst_client_epsilon_per_seed"][str(s)]
-        assert eps == pytest.approx(_accountant_epsilon([(sigma_s, 1.0, rounds)]))
+        assert eps == pytest.approx(each)
+        assert scalars["epsilon_per_seed_and_client"][str(s)] == pytest.approx(
+            {f"client_{k}": each for k in range(6)}
+        )
         assert scalars["worst_client_epsilon_composed_over_seeds"] > eps
 
 
