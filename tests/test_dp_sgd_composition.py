@@ -24,7 +24,7 @@ from secagg.clients.tasks import ClientData
 from secagg.clients.training import LocalTrainer
 from secagg.dp import RDP_ORDERS
 from secagg.errors import StateError
-from secagg.simulation.config import ExperimentConfig
+from secagg.runspec.config import ExperimentConfig
 from secagg.simulation.report import dp_sgd_histories
 
 DELTA = 1e-5
