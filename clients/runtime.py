@@ -85,7 +85,7 @@ if TYPE_CHECKING:  # opacus is imported only by clients that train with DP-SGD
 
 SERVER = "server"
 #: where a client writes why it refused a request (never sent to the server)
-LOG = logging.getLogger("secagg.clients")
+LOG = logging.getLogger(__name__)
 __all__ = ["ENGINE_PHASES", "Client", "SERVER"]
 
 

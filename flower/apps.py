@@ -39,8 +39,9 @@ from secagg.flower.keystore import experiment_name, read_signers
 from secagg.flower.node import RequestRefused, load_experiment, node_client
 from secagg.flower.transport import FlowerNodes, FlowerTransport
 
-#: the node's own log (the ClientApp process's stderr, which the SuperNode's log takes in)
-LOG = logging.getLogger("secagg.flower.node")
+#: the node's own log (the ClientApp process's stderr, which the SuperNode's log takes in);
+#: the ServerApp's progress (its stderr, which Flower's log of the run takes in)
+LOG = logging.getLogger(__name__)
 
 
 def failure_code(exc: BaseException) -> str:
@@ -57,6 +58,7 @@ class CodedClientApp(ClientApp):
     exception's type and text (``<class 'ValueError'>:<'...'>``) to the ServerApp."""
 
     def __call__(self, message: Message, context: Context) -> Message:
+        show_log()
         try:
             return super().__call__(message, context)
         except Exception as exc:  # noqa: BLE001 - whatever failed, only a code leaves
@@ -94,6 +96,7 @@ def answer(message: Message, context: Context) -> Message:
 
 @server_app.main()
 def main(grid: Grid, context: Context) -> None:
+    show_log(prefix="[secagg] ")
     cfg = context.run_config
     if not cfg.get("deployment"):
         raise ConfigError(
@@ -241,4 +244,17 @@ def roster_clients(roster: dict[str, bytes], path: Path) -> list[str]:
 
 
 def secagg_progress(line: str) -> None:
-    print(f"[secagg] {line}", file=sys.stderr, flush=True)
+    LOG.info("%s", line)
+
+
+def show_log(prefix: str = "") -> None:
+    """In Flower's ``flwr-clientapp`` and ``flwr-serverapp`` processes, which run this App
+    and nothing else: secagg's log lines on the process's stderr, which Flower takes into the
+    node's log (a ClientApp) or its log of the run (the ServerApp, each line marked
+    ``[secagg]``). Once per process, where no secagg entry point (the warm executor, whose
+    message processes run flwr-clientapp's code) did so; elsewhere (the App called in a test,
+    or by another program) the logging is that program's."""
+    from secagg.logs import stderr_level, to_stderr
+
+    if stderr_level() is None and sys.argv[0].endswith(("flwr-clientapp", "flwr-serverapp")):
+        to_stderr(prefix=prefix)

@@ -41,6 +41,8 @@ from typing import Any
 from secagg.errors import ConfigError, SecaggError
 from secagg.flower.process import shorten_object_pulls
 
+LOG = logging.getLogger(__name__)
+
 #: the most files and bytes a FAB may hold to be looked at (secagg's App is one small file)
 MAX_FILES, MAX_BYTES = 16, 1 << 20
 
@@ -143,9 +145,7 @@ class TaskAfterObjects:
         asked, self.held = self.held, None
         if self._state.create_task(**asked) is not None:
             return True
-        from flwr.supernode import start_client_internal as supernode
-
-        supernode.log(logging.ERROR, "secagg: no task for message %s; dropped", message_id)
+        LOG.error("secagg: no task for message %s; dropped", message_id)
         self._state.delete_messages(message_ids=[message_id])
         object_store.delete(message_id)
         return False
@@ -199,7 +199,7 @@ def guard_pull(pin: str, pull: Callable[..., int | None]) -> Callable[..., int |
         except ForeignApp as exc:
             message = received[-1]
             why = f"this SuperNode runs only the secagg App it was provisioned with: {exc}"
-            supernode.log(logging.ERROR, "secagg: refused run %s: %s", message.metadata.run_id, why)
+            LOG.error("secagg: refused run %s: %s", message.metadata.run_id, why)
             reply = Message(Error(ErrorCode.INVALID_FAB, why), reply_to=message)
             # Flower sends a reply with the time its ClientApp took, kept for messages in
             # its state only: without both flwr 1.30 never sent the reply (its own
@@ -224,7 +224,7 @@ TRACE = bool(os.environ.get("SECAGG_WARM_LOG"))
 
 def _trace(event: str, message_id: str, **times: float) -> None:
     line = {"event": event, "message": message_id, "at": time.time(), **times}
-    print(f"secagg.flower.guard: trace {json.dumps(line)}", file=sys.stderr, flush=True)
+    LOG.info("secagg.flower.guard: trace %s", json.dumps(line))
 
 
 def trace_pushes() -> None:
@@ -304,11 +304,14 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--once", action="store_true", help=argparse.SUPPRESS)
     args, rest = parser.parse_known_args(argv)
+    from secagg.logs import to_stderr
+
+    to_stderr()  # the node's log (its stderr): the supervisor's and the SuperNode's lines
     if args.once:  # the supervised SuperNode itself
         try:
             run_supernode(args.folder, rest, warm=not args.cold)
         except SecaggError as exc:  # a folder or setting the operator must fix: say what
-            print(f"secagg flower node: error: {exc}", file=sys.stderr, flush=True)
+            LOG.error("secagg flower node: error: %s", exc)
             sys.exit(2)
         return
     from secagg.flower.supervise import supervise

@@ -18,12 +18,14 @@ the SuperLink still holds its previous session as online, and Flower exits with 
 from __future__ import annotations
 
 import importlib
+import logging
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
+
+LOG = logging.getLogger(__name__)
 
 #: the heartbeat interval a guarded SuperNode announces (flwr: 30 s; its minimum: 10 s)
 HEARTBEAT_SECONDS = 10.0
@@ -66,10 +68,8 @@ def exit_when_refused() -> None:
 
     def flwr_exit(code: int, message: str | None = None, *args: Any, **kwargs: Any) -> None:
         if int(code) == 305 and "Failed to activate SuperNode" in (message or ""):
-            print(
-                f"secagg flower node: the SuperLink refused this node's activation: {message}",
-                file=sys.stderr,
-                flush=True,
+            LOG.error(
+                "secagg flower node: the SuperLink refused this node's activation: %s", message
             )
             os._exit(ACTIVATION_REFUSED)  # nothing ran yet: no state to save
             return
@@ -89,7 +89,7 @@ def supervise(
     """Run ``command`` (a guarded SuperNode) and start it again after ``pause`` seconds
     while it exits with :data:`ACTIVATION_REFUSED`, for up to ``window`` seconds; returns
     its last exit code. SIGTERM and SIGINT go on to the child."""
-    say = log or (lambda line: print(line, file=sys.stderr, flush=True))
+    say = log or LOG.warning
     deadline = time.monotonic() + window
     child: Any = None
 

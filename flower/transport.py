@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 import secrets
-import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -35,6 +35,8 @@ from secagg.errors import ConfigError, MalformedMessage
 from secagg.flower import messages
 from secagg.flower.process import profile_process, shorten_object_pulls
 from secagg.server.transport import ClientUnavailable, Reply, check_reply
+
+LOG = logging.getLogger(__name__)
 
 HELLO_CONTEXT = b"secagg flower hello v1"
 
@@ -52,7 +54,7 @@ def _trace(event: str, message_id: str, peer: str, **times: float) -> None:
         with open(os.path.join(where, f"transport-{os.getpid()}.jsonl"), "a") as f:
             f.write(json.dumps(line) + "\n")
     else:
-        print(f"secagg.flower.transport: trace {json.dumps(line)}", file=sys.stderr, flush=True)
+        LOG.info("secagg.flower.transport: trace %s", json.dumps(line))
 
 
 def hello_message(experiment: str, nonce: str, node_id: int, client: str) -> bytes:

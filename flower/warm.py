@@ -41,6 +41,7 @@ import argparse
 import gc
 import importlib
 import json
+import logging
 import os
 import select
 import signal
@@ -51,6 +52,8 @@ import traceback
 from typing import Any
 
 from secagg.flower.process import profile_process, shorten_object_pulls
+
+LOG = logging.getLogger(__name__)
 
 #: how often Flower's SuperExec loop asks the SuperNode for a task (flwr's default: 1 s)
 POLL_SECONDS = "0.05"
@@ -171,16 +174,16 @@ def run_clientapp(args: list[str]) -> int:
         return 1
     finally:
         if os.environ.get("SECAGG_WARM_LOG"):  # a diagnostic: each message process's time
-            print(
-                f"secagg.flower.warm: message process {os.getpid()} took "
-                f"{time.perf_counter() - started:.3f} s",
-                file=sys.stderr,
+            LOG.info(
+                "secagg.flower.warm: message process %s took %.3f s",
+                os.getpid(),
+                time.perf_counter() - started,
             )
             if _TIMELINE is not None:
                 _TIMELINE["end"] = time.time()
                 _TIMELINE["cpu"] = sum(os.times()[:2])  # this process's own CPU seconds
                 _TIMELINE["modules"] = sorted(set(sys.modules) - _TIMELINE["modules"])
-                print(f"secagg.flower.warm: timeline {json.dumps(_TIMELINE)}", file=sys.stderr)
+                LOG.info("secagg.flower.warm: timeline %s", json.dumps(_TIMELINE))
         sys.stdout.flush()
         sys.stderr.flush()
     return 0
@@ -387,6 +390,9 @@ def main(argv: list[str] | None = None) -> None:
     tls.add_argument("--insecure", action="store_true")
     tls.add_argument("--root-certificates")
     args = parser.parse_args(argv)
+    from secagg.logs import to_stderr
+
+    to_stderr()  # the node's log: this process's and its message processes' lines on stderr
     die_with_parent(args.parent_pid)
     warm_imports()
     if args.node_dir:  # the node's own settings applied, its task's data loaded, once

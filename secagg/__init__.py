@@ -16,14 +16,21 @@ processes, which import ``secagg.server``, never load torch or the data librarie
 - ``secagg.register_task(name, task)`` with ``secagg.Task``; ``secagg.register_protocol(name,
   cls, ...)`` with ``secagg.Protocol`` and ``secagg.Capabilities``;
   ``secagg.register_backend(spec)`` with ``secagg.BackendSpec``.
+
+Every module logs through ``logging.getLogger(__name__)``, under the ``secagg`` logger, which
+has a ``NullHandler`` only: what is shown is the program's choice (``secagg.logs``; secagg's
+own command line and Flower processes show it on stderr).
 """
 
 from __future__ import annotations
 
 import importlib
+import logging
 from typing import Any
 
 __version__ = "0.1.0"
+
+logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 _LAZY = {
     "ExperimentConfig": "secagg.runspec.config",

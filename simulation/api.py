@@ -180,7 +180,8 @@ def run(
             run; without ``config`` and ``settings`` the folder's own settings are used.
         transport: ``(clients factory, client ids) -> transport``, replacing the in-process
             (or worker-process) transport, e.g. with a network one.
-        progress: True prints progress to stderr; a callable receives each line.
+        progress: True prints progress to stderr (and secagg's log lines: ``secagg.logs``);
+            a callable receives each line.
         command: the command line config.json records (default: ``sys.argv``).
         signers: the clients' public signing keys, when a deployment provisioned the
             clients on their own nodes (``secagg.flower``); otherwise the run provisions
@@ -225,6 +226,10 @@ def run(
     # clients train here: behind another transport, e.g. Flower's, each node picks its own)
     device = device_choice(config.device, here=transport is None)
     report = stderr_progress if progress is True else (progress or None)
+    if progress is True:  # secagg's log lines on stderr, the worker processes' too
+        from secagg.logs import ensure_stderr
+
+        ensure_stderr()
     audit = AuditLog()
     folder, finished = None, Finished()
     if out is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import logging
 import signal
 import sys
 from collections.abc import Iterable
@@ -548,6 +549,15 @@ def load_user_code(argv: list[str]) -> None:
     import_user_modules(names)
 
 
+def configure_logging(args: argparse.Namespace) -> None:
+    """The one place the command line says where the library's log lines go: stderr, the
+    message only (as the lines read when they were printed); ``--quiet`` keeps warnings and
+    errors only."""
+    from secagg.logs import to_stderr
+
+    to_stderr(logging.WARNING if getattr(args, "quiet", False) else logging.INFO)
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         load_user_code(sys.argv[1:] if argv is None else argv)
@@ -557,6 +567,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = ["secagg", *(sys.argv[1:] if argv is None else argv)]
+    configure_logging(args)
     if args.version:
         from secagg.simulation.provenance import version_line
 

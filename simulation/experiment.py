@@ -17,7 +17,7 @@ whose model the server hands to the clients in a declared message.
 
 from __future__ import annotations
 
-import sys
+import logging
 import threading
 import time
 from collections import Counter
@@ -72,6 +72,8 @@ from secagg.simulation.workers import WorkerPoolTransport
 if TYPE_CHECKING:  # client-side and key code: imported where a client or key is made, so
     # that a server process running this driver (secagg.flower's ServerApp) loads none of it
     pass
+
+LOG = logging.getLogger(__name__)
 
 
 @dataclass
@@ -681,4 +683,7 @@ def check_data(
 
 
 def stderr_progress(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
+    from secagg.logs import ensure_stderr
+
+    ensure_stderr()  # asked for on stderr (secagg.run(progress=True)): shown there
+    LOG.info("%s", line)

@@ -101,9 +101,16 @@ def _serve(
     outbox: Connection,
     threads: int,
     deadline: float | None = None,
+    log_level: int | None = None,
 ) -> None:
     """A worker's main loop: build its clients, then answer requests in order, each by its
-    deadline (``deadline`` seconds from when the request is handed over; None: none)."""
+    deadline (``deadline`` seconds from when the request is handed over; None: none).
+    ``log_level``: the parent's secagg log lines go to stderr from this level
+    (``secagg.logs.stderr_level``), so do the worker's (a spawned process starts without)."""
+    if log_level is not None:
+        from secagg.logs import to_stderr
+
+        to_stderr(log_level)
     # Ctrl-C reaches the whole process group: the parent handles it (saves what finished
     # and closes the pool); a worker that also raised would print a traceback per process
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -226,6 +233,9 @@ class WorkerPoolTransport:
     def _start(self, ctx: Any, build: Build, workers: int, torch_threads: int) -> None:
         """Start the worker processes (a Ctrl-C mid-spawn would leave a child reading half a
         pickle: it is held until every worker has its arguments)."""
+        from secagg.logs import stderr_level
+
+        level = stderr_level()
         with sigint_deferred():
             for w in range(workers):
                 req_read, req_write = ctx.Pipe(duplex=False)
@@ -233,7 +243,7 @@ class WorkerPoolTransport:
                 ids = [p for p in self._peers if self._owner[p] == w]
                 proc = ctx.Process(
                     target=_serve,
-                    args=(build, ids, req_read, rep_write, torch_threads, self.deadline),
+                    args=(build, ids, req_read, rep_write, torch_threads, self.deadline, level),
                     daemon=True,
                 )
                 proc.start()

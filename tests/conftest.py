@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
@@ -16,6 +17,24 @@ from secagg.server.engine import Server
 from secagg.server.plan import TrainingPlan
 from secagg.server.transport import InProcessTransport
 from secagg.wire import Envelope
+
+_SECAGG_LOGGER = logging.getLogger("secagg")
+#: the ``secagg`` logger as importing secagg leaves it (a NullHandler, propagating)
+_AS_IMPORTED = (list(_SECAGG_LOGGER.handlers), _SECAGG_LOGGER.level, _SECAGG_LOGGER.propagate)
+
+
+@pytest.fixture(autouse=True)
+def _secagg_logger_as_imported() -> Iterator[None]:
+    """A test (or a module's fixture) that runs an entry point in this process
+    (``secagg.simulation.cli.main``, ``secagg.run(progress=True)``) sets the ``secagg`` logger
+    up for stderr and stops its propagation (``secagg.logs.to_stderr``): after each test the
+    logger is as importing secagg left it, propagating to the root logger, where pytest's
+    caplog listens."""
+    yield
+    handlers, level, propagate = _AS_IMPORTED
+    _SECAGG_LOGGER.handlers[:] = handlers
+    _SECAGG_LOGGER.setLevel(level)
+    _SECAGG_LOGGER.propagate = propagate
 
 
 def honest_client(cid: str, g: np.ndarray, n: float) -> Callable[[bytes], bytes]:

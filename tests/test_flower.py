@@ -291,7 +291,7 @@ def test_a_nodes_failure_reaches_the_coordinator_as_a_code_its_text_the_nodes_lo
     for text in coordinator:
         for secret in ("P-0042", "missing columns", "hospital_2.csv", "ValueError"):
             assert secret not in text
-    logged = [r for r in caplog.records if r.name == "secagg.flower.node"]
+    logged = [r for r in caplog.records if r.name == "secagg.flower.apps"]
     assert logged and all("internal_error" in r.getMessage() for r in logged)
     assert str(logged[0].exc_info[1]) == LEAK
     assert "P-0042" in caplog.text and "Traceback" in caplog.text

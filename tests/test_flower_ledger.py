@@ -153,7 +153,7 @@ def released_runs(node_dir: Path) -> list[int]:
 
 
 def logged_refusal(caplog) -> str:
-    logged = [r for r in caplog.records if r.name == "secagg.flower.node" and r.exc_info]
+    logged = [r for r in caplog.records if r.name == "secagg.flower.apps" and r.exc_info]
     return str(logged[-1].exc_info[1])
 
 

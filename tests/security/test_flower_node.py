@@ -239,7 +239,7 @@ def refused_with(reply: Message, code: str, detail: str, caplog) -> None:
     """``reply`` is the node's error reply with ``code`` only; ``detail`` (a pattern) is in
     the node's own log, with the exception it came from."""
     assert reply.has_error() and reply.error.reason == f"secagg:{code}"
-    logged = [r for r in caplog.records if r.name == "secagg.flower.node"]
+    logged = [r for r in caplog.records if r.name == "secagg.flower.apps"]
     assert logged and logged[-1].exc_info is not None
     assert re.search(detail, str(logged[-1].exc_info[1])), logged[-1].exc_info
 
