@@ -133,6 +133,10 @@ class Plaintext:
 
 
 class RoundAPI(TypingProtocol):
+    """What the engine offers a protocol's server half in a round (``ctx``): the round's
+    clients, requests to them, and the backend's sums of their protected uploads, revealed
+    only as the protocol declared (its ``Capabilities``)."""
+
     @property
     def round(self) -> int:
         """The round's number."""

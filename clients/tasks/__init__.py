@@ -39,6 +39,11 @@ class Ref:
 
 @dataclass(frozen=True)
 class Task:
+    """A learning task: its data (``load`` returns a ``FederatedData``), the model every
+    client trains (``make_model``), the local loss and the metric (``metric(targets,
+    outputs)``, reported as ``metric_name``); the fields from ``penalty`` on are optional.
+    Register one with ``register_task``."""
+
     name: str
     description: str
     load: Callable[[], FederatedData]

@@ -302,6 +302,10 @@ def _subset_of(load: Callable[[], Dataset], order: np.ndarray) -> Dataset:
 
 @dataclass
 class FederatedData:
+    """A task's data: each client's training set (``train``, one ``ClientData`` per
+    client), optionally each client's own test set (``test``) and a test set no client owns
+    (``pooled_test``)."""
+
     name: str
     train: list[ClientData]
     test: list[ClientData] | None  # per-client held-out sets; None if there are none

@@ -563,6 +563,8 @@ def load_backend_entry_points() -> None:
 
 
 def backend_spec(name: str) -> BackendSpec:
+    """The registered backend ``name`` (``BACKENDS``; an installed package\'s, by entry point,
+    on the first lookup); a ConfigError naming the others."""
     if name not in BACKENDS:  # an installed package's backend (entry point)?
         load_backend_entry_points()
     if name not in BACKENDS:

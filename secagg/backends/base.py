@@ -56,6 +56,9 @@ BackendOption = Option
 
 
 class ClientBackend(ABC):
+    """A backend's client half: protects this client's vectors for upload and opens what
+    the server sends back (the module docstring has the contract)."""
+
     name: str
 
     @abstractmethod
@@ -204,6 +207,9 @@ class RunningSum(ABC):
 
 
 class ServerBackend(ABC):
+    """A backend's server half: loads uploads into handles, sums them with weights and
+    reveals or releases a sum only as the contract allows; it never holds a secret key."""
+
     name: str
     #: who may open an aggregate: "none", "shared" or "threshold" (module docstring)
     key_model: str
