@@ -129,7 +129,7 @@ from secagg.ckks.flooding import error_bound, flooding_sigma
 from secagg.ckks.presets import PRESETS, CKKSPreset
 from secagg.ckks.public import CiphertextSum, PublicCKKS, quantise, to_bytes
 from secagg.ckks.release import Descriptor, SecondPolynomials
-from secagg.ckks.secret import SecretKeyHolder
+from secagg.secret.ckks_keys import SecretKeyHolder
 from secagg.server.audit import AuditLog
 from secagg.server.exchange import Exchange
 from secagg.server.round import RoundContext

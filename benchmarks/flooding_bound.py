@@ -34,7 +34,7 @@ from benchmarks.stats import markdown_table
 from secagg.ckks.flooding import error_bound, flooding_sigma, realised_security_bits, slot_sigma
 from secagg.ckks.presets import get_preset
 from secagg.ckks.public import quantise, to_bytes
-from secagg.ckks.secret import SecretKeyHolder
+from secagg.secret.ckks_keys import SecretKeyHolder
 
 N_CLIENTS = 6
 DECRYPTIONS = N_CLIENTS * (5 + 5)

@@ -98,7 +98,8 @@ from benchmarks.rounds import (  # noqa: E402, F401 - the workloads, re-exported
     preset_option,
 )
 from benchmarks.stats import markdown_table  # noqa: E402
-from secagg.ckks import native, offline  # noqa: E402
+from secagg.ckks import native  # noqa: E402
+from secagg.secret import ckks_masks  # noqa: E402
 
 #: why ``secagg bench overhead --check`` has nothing to re-run (``docs/reference/benchmarks.md``)
 NO_CHECK = (
@@ -175,7 +176,7 @@ def run_config(
             env={
                 **os.environ,
                 native.ENV: "on" if workload.native else "off",
-                offline.ENV: "on" if workload.masks else "off",
+                ckks_masks.ENV: "on" if workload.masks else "off",
             },
         )
         if not result.exists():

@@ -99,7 +99,7 @@ class Workload:
     #: CKKS through the native extension (``secagg/ckks/native.py``); False: TenSEAL's binding
     #: alone (``SECAGG_NATIVE=off``), the before of the before-and-after
     native: bool = True
-    #: clients make each upload's masks beside training (``secagg.ckks.offline``); False:
+    #: clients make each upload's masks beside training (``secagg.secret.ckks_masks``); False:
     #: every upload encrypted afresh after training (``SECAGG_UPLOAD_MASKS=off``), the before
     masks: bool = True
     local_steps: int = 100

@@ -21,7 +21,7 @@ backend's own functions, stage by stage, each timed separately (median of ``--re
 Each preset runs twice, on TenSEAL's binding alone (``SECAGG_NATIVE=off``, the stages
 above) and on the native extension (``secagg/ckks/native.py``): there the client's encode,
 encrypt and serialise are one call (then zstd where the preset compresses), or the same
-split in time (``secagg.ckks.offline``): the masks, made while the client trains, and the
+split in time (``secagg.secret.ckks_masks``): the masks, made while the client trains, and the
 online encode + add + serialise, each timed on its own (the upload the later stages use is
 the one-call one); the decryptor expands the seeds in one call and opens the aggregate in
 one more, having read a server-weighted aggregate's polynomials out of its checked bytes
@@ -74,7 +74,7 @@ from secagg.ckks.public import (
     to_bytes,
 )
 from secagg.ckks.release import Descriptor, SecondPolynomials
-from secagg.ckks.secret import SecretKeyHolder, compressed, compresses
+from secagg.secret.ckks_keys import SecretKeyHolder, compressed, compresses
 
 OUTPUTS = ("upload_profile.csv", "upload_profile.md")
 #: ``secagg bench upload_profile --check``: the committed size, one repeat; the byte rows
@@ -164,7 +164,7 @@ def native_client_stages(keys: SecretKeyHolder, x: np.ndarray, weight: float | N
     blob, seconds["client: encode + encrypt + serialise (one native call)"] = median_seconds(
         lambda: encryptor.encrypt(values, keys.public.scale, native.threads()), repeats
     )
-    # the same upload split in time (``secagg.ckks.offline``): the masks, made beside
+    # the same upload split in time (``secagg.secret.ckks_masks``): the masks, made beside
     # training, then the online encode + add + save; timed apart, each on fresh masks
     chunks = chunks_for(values.size, preset)
     _, seconds["client: masks (offline, beside training)"] = median_seconds(

@@ -77,7 +77,7 @@ from secagg.protocols.optimizers import (
     make_optimizer,
     optimizer_from_envelope,
 )
-from secagg.sealing import seal
+from secagg.secret.sealing import seal
 from secagg.wire import Envelope, Field
 
 if TYPE_CHECKING:  # opacus is imported only by clients that train with DP-SGD

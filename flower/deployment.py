@@ -39,7 +39,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from secagg.backends import new_identities
 from secagg.errors import ConfigError
 from secagg.flower.certificates import make_node_key, make_tls, use_own_tls
 from secagg.flower.experimenter import OBSERVER_PUBLIC, make_experimenter, read_observer_public
@@ -59,6 +58,7 @@ from secagg.flower.keystore import (
 from secagg.flower.node import NODE_SETTINGS, check_runs_on_flower
 from secagg.runspec.config import ExperimentConfig
 from secagg.runspec.settings import check_keys, from_config, imports_named_in, to_config, to_toml
+from secagg.secret.identities import new_identities
 
 
 def app_pyproject(*, comment: str, name: str, description: str, module: str, config: str) -> str:

@@ -2,7 +2,7 @@
 
 In a server-blind run the clients decrypt and apply every update themselves, and after each
 round one of them seals a copy of the global model for the experimenter's X25519 key
-(``secagg.sealing``). In simulation the driver holds that key. Over Flower the ServerApp must
+(``secagg.secret.sealing``). In simulation the driver holds that key. Over Flower the ServerApp must
 not, or the server would read the model:
 
 - the key pair is made where the experimenter works (``secagg flower experimenter DIR``;
@@ -18,7 +18,7 @@ not, or the server would read the model:
   models by seed.
 
 This module imports no private-key code at import time (the ServerApp imports it):
-:func:`open_sealed` and :func:`make_experimenter` import ``secagg.sealing`` when called.
+:func:`open_sealed` and :func:`make_experimenter` import ``secagg.secret.sealing`` when called.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def make_experimenter(folder: Path) -> Path:
     """Make the experimenter's key pair in ``folder``: ``observer.key`` (mode 0600) and
     ``observer.pub``; returns the path of the public file (the one that travels). A
     folder that holds a key already is refused."""
-    from secagg.sealing import Observer
+    from secagg.secret.sealing import Observer
 
     folder = Path(folder)
     if (folder / OBSERVER_KEY).exists():
@@ -111,7 +111,7 @@ def open_sealed(run: Path, key: Path, *, progress: Callable[[str], None] | None 
     from secagg.runspec.evaluation import evaluate
     from secagg.runspec.provisioning import seed_data
     from secagg.runspec.settings import read_file, to_config
-    from secagg.sealing import Observer
+    from secagg.secret.sealing import Observer
 
     run, out = Path(run), Path(run) / "experimenter"
     config, _ = to_config(read_file(run / "config.toml"))

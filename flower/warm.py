@@ -72,9 +72,9 @@ WARM_MODULES = (
     "secagg.runspec.provisioning",  # ClientFactory, the task registry
     "secagg.clients.runtime",
     "secagg.clients.privacy",  # opacus (and with it torch.distributed, sympy, scipy)
-    "secagg.backends.ckks_client",  # tenseal, SEAL, the native extension
-    "secagg.backends.threshold_client",
-    "secagg.sealing",
+    "secagg.secret.ckks_client",  # tenseal, SEAL, the native extension
+    "secagg.secret.threshold_client",
+    "secagg.secret.sealing",
     # what Flower's flwr-clientapp imports only as it runs: the HTTP client of its Runtime API
     # (httpx's transport), the FAB's zip names' codec; and what a node's reply imports
     "httpcore",

@@ -221,7 +221,7 @@ public:
     // encryptions of zero util::encrypt_zero_symmetric makes, each with its chunk's seed for a
     // and fresh noise e from the parameters' random generator, as there. The caller uses a
     // seed once: two uploads under one a and one key would give away the difference of their
-    // values (secagg.ckks.offline keeps that promise; CKKSClient refuses a repeated seed).
+    // values (secagg.secret.ckks_masks keeps that promise; CKKSClient refuses a repeated seed).
     std::unique_ptr<UploadMasks> masks_from(py::bytes seeds, std::size_t threads) const {
         std::string raw = seeds;
         if (raw.empty() || raw.size() % kSeedInfo) {

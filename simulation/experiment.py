@@ -142,7 +142,7 @@ ModelCallback = Callable[[int, int, np.ndarray], None]
 #: ``public_bytes`` (the key clients seal the model for) and ``open(blob, context)``, which
 #: returns the model's bytes, or None where the experimenter is a party that is not this
 #: process and evaluates the sealed copies later (``secagg.flower.experimenter``). Default:
-#: ``secagg.sealing.Observer``, a fresh key pair per seed in this process.
+#: ``secagg.secret.sealing.Observer``, a fresh key pair per seed in this process.
 ExperimenterFactory = Callable[[int], Any]
 
 #: set by ``secagg.simulation.api``'s SIGINT handler: a Ctrl-C that CPython swallowed (one
@@ -222,7 +222,7 @@ def run_seed(
     if config.server_blind and experimenter is not None:
         observer = experimenter(seed)
     elif config.server_blind:
-        from secagg.sealing import Observer  # the experimenter's private key
+        from secagg.secret.sealing import Observer  # the experimenter's private key
 
         observer = Observer()
     factory = ClientFactory(

@@ -8,10 +8,8 @@ import tenseal.sealapi as seal
 
 from secagg.backends.ckks_server import CKKSServer
 from secagg.ckks.flooding import csprng_normal, slot_sigma
-from secagg.ckks.keywrap import KeyWrapper
 from secagg.ckks.presets import PRESETS, CKKSPreset, get_preset
 from secagg.ckks.public import PublicCKKS, make_context, to_bytes
-from secagg.ckks.secret import SecretKeyHolder
 from secagg.errors import (
     ConfigError,
     KeySetupError,
@@ -19,6 +17,8 @@ from secagg.errors import (
     ValueRangeError,
     WrongContext,
 )
+from secagg.secret.ckks_keys import SecretKeyHolder
+from secagg.secret.keywrap import KeyWrapper
 
 COMPACT = get_preset("compact")
 

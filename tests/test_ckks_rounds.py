@@ -12,13 +12,13 @@ from benchmarks.protocol_parity import short_run
 from secagg import wire
 from secagg.backends import make_backends
 from secagg.ckks.presets import get_preset
-from secagg.ckks.secret import SecretKeyHolder
 from secagg.protocols import PROTOCOLS, make_protocol
 from secagg.protocols.fedavg import sample_size_weights
 from secagg.protocols.optimizers import SGD
 from secagg.protocols.pieces import FederatedInitialisation, piece, pre_stage_of
 from secagg.protocols.twophase import TwoPhase
 from secagg.runspec.provisioning import pretrain_settings
+from secagg.secret.ckks_keys import SecretKeyHolder
 from secagg.server.audit import AuditLog
 from secagg.server.engine import Server
 from secagg.server.plan import TrainingPlan

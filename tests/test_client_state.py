@@ -19,11 +19,11 @@ from torch import nn
 
 from secagg import wire
 from secagg.backends.plain import PlainClient
-from secagg.ckks.keywrap import KeyWrapper
 from secagg.clients.state import STATE_VERSION, decode_state, encode_state
 from secagg.clients.tasks import ClientData
 from secagg.clients.training import LocalTrainer
 from secagg.errors import ConfigError, KeySetupError, StateError
+from secagg.secret.keywrap import KeyWrapper
 from secagg.server.transport import InProcessTransport
 from secagg.simulation.experiment import ClientFactory, ExperimentConfig, run_experiment
 from secagg.wire import Envelope

@@ -9,12 +9,12 @@ import pytest
 
 from secagg import wire
 from secagg.backends import make_backends
-from secagg.backends.ckks_client import CKKSClient
 from secagg.ckks.presets import get_preset
 from secagg.errors import ConfigError, KeySetupError, RoundAborted, SecaggError
 from secagg.protocols import make_client_half, make_protocol
 from secagg.protocols.optimizers import SGD, make_optimizer, optimizer_fields
 from secagg.runspec.settings import read_file
+from secagg.secret.ckks_client import CKKSClient
 from secagg.server.engine import Server
 from secagg.server.plan import RunPolicy, TrainingPlan
 from secagg.server.transport import InProcessTransport

@@ -73,43 +73,190 @@ def test_importing_the_server_loads_no_client_code_or_data_library():
     assert printed_by(code) == "[]"
 
 
-SECRET_MODULES = {
-    "secagg.ckks.secret",
-    "secagg.ckks._seal_native",  # the native extension encrypts and opens with the key
-    "secagg.backends.ckks_client",
-    "secagg.ckks.keywrap",
-    "secagg.sealing",
-    "secagg.threshold.shares",
-    "secagg.threshold.share_relay",
-    "secagg.backends.threshold_client",
-    "secagg.backends.consenting",
-}
-PUBLIC_SIDE = [
-    *(ROOT / "server").rglob("*.py"),
-    *(ROOT / "protocols").rglob("*.py"),
-    ROOT / "secagg/backends/ckks_server.py",
-    ROOT / "secagg/ckks/public.py",
-    ROOT / "secagg/ckks/presets.py",
-    ROOT / "secagg/ckks/flooding.py",
-    ROOT / "secagg/backends/threshold_server.py",
-    ROOT / "secagg/backends/consent.py",
-    ROOT / "secagg/threshold/params.py",
-]
+# ---- the secret package: one rule, one prefix (``secagg/secret/__init__.py``) ----------------
+SECRET = "secagg.secret"
+#: the one secret-key module outside the package: the build puts the native extension here,
+#: and it is both halves in one binary (the encryptor and decryptor ``secagg.secret`` hands
+#: a key, and public arithmetic the server runs: the threshold ring, seed expansion)
+NATIVE = "secagg.ckks._seal_native"
+#: the only modules that load the extension (by name, lazily, inside a function): both
+#: public, so that code of either side reaches its public arithmetic through them
+NATIVE_LOADERS = {"secagg/ckks/native.py", "secagg/threshold/ring.py"}
+#: the backend registry: its client factories and provisioning helpers import client
+#: halves and key generation inside the functions that build a client or make keys
+REGISTRY = "secagg/backends/__init__.py"
 
 
-def imported_modules(path: Path) -> set[str]:
+def is_secret(module: str) -> bool:
+    """Whether ``module`` (a dotted name) is secret-key code: under ``secagg.secret``, or
+    the native extension."""
+    return module == SECRET or module.startswith(SECRET + ".") or module == NATIVE
+
+
+def server_side_files() -> list[Path]:
+    """The server's side, by package: the round engine (``server/``), the protocols
+    (``protocols/``) and every module of the privacy layer (``secagg/``) outside
+    ``secagg/secret``: its server halves and public modules."""
+    privacy = [
+        p
+        for p in (ROOT / "secagg").rglob("*.py")
+        if p.relative_to(ROOT / "secagg").parts[0] not in (*SUBPACKAGES, "secret")
+    ]
+    return sorted([*(ROOT / "server").rglob("*.py"), *(ROOT / "protocols").rglob("*.py"), *privacy])
+
+
+def module_name(path: Path) -> str:
+    """``secagg/ckks/public.py`` -> ``secagg.ckks.public``; ``server/engine.py`` ->
+    ``secagg.server.engine`` (the top folders are installed under ``secagg``)."""
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[0] != "secagg":
+        parts.insert(0, "secagg")
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _top_level(tree: ast.Module) -> list[ast.AST]:
+    """The nodes a module runs when it is imported: everything but function bodies (a class
+    body, an ``if``, a ``try`` and an ``if TYPE_CHECKING:`` block all count)."""
+    out: list[ast.AST] = []
+    todo: list[ast.AST] = list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue
+        out.append(node)
+        todo.extend(ast.iter_child_nodes(node))
+    return out
+
+
+def imported_modules(
+    path: Path, *, top_level_only: bool = False, name: str | None = None
+) -> set[str]:
+    """Every module ``path`` imports: ``import a.b`` gives ``a.b``; ``from a import b``
+    gives ``a`` and ``a.b`` (b may be a module); relative imports are resolved against the
+    module's package (``name``: the module's dotted name, by default its place in the
+    checkout); ``importlib.import_module("a.b")`` and ``__import__("a.b")`` with a literal
+    name give ``a.b``. Inside functions too, unless ``top_level_only``."""
+    tree = ast.parse(path.read_text())
+    package = (name or module_name(path)).split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
     mods = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in _top_level(tree) if top_level_only else ast.walk(tree):
         if isinstance(node, ast.Import):
             mods |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            mods |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            mods |= {module} | {f"{module}.{a.name}" for a in node.names}
+        elif (
+            isinstance(node, ast.Call)
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+            and (
+                (isinstance(node.func, ast.Name) and node.func.id == "__import__")
+                or (isinstance(node.func, ast.Attribute) and node.func.attr == "import_module")
+            )
+        ):
+            mods.add(node.args[0].value)
     return mods
 
 
-@pytest.mark.parametrize("path", PUBLIC_SIDE, ids=lambda p: str(p.relative_to(ROOT)))
+def secret_imports(path: Path) -> set[str]:
+    """The secret-key modules a server-side file imports (the rule's exceptions applied)."""
+    relative = str(path.relative_to(ROOT))
+    found = {m for m in imported_modules(path, top_level_only=relative == REGISTRY) if is_secret(m)}
+    return found - {NATIVE} if relative in NATIVE_LOADERS else found
+
+
+@pytest.mark.parametrize("path", server_side_files(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_server_side_code_never_imports_secret_key_code(path):
-    assert not imported_modules(path) & SECRET_MODULES
+    """Nothing on the server's side imports ``secagg.secret`` or the native extension.
+
+    The server's side is defined by package (:func:`server_side_files`), so a new module
+    there is checked without anyone listing it. Every import counts wherever it is: at the
+    top, in an ``if TYPE_CHECKING:`` block, in a class body or inside a function (a function
+    that imports secret code drags it into whatever process calls it, and which process
+    calls a function is not something a static check can see); ``importlib.import_module``
+    and ``__import__`` with a literal name count as imports. Relative imports are resolved.
+
+    Two exceptions, each narrower than a file list:
+
+    - the registry (``secagg/backends/__init__.py``) is held to its top level only: its
+      client factories (``_ckks_client``, ``_threshold_client``) and provisioning helpers
+      (``provision``, ``make_backends``) import client halves and key generation inside
+      the function that builds a client or makes keys, which only a client's process or a
+      driver calls. What makes this sound is the other half of the rule: a fresh
+      interpreter that imports the server and builds its backends' server halves through
+      that same registry loads no secret module
+      (:func:`test_the_server_process_loads_no_secret_key_code`);
+    - the native extension (``NATIVE``) is loaded by name, lazily, by its two loaders
+      (``NATIVE_LOADERS``), which the public code of both sides uses for its public
+      arithmetic; no other server-side module may name it. It holds no key of its own (a
+      key is only ever handed to it by ``secagg.secret.ckks_keys``); importing the server
+      does not load it, and a threshold server loads it at run time for the ring's public
+      arithmetic only.
+
+    What no static check sees (an import by a computed name) the subprocess tests below
+    see: they look at what a fresh interpreter actually holds."""
+    assert not secret_imports(path)
+
+
+def test_the_secret_check_sees_every_kind_of_import(tmp_path):
+    """The static check finds secret imports at every level and in every spelling, and holds
+    the registry to its top level only."""
+    module = tmp_path / "module.py"
+    module.write_text(
+        "import importlib\n"
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from secagg.secret.keywrap import KeyWrapper\n"
+        "from secagg import secret\n"
+        "from ..secret import holder\n"
+        "class C:\n    import secagg.secret.sealing\n"
+        "def f():\n    from secagg.secret.ckks_client import CKKSClient\n"
+        "    return importlib.import_module('secagg.ckks._seal_native')\n"
+    )
+    name = "secagg.backends.probe"  # resolves ``..secret`` against secagg.backends
+    found = {m for m in imported_modules(module, name=name) if is_secret(m)}
+    assert {
+        "secagg.secret",
+        "secagg.secret.keywrap",
+        "secagg.secret.holder",
+        "secagg.secret.sealing",
+        "secagg.secret.ckks_client",
+        NATIVE,
+    } <= found
+    top = {m for m in imported_modules(module, name=name, top_level_only=True) if is_secret(m)}
+    assert "secagg.secret.ckks_client" not in top and NATIVE not in top
+    assert {"secagg.secret.keywrap", "secagg.secret.sealing", "secagg.secret.holder"} <= top
+    assert {str(p.relative_to(ROOT)) for p in server_side_files()} >= {
+        REGISTRY,  # the exceptions still name real files
+        *NATIVE_LOADERS,
+        "secagg/backends/ckks_server.py",
+        "secagg/backends/threshold_server.py",
+        "secagg/ckks/public.py",
+        "server/engine.py",
+        "protocols/__init__.py",
+    }
+
+
+def test_the_secret_package_holds_the_key_holding_modules():
+    """What the rule protects is where the rule looks: the client halves, the key holders,
+    the key wrapping, sealing, consents and key generation are all under the prefix."""
+    names = {module_name(p) for p in (ROOT / "secagg" / "secret").rglob("*.py")}
+    assert {
+        "secagg.secret",
+        "secagg.secret.ckks_keys",
+        "secagg.secret.ckks_masks",
+        "secagg.secret.keywrap",
+        "secagg.secret.sealing",
+        "secagg.secret.share_relay",
+        "secagg.secret.consenting",
+        "secagg.secret.ckks_client",
+        "secagg.secret.threshold_client",
+        "secagg.secret.identities",
+    } <= names
+    assert all(is_secret(n) for n in names)
 
 
 def printed_by(code: str) -> str:
@@ -119,24 +266,40 @@ def printed_by(code: str) -> str:
     ).stdout.strip()
 
 
-def secret_modules_loaded_by(*modules: str) -> list[str]:
-    """The secret-key modules a fresh interpreter holds after importing ``modules``."""
+def secret_modules_loaded_by(*modules: str, then: str = "") -> list[str]:
+    """The secret-key modules (:func:`is_secret`) a fresh interpreter holds after importing
+    ``modules`` (and running ``then``)."""
     code = (
-        f"import sys, {', '.join(modules)}; "
-        f"print(sorted(m for m in sys.modules if m in {sorted(SECRET_MODULES)!r}))"
+        f"import sys, {', '.join(modules)}\n{then}\n"
+        f"print(sorted(m for m in sys.modules if m == {NATIVE!r} or m == {SECRET!r} "
+        f"or m.startswith({SECRET + '.'!r})))"
     )
     return ast.literal_eval(printed_by(code))
 
 
+SERVER_MODULES = (
+    "secagg.server.engine",
+    "secagg.backends.ckks_server",
+    "secagg.backends.threshold_server",
+)
+
+
 def test_the_server_process_loads_no_secret_key_code():
-    assert (
-        secret_modules_loaded_by(
-            "secagg.server.engine",
-            "secagg.backends.ckks_server",
-            "secagg.backends.threshold_server",
-        )
-        == []
+    """Importing the engine and both encrypted backends' server halves loads nothing of
+    ``secagg.secret`` and not the native extension; building those halves through the
+    registry, as the server's process does, loads nothing of ``secagg.secret`` either (the
+    threshold server's ring then loads the extension, for its public arithmetic: the rule's
+    one exception)."""
+    assert secret_modules_loaded_by(*SERVER_MODULES) == []
+    built = secret_modules_loaded_by(
+        *SERVER_MODULES,
+        then=(
+            "from secagg.backends import make_server_backend\n"
+            "make_server_backend('ckks', {})\n"
+            "make_server_backend('threshold', {})"
+        ),
     )
+    assert [m for m in built if m != NATIVE] == []
 
 
 def test_the_flower_server_app_loads_no_secret_key_code():
@@ -154,7 +317,47 @@ def test_the_flower_server_app_loads_no_secret_key_code():
 
 
 def test_the_check_sees_a_secret_module_when_one_is_loaded():
-    assert secret_modules_loaded_by("secagg.backends.ckks_client") != []
+    assert "secagg.secret.ckks_client" in secret_modules_loaded_by("secagg.secret.ckks_client")
+    assert "secagg.secret.identities" in secret_modules_loaded_by(
+        "secagg.backends", then="import secagg.backends as b; b.provision(['a'], 1)"
+    )
+
+
+def test_the_top_level_api_hands_no_key_out():
+    """``secagg``'s lazy names (``secagg.__all__``) are none of ``secagg.secret``'s objects,
+    and what ``secagg.run`` returns (``RunResult``) has no field whose type (or any type in
+    it, or any field of a dataclass in it) comes from ``secagg.secret`` or is a private key
+    of ``cryptography``'s."""
+    import dataclasses
+    import typing
+
+    import secagg
+
+    for name in secagg.__all__:
+        assert not is_secret(secagg._LAZY.get(name, "secagg")), name
+        value = getattr(secagg, name)
+        assert not is_secret(getattr(value, "__module__", "") or ""), name
+
+    def types_in(hint: object) -> typing.Iterator[object]:
+        yield hint
+        for arg in typing.get_args(hint):
+            yield from types_in(arg)
+
+    seen: set[object] = set()
+    todo: list[object] = [secagg.RunResult]
+    while todo:
+        cls = todo.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        for name, hint in typing.get_type_hints(cls).items():
+            for t in types_in(hint):
+                module = getattr(t, "__module__", "") or ""
+                assert not is_secret(module), f"{cls.__name__}.{name}: {t!r}"
+                assert "PrivateKey" not in getattr(t, "__name__", ""), f"{cls.__name__}.{name}"
+                if dataclasses.is_dataclass(t) and module.startswith("secagg"):
+                    todo.append(t)
+    assert secagg.RunResult in seen and len(seen) > 1  # RunStatus, ExperimentConfig, ...
 
 
 def test_a_flower_node_builds_its_client_without_the_simulator_or_the_server(tmp_path):

@@ -23,8 +23,8 @@ from secagg.ckks.public import (
     read_header,
 )
 from secagg.ckks.release import SecondPolynomials
-from secagg.ckks.secret import SecretKeyHolder
 from secagg.errors import ConfigError, ReleaseRefused
+from secagg.secret.ckks_keys import SecretKeyHolder
 from tests.harness import PLAN, BackendRound, planned_sum, planned_values
 
 pytestmark = pytest.mark.skipif(

@@ -1,4 +1,4 @@
-"""Offline/online uploads (``secagg.ckks.offline``): an upload's masks, the encryptions of zero
+"""Offline/online uploads (``secagg.secret.ckks_masks``): an upload's masks, the encryptions of zero
 made while the client trains, give the bytes and the sums a fresh encryption gives, and are
 key material: fresh for every upload, used once, never kept past their request or in the
 client's state, wiped when anything fails."""
@@ -12,12 +12,13 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from secagg.ckks import native, offline
+from secagg.ckks import native
 from secagg.ckks.presets import get_preset
 from secagg.ckks.public import SEED_INFO_BYTES
-from secagg.ckks.secret import SecretKeyHolder
 from secagg.errors import ConfigError, ValueRangeError
 from secagg.runspec.config import ExperimentConfig
+from secagg.secret import ckks_masks
+from secagg.secret.ckks_keys import SecretKeyHolder
 from secagg.simulation.experiment import run_experiment
 from tests.harness import PLAN, BackendRound, planned_sum, planned_values
 
@@ -34,7 +35,7 @@ def keys(monkeypatch):
 
 
 def made(keys, n_values=VALUES.size):
-    pending = offline.start(keys, n_values)
+    pending = ckks_masks.start(keys, n_values)
     assert pending is not None
     return pending.take(n_values)
 
@@ -101,7 +102,7 @@ def test_a_refused_encryption_wipes_its_masks(keys):
 
 
 def test_masks_for_another_size_are_wiped_and_the_upload_encrypts_afresh(keys):
-    pending = offline.start(keys, 10)  # one chunk
+    pending = ckks_masks.start(keys, 10)  # one chunk
     pending._thread.join()
     masks = pending._masks
     assert pending.take(VALUES.size) is None  # several chunks: not these masks
@@ -148,13 +149,13 @@ def test_one_request_one_set_of_masks(monkeypatch):
 def _recording(monkeypatch):
     """Every set of masks the clients make, kept to look at after the run."""
     made: list = []
-    original = offline.PendingMasks._make
+    original = ckks_masks.PendingMasks._make
 
     def make(self, encryptor, seeds):
         original(self, encryptor, seeds)
         made.append(self._masks)
 
-    monkeypatch.setattr(offline.PendingMasks, "_make", make)
+    monkeypatch.setattr(ckks_masks.PendingMasks, "_make", make)
     return made
 
 
@@ -198,8 +199,8 @@ def test_a_client_whose_training_fails_wipes_its_masks(monkeypatch):
 
 
 def test_the_switch_turns_the_masks_off_and_is_checked(monkeypatch, keys):
-    monkeypatch.setenv(offline.ENV, "off")
-    assert offline.start(keys, VALUES.size) is None
-    monkeypatch.setenv(offline.ENV, "sometimes")
+    monkeypatch.setenv(ckks_masks.ENV, "off")
+    assert ckks_masks.start(keys, VALUES.size) is None
+    monkeypatch.setenv(ckks_masks.ENV, "sometimes")
     with pytest.raises(ConfigError, match="on or off"):
-        offline.start(keys, VALUES.size)
+        ckks_masks.start(keys, VALUES.size)

@@ -1,4 +1,4 @@
-"""Precomputed checks (``secagg.ckks.offline``): each upload commits its client's next upload's
+"""Precomputed checks (``secagg.secret.ckks_masks``): each upload commits its client's next upload's
 seeds, the server relays a round's planned seeds to its planned decryptors, and a decryptor
 expands the release's check while it trains.
 
@@ -17,11 +17,12 @@ import numpy as np
 import pytest
 
 from secagg import wire
-from secagg.ckks import native, offline
+from secagg.ckks import native
 from secagg.ckks.public import SEED_INFO_BYTES
 from secagg.ckks.release import NEXT_SEEDS, PRECHECK
 from secagg.errors import MalformedCiphertext, MalformedMessage, ProtocolStateError
 from secagg.runspec.config import ExperimentConfig
+from secagg.secret import ckks_masks
 from secagg.simulation.experiment import run_experiment
 from secagg.wire import Envelope
 from tests.harness import PLAN, BackendRound, planned_sum, planned_values
@@ -35,7 +36,7 @@ N = 5000
 @pytest.fixture(autouse=True)
 def native_on(monkeypatch):
     monkeypatch.setenv(native.ENV, "on")
-    monkeypatch.setenv(offline.ENV, "on")
+    monkeypatch.setenv(ckks_masks.ENV, "on")
 
 
 def upload_seeds(field: wire.Field) -> bytes:
@@ -129,7 +130,7 @@ def test_a_client_living_for_one_message_commits_nothing():
 
 def test_the_switch_turns_committed_seeds_off(monkeypatch):
     run = BackendRound(list(PLAN), N, preset="lean")
-    monkeypatch.setenv(offline.ENV, "off")
+    monkeypatch.setenv(ckks_masks.ENV, "off")
     fields = run.clients["client_0"].commit_next_upload(N)
     assert fields == {}
     env = Envelope.from_bytes(Envelope("client_0", "server", 0, "train", fields).to_bytes())
@@ -247,12 +248,12 @@ def test_a_forged_aggregate_is_refused_even_with_a_matching_precheck(monkeypatch
 def test_the_flooding_normals_drawn_ahead_serve_one_opening():
     run = BackendRound(list(PLAN), N, preset="lean")
     client = run.clients["client_0"]
-    pending = offline.start_check(client.keys, [(1, committed(run, "client_1"))], 2)
+    pending = ckks_masks.start_check(client.keys, [(1, committed(run, "client_1"))], 2)
     size = 2 * client.preset.values_per_ciphertext
     normals = pending.normals(size)
     assert normals is not None and normals.size == size and np.std(normals) > 0.9
     assert pending.normals(size) is None  # taken: no second opening gets them
-    other = offline.start_check(client.keys, [(1, committed(run, "client_2"))], 2)
+    other = ckks_masks.start_check(client.keys, [(1, committed(run, "client_2"))], 2)
     assert other.normals(size - 1) is None  # another size: not these (and they are wiped)
     assert other.normals(size) is None
 
@@ -296,14 +297,14 @@ def test_a_run_checks_every_reveal_after_the_first_round_ahead(monkeypatch):
     """Three rounds of FedAvg on lean through the real engine and clients: round 0 has no
     commitments; in rounds 1 and 2 both decryptors use the sum they expanded while training."""
     used: list[bool] = []
-    original = offline.PendingCheck.sums
+    original = ckks_masks.PendingCheck.sums
 
     def recording(self, entries, chunks):
         sums = original(self, entries, chunks)
         used.append(sums is not None)
         return sums
 
-    monkeypatch.setattr(offline.PendingCheck, "sums", recording)
+    monkeypatch.setattr(ckks_masks.PendingCheck, "sums", recording)
     run = ExperimentConfig(
         task="tcga-brca",
         protocol="fedavg",

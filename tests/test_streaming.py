@@ -16,11 +16,11 @@ from secagg.backends import make_backends
 from secagg.backends.plain import PlainServer
 from secagg.ckks.presets import get_preset
 from secagg.ckks.public import PublicCKKS, to_bytes
-from secagg.ckks.secret import SecretKeyHolder
 from secagg.errors import RoundAborted, WrongContext
 from secagg.protocols import make_protocol
 from secagg.protocols.fedavg import sample_size_weights
 from secagg.protocols.optimizers import SGD
+from secagg.secret.ckks_keys import SecretKeyHolder
 from secagg.server.audit import AuditLog
 from secagg.server.engine import Server
 from secagg.server.plan import RunPolicy, TrainingPlan

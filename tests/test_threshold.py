@@ -406,9 +406,9 @@ def open_as(r: BackendRound, client: str, fields: dict, name="g_hat") -> np.ndar
 
 
 def test_every_client_opens_the_released_sum_and_the_server_cannot():
-    from secagg.ckks.keywrap import KeyWrapper
     from secagg.ckks.release import Descriptor
-    from secagg.threshold.share_relay import release_label, unseal
+    from secagg.secret.keywrap import KeyWrapper
+    from secagg.secret.share_relay import release_label, unseal
 
     r = make_round("wide")
     fields, expected = opened(r)
@@ -636,7 +636,7 @@ def test_a_client_that_deals_garbage_shares_leaves_the_run_which_goes_on():
     """A client whose sealed key shares open for no holder cannot end the run: every holder
     names it, the round makes no update (as a refused consent) and it leaves; the other
     rounds run without it."""
-    from secagg.backends.threshold_client import ThresholdClient
+    from secagg.secret.threshold_client import ThresholdClient
 
     original = ThresholdClient.protect
 

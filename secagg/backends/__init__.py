@@ -11,7 +11,8 @@ decides by a backend's name. :func:`register_backend` adds one from outside the 
 do installed packages through the entry-point group ``secagg.backends``.
 
 Server code imports ``secagg.backends.base`` and the server halves only; the client halves
-(which hold keys) are imported when a client is built.
+(which hold keys: ``secagg.secret``) are imported inside the factories that build a client,
+and this module imports nothing of ``secagg.secret`` at its top (``tests/test_layering.py``).
 """
 
 from __future__ import annotations
@@ -99,26 +100,6 @@ class Identity:
         )
 
 
-def new_identities(client_ids: list[str]) -> dict[str, Identity]:
-    """Fresh identities (X25519 for key wrapping, Ed25519 for consents) for ``client_ids``
-    and the rosters they share."""
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
-
-    from secagg.ckks.keywrap import KeyWrapper  # private keys: never in the server's imports
-
-    wrappers = {c: KeyWrapper() for c in client_ids}
-    signing = {c: Ed25519PrivateKey.generate() for c in client_ids}
-    roster = {c: w.public_bytes for c, w in wrappers.items()}
-    signers = {
-        c: k.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw) for c, k in signing.items()
-    }
-    return {
-        c: Identity(c, wrappers[c].private_bytes(), signing[c].private_bytes_raw(), roster, signers)
-        for c in client_ids
-    }
-
-
 def provision(
     client_ids: list[str],
     decryption_budget: int,
@@ -127,7 +108,10 @@ def provision(
     releases_per_upload: Mapping[str, int] | None = None,
     share_budget: int | None = None,
 ) -> dict[str, Provision]:
-    """Fresh identities for ``client_ids``, each with the same budgets."""
+    """Fresh identities for ``client_ids`` (``secagg.secret.identities``), each with the
+    same budgets."""
+    from secagg.secret.identities import new_identities  # private keys: made for clients
+
     return {
         c: identity.provision(
             decryption_budget, reveal_length, open_budget, releases_per_upload, share_budget
@@ -252,9 +236,9 @@ def _ckks_server(options: dict[str, Any], signers: Mapping[str, bytes] | None) -
 
 
 def _ckks_client(client_id: str, options: dict[str, Any], provision: Provision) -> ClientBackend:
-    from secagg.backends.ckks_client import CKKSClient  # holds the secret key
-    from secagg.ckks.keywrap import KeyWrapper
     from secagg.ckks.presets import get_preset
+    from secagg.secret.ckks_client import CKKSClient  # holds the secret key
+    from secagg.secret.keywrap import KeyWrapper
 
     if provision.identity is None or client_id not in provision.roster:
         raise ConfigError(f"{client_id} needs a provisioned identity and roster for ckks")
@@ -344,8 +328,8 @@ def _threshold_server(
 def _threshold_client(
     client_id: str, options: dict[str, Any], provision: Provision
 ) -> ClientBackend:
-    from secagg.backends.threshold_client import ThresholdClient  # holds a key share
-    from secagg.ckks.keywrap import KeyWrapper
+    from secagg.secret.keywrap import KeyWrapper
+    from secagg.secret.threshold_client import ThresholdClient  # holds a key share
     from secagg.threshold.params import get_preset
 
     if (
@@ -605,7 +589,6 @@ def make_client_backend(
 __all__ = [
     "Identity",
     "Provision",
-    "new_identities",
     "provision",
     "public_signers",
     "BACKENDS",

@@ -90,7 +90,7 @@ class ClientBackend(ABC):
 
     def prepare_upload(self, n_values: int) -> None:
         """Start, beside the client's training, the part of its next upload of ``n_values``
-        values that does not depend on them (``secagg.ckks.offline``); the next
+        values that does not depend on them (``secagg.secret.ckks_masks``); the next
         :meth:`protect` of that size uses it. Nothing on a backend without such a part."""
 
     def discard_prepared(self) -> None:
@@ -103,7 +103,7 @@ class ClientBackend(ABC):
 
     def commit_next_upload(self, n_values: int) -> dict[str, Field]:
         """Reply fields a training upload carries about this client's next one (on ckks the
-        seeds it will use: ``secagg.ckks.offline``); none here."""
+        seeds it will use: ``secagg.secret.ckks_masks``); none here."""
         return {}
 
     def prepare_release(self, envelope: Envelope, n_values: int) -> None:

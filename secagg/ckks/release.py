@@ -17,7 +17,7 @@ not: for any c0' the server sends, c0' + (Σ k_i a_i)·s = (c0' − Σ k_i c0_i)
 e_i), and the server knows the offset c0' − Σ k_i c0_i (it holds every c0_i): it learns what
 the honest sum would give, shifted by a value it chose. The flooding noise goes into the
 ciphertext before decryption, so even a wrap-around mod q that such an offset provokes is
-decided on flooded values (``secret.SecretKeyHolder.decrypt_flooded``).
+decided on flooded values (``ckks_keys.SecretKeyHolder.decrypt_flooded``).
 
 What an opener enforces, all from its own configuration (:class:`ReleasePolicy`):
 
@@ -443,7 +443,7 @@ class SecondPolynomials:
         SEAL (``PublicCKKS.aggregate_polynomials``): ReleaseRefused unless every chunk's
         second polynomial is Σ k_i·a_i(seed_i); the aggregate, for the native open.
         ``ready``: that Σ, expanded ahead from exactly these seeds and weights
-        (``offline.PendingCheck``), or None to expand it here."""
+        (``ckks_masks.PendingCheck``), or None to expand it here."""
         if len(second) != d.chunks:
             raise ReleaseRefused(f"{d.name}: {len(second)} ciphertexts for {d.chunks} chunks")
         sums = ready if ready is not None else self._native_sums(d, seeds, self.factors(d))

@@ -88,7 +88,7 @@ _PUBLIC_CONTEXT = b"secagg threshold public polynomial v2"
 SIGNATURE_BYTES = 64
 #: blocks of zero masked under each upload's key after its data (the sum's own check)
 CHECK_BLOCKS = 1
-#: AES-GCM's nonce and tag around a sealed share (``secagg.ckks.keywrap``)
+#: AES-GCM's nonce and tag around a sealed share (``secagg.secret.keywrap``)
 SEAL_OVERHEAD = 12 + 16
 
 

@@ -289,7 +289,7 @@ def victims_reply(monkeypatch, cls, method: str, name: str, field: wire.Field) -
 
 
 def test_a_consent_that_is_a_json_list_excludes_only_that_client(monkeypatch):
-    from secagg.backends.ckks_client import CKKSClient
+    from secagg.secret.ckks_client import CKKSClient
 
     listed = wire.Field(wire.CONFIG, b'["not", "a", "mapping"]')
     victims_reply(monkeypatch, CKKSClient, "on_consent", "consent", listed)
@@ -372,7 +372,7 @@ def test_a_larc_probe_with_another_optimizer_is_refused(monkeypatch):
 
 
 def test_a_key_install_receipt_that_is_a_json_list_excludes_only_that_client(monkeypatch):
-    from secagg.backends.ckks_client import CKKSClient
+    from secagg.secret.ckks_client import CKKSClient
 
     victims_reply(
         monkeypatch, CKKSClient, "on_install", "installed", wire.Field(wire.CONFIG, b"[]")
@@ -385,7 +385,7 @@ def test_a_key_install_receipt_that_is_a_json_list_excludes_only_that_client(mon
 def test_a_threshold_share_reply_with_extra_parts_excludes_only_that_holder(monkeypatch):
     """t of n: a holder whose share reply is malformed is excluded with a typed error, and
     the other holders' shares still open the round's sum."""
-    from secagg.backends.threshold_client import ThresholdClient
+    from secagg.secret.threshold_client import ThresholdClient
 
     original = ThresholdClient.handlers
 

@@ -306,8 +306,8 @@ def test_an_upload_with_a_bad_first_polynomial_is_refused(run, mutate, error):
 
 def test_uploads_of_another_preset_or_chunk_count_are_refused(run):
     from secagg.ckks.first_polys import FreshLevel, first_polynomials
-    from secagg.ckks.secret import SecretKeyHolder
     from secagg.errors import MalformedCiphertext
+    from secagg.secret.ckks_keys import SecretKeyHolder
 
     level = FreshLevel(run.server.public)
     compact = SecretKeyHolder(get_preset("compact")).encrypt(np.ones(8), bound=1.0)

@@ -36,7 +36,7 @@ from secagg.ckks.flooding import (
 )
 from secagg.ckks.presets import get_preset
 from secagg.ckks.public import quantise, to_bytes
-from secagg.ckks.secret import SecretKeyHolder
+from secagg.secret.ckks_keys import SecretKeyHolder
 
 N_CLIENTS = 6
 WEIGHTINGS = {

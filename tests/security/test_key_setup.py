@@ -11,11 +11,11 @@ import pytest
 
 from secagg import wire
 from secagg.backends import make_backends
-from secagg.ckks.keywrap import KeyWrapper
 from secagg.ckks.presets import get_preset
 from secagg.ckks.public import KEY_REFUSED, params_fingerprint
-from secagg.ckks.secret import SecretKeyHolder
 from secagg.errors import KeySetupError, ProtocolStateError
+from secagg.secret.ckks_keys import SecretKeyHolder
+from secagg.secret.keywrap import KeyWrapper
 from secagg.wire import Envelope
 from tests.harness import BackendRound
 

@@ -22,8 +22,8 @@ import pytest
 
 from secagg.ckks import public
 from secagg.ckks.presets import get_preset
-from secagg.ckks.secret import SecretKeyHolder
 from secagg.flower.keystore import write_private_bytes
+from secagg.secret.ckks_keys import SecretKeyHolder
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -29,9 +29,9 @@ from secagg.backends import make_backends
 from secagg.ckks import public
 from secagg.ckks.presets import get_preset
 from secagg.ckks.public import PublicCKKS, ciphertext_raw_bytes, raw_body, written_header
-from secagg.ckks.secret import SecretKeyHolder
 from secagg.errors import ClientInputError, MalformedCiphertext, MalformedMessage
 from secagg.protocols.fedavg import sample_size_weights
+from secagg.secret.ckks_keys import SecretKeyHolder
 from secagg.server.audit import AuditLog
 from secagg.wire import Envelope
 from tests.conftest import backend_client, make_server

@@ -31,15 +31,15 @@ import pytest
 
 from secagg import wire
 from secagg.backends import make_backends
-from secagg.backends.ckks_client import CKKSClient
 from secagg.ckks.public import KEY_REFUSED, key_id
 from secagg.ckks.release import PRECHECK
-from secagg.ckks.secret import SecretKeyHolder
 from secagg.clients.runtime import Client
 from secagg.errors import KeySetupError
 from secagg.protocols import make_protocol
 from secagg.protocols.optimizers import SGD
 from secagg.runspec.config import ExperimentConfig
+from secagg.secret.ckks_client import CKKSClient
+from secagg.secret.ckks_keys import SecretKeyHolder
 from secagg.server.engine import Server
 from secagg.server.plan import TrainingPlan
 from secagg.server.transport import InProcessTransport

@@ -149,7 +149,7 @@ def test_a_lying_holder_among_exactly_t_answers_skips_the_round(kind):
 def _dealer_off_for(holder_index: int):
     """A ThresholdClient.protect that seals holder ``holder_index`` a share off the dealer's
     polynomial (a valid seal of a wrong value): the dealer cheats, the holder is honest."""
-    from secagg.backends import threshold_client
+    from secagg.secret import threshold_client
 
     original = threshold_client.share_payloads
 
@@ -171,7 +171,7 @@ def test_a_dealer_sealing_one_holder_an_off_share_never_opens_a_wrong_sum(answer
     named as off the polynomial but not excluded (the dealer could not be told from it);
     with exactly t = 3 (holders 0, 1, 2) nothing is wrong either. Then holder 4 among exactly
     t answers: the round is skipped, never a wrong sum."""
-    from secagg.backends import threshold_client
+    from secagg.secret import threshold_client
 
     _, off = _dealer_off_for(4)
     r = BackendRound(IDS, N, backend="threshold", decryption_budget=4)
@@ -206,7 +206,7 @@ def test_a_lying_holder_in_a_run_costs_nothing_and_aborts_no_seed():
     """End to end on six clients (t = 4): one holder lies in every answer; every round's
     sum is still right (the model equals the honest run's to the backend's precision), the
     audit names it, the seed completes."""
-    from secagg.backends.threshold_client import ThresholdClient
+    from secagg.secret.threshold_client import ThresholdClient
 
     original = ThresholdClient.on_decrypt_share
     p = get_preset("lean").prime

@@ -15,9 +15,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from secagg import wire
-from secagg.ckks.keywrap import KeyWrapper
 from secagg.ckks.release import Descriptor, ReleasePolicy, consent_message, signature_bytes
 from secagg.errors import KeySetupError, ReleaseRefused
+from secagg.secret.keywrap import KeyWrapper
 from secagg.wire import Field
 
 

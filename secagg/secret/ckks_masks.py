@@ -115,7 +115,7 @@ class PendingMasks:
 
 def start(keys: Any, n_values: int, seeds: bytes = b"") -> PendingMasks | None:
     """Begin making the masks of an upload of ``n_values`` values under ``keys`` (a
-    :class:`~secagg.ckks.secret.SecretKeyHolder`), or None on TenSEAL's binding. ``seeds``:
+    :class:`~secagg.secret.ckks_keys.SecretKeyHolder`), or None on TenSEAL's binding. ``seeds``:
     the ones this client committed for the upload (:func:`commit_seeds`), used if they are
     for its size (the caller has already forgotten them); else fresh ones."""
     if not enabled():

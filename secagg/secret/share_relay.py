@@ -4,7 +4,7 @@ When clients open an aggregate themselves (LARC's Ĝ, RegAgg's centre, server-bl
 updates), each answering holder's share of the key sum must reach every recipient, and the
 server, which relays them, must not be able to combine them. A holder seals its share once
 under a fresh 256-bit content key (AES-256-GCM, one random nonce per chunk) and wraps that
-key for each recipient with the pairwise X25519 key (``secagg.ckks.keywrap``): R recipients
+key for each recipient with the pairwise X25519 key (``secagg.secret.keywrap``): R recipients
 cost one copy of the share and R wrapped keys of 60 bytes, not R copies.
 
 The associated data binds the holder, the chunk's index and a label naming the release
@@ -20,8 +20,8 @@ from collections.abc import Mapping, Sequence
 
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from secagg.ckks.keywrap import KeyWrapper
 from secagg.errors import ReleaseRefused
+from secagg.secret.keywrap import KeyWrapper
 
 _NONCE = 12
 _CONTEXT = b"secagg threshold open share v1"

@@ -136,7 +136,7 @@ class SecretKeyHolder:
         CKKS would overflow silently past it, so refuse instead. It applies to ``values``
         themselves; ``factor`` (a client-weighted preset's applied weight, at most 1) only
         shrinks them. ``masks``: this upload's precomputed encryptions of zero
-        (``secagg.ckks.offline``), used once: wiped whether or not the encryption succeeds.
+        (``secagg.secret.ckks_masks``), used once: wiped whether or not the encryption succeeds.
         """
         try:
             values = self.checked(values, bound)
@@ -171,7 +171,7 @@ class SecretKeyHolder:
 
     def native_encryptor(self):
         """The native encryptor for this key, or None on the TenSEAL path (what
-        ``secagg.ckks.offline`` makes an upload's masks with)."""
+        ``secagg.secret.ckks_masks`` makes an upload's masks with)."""
         return self._native()
 
     def _native(self):
@@ -246,7 +246,7 @@ class SecretKeyHolder:
         function of flooded coefficients. The noise is encoded as slot values (σ per real
         component, ``slot_sigma``) and rounded to integer coefficients by the encoder.
         ``normals``: the noise's standard normals, drawn ahead from the same CSPRNG
-        (``offline.PendingCheck``) for this opening alone (the native path uses and wipes
+        (``ckks_masks.PendingCheck``) for this opening alone (the native path uses and wipes
         them), or None to draw them now."""
         if isinstance(cts, ExpandedAggregate):
             return self._open_native(cts, n_values, coeff_sigma, normals)

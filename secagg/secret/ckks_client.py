@@ -26,20 +26,9 @@ import numpy as np
 
 from secagg import wire
 from secagg.backends.base import ClientBackend, own_weight
-from secagg.backends.consenting import (
-    HolderState,
-    as_bytes,
-    check_applied_total,
-    check_listed_weight,
-    consent,
-    public_bytes,
-    read_release,
-    release_identity,
-)
-from secagg.ckks import native, offline
+from secagg.ckks import native
 from secagg.ckks.first_polys import FreshLevel, checked_first_sums, load_first_sums
 from secagg.ckks.flooding import error_bound, flooding_sigma
-from secagg.ckks.keywrap import KeyWrapper
 from secagg.ckks.presets import CKKSPreset, chunks_for
 from secagg.ckks.public import (
     KEY_REFUSED,
@@ -58,7 +47,6 @@ from secagg.ckks.release import (
     seed_digest,
     server_multipliers,
 )
-from secagg.ckks.secret import SecretKeyHolder
 from secagg.errors import (
     ClientInputError,
     KeySetupError,
@@ -66,6 +54,19 @@ from secagg.errors import (
     ProtocolStateError,
     ReleaseRefused,
 )
+from secagg.secret import ckks_masks
+from secagg.secret.ckks_keys import SecretKeyHolder
+from secagg.secret.consenting import (
+    HolderState,
+    as_bytes,
+    check_applied_total,
+    check_listed_weight,
+    consent,
+    public_bytes,
+    read_release,
+    release_identity,
+)
+from secagg.secret.keywrap import KeyWrapper
 from secagg.wire import Envelope, Field
 
 
@@ -146,12 +147,12 @@ class CKKSClient(ClientBackend):
         self.origins: dict[str, str] = {}
         self._keys: SecretKeyHolder | None = None
         self._second_polys: SecondPolynomials | None = None
-        self._pending: offline.PendingMasks | None = None  # never in the state: key material
+        self._pending: ckks_masks.PendingMasks | None = None  # never in the state: key material
         #: the seeds this client committed for its next upload: in memory only, taken once
         #: (``prepare_upload``), so that no restored state or retried request replays one
         self._next_seeds = b""
         #: a precomputed check for the round's reveal (``prepare_release``), used once
-        self._precheck: offline.PendingCheck | None = None
+        self._precheck: ckks_masks.PendingCheck | None = None
         #: releases this client checked with a precomputed sum (the rest expanded theirs)
         self.prechecks_used = 0
         self.decryptions = 0
@@ -338,15 +339,15 @@ class CKKSClient(ClientBackend):
         # happens to this request, they serve one upload at most
         seeds, self._next_seeds = self._next_seeds, b""
         if self._keys is not None:
-            self._pending = offline.start(self._keys, n_values, seeds)
+            self._pending = ckks_masks.start(self._keys, n_values, seeds)
 
     def commit_next_upload(self, n_values: int) -> dict[str, Field]:
         """The seeds of this client's next upload of ``n_values`` values (public: the a they
         expand to travels in every upload), sent with this one so that the round's decryptors
-        can expand its check ahead (``secagg.ckks.offline``); none where uploads are not
+        can expand its check ahead (``secagg.secret.ckks_masks``); none where uploads are not
         masked ahead."""
         keys = self._keys if self.commits_ahead else None
-        self._next_seeds = b"" if keys is None else offline.commit_seeds(keys, n_values)
+        self._next_seeds = b"" if keys is None else ckks_masks.commit_seeds(keys, n_values)
         return {NEXT_SEEDS: wire.ciphertext(self._next_seeds)} if self._next_seeds else {}
 
     def prepare_release(self, env: Envelope, n_values: int) -> None:
@@ -379,7 +380,7 @@ class CKKSClient(ClientBackend):
                 f"{len(self.signers)} roster clients, each with {chunks} seeds of its size"
             )
         factors = server_multipliers(self.preset.weighted_by_clients, (k for _, k in entries))
-        self._precheck = offline.start_check(self._keys, list(zip(factors, seeds)), chunks)
+        self._precheck = ckks_masks.start_check(self._keys, list(zip(factors, seeds)), chunks)
 
     def _drop_precheck(self) -> None:
         precheck, self._precheck = self._precheck, None

@@ -7,7 +7,7 @@ or under other parameters.
 
 Public keys never come from the server: every client holds the roster of the run's
 identities (client id -> X25519 public key) in its own configuration, provisioned like
-NVFlare's and Flower's node keys; see ``secagg.backends.ckks_client``. ``fingerprint`` gives a
+NVFlare's and Flower's node keys; see ``secagg.secret.ckks_client``. ``fingerprint`` gives a
 short string to compare a roster out of band.
 """
 

@@ -9,8 +9,8 @@ Only clients and the experiment driver import this module (it holds private keys
 
 from __future__ import annotations
 
-from secagg.ckks.keywrap import KeyWrapper
 from secagg.errors import KeySetupError
+from secagg.secret.keywrap import KeyWrapper
 
 _PUBLIC = 32  # raw X25519 public key
 _PURPOSE = "sealed-for-observer/v1"

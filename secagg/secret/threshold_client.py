@@ -36,7 +36,15 @@ import numpy as np
 
 from secagg import wire
 from secagg.backends.base import ClientBackend, own_weight
-from secagg.backends.consenting import (
+from secagg.ckks.release import Descriptor, check_entries, server_multipliers
+from secagg.errors import (
+    ConfigError,
+    KeySetupError,
+    MalformedCiphertext,
+    ProtocolStateError,
+    ReleaseRefused,
+)
+from secagg.secret.consenting import (
     HolderState,
     check_applied_total,
     check_listed_weight,
@@ -47,15 +55,8 @@ from secagg.backends.consenting import (
     restored_count,
     restored_releases,
 )
-from secagg.ckks.keywrap import KeyWrapper
-from secagg.ckks.release import Descriptor, check_entries, server_multipliers
-from secagg.errors import (
-    ConfigError,
-    KeySetupError,
-    MalformedCiphertext,
-    ProtocolStateError,
-    ReleaseRefused,
-)
+from secagg.secret.keywrap import KeyWrapper
+from secagg.secret.share_relay import release_label, seal, unseal
 from secagg.threshold.combine import open_checked
 from secagg.threshold.params import (
     CHECK_BLOCKS,
@@ -74,7 +75,6 @@ from secagg.threshold.params import (
     with_check,
 )
 from secagg.threshold.ring import ring
-from secagg.threshold.share_relay import release_label, seal, unseal
 from secagg.wire import Envelope, Field
 
 _PREFIX = len(b"secagg threshold upload v2") + 16  # context and fingerprint in a preimage
