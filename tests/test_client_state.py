@@ -345,7 +345,7 @@ def test_the_exported_ckks_key_restores_a_client_that_decrypts_the_originals_upl
     np.testing.assert_allclose(
         decrypt(original, Parts(restored.backend.protect(values))), values, atol=1e-6
     )
-    assert restored.backend._wrapper.public_bytes == original.backend._wrapper.public_bytes
+    assert restored.backend._identity.public_bytes == original.backend._identity.public_bytes
     # a client of the same run that was not restored holds no key
     with pytest.raises(KeySetupError):
         kept["factory"](["client_0"])["client_0"].backend.keys

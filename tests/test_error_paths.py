@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from secagg import wire
-from secagg.backends import make_backends
+from secagg.backends import Provision, make_backends, resolve_options
 from secagg.ckks.presets import get_preset
 from secagg.errors import ConfigError, KeySetupError, RoundAborted, SecaggError
 from secagg.protocols import make_client_half, make_protocol
@@ -70,7 +70,9 @@ def test_unknown_preset_name():
 def test_a_client_on_other_parameters_is_excluded_at_key_setup():
     ids = ["client_0", "client_1", "client_odd"]
     server_backend, backends = make_backends("ckks", ids)
-    backends["client_odd"] = CKKSClient("client_odd", get_preset("wide"))
+    backends["client_odd"] = CKKSClient(
+        "client_odd", get_preset("wide"), Provision(), resolve_options("ckks", {"preset": "wide"})
+    )
 
     def handler(cid):
         handlers = backends[cid].handlers()
@@ -114,7 +116,9 @@ def test_key_setup_fails_clearly_when_no_client_answers():
 
 def test_a_client_without_a_key_refuses_to_encrypt():
     with pytest.raises(KeySetupError, match="no CKKS key yet"):
-        CKKSClient("client_0", get_preset("compact")).protect(np.zeros(3))
+        CKKSClient(
+            "client_0", get_preset("compact"), Provision(), resolve_options("ckks", {})
+        ).protect(np.zeros(3))
 
 
 def _client(task_name="tcga-brca"):

@@ -252,6 +252,7 @@ def test_the_secret_package_holds_the_key_holding_modules():
         "secagg.secret.sealing",
         "secagg.secret.share_relay",
         "secagg.secret.consenting",
+        "secagg.secret.holder",
         "secagg.secret.ckks_client",
         "secagg.secret.threshold_client",
         "secagg.secret.identities",

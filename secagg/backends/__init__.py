@@ -238,26 +238,10 @@ def _ckks_server(options: dict[str, Any], signers: Mapping[str, bytes] | None) -
 def _ckks_client(client_id: str, options: dict[str, Any], provision: Provision) -> ClientBackend:
     from secagg.ckks.presets import get_preset
     from secagg.secret.ckks_client import CKKSClient  # holds the secret key
-    from secagg.secret.keywrap import KeyWrapper
 
     if provision.identity is None or client_id not in provision.roster:
         raise ConfigError(f"{client_id} needs a provisioned identity and roster for ckks")
-    return CKKSClient(
-        client_id,
-        get_preset(options["preset"]),
-        identity=KeyWrapper.from_private_bytes(provision.identity),
-        roster=provision.roster,
-        flooding_bits=options["flooding_bits"],
-        decryption_budget=provision.decryption_budget,
-        reveal_length=provision.reveal_length,
-        open_budget=provision.open_budget,
-        signing_key=provision.signing_key,
-        signers=provision.signers,
-        min_contributors=options["min_contributors"],
-        min_weight_share=options["min_weight_share"],
-        max_weight_share=options["max_weight_share"],
-        releases_per_upload=provision.releases_per_upload,
-    )
+    return CKKSClient(client_id, get_preset(options["preset"]), provision, options)
 
 
 def _ckks_presets(name: str) -> Any:
@@ -328,7 +312,6 @@ def _threshold_server(
 def _threshold_client(
     client_id: str, options: dict[str, Any], provision: Provision
 ) -> ClientBackend:
-    from secagg.secret.keywrap import KeyWrapper
     from secagg.secret.threshold_client import ThresholdClient  # holds a key share
     from secagg.threshold.params import get_preset
 
@@ -341,23 +324,7 @@ def _threshold_client(
         raise ConfigError(
             f"{client_id} needs a provisioned identity, signing key and rosters for threshold"
         )
-    return ThresholdClient(
-        client_id,
-        get_preset(options["preset"]),
-        identity=KeyWrapper.from_private_bytes(provision.identity),
-        roster=provision.roster,
-        signing_key=provision.signing_key,
-        signers=provision.signers,
-        t=options["threshold_t"],
-        decryption_budget=provision.decryption_budget,
-        open_budget=provision.open_budget,
-        share_budget=provision.share_budget,
-        reveal_length=provision.reveal_length,
-        min_contributors=options["min_contributors"],
-        min_weight_share=options["min_weight_share"],
-        max_weight_share=options["max_weight_share"],
-        releases_per_upload=provision.releases_per_upload,
-    )
+    return ThresholdClient(client_id, get_preset(options["preset"]), provision, options)
 
 
 def _release_policy_options() -> tuple[BackendOption, ...]:

@@ -29,6 +29,8 @@ The rule (``tests/test_layering.py`` checks each part):
    - ``share_relay``: a threshold holder's share sealed for the clients that open a sum;
    - ``consenting``: a client's Ed25519 signing identity, release policy and signed
      consents, and the state every key-holding client half exports (its private keys);
+   - ``holder``: :class:`~secagg.secret.holder.KeyHoldingClient`, the base of both
+     key-holding client halves (identity, signing key, policy, budgets, consent records);
    - ``ckks_client``, ``threshold_client``: the client halves of the two encrypted backends;
    - ``identities``: fresh client identities (the provisioning authority's key generation).
 

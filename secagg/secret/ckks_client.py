@@ -25,7 +25,8 @@ from typing import Any
 import numpy as np
 
 from secagg import wire
-from secagg.backends.base import ClientBackend, own_weight
+from secagg.backends import Provision
+from secagg.backends.base import own_weight
 from secagg.ckks import native
 from secagg.ckks.first_polys import FreshLevel, checked_first_sums, load_first_sums
 from secagg.ckks.flooding import error_bound, flooding_sigma
@@ -56,60 +57,32 @@ from secagg.errors import (
 )
 from secagg.secret import ckks_masks
 from secagg.secret.ckks_keys import SecretKeyHolder
-from secagg.secret.consenting import (
-    HolderState,
-    as_bytes,
-    check_applied_total,
-    check_listed_weight,
-    consent,
-    public_bytes,
-    read_release,
-    release_identity,
-)
-from secagg.secret.keywrap import KeyWrapper
+from secagg.secret.consenting import as_bytes, check_applied_total, read_release
+from secagg.secret.holder import KeyHoldingClient
 from secagg.wire import Envelope, Field
 
 
-class CKKSClient(ClientBackend):
+class CKKSClient(KeyHoldingClient):
     name = "ckks"
+    STATE_BACKEND = "CKKS"
+    #: this half's own parts of its state, besides every key-holding half's (HolderState)
+    STATE_EXTRAS = ("secret_key", "last_flooding_sigma")
 
     def __init__(
         self,
         client_id: str,
         preset: CKKSPreset,
-        *,
-        identity: KeyWrapper | None = None,
-        roster: Mapping[str, bytes] | None = None,
-        flooding_bits: int = 30,
-        decryption_budget: int = 1,
-        reveal_length: int | tuple[int, ...] | None = None,
-        open_budget: int = 0,
-        signing_key: bytes | None = None,
-        signers: Mapping[str, bytes] | None = None,
-        min_contributors: int = 2,
-        min_weight_share: float = 0.01,
-        max_weight_share: float = 0.5,
-        releases_per_upload: Mapping[str, int] | None = None,
+        provision: Provision,
+        options: Mapping[str, Any],
     ):
-        """``identity``: this client's X25519 key; ``roster``: every client's public key
-        (this one's included); ``flooding_bits`` and ``decryption_budget`` size the flooding
-        of every reveal; ``reveal_length``, if given, is the only number of values a reveal
-        may return (the model's size: a server asking for a whole chunk of a 40-value
-        aggregate gets nothing). Without a roster the client knows only itself.
-        ``signing_key``: this client's Ed25519 key for consents; ``signers``: every
-        client's Ed25519 public key; ``min_contributors``, ``min_weight_share`` and
-        ``max_weight_share``: what sums it opens (:class:`~secagg.ckks.release.ReleasePolicy`);
-        ``releases_per_upload``: how many releases of each kind ("reveal", "open") one of
-        its uploads may enter (default one of each)."""
-        self.id = client_id
-        self.preset = preset
+        """What :class:`~secagg.secret.holder.KeyHoldingClient` takes, and from
+        ``options`` the flooding bits, which with the provisioned decryption budget size
+        the flooding of every reveal; the provisioned ``reveal_length``, if given, is the
+        only number of values a reveal may return (the model's size: a server asking for a
+        whole chunk of a 40-value aggregate gets nothing)."""
+        super().__init__(client_id, preset, provision, options)
         self.fingerprint = params_fingerprint(preset)
-        self._wrapper = identity if identity is not None else KeyWrapper()
-        self.roster = (
-            dict(roster) if roster is not None else {client_id: self._wrapper.public_bytes}
-        )
-        if self.roster.get(client_id) != self._wrapper.public_bytes:
-            raise KeySetupError(f"{client_id}'s identity key is not its key in the roster")
+        flooding_bits = options["flooding_bits"]
         if not isinstance(flooding_bits, int) or not (
             flooding_bits == 0 or 30 <= flooding_bits <= 128
         ):
@@ -117,34 +90,7 @@ class CKKSClient(ClientBackend):
                 f"flooding_bits must be 0 (off, insecure) or lie in [30, 128], got "
                 f"{flooding_bits!r}"
             )
-        if not isinstance(decryption_budget, int) or decryption_budget < 0:
-            raise KeySetupError(f"decryption_budget must be a count, got {decryption_budget!r}")
-        self.flooding_bits, self.decryption_budget = flooding_bits, decryption_budget
-        self.reveal_length = reveal_length
-        if not isinstance(open_budget, int) or open_budget < 0:
-            raise KeySetupError(f"open_budget must be a count, got {open_budget!r}")
-        self.open_budget, self.opens = open_budget, 0
-        self._signer, self.signers, self.policy = release_identity(
-            client_id,
-            signing_key,
-            signers,
-            min_contributors,
-            min_weight_share,
-            reveal_length,
-            max_weight_share,
-            max_weight=preset.max_weight,
-        )
-        self.releases_per_upload = dict(releases_per_upload or {"reveal": 1, "open": 1})
-        #: digest of each upload this client made -> releases it consented to, by kind
-        self.uploads: dict[str, dict[str, int]] = {}
-        #: digest of each upload -> what it was made from (``secagg.clients.policy``)
-        self.bases: dict[str, str] = {}
-        #: on a client-weighted preset, digest of each upload -> the integer weight applied
-        self.applied: dict[str, int] = {}
-        #: digest of each upload -> the descriptors of the releases it entered
-        self.released: dict[str, list[dict[str, Any]]] = {}
-        #: digest of each upload -> the request it answered (``protect``'s ``request``)
-        self.origins: dict[str, str] = {}
+        self.flooding_bits = flooding_bits
         self._keys: SecretKeyHolder | None = None
         self._second_polys: SecondPolynomials | None = None
         self._pending: ckks_masks.PendingMasks | None = None  # never in the state: key material
@@ -155,8 +101,11 @@ class CKKSClient(ClientBackend):
         self._precheck: ckks_masks.PendingCheck | None = None
         #: releases this client checked with a precomputed sum (the rest expanded theirs)
         self.prechecks_used = 0
-        self.decryptions = 0
         self.last_flooding_sigma: float | None = None
+
+    @property
+    def params(self) -> str:
+        return self.fingerprint
 
     def handlers(self) -> dict[str, Callable[[Envelope], dict[str, Field]]]:
         return {
@@ -169,64 +118,35 @@ class CKKSClient(ClientBackend):
         }
 
     @property
-    def signing_public(self) -> bytes:
-        return public_bytes(self._signer)
-
-    @property
     def keys(self) -> SecretKeyHolder:
         if self._keys is None:
             raise KeySetupError(f"{self.id} has no CKKS key yet (key setup did not complete)")
         return self._keys
 
     # ---- state between messages -------------------------------------------------------------
-    #: this half's own parts of its state, besides every key-holding half's (HolderState)
-    STATE_EXTRAS = ("secret_key", "last_flooding_sigma")
-
     def state_dict(self) -> dict[str, Any]:
         """Everything key setup and reveals leave behind. ``x25519_private``,
         ``signing_key`` and ``secret_key`` (None before key setup) are secret bytes: whoever
         reads the last can decrypt every upload of the run."""
-        held = HolderState(
-            self._wrapper,
-            self._signer,
-            self.decryptions,
-            self.opens,
-            self.uploads,
-            self.bases,
-            self.applied,
-            self.released,
-            self.origins,
-        )
         return {
-            **held.export(self.preset.name, self.fingerprint),
+            **self._held_state(),
             "secret_key": (self._keys.export_for_wrapping() if self._keys is not None else None),
             "last_flooding_sigma": self.last_flooding_sigma,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Load every key before assigning any, so a bad state leaves this half as it was."""
-        held = HolderState.restore(
-            self.id,
-            state,
-            backend="CKKS",
-            preset=self.preset.name,
-            params=self.fingerprint,
-            extras=self.STATE_EXTRAS,
-            roster=self.roster,
-            signers=self.signers,
-        )
+        held = self._restored(state)
         sigma = state["last_flooding_sigma"]
         keys = (
             None
             if state["secret_key"] is None
             else SecretKeyHolder(self.preset, as_bytes(state["secret_key"]))
         )
-        self._wrapper, self._keys, self._signer = held.identity, keys, held.signer
+        self._take(held)
+        self._keys = keys
         self._second_polys = None
         self._next_seeds, self._precheck = b"", None  # a restored client commits afresh
-        self.uploads, self.applied, self.bases = held.uploads, held.applied, held.bases
-        self.released, self.origins = held.released, held.origins
-        self.decryptions, self.opens = held.decryptions, held.opens
         self.last_flooding_sigma = None if sigma is None else float(sigma)
 
     # ---- key setup -----------------------------------------------------------------------
@@ -257,7 +177,7 @@ class CKKSClient(ClientBackend):
 
     def on_hello(self, env: Envelope) -> dict[str, Field]:
         self._accept_setup(env)
-        return {"x25519_public": wire.config({"key": _b64(self._wrapper.public_bytes)})}
+        return {"x25519_public": wire.config({"key": _b64(self._identity.public_bytes)})}
 
     def _peers(self, env: Envelope) -> dict[str, bytes]:
         """The peers the server lists to wrap for, each with its key from this client's own
@@ -272,7 +192,7 @@ class CKKSClient(ClientBackend):
         secret = keys.export_for_wrapping()
         return {
             f"wrapped_key.{peer}": wire.ciphertext(
-                self._wrapper.wrap(secret, public, self.id, peer, self.fingerprint)
+                self._identity.wrap(secret, public, self.id, peer, self.fingerprint)
             )
             for peer, public in publics.items()
         }
@@ -311,7 +231,7 @@ class CKKSClient(ClientBackend):
         if len(parts) != 1:
             raise KeySetupError(f"{self.id}: expected one wrapped key, got {len(parts)} parts")
         try:
-            secret = self._wrapper.unwrap(
+            secret = self._identity.unwrap(
                 parts[0], public, str(leader_id), self.id, self.fingerprint
             )
             keys = SecretKeyHolder(self.preset, secret)
@@ -420,29 +340,10 @@ class CKKSClient(ClientBackend):
         digest = seed_digest(seeds)
         if digest in self.uploads:  # never reached: a seed is used once (prepare_upload)
             raise ProtocolStateError(f"{self.id} refuses to send a second upload on one seed")
-        self.uploads[digest], self.bases[digest] = {}, basis
-        self.origins[digest] = request
-        if applied is not None:
-            self.applied[digest] = applied
+        self._record_upload(digest, basis, request, applied)
         return wire.ciphertext(parts)
 
-    # ---- releases: consent, then reveal or open ---------------------------------------------
-    def on_consent(self, env: Envelope) -> dict[str, Field]:
-        """Sign a release descriptor that holds this client's upload, once per kind per
-        upload, if this client's policy accepts the sum it describes."""
-        return consent(
-            self.id,
-            Descriptor.from_config(env.config("release")),
-            policy=self.policy,
-            uploads=self.uploads,
-            bases=self.bases,
-            releases_per_upload=self.releases_per_upload,
-            signer=self._signer,
-            applied=self.applied if self.preset.weighted_by_clients else None,
-            released=self.released,
-            origins=self.origins,
-        )
-
+    # ---- releases: consent (the base), then reveal or open -------------------------------
     def _checked(self, env: Envelope, field: str, kind: str, name: str | None = None):
         """The release in ``field`` of ``env``, checked: (descriptor, ciphertexts)."""
         d, signatures = read_release(
@@ -498,20 +399,11 @@ class CKKSClient(ClientBackend):
         )
         return flooding_sigma(error, max(total, 1), self.flooding_bits)
 
-    def check_own_weight(self, envelope: Envelope, name: str, weight: float) -> None:
-        check_listed_weight(
-            self.id, envelope.config(f"{name}.release"), weight, self.preset.weight_bits
-        )
-
     def open(self, envelope: Envelope, name: str, length: int) -> np.ndarray:
         """An aggregate the server sent this client (LARC's Ĝ, RegAgg's centre, a
         server-blind update): checked like a reveal and flooded, since what the client
         computes from it may be released. At most ``open_budget`` times."""
-        if self.opens >= self.open_budget:
-            raise ProtocolStateError(
-                f"{self.id} refuses to open aggregate {self.opens + 1}: its configuration "
-                f"allows {self.open_budget}"
-            )
+        self._check_open_budget()
         d, cts = self._checked(envelope, name, "open", name)
         if d.n_values != length:
             raise ReleaseRefused(f"{self.id}: {name} has {d.n_values} values, expected {length}")

@@ -35,7 +35,8 @@ from typing import Any
 import numpy as np
 
 from secagg import wire
-from secagg.backends.base import ClientBackend, own_weight
+from secagg.backends import Provision
+from secagg.backends.base import own_weight
 from secagg.ckks.release import Descriptor, check_entries, server_multipliers
 from secagg.errors import (
     ConfigError,
@@ -45,17 +46,12 @@ from secagg.errors import (
     ReleaseRefused,
 )
 from secagg.secret.consenting import (
-    HolderState,
     check_applied_total,
-    check_listed_weight,
-    consent,
-    public_bytes,
     read_release,
-    release_identity,
     restored_count,
     restored_releases,
 )
-from secagg.secret.keywrap import KeyWrapper
+from secagg.secret.holder import KeyHoldingClient
 from secagg.secret.share_relay import release_label, seal, unseal
 from secagg.threshold.combine import open_checked
 from secagg.threshold.params import (
@@ -102,96 +98,54 @@ def _unopened(clients: list[str]) -> Field:
     return wire.config({"clients": list(clients)})
 
 
-class ThresholdClient(ClientBackend):
+class ThresholdClient(KeyHoldingClient):
     name = "threshold"
+    STATE_BACKEND = "threshold"
+    #: this half's own parts of its state, besides every key-holding half's (HolderState)
+    STATE_EXTRAS = ("open_shares", "answered", "sets")
 
     def __init__(
         self,
         client_id: str,
         preset: ThresholdPreset,
-        *,
-        identity: KeyWrapper | None = None,
-        roster: Mapping[str, bytes] | None = None,
-        signing_key: bytes | None = None,
-        signers: Mapping[str, bytes] | None = None,
-        t: int = 0,
-        decryption_budget: int = 1,
-        open_budget: int = 0,
-        share_budget: int | None = None,
-        reveal_length: int | tuple[int, ...] | None = None,
-        min_contributors: int = 2,
-        min_weight_share: float = 0.01,
-        max_weight_share: float = 0.5,
-        releases_per_upload: Mapping[str, int] | None = None,
+        provision: Provision,
+        options: Mapping[str, Any],
     ):
-        """Parameters:
-        client_id: this client.
-        preset: the parameter set (``secagg.threshold.params.PRESETS``).
-        identity: this client's X25519 key; ``roster`` every client's X25519 public key:
-            the key holders (shares are sealed for them, and their shares for this client).
-        signing_key: this client's Ed25519 key (uploads and consents); ``signers`` every
-            client's Ed25519 public key.
-        t: how many holders open a sum (0: a strict majority of the roster).
-        decryption_budget: shares of reveals to the server it gives at most.
-        open_budget: sums it opens itself at most; ``share_budget`` sealed shares of such
-            sums it gives at most (default ``open_budget``).
-        reveal_length, min_contributors, min_weight_share, max_weight_share,
-        releases_per_upload: its release policy, as on ckks.
-        """
-        self.id = client_id
-        self.preset = preset
+        """What :class:`~secagg.secret.holder.KeyHoldingClient` takes (``preset``: one of
+        ``secagg.threshold.params.PRESETS``). The roster's clients are the key holders
+        (shares are sealed for them, and their shares for this client); ``options``'
+        ``threshold_t``: how many holders open a sum (0: a strict majority of the roster),
+        and every release withstands t − 1 colluders. The provisioned ``open_budget``
+        counts the sums it opens itself, ``share_budget`` the sealed shares of such sums it
+        gives at most (default ``open_budget``); ``decryption_budget`` the shares of
+        reveals to the server it gives at most."""
         self.ring = ring(preset.ring_dim, preset.prime)
-        self._identity = identity if identity is not None else KeyWrapper()
-        self.roster = (
-            dict(roster) if roster is not None else {client_id: self._identity.public_bytes}
-        )
-        if self.roster.get(client_id) != self._identity.public_bytes:
-            raise KeySetupError(f"{client_id}'s identity key is not its key in the roster")
-        self.holders = holders_of(self.roster)
-        try:
-            self.t = check_t(t, len(self.holders))
-        except ConfigError as exc:
-            raise KeySetupError(f"{client_id}: {exc}") from None
-        for what, count in (("open_budget", open_budget), ("decryption_budget", decryption_budget)):
-            if not isinstance(count, int) or count < 0:
-                raise KeySetupError(f"{what} must be a count, got {count!r}")
+        super().__init__(client_id, preset, provision, options)
+        share_budget = provision.share_budget
         if share_budget is not None and (not isinstance(share_budget, int) or share_budget < 0):
             raise KeySetupError(f"share_budget must be a count, got {share_budget!r}")
-        self.open_budget, self.open_shares, self.opens = open_budget, 0, 0
-        self.share_budget = open_budget if share_budget is None else share_budget
-        self.decryption_budget, self.decryptions = decryption_budget, 0
-        self._signer, self.signers, self.policy = release_identity(
-            client_id,
-            signing_key,
-            signers,
-            min_contributors,
-            min_weight_share,
-            reveal_length,
-            max_weight_share,
-            max_weight=preset.max_weight,
-            colluders=self.t - 1,
-        )
-        if set(self.signers) != set(self.roster) and signers is not None and roster is not None:
+        self.open_shares = 0
+        self.share_budget = self.open_budget if share_budget is None else share_budget
+        if set(self.signers) != set(self.roster) and provision.signers and provision.roster:
             raise KeySetupError(f"{client_id}: its two rosters name different clients")
-        self.releases_per_upload = dict(releases_per_upload or {"reveal": 1, "open": 1})
-        self.uploads: dict[str, dict[str, int]] = {}
-        #: digest of each upload -> what it was made from (``secagg.clients.policy``)
-        self.bases: dict[str, str] = {}
-        #: on ``lean``, digest of each upload -> the integer weight applied to it
-        self.applied: dict[str, int] = {}
-        #: digest of each upload -> the descriptors of the releases it entered
-        self.released: dict[str, list[dict[str, Any]]] = {}
-        #: digest of each upload -> the request it answered (``protect``'s ``request``)
-        self.origins: dict[str, str] = {}
         #: release (descriptor hash, hex) -> the holder set it was answered for
         self.answered: dict[str, list[str]] = {}
         #: upload digest -> the descriptors of the releases it entered that this holder
         #: answered (their sets, weights and bases: ``_check_history``)
         self.sets: dict[str, list[dict[str, Any]]] = {}
 
+    def _colluders(self, options: Mapping[str, Any]) -> int:
+        """t − 1, t from the roster's holders and ``threshold_t`` (both set here)."""
+        self.holders = holders_of(self.roster)
+        try:
+            self.t = check_t(options["threshold_t"], len(self.holders))
+        except ConfigError as exc:
+            raise KeySetupError(f"{self.id}: {exc}") from None
+        return self.t - 1
+
     @property
-    def signing_public(self) -> bytes:
-        return public_bytes(self._signer)
+    def params(self) -> str:
+        return self.preset.fingerprint
 
     def handlers(self) -> dict[str, Callable[[Envelope], dict[str, Field]]]:
         return {
@@ -201,25 +155,11 @@ class ThresholdClient(ClientBackend):
         }
 
     # ---- state between messages ------------------------------------------------------------
-    #: this half's own parts of its state, besides every key-holding half's (HolderState)
-    STATE_EXTRAS = ("open_shares", "answered", "sets")
-
     def state_dict(self) -> dict[str, Any]:
         """The identities (secret bytes) and the record of what this client answered; no
         key of an upload outlives the upload."""
-        held = HolderState(
-            self._identity,
-            self._signer,
-            self.decryptions,
-            self.opens,
-            self.uploads,
-            self.bases,
-            self.applied,
-            self.released,
-            self.origins,
-        )
         return {
-            **held.export(self.preset.name, self.preset.fingerprint),
+            **self._held_state(),
             "open_shares": self.open_shares,
             "answered": {r: list(t) for r, t in self.answered.items()},
             "sets": {d: [dict(r) for r in rs] for d, rs in self.sets.items()},
@@ -228,16 +168,7 @@ class ThresholdClient(ClientBackend):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Load and check everything before assigning anything, so a bad state leaves this
         half as it was."""
-        held = HolderState.restore(
-            self.id,
-            state,
-            backend="threshold",
-            preset=self.preset.name,
-            params=self.preset.fingerprint,
-            extras=self.STATE_EXTRAS,
-            roster=self.roster,
-            signers=self.signers,
-        )
+        held = self._restored(state)
         open_shares = restored_count(self.id, state["open_shares"], "open share count")
         answered = state["answered"]
         if not isinstance(answered, dict) or not all(
@@ -248,12 +179,10 @@ class ThresholdClient(ClientBackend):
         ):
             raise KeySetupError(f"{self.id}: the state's record of answered releases is garbled")
         sets = restored_releases(self.id, state["sets"])
-        self._identity, self._signer = held.identity, held.signer
-        self.uploads, self.bases, self.applied = held.uploads, held.bases, held.applied
-        self.released, self.origins = held.released, held.origins
+        self._take(held)
         self.answered = {r: list(v) for r, v in answered.items()}
         self.sets = sets
-        self.decryptions, self.opens, self.open_shares = held.decryptions, held.opens, open_shares
+        self.open_shares = open_shares
 
     # ---- data path -----------------------------------------------------------------------------
     def protect(
@@ -279,16 +208,8 @@ class ThresholdClient(ClientBackend):
         upload = Upload(body, sealed, b"")
         digest = upload.digest(self.preset)
         signature = self._signer.sign(upload_message(self.id, digest))
-        self.uploads[digest], self.bases[digest] = {}, basis
-        self.origins[digest] = request
-        if applied is not None:
-            self.applied[digest] = applied
+        self._record_upload(digest, basis, request, applied)
         return wire.ciphertext(Upload(body, sealed, signature).parts())
-
-    def check_own_weight(self, envelope: Envelope, name: str, weight: float) -> None:
-        check_listed_weight(
-            self.id, envelope.config(f"{name}.release"), weight, self.preset.weight_bits
-        )
 
     def open(self, envelope: Envelope, name: str, length: int) -> np.ndarray:
         """A sum the server sent this client to open (LARC's Ĝ, RegAgg's centre, a
@@ -296,11 +217,7 @@ class ThresholdClient(ClientBackend):
         this client and this release (so each holder checked the release, consents
         included), checked for consistency, combined, and the sum unmasked. At most
         ``open_budget`` times."""
-        if self.opens >= self.open_budget:
-            raise ProtocolStateError(
-                f"{self.id} refuses to open aggregate {self.opens + 1}: its configuration "
-                f"allows {self.open_budget}"
-            )
+        self._check_open_budget()
         info = envelope.config(f"{name}.release")
         if not isinstance(info, dict) or set(info) != {
             "descriptor",
@@ -366,22 +283,7 @@ class ThresholdClient(ClientBackend):
         self.opens += 1
         return decode(self.preset, centred, d.n_values, float(divisor))
 
-    # ---- releases --------------------------------------------------------------------------------
-    def on_consent(self, env: Envelope) -> dict[str, Field]:
-        """Sign a descriptor that holds this client's upload, once per kind per upload."""
-        return consent(
-            self.id,
-            Descriptor.from_config(env.config("release")),
-            policy=self.policy,
-            uploads=self.uploads,
-            bases=self.bases,
-            releases_per_upload=self.releases_per_upload,
-            signer=self._signer,
-            applied=self.applied if self.preset.weighted_by_clients else None,
-            released=self.released,
-            origins=self.origins,
-        )
-
+    # ---- releases: consent (the base), then shares -------------------------------------------
     def on_decrypt_share(self, env: Envelope) -> dict[str, Field]:
         """This holder's share of a checked release's key sum, for the server; or, if some
         contributors' sealed shares do not open, no share and their names (``unopened``)."""

@@ -218,7 +218,7 @@ def wrapping(payload, *peers: str):
     def mutate(client, fields):
         data = payload(client)
         for peer in peers or [n.removeprefix("wrapped_key.") for n in blobs(fields)]:
-            blob = client._wrapper.wrap(
+            blob = client._identity.wrap(
                 data, client.roster[peer], client.id, peer, client.fingerprint
             )
             fields[f"wrapped_key.{peer}"] = wire.ciphertext(blob)
