@@ -234,7 +234,11 @@ def test_the_zygote_closes_what_it_is_told_to(tmp_path, monkeypatch):
                 held.append(os.readlink(f"/proc/self/fd/{fd}"))
             except OSError:  # the listing's own descriptor, closed by now
                 pass
-        out.write_text(json.dumps(held))
+        # written aside and renamed: the test polls for the file, and must not read it
+        # between its creation and its content
+        partial = out.with_suffix(".partial")
+        partial.write_text(json.dumps(held))
+        partial.rename(out)
         return 0
 
     monkeypatch.setattr(warm, "run_clientapp", record)
