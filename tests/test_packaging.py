@@ -135,3 +135,32 @@ def test_the_installed_wheel_loads_its_data_outside_the_checkout(wheel, tmp_path
     ).stdout.split()
     assert out[0].startswith(str(target))  # not the checkout's copy
     assert out[1] == "6"
+
+
+def test_the_links_in_secagg_are_the_top_level_subpackages_the_build_lists():
+    """The layout's one convention, kept true: every top-level folder that is a subpackage
+    is linked as ``secagg/<name> -> ../<name>`` and listed in pyproject's packages as
+    ``secagg.<name>``, and every link is such a folder. Path-reading tools (import graphs,
+    ``farm-studio look``) read ``<name>/`` as ``secagg.<name>`` by this rule (the
+    architecture page says so)."""
+    import tomllib
+
+    root = Path(__file__).resolve().parents[1]
+    packages = set(
+        tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    links = {p.name: os.readlink(p) for p in (root / "secagg").iterdir() if p.is_symlink()}
+    assert links, "no links in secagg/"
+    assert all(target == f"../{name}" for name, target in links.items()), links
+    assert all((root / name / "__init__.py").is_file() for name in links), links
+    listed = {p.split(".")[1] for p in packages if p.count(".") >= 1}
+    linked_or_inside = {name for name in listed if (root / "secagg" / name).is_dir()}
+    assert listed == linked_or_inside, listed - linked_or_inside
+    assert {f"secagg.{name}" for name in links} <= packages
+    # and no top-level folder with an __init__.py is left out of the namespace
+    top_level_packages = {
+        p.name
+        for p in root.iterdir()
+        if (p / "__init__.py").is_file() and p.name not in {"secagg", "tests", "benchmarks"}
+    }
+    assert top_level_packages == set(links), top_level_packages ^ set(links)
