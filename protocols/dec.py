@@ -346,6 +346,8 @@ class DEC(Protocol, PreStage, FederatedInitialisation, ExtraReleases):
     )
     client = DECClient
     pretrain = "autoencoder"
+    pre_stage_task = "secagg.clients.tasks.dec:autoencoder_stage"
+    pre_stage_check = "secagg.clients.tasks.dec:check_dec_task"
 
     def __init__(
         self,
@@ -408,8 +410,11 @@ class DEC(Protocol, PreStage, FederatedInitialisation, ExtraReleases):
         self.shape = dict(layout)
         self.encoder = np.asarray(params, dtype=np.float64)[: int(layout["n_encoder"])].copy()
 
-    def pre_stage_schedule(self) -> tuple[int, float]:
+    def pre_stage_schedule(self, config: Any) -> tuple[int, float]:
         return self.pretrain_rounds, self.pretrain_lr
+
+    def pre_stage_layout(self, data: Any) -> dict[str, Any]:
+        return data_layout(data)
 
     def release_lengths(self, data: Any) -> tuple[int, ...]:
         shape = data_layout(data)

@@ -43,6 +43,9 @@ from secagg.protocols.pieces import PreStage
 from secagg.protocols.registry import Example, register_protocol
 from secagg.wire import Envelope, Field
 
+#: the β-VAE's hidden and latent sizes (``secagg.clients.tasks.vae.BetaVAE``'s defaults)
+VAE_HIDDEN, VAE_LATENT = 32, 4
+
 
 def wasserstein_to_standard_normal(samples: np.ndarray) -> float:
     """W1 between the empirical distribution of ``samples`` and N(0, 1).
@@ -113,6 +116,8 @@ class FedDisco(Protocol, PreStage):
     )
     client = DiscoClient
     pretrain = "beta-vae"
+    pre_stage_task = "secagg.clients.tasks.vae:beta_vae_stage"
+    pre_stage_check = "secagg.clients.tasks.vae:check_unit_features"
 
     def __init__(self, alpha: float = 0.5, b: float = 0.1):
         if alpha < 0:
@@ -123,6 +128,14 @@ class FedDisco(Protocol, PreStage):
 
     def use_pretrained(self, params: np.ndarray, layout: Mapping[str, Any]) -> None:
         self.vae = (np.asarray(params, dtype=np.float64), dict(layout))
+
+    def pre_stage_schedule(self, config: Any) -> tuple[int, float]:
+        """The run's β-VAE settings (``--vae-rounds``, ``--vae-lr``)."""
+        return config.vae_rounds, config.vae_lr
+
+    def pre_stage_layout(self, data: Any) -> dict[str, Any]:
+        """The β-VAE's sizes (``secagg.clients.tasks.vae.BetaVAE``'s defaults)."""
+        return {"n_in": int(data.train[0].x.shape[1]), "hidden": VAE_HIDDEN, "latent": VAE_LATENT}
 
     def aggregate(self, ctx: RoundAPI, uploads: Mapping[str, Upload]) -> Any:
         missing = [c for c in uploads if c not in self.d]

@@ -57,19 +57,39 @@ class ExtraReleases(ABC):
 
 
 class PreStage(ABC):
-    #: the federated pre-stage the experiment runs before round 0 on the same clients and
-    #: backend (runspec/provisioning.py's PRE_STAGES: "beta-vae", "autoencoder")
+    """A federated pre-stage before round 0: FedAvg on the same clients and backend, on a
+    task of the protocol's own (FedDisco's β-VAE, DEC's autoencoder), whose final model the
+    protocol receives. Everything the run needs to know about the stage is here, so that a
+    protocol with a pre-stage needs no edit of the run's definition (``secagg.runspec``).
+
+    The stage's task is built on the client side (it has a model, so it usually needs
+    torch, which protocols do not import): :attr:`pre_stage_task` is the builder itself or
+    a ``"module:function"`` path to it, imported when a client or the driver needs it
+    (FedDisco's and DEC's live next to their models, in ``secagg.clients.tasks``)."""
+
+    #: the stage's name: its records and requests are those of ``"<seed>-<pretrain>"``
     pretrain: ClassVar[str]
+    #: the stage's task from the run's configuration and a seed's data, ``(config, data)
+    #: -> Task``: the function, or ``"module:function"`` naming it
+    pre_stage_task: ClassVar[Any]
+    #: what refuses, before anything trains, data the stage cannot carry: ``(config, data)
+    #: -> None`` raising ConfigError, or ``"module:function"`` naming it; None: any data
+    pre_stage_check: ClassVar[Any] = None
 
     @abstractmethod
     def use_pretrained(self, params: np.ndarray, layout: Mapping[str, Any]) -> None:
-        """The pre-stage's final model and its layout."""
+        """The pre-stage's final model and its layout (:meth:`pre_stage_layout`)."""
 
-    def pre_stage_schedule(self) -> tuple[int, float] | None:
-        """The pre-stage's rounds and client learning rate where the protocol's own
-        settings give them (DEC's ``pretrain_rounds``, ``pretrain_lr``); None: the run's
-        (FedDisco's β-VAE: ``--vae-rounds``, ``--vae-lr``)."""
-        return None
+    @abstractmethod
+    def pre_stage_schedule(self, config: Any) -> tuple[int, float]:
+        """The pre-stage's rounds and client learning rate: the protocol's own settings
+        (DEC's ``pretrain_rounds``, ``pretrain_lr``) or the run's ``config`` (FedDisco's
+        β-VAE: ``--vae-rounds``, ``--vae-lr``)."""
+
+    def pre_stage_layout(self, data: Any) -> dict[str, Any]:
+        """The layout of the stage's model for the task's ``data``, given to
+        :meth:`use_pretrained` with its parameters (FedDisco: the β-VAE's sizes)."""
+        return {}
 
 
 class FederatedInitialisation(ABC):

@@ -6,8 +6,9 @@ Flower node all build a client from, with nothing of the server or the driver.
 - :func:`release_budgets` and :func:`client_policy` are what a client's provisioning allows
   (its decryption, open and share budgets, the phases it answers, the training settings it
   accepts), computed from the client's own copy of the settings, never from the server;
-- the pre-stages (:data:`STAGES`: FedDisco's β-VAE, DEC's autoencoder) as the clients train
-  them.
+- a protocol's pre-stage (FedDisco's β-VAE, DEC's autoencoder) as the clients train it:
+  what it is comes from the protocol's ``PreStage`` piece (:func:`pre_stage`), nothing here
+  names one.
 
 ``secagg.simulation.experiment`` (the driver) uses them; a Flower node imports this module
 and not the driver (``tests/test_layering.py``).
@@ -15,10 +16,10 @@ and not the driver (``tests/test_layering.py``).
 
 from __future__ import annotations
 
+import importlib
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -26,7 +27,6 @@ import torch
 
 from secagg.backends import Provision, make_client_backend
 from secagg.clients.tasks import (
-    TASKS,
     ClientData,
     FederatedData,
     Task,
@@ -35,12 +35,10 @@ from secagg.clients.tasks import (
     register_task,
 )
 from secagg.clients.tasks.tcga_brca import random_client_splits
-from secagg.clients.tasks.vae import BetaVAE, autoencoding, reconstruction_score, vae_loss
 from secagg.clients.training import LocalTrainer, flat_params, resolve_device
 from secagg.errors import ConfigError
 from secagg.plugins import import_user_modules
 from secagg.protocols import custom_protocols, make_client_half, make_protocol, register_protocol
-from secagg.protocols.dec import data_layout
 from secagg.protocols.pieces import (
     ExtraReleases,
     FederatedInitialisation,
@@ -58,43 +56,13 @@ if TYPE_CHECKING:  # client-side and key code: imported where a client is made
 
 
 # ---- clients ----------------------------------------------------------------------------------
-def vae_task(config: ExperimentConfig, data: FederatedData) -> Task:
-    """FedDisco's pre-stage task: the β-VAE on the same clients' samples."""
-    n_in = data.train[0].x.shape[1]
-    return Task(
-        "beta-vae",
-        "β-VAE on the task's samples",
-        lambda: autoencoding(data),
-        lambda: BetaVAE(n_in),
-        partial(vae_loss, beta=config.vae_beta),
-        reconstruction_score,
-        "-MSE",
-    )
-
-
-def autoencoder_task(config: ExperimentConfig, data: FederatedData) -> Task:
-    """DEC's pre-stage task: the stacked denoising autoencoder on the same clients' samples."""
-    from secagg.clients.tasks.dec import make_autoencoder, reconstruction_error
-
-    shape = data_layout(data)
-    return Task(
-        "autoencoder",
-        "stacked denoising autoencoder on the task's samples (DEC's step 1)",
-        lambda: autoencoding(data),
-        lambda: make_autoencoder(shape["sizes"][0], shape["k"]),
-        reconstruction_error,
-        reconstruction_score,
-        "-MSE",
-        optimizer=torch.optim.Adam,
-    )
-
-
 @dataclass
 class ClientFactory:
     """Builds a seed's clients (picklable, so worker processes build them too): each loads
     the task's data itself and makes the same clients in any process.
 
-    ``stage``: None for the run itself, or the name of the protocol's pre-stage. The task
+    ``stage``: None for the run itself, or the name of the protocol's pre-stage (its
+    ``PreStage.pretrain``; the piece says what the stage is). The task
     and protocols registered outside secagg that the run uses travel along and are
     registered again in workers (only those: another one need not be importable there).
     """
@@ -136,7 +104,7 @@ class ClientFactory:
         task = get_task(config.task)
         data, validation = seed_data(config, self.seed, loaded or task.load())
         if self.stage is not None:
-            task = STAGES[self.stage].task(config, data)
+            task = stage_task(config, data)
             data, validation = task.load(), [None] * data.n_clients
         policy = self.client_policy(flat_params(task.make_model()).size, data.n_clients)
         return {
@@ -150,8 +118,8 @@ class ClientFactory:
         config = self.config
         protocol = make_protocol(config.protocol, **config.protocol_options)
         if self.stage is not None:
-            spec = STAGES[self.stage]
-            config, protocol = spec.configure(config), make_protocol(spec.protocol)
+            config = stage_config(config, piece(protocol, PreStage))
+            protocol = make_protocol(PRE_STAGE_PROTOCOL)
         return client_policy(config, protocol, n_params, n_clients)
 
     def release_budgets(self, *, loaded: FederatedData | None = None) -> dict[str, Any]:
@@ -163,9 +131,9 @@ class ClientFactory:
         task = get_task(config.task)
         loaded = loaded or task.load()
         if self.stage is not None:
-            spec = STAGES[self.stage]
-            task = spec.task(config, seed_data(config, self.seed, loaded)[0])
-            config, protocol = spec.configure(config), make_protocol(spec.protocol)
+            stage = piece(protocol, PreStage)
+            task = stage_task(config, seed_data(config, self.seed, loaded)[0], stage)
+            config, protocol = stage_config(config, stage), make_protocol(PRE_STAGE_PROTOCOL)
         data = task.load() if self.stage is not None else loaded
         if self.stage is None:
             data = seed_data(config, self.seed, data)[0]
@@ -205,7 +173,7 @@ class ClientFactory:
         trainer: LocalTrainer | PrivateTrainer = local
         protocol, options = config.protocol, config.protocol_options
         if self.stage is not None:
-            protocol, options = STAGES[self.stage].protocol, {}
+            protocol, options = PRE_STAGE_PROTOCOL, {}
         elif config.dp_sgd is not None:
             trainer = make_private(
                 local,
@@ -252,50 +220,57 @@ def seed_data(
 
 
 # ---- pre-stages ------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Stage:
-    """A federated pre-stage a protocol asks for (its ``PreStage.pretrain``): its task, the
-    protocol and settings it runs with, and the layout the main protocol receives."""
-
-    task: Callable[[ExperimentConfig, FederatedData], Task]
-    protocol: str
-    configure: Callable[[ExperimentConfig], ExperimentConfig]
-    layout: Callable[[FederatedData], dict[str, Any]]
-    #: raises ConfigError before training if the task's data cannot carry the stage
-    check: Callable[[ExperimentConfig, FederatedData], None]
+#: the protocol every pre-stage runs with
+PRE_STAGE_PROTOCOL = "fedavg"
 
 
-def check_unit_features(config: ExperimentConfig, data: FederatedData) -> None:
-    """The β-VAE's decoder ends in a sigmoid: it reconstructs features in [0, 1] only."""
-    x = torch.cat([part.x for part in data.train])
-    low, high = float(x.min()), float(x.max())
-    if low < 0 or high > 1:
-        raise ConfigError(
-            f"{config.protocol} pre-trains a beta-VAE whose decoder reconstructs features in "
-            f"[0, 1] (a sigmoid output), but task {config.task}'s features span "
-            f"[{low:.3g}, {high:.3g}]; use a task with features in [0, 1] (e.g. digits-niid2)"
-        )
+def pre_stage(config: ExperimentConfig) -> PreStage:
+    """The run's pre-stage: its protocol's ``PreStage`` piece, which says everything about
+    it (task, schedule, layout, check); ConfigError if the protocol has none."""
+    stage = piece(make_protocol(config.protocol, **config.protocol_options), PreStage)
+    if stage is None:
+        raise ConfigError(f"{config.protocol} has no pre-stage")
+    return stage
 
 
-def check_dec_task(config: ExperimentConfig, data: FederatedData) -> None:
-    """DEC's model is its encoder and k centroids for this data: a dec-* task's."""
-    shape = data_layout(data)
-    expected = shape["n_encoder"] + shape["k"] * shape["sizes"][-1]
-    n_params = flat_params(get_task(config.task).make_model()).size
-    if n_params != expected:
-        dec_tasks = ", ".join(name for name in TASKS if name.startswith("dec-"))
-        raise ConfigError(
-            f"{config.protocol} clusters with DEC's encoder and centroids ({expected} values "
-            f"for this data), but task {config.task}'s model has {n_params}; use a DEC task "
-            f"({dec_tasks})"
-        )
+def _named(ref: Any) -> Any:
+    """A piece's callable: the callable itself, or the one ``"module:function"`` names."""
+    if isinstance(ref, str):
+        module, _, name = ref.partition(":")
+        return getattr(importlib.import_module(module), name)
+    return ref
+
+
+def stage_task(
+    config: ExperimentConfig, data: FederatedData, stage: PreStage | None = None
+) -> Task:
+    """The pre-stage's task on a seed's ``data`` (``PreStage.pre_stage_task``)."""
+    stage = stage if stage is not None else pre_stage(config)
+    return _named(type(stage).pre_stage_task)(config, data)
+
+
+def check_stage(
+    config: ExperimentConfig, data: FederatedData, stage: PreStage | None = None
+) -> None:
+    """ConfigError before training if the task's data cannot carry the run's pre-stage
+    (``PreStage.pre_stage_check``)."""
+    stage = stage if stage is not None else pre_stage(config)
+    check = type(stage).pre_stage_check
+    if check is not None:
+        _named(check)(config, data)
+
+
+def stage_config(config: ExperimentConfig, stage: PreStage | None = None) -> ExperimentConfig:
+    """The pre-stage's configuration: FedAvg on the run's clients for the rounds and client
+    rate the piece's schedule gives."""
+    return pre_stage_config(config, *pretrain_settings(config, stage))
 
 
 def pre_stage_config(config: ExperimentConfig, rounds: int, lr: float) -> ExperimentConfig:
     """A pre-stage runs FedAvg on the run's clients for ``rounds`` at client rate ``lr``."""
     return replace(
         config,
-        protocol="fedavg",
+        protocol=PRE_STAGE_PROTOCOL,
         # the stage's clients are the run's: the run's preset, not fedavg's default
         backend_options=config.resolved_backend_options(),
         server_opt={},
@@ -310,30 +285,11 @@ def pre_stage_config(config: ExperimentConfig, rounds: int, lr: float) -> Experi
     )
 
 
-def pretrain_settings(config: ExperimentConfig) -> tuple[int, float]:
-    """A pre-stage's rounds and client rate: the protocol's own (DEC's options), else the
-    run's β-VAE settings."""
-    stage = piece(make_protocol(config.protocol, **config.protocol_options), PreStage)
-    schedule = stage.pre_stage_schedule() if stage is not None else None
-    return schedule if schedule is not None else (config.vae_rounds, config.vae_lr)
-
-
-STAGES: dict[str, Stage] = {
-    "beta-vae": Stage(
-        vae_task,
-        "fedavg",
-        lambda c: pre_stage_config(c, *pretrain_settings(c)),
-        lambda data: {"n_in": int(data.train[0].x.shape[1]), "hidden": 32, "latent": 4},
-        check_unit_features,
-    ),
-    "autoencoder": Stage(
-        autoencoder_task,
-        "fedavg",
-        lambda c: pre_stage_config(c, *pretrain_settings(c)),
-        data_layout,
-        check_dec_task,
-    ),
-}
+def pretrain_settings(config: ExperimentConfig, stage: PreStage | None = None) -> tuple[int, float]:
+    """A pre-stage's rounds and client rate, as its protocol schedules it (DEC's options,
+    FedDisco's the run's β-VAE settings)."""
+    stage = stage if stage is not None else pre_stage(config)
+    return stage.pre_stage_schedule(config)
 
 
 def server_step(config: ExperimentConfig, protocol, n_clients: int) -> dict[str, Any]:

@@ -47,13 +47,13 @@ from secagg.protocols import (
     make_protocol,
 )
 from secagg.protocols.optimizers import StepSchedule, make_optimizer
-from secagg.protocols.pieces import ClientEvaluation, Convergence, PreStage, piece, pre_stage_of
+from secagg.protocols.pieces import ClientEvaluation, Convergence, PreStage, piece
 from secagg.runspec.config import ExperimentConfig
 from secagg.runspec.evaluation import evaluate
 from secagg.runspec.provisioning import (  # noqa: F401 - re-exported: the driver's names
-    STAGES,
+    PRE_STAGE_PROTOCOL,
     ClientFactory,
-    Stage,
+    check_stage,
     client_policy,
     hold_out_validation,
     local_steps_of,
@@ -61,6 +61,8 @@ from secagg.runspec.provisioning import (  # noqa: F401 - re-exported: the drive
     release_budgets,
     seed_data,
     server_step,
+    stage_config,
+    stage_task,
 )
 from secagg.runspec.status import rounds_text, seed_outcome
 from secagg.server.audit import AuditLog
@@ -205,19 +207,18 @@ def run_seed(
     pre_stage = piece(protocol, PreStage)
     if pre_stage is not None:
         stage = pre_stage.pretrain
-        spec = STAGES[stage]
         pre = _run(
             replace(shared, on_round=None, on_model=None),  # rows of the main run only
-            spec.configure(config),
-            spec.task(config, data),
+            stage_config(config, pre_stage),
+            stage_task(config, data, pre_stage),
             data,
-            make_protocol(spec.protocol),
+            make_protocol(PRE_STAGE_PROTOCOL),
             ClientFactory(config, seed, stage=stage),
             label=f"{seed}-{stage}",
         )
         if pre.aborted:
             return SeedRun(pre.rows[:0], pre.final_params, f"{stage}: {pre.aborted}")
-        pre_stage.use_pretrained(pre.final_params, spec.layout(data))
+        pre_stage.use_pretrained(pre.final_params, pre_stage.pre_stage_layout(data))
     observer = None
     if config.server_blind and experimenter is not None:
         observer = experimenter(seed)
@@ -667,9 +668,9 @@ def check_data(
     """What only the data can tell, before anything trains: a pre-stage's needs, and more
     worker processes than clients (the extra ones would idle)."""
     protocol = make_protocol(config.protocol, **config.protocol_options)
-    stage = pre_stage_of(protocol)
+    stage = piece(protocol, PreStage)
     if stage is not None:
-        STAGES[stage].check(config, data)
+        check_stage(config, data, stage)
     if piece(protocol, ClientEvaluation) is not None and data.pooled_test is None:
         raise ConfigError(
             f"{config.protocol} scores an evaluation set on the clients; {config.task} has "

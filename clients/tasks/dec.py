@@ -15,14 +15,16 @@ on the hidden layers while training, the encoder's layers first.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 from torch import nn
 
-from secagg.clients.tasks import digits, tabular
+from secagg.clients.tasks import TASKS, Task, digits, get_task, tabular
 from secagg.clients.tasks.tcga_brca import ClientData, FederatedData
 from secagg.errors import ConfigError
-from secagg.protocols.dec import clustering_accuracy, layout
+from secagg.protocols.dec import clustering_accuracy, data_layout, layout
 
 DATASETS = {"digits": ("niid1",), "breast-cancer": ("iid", "label")}
 #: features and clusters (label values) of each set; a test checks them against the data
@@ -121,3 +123,37 @@ def cluster_accuracy(labels, q) -> float:
 def reconstruction_error(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """‖x − y‖² per sample, averaged (the pre-stage's loss)."""
     return ((out - target) ** 2).sum(dim=1).mean()
+
+
+# ---- DEC's pre-stage (``secagg.protocols.dec.DEC.pre_stage_task``) -------------------------
+def autoencoder_stage(config: Any, data: FederatedData) -> Task:
+    """DEC's pre-stage task: the stacked denoising autoencoder on the same clients' samples."""
+    from secagg.clients.tasks.vae import autoencoding, reconstruction_score
+
+    shape = data_layout(data)
+    return Task(
+        "autoencoder",
+        "stacked denoising autoencoder on the task's samples (DEC's step 1)",
+        lambda: autoencoding(data),
+        lambda: make_autoencoder(shape["sizes"][0], shape["k"]),
+        reconstruction_error,
+        reconstruction_score,
+        "-MSE",
+        optimizer=torch.optim.Adam,
+    )
+
+
+def check_dec_task(config: Any, data: FederatedData) -> None:
+    """DEC's model is its encoder and k centroids for this data: a dec-* task's."""
+    from secagg.clients.training import flat_params
+
+    shape = data_layout(data)
+    expected = shape["n_encoder"] + shape["k"] * shape["sizes"][-1]
+    n_params = flat_params(get_task(config.task).make_model()).size
+    if n_params != expected:
+        dec_tasks = ", ".join(name for name in TASKS if name.startswith("dec-"))
+        raise ConfigError(
+            f"{config.protocol} clusters with DEC's encoder and centroids ({expected} values "
+            f"for this data), but task {config.task}'s model has {n_params}; use a DEC task "
+            f"({dec_tasks})"
+        )

@@ -7,11 +7,16 @@ local trainer and evaluator can handle it; :func:`vae_loss` splits it again.
 
 from __future__ import annotations
 
+from functools import partial
+from typing import Any
+
 import numpy as np
 import torch
 from torch import nn
 
+from secagg.clients.tasks import Task
 from secagg.clients.tasks.tcga_brca import ClientData, FederatedData
+from secagg.errors import ConfigError
 
 LATENT = 4
 BETA = 0.1  # β < 1: with β = 1 and client SGD the encoder collapses onto the prior
@@ -60,3 +65,30 @@ def autoencoding(data: FederatedData) -> FederatedData:
     return FederatedData(
         f"{data.name}/vae", same, None, None if test is None else ClientData(test.x, test.x)
     )
+
+
+# ---- FedDisco's pre-stage (``secagg.protocols.feddisco.FedDisco.pre_stage_task``) ----------
+def beta_vae_stage(config: Any, data: FederatedData) -> Task:
+    """FedDisco's pre-stage task: the β-VAE on the same clients' samples."""
+    n_in = data.train[0].x.shape[1]
+    return Task(
+        "beta-vae",
+        "β-VAE on the task's samples",
+        lambda: autoencoding(data),
+        lambda: BetaVAE(n_in),
+        partial(vae_loss, beta=config.vae_beta),
+        reconstruction_score,
+        "-MSE",
+    )
+
+
+def check_unit_features(config: Any, data: FederatedData) -> None:
+    """The β-VAE's decoder ends in a sigmoid: it reconstructs features in [0, 1] only."""
+    x = torch.cat([part.x for part in data.train])
+    low, high = float(x.min()), float(x.max())
+    if low < 0 or high > 1:
+        raise ConfigError(
+            f"{config.protocol} pre-trains a beta-VAE whose decoder reconstructs features in "
+            f"[0, 1] (a sigmoid output), but task {config.task}'s features span "
+            f"[{low:.3g}, {high:.3g}]; use a task with features in [0, 1] (e.g. digits-niid2)"
+        )
