@@ -65,9 +65,6 @@ class Capabilities:
     #: the protocol converges to an exact optimum and needs its sums to about 1e-8 (ADMM):
     #: on ckks it keeps the precise server-weighted default preset even where it streams
     precise_sums: bool = False
-    #: releases one client's upload alone (Sequential's hops pass a centre's model to the
-    #: next): the clients' release policy must allow one-contributor sums
-    single_contributor_releases: bool = False
     #: every client's opens are of a different aggregate (Sequential: each centre opens its
     #: predecessor's model), so on threshold a key holder gives a share for each of them
     distinct_opens: bool = False
@@ -392,6 +389,13 @@ class Protocol(ABC):
     def make_client(cls, **options: Any) -> ClientHalf:
         """The client half for a run with these protocol options (most ignore them)."""
         return cls.client()
+
+    @classmethod
+    def check_run(cls, run: Any) -> None:
+        """Refuse (ConfigError, with what to do) a run this protocol cannot make, for a
+        reason of its own that no capability or piece says; ``run``: the run's
+        configuration (``secagg.runspec.config.ExperimentConfig``), checked otherwise.
+        Called last by its validation; by default every run is fine."""
 
     def piece[P](self, kind: type[P]) -> P | None:
         """Its piece ``kind`` (:mod:`secagg.protocols.pieces`), or None; a protocol has a

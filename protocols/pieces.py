@@ -142,6 +142,15 @@ def piece[P](protocol: Protocol, kind: type[P]) -> P | None:
     return protocol.piece(kind)
 
 
+def may_have(protocol_class: type[Protocol], kind: type) -> bool:
+    """Whether a protocol of ``protocol_class`` may have piece ``kind``, answered from the
+    class: it has it if it subclasses it, unless the class answers for parts it is built
+    with (it overrides ``piece``, as ``TwoPhase``), when only a built one can tell."""
+    from secagg.protocols.base import Protocol
+
+    return issubclass(protocol_class, kind) or protocol_class.piece is not Protocol.piece
+
+
 def pieces_of(protocol: Protocol) -> tuple[type, ...]:
     """The pieces ``protocol`` has, in :data:`PIECES` order."""
     return tuple(kind for kind in PIECES if protocol.piece(kind) is not None)

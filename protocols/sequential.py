@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from secagg import wire
+from secagg.errors import ConfigError
 from secagg.protocols.base import (
     Allowed,
     Capabilities,
@@ -69,10 +70,20 @@ class Sequential(Protocol):
     capabilities = Capabilities(
         opens_per_round=1,  # each centre opens its predecessor's model
         client_dp_compatible=False,  # the update is a chain of trainings, not a sum
-        single_contributor_releases=True,
         distinct_opens=True,
     )
     client = SequentialClient
+
+    @classmethod
+    def check_run(cls, run: Any) -> None:
+        """Each centre opens its predecessor's model: a release of one client's upload
+        alone, which the clients' release policy refuses unless the run allows it."""
+        if run.resolved_backend_options().get("min_contributors", 1) > 1:
+            raise ConfigError(
+                f"{run.protocol} releases one client's upload alone (each centre opens its "
+                "predecessor's model), which the clients' release policy refuses by default; "
+                "if the clients accept that, run with --min-contributors 1"
+            )
 
     def __init__(self):
         self.rng = np.random.default_rng(0)

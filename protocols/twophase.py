@@ -85,6 +85,12 @@ class TwoPhase(Protocol):
         return self.then.piece(kind) if kind in COMPOSED_PIECES else None
 
     @classmethod
+    def check_run(cls, run: Any) -> None:
+        """The second phase's own checks (the first phase, FedAvg, has none)."""
+        then = run.protocol_options.get("then", "regagg")
+        _parts(then, run.protocol_options.get("switch_round", 3), {})[0].check_run(run)
+
+    @classmethod
     def make_client(
         cls, then: str = "regagg", switch_round: int = 3, **then_options: Any
     ) -> ClientHalf:

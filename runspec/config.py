@@ -26,8 +26,15 @@ from secagg.protocols import (
     make_protocol,
     protocol_spec,
 )
+from secagg.protocols.base import Protocol
 from secagg.protocols.optimizers import OPTIMIZERS, StepSchedule, make_optimizer
-from secagg.protocols.pieces import FixedServerStep, ValidationFeedback, piece, pre_stage_of
+from secagg.protocols.pieces import (
+    FixedServerStep,
+    ValidationFeedback,
+    may_have,
+    piece,
+    pre_stage_of,
+)
 from secagg.protocols.registry import check_task
 from secagg.server.plan import RunPolicy, TrainingPlan, check_min_clients, check_protocol_run
 
@@ -105,17 +112,37 @@ class ExperimentConfig:
     imports: list[str] = field(default_factory=list)
 
     def validate(self) -> ExperimentConfig:
+        """Check every setting (ConfigError, naming what to do, at the first problem) and
+        return the configuration: its names, its numbers, its DP, how it executes, then
+        what the protocol, the backend and the run make of each other."""
         if not isinstance(self.imports, list):
             raise ConfigError(f"imports must be a list of module names, got {self.imports!r}")
         import_user_modules(self.imports)
         # recorded so that the rerun command finds them from any folder
         self.imports = [recorded_name(n) for n in self.imports]
+        self._check_names()
+        self._check_numbers()
+        self._check_dp()
+        self._check_execution()
+        resolve_options(self.backend, self.backend_options)
+        protocol = make_protocol(self.protocol, **self.protocol_options)  # built once
+        problems = inapplicable(self, protocol)
+        if problems:
+            raise ConfigError("; ".join(problems))
+        self._check_run(protocol)
+        return self
+
+    def _check_names(self) -> None:
+        """The task, device, protocol and backend exist, and the protocol fits the task."""
         get_task(self.task)
         if not isinstance(self.device, str) or not DEVICE.fullmatch(self.device):
             raise ConfigError(f"device must be cpu, cuda, cuda:N or auto, got {self.device!r}")
         protocol_spec(self.protocol)  # an unknown name fails there, naming the choices
         check_task(self.protocol, self.task, list(TASKS))  # e.g. coxph on tcga-brca
         backend_spec(self.backend)  # an unknown name fails there, naming the choices
+
+    def _check_numbers(self) -> None:
+        """The training's counts, seeds, splits and FedProx's μ."""
         if self.local_epochs is not None and (
             not isinstance(self.local_epochs, int) or self.local_epochs < 1
         ):
@@ -134,7 +161,9 @@ class ExperimentConfig:
             raise ConfigError(f"validation_split must lie in (0, 1), got {self.validation_split}")
         if not isinstance(self.fedprox_mu, (int, float)) or not self.fedprox_mu >= 0:
             raise ConfigError(f"fedprox_mu must be a number >= 0, got {self.fedprox_mu!r}")
-        self._check_dp()
+
+    def _check_execution(self) -> None:
+        """Where the noise comes from, the workers, deadlines, quorum, threads and splits."""
         if self.dp_noise not in ("seeded", "os"):
             raise ConfigError(f"dp_noise must be 'seeded' or 'os', got {self.dp_noise!r}")
         if not isinstance(self.workers, int) or self.workers < 0:
@@ -155,23 +184,18 @@ class ExperimentConfig:
             self.client_split is None or self.client_split_count < 1
         ):
             raise ConfigError("client_split_count needs client_split and must be positive")
-        resolve_options(self.backend, self.backend_options)
-        problems = inapplicable(self)
-        if problems:
-            raise ConfigError("; ".join(problems))
+
+    def _check_run(self, protocol: Protocol) -> None:
+        """The schedules and the server optimizer parse, the client half builds, and the
+        protocol, the backend and the run's policy make a run: the generic checks
+        (``check_protocol_run``), the backend's (``BackendSpec.check_run``), then the
+        protocol's own (``Protocol.check_run``)."""
         StepSchedule.parse(self.client_lr, "client-lr")
         if self.server_lr_schedule is not None:
             StepSchedule.parse(self.server_lr_schedule, "server-lr")
-        make_optimizer({**self.optimizer_config(), "dim": 1})
-        protocol = make_protocol(self.protocol, **self.protocol_options)
+        make_optimizer({**self.optimizer_config(protocol), "dim": 1})
         make_client_half(self.protocol, **self.protocol_options)
         spec = backend_spec(self.backend)
-        if not spec.client_opens and (protocol.capabilities.opens_per_round or self.server_blind):
-            raise ConfigError(
-                f"{self.protocol}{' server-blind' if self.server_blind else ''} needs clients "
-                f"to open aggregates themselves, which backend {self.backend} does not do yet; "
-                "run it on ckks, or a protocol that only reveals (fedavg, fedadam, costwagg, ...)"
-            )
         check_protocol_run(
             protocol,
             backend=self.backend,
@@ -180,26 +204,8 @@ class ExperimentConfig:
             client_dp=self.client_dp is not None,
             validation=self.validation_split is not None,
         )
-        options = self.resolved_backend_options()
-        streams = protocol.capabilities.streams and self.streaming
-        preset = spec.preset(options)
-        if preset is not None and preset.weighted_by_clients and not streams:
-            fitting = spec.default_preset(streams=False, precise_sums=True)
-            raise ConfigError(
-                f"{self.backend} preset {options['preset']!r} has the clients apply "
-                f"weights fixed before the uploads (a streaming run); {self.protocol} "
-                + ("weighs its uploads after they arrive" if self.streaming else "is not")
-                + f": use --{self.backend}-preset {fitting}"
-            )
-        if protocol.capabilities.single_contributor_releases and (
-            options.get("min_contributors", 1) > 1
-        ):
-            raise ConfigError(
-                f"{self.protocol} releases one client's upload alone (each centre opens its "
-                "predecessor's model), which the clients' release policy refuses by default; "
-                "if the clients accept that, run with --min-contributors 1"
-            )
-        return self
+        spec.check_run(self, protocol.capabilities)
+        type(protocol).check_run(self)
 
     def _check_dp(self) -> None:
         def need(name, value, keys, optional=()):
@@ -251,10 +257,14 @@ class ExperimentConfig:
             if not level > 0:
                 raise ConfigError("dp_sgd: noise or epsilon must be > 0")
 
-    def optimizer_config(self) -> dict[str, Any]:
+    def optimizer_config(self, protocol: Protocol | None = None) -> dict[str, Any]:
         """The server optimizer's settings: the protocol's default updated by ``server_opt``,
-        or the step the protocol fixes (ADMM's z-update; its block count is the run's)."""
-        step = piece(make_protocol(self.protocol, **self.protocol_options), FixedServerStep)
+        or the step the protocol fixes (ADMM's z-update; its block count is the run's).
+        ``protocol``: the run's, if the caller has it built (else it is built only if its
+        class may fix a step)."""
+        if protocol is None and may_have(protocol_spec(self.protocol).protocol, FixedServerStep):
+            protocol = make_protocol(self.protocol, **self.protocol_options)
+        step = piece(protocol, FixedServerStep) if protocol is not None else None
         if step is not None:
             return step.server_step(None)
         cfg = default_server_optimizer(self.protocol)
@@ -334,10 +344,11 @@ def optimizer_settings(name: str) -> set[str] | None:
     return set(params) - {"self", "dim"}
 
 
-def inapplicable(config: ExperimentConfig) -> list[str]:
+def inapplicable(config: ExperimentConfig, protocol: Protocol | None = None) -> list[str]:
     """Settings changed from their defaults that the run would ignore, each named with what
     to do. (A protocol's or backend's own option given for another one is caught where the
-    settings are read, :func:`secagg.runspec.settings.to_config`.)"""
+    settings are read, :func:`secagg.runspec.settings.to_config`.) ``protocol``: the run's,
+    if the caller has it built."""
     default = ExperimentConfig()
     changed = {
         f.name
@@ -345,7 +356,8 @@ def inapplicable(config: ExperimentConfig) -> list[str]:
         if f.name not in ("seeds", "server_opt", "protocol_options", "backend_options")
         and getattr(config, f.name) != getattr(default, f.name)
     }
-    protocol = make_protocol(config.protocol, **config.protocol_options)
+    if protocol is None:
+        protocol = make_protocol(config.protocol, **config.protocol_options)
     capabilities, pre_stage = protocol.capabilities, pre_stage_of(protocol)
     out = []
     if config.local_epochs is not None and "local_steps" in changed:
@@ -379,7 +391,7 @@ def inapplicable(config: ExperimentConfig) -> list[str]:
             f"{config.protocol} fixes its server step ({fixed['name']}), so server optimizer "
             f"settings ({', '.join(sorted(config.server_opt))}) do not apply: drop them"
         )
-    optimizer = config.optimizer_config()
+    optimizer = config.optimizer_config(protocol)
     takes = optimizer_settings(optimizer["name"]) or set()
     stray = sorted(set(optimizer) - {"name"} - takes) if takes else []
     if stray:

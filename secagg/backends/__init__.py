@@ -183,6 +183,30 @@ class BackendSpec:
             return None
         return self.presets.for_run(streams=streams, precise_sums=precise_sums)
 
+    def check_run(self, run: Any, capabilities: Any) -> None:
+        """Refuse a run this backend cannot carry (ConfigError, with what to do): one whose
+        clients open aggregates themselves (the protocol's opens, or server-blind updates)
+        where this backend's do not, and one that does not stream on a preset whose clients
+        apply weights fixed before the uploads. ``run``: the run's configuration
+        (``secagg.runspec.config.ExperimentConfig``); ``capabilities``: its protocol's."""
+        if not self.client_opens and (capabilities.opens_per_round or run.server_blind):
+            raise ConfigError(
+                f"{run.protocol}{' server-blind' if run.server_blind else ''} needs clients "
+                f"to open aggregates themselves, which backend {self.name} does not do yet; "
+                "run it on ckks, or a protocol that only reveals (fedavg, fedadam, costwagg, ...)"
+            )
+        options = run.resolved_backend_options()
+        streams = capabilities.streams and run.streaming
+        preset = self.preset(options)
+        if preset is not None and preset.weighted_by_clients and not streams:
+            fitting = self.default_preset(streams=False, precise_sums=True)
+            raise ConfigError(
+                f"{self.name} preset {options['preset']!r} has the clients apply "
+                f"weights fixed before the uploads (a streaming run); {run.protocol} "
+                + ("weighs its uploads after they arrive" if run.streaming else "is not")
+                + f": use --{self.name}-preset {fitting}"
+            )
+
     def preset(self, options: Mapping[str, Any]) -> Any:
         """The preset the resolved ``options`` name (None: the backend has no presets)."""
         return None if self.presets is None else self.presets.get(options["preset"])
