@@ -45,6 +45,7 @@ from secagg.simulation.trackers import RoundRecord, Trackers, open_trackers, tra
 
 if TYPE_CHECKING:
     from secagg.clients.tasks import FederatedData
+    from secagg.simulation.experiment import ExperimentResult
 
 
 @dataclass
@@ -206,17 +207,7 @@ def run(
     clients or seeds does not raise: ``result.status`` says ``complete``, ``degraded`` or
     ``aborted``, and why (``secagg.runspec.status``).
     """
-    if resume and out is None:
-        raise ConfigError("resume needs the folder of the run to continue (out=...)")
-    if config is None and not settings and resume:
-        config = RunFolder.saved_config(Path(out))  # type: ignore[arg-type]
-    elif config is None:
-        config = ExperimentConfig(**settings)
-    elif settings:
-        unknown = set(settings) - set(ExperimentConfig.__dataclass_fields__)
-        if unknown:
-            raise ConfigError(f"unknown settings {sorted(unknown)}")
-        config = replace(config, **settings)
+    config = _configured(config, out, resume, settings)
     config.validate()
     if trackers:
         tracker_names(trackers)  # an unknown one is refused before anything is written
@@ -233,21 +224,122 @@ def run(
     audit = AuditLog()
     folder, finished = None, Finished()
     if out is not None:
-        folder, finished = RunFolder.prepare(Path(out), config, overwrite=overwrite, resume=resume)
-        try:
-            folder.start({**provenance(command), "device": device})
-        except ConfigError:
-            if not resume:  # a resumed folder's files are an earlier run's
-                folder.discard()
-            raise
-        if report:
-            report(f"results go to {folder.path}/")
-        audit.records = list(finished.audit_records)
-        for name, items in finished.audit_sets.items():
-            getattr(audit, name).update(items)
-        if finished.seeds and report:
-            report(f"resuming {folder.path}: seeds {finished.seeds} are done")
+        folder, finished = _open_folder(
+            Path(out),
+            config,
+            audit,
+            report,
+            overwrite=overwrite,
+            resume=resume,
+            started={**provenance(command), "device": device},
+        )
     listeners = Trackers([Callback(on_round)] if on_round is not None else [])
+    result = _run_guarded(
+        config,
+        audit,
+        folder,
+        listeners,
+        trackers,
+        resume=resume,
+        progress=report,
+        transport_factory=transport,
+        skip=finished.seeds,
+        signers=signers,
+        experimenter=experimenter,
+        data=data,
+    )
+    listeners.close()
+    from secagg.simulation.report import traffic_table  # matplotlib, lazily
+
+    metrics = _merged_metrics(config, finished.metrics, result.metrics)
+    outcomes = _outcomes(config, finished, result.outcomes, metrics, audit)
+    status = decide(config.seeds, outcomes)
+    if report and status.notes:
+        for note in status.notes:
+            report(f"note: {note}")
+    files: dict[str, Path] = {}
+    if folder is not None:
+        folder.finish(status)
+        files = {
+            str(p.relative_to(folder.path)): p
+            for p in sorted(folder.path.rglob("*"))
+            if p.is_file() and not p.name.startswith(".")
+        }
+    return RunResult(
+        config,
+        metrics,
+        summarize(metrics),
+        traffic_table(audit),
+        audit,
+        {**finished.final_params, **result.final_params},
+        {**finished.aborted, **result.aborted},
+        files,
+        status,
+        outcomes,
+    )
+
+
+def _configured(
+    config: ExperimentConfig | None, out: str | Path | None, resume: bool, settings: dict
+) -> ExperimentConfig:
+    """The run's configuration: ``config`` with ``settings`` over it, the settings alone,
+    or (resuming with neither) the folder's own."""
+    if resume and out is None:
+        raise ConfigError("resume needs the folder of the run to continue (out=...)")
+    if config is None and not settings and resume:
+        return RunFolder.saved_config(Path(out))  # type: ignore[arg-type]
+    if config is None:
+        return ExperimentConfig(**settings)
+    if settings:
+        unknown = set(settings) - set(ExperimentConfig.__dataclass_fields__)
+        if unknown:
+            raise ConfigError(f"unknown settings {sorted(unknown)}")
+        return replace(config, **settings)
+    return config
+
+
+def _open_folder(
+    out: Path,
+    config: ExperimentConfig,
+    audit: AuditLog,
+    report: Callable[[str], None] | None,
+    *,
+    overwrite: bool,
+    resume: bool,
+    started: dict[str, Any],
+) -> tuple[RunFolder, Finished]:
+    """The results folder, checked and started, and what an interrupted run finished
+    there (its audit records go back into ``audit``)."""
+    folder, finished = RunFolder.prepare(out, config, overwrite=overwrite, resume=resume)
+    try:
+        folder.start(started)
+    except ConfigError:
+        if not resume:  # a resumed folder's files are an earlier run's
+            folder.discard()
+        raise
+    if report:
+        report(f"results go to {folder.path}/")
+    audit.records = list(finished.audit_records)
+    for name, items in finished.audit_sets.items():
+        getattr(audit, name).update(items)
+    if finished.seeds and report:
+        report(f"resuming {folder.path}: seeds {finished.seeds} are done")
+    return folder, finished
+
+
+def _run_guarded(
+    config: ExperimentConfig,
+    audit: AuditLog,
+    folder: RunFolder | None,
+    listeners: Trackers,
+    trackers: str | Sequence[str],
+    *,
+    resume: bool,
+    **run: Any,
+) -> ExperimentResult:
+    """``run_experiment`` with the trackers open and the folder kept up to date: on Ctrl-C
+    or SIGTERM it is marked interrupted (``RunInterrupted``), on another error failed, or
+    discarded if a ConfigError refused the run before anything was recorded."""
     previous = _catch_sigint() if folder is not None else None
     try:
         if trackers:
@@ -255,18 +347,8 @@ def run(
             opened = open_trackers(
                 trackers, folder.path, run_name=folder.path.name, params=from_config(config)
             )
-            listeners = Trackers([*listeners.writers, *opened.writers])
-        result = run_experiment(
-            config,
-            audit,
-            progress=report,
-            transport_factory=transport,
-            recorder=Fanout(folder, listeners),
-            skip=finished.seeds,
-            signers=signers,
-            experimenter=experimenter,
-            data=data,
-        )
+            listeners.writers = (*listeners.writers, *opened.writers)
+        return run_experiment(config, audit, recorder=Fanout(folder, listeners), **run)
     except KeyboardInterrupt:
         listeners.close(failed=True)
         if folder is None:
@@ -292,16 +374,32 @@ def run(
     finally:
         for sig, handler in (previous or {}).items():
             signal.signal(sig, handler)
-    listeners.close()
-    from secagg.simulation.report import traffic_table  # matplotlib, lazily
 
-    metrics = pd.concat([finished.metrics, result.metrics], ignore_index=True)
-    if not metrics.empty:  # seeds in the configuration's order, rounds in order
+
+def _merged_metrics(
+    config: ExperimentConfig, finished: pd.DataFrame, new: pd.DataFrame
+) -> pd.DataFrame:
+    """The metrics of the seeds finished before and now: seeds in the configuration's
+    order, rounds in order."""
+    metrics = pd.concat([finished, new], ignore_index=True)
+    if not metrics.empty:
         order = {s: i for i, s in enumerate(config.seeds)}
         metrics = metrics.sort_values(
             ["seed", "round"], key=lambda c: c.map(order) if c.name == "seed" else c, kind="stable"
         ).reset_index(drop=True)
-    outcomes = {**finished.outcomes, **result.outcomes}
+    return metrics
+
+
+def _outcomes(
+    config: ExperimentConfig,
+    finished: Finished,
+    new: Mapping[int, Any],
+    metrics: pd.DataFrame,
+    audit: AuditLog,
+) -> dict[int, Any]:
+    """Every seed's outcome: this run's, the resumed folder's, and for a seed an older
+    secagg finished, one decided from its files."""
+    outcomes = {**finished.outcomes, **new}
     for seed in finished.seeds:  # finished by an older secagg: decided from its files
         if seed not in outcomes:
             rows = [
@@ -319,27 +417,4 @@ def run(
                 if ran < config.rounds and seed not in finished.aborted
                 else None,
             )
-    status = decide(config.seeds, outcomes)
-    if report and status.notes:
-        for note in status.notes:
-            report(f"note: {note}")
-    files: dict[str, Path] = {}
-    if folder is not None:
-        folder.finish(status)
-        files = {
-            str(p.relative_to(folder.path)): p
-            for p in sorted(folder.path.rglob("*"))
-            if p.is_file() and not p.name.startswith(".")
-        }
-    return RunResult(
-        config,
-        metrics,
-        summarize(metrics),
-        traffic_table(audit),
-        audit,
-        {**finished.final_params, **result.final_params},
-        {**finished.aborted, **result.aborted},
-        files,
-        status,
-        outcomes,
-    )
+    return outcomes
