@@ -208,35 +208,26 @@ class ExperimentConfig:
         type(protocol).check_run(self)
 
     def _check_dp(self) -> None:
-        def need(name, value, keys, optional=()):
-            if value is None:
-                return
-            if (
-                not isinstance(value, dict)
-                or not set(keys) <= set(value)
-                or not set(value) <= set(keys) | set(optional)
-            ):
-                raise ConfigError(
-                    f"{name} takes {', '.join(keys)}"
-                    + (f" (and optionally {', '.join(optional)})" if optional else "")
-                    + f", got {value!r}"
-                )
-
+        """The three DP settings' keys and values, and δ."""
         if self.dp_sgd is not None:
             if isinstance(self.dp_sgd, dict) and "clip" not in self.dp_sgd:
                 raise ConfigError(
                     "dp_sgd needs a per-sample clip norm as well: write clip=C,epsilon=E or "
                     f"clip=C,noise=Z (e.g. clip=1.0,epsilon=3), got {self.dp_sgd!r}"
                 )
-            need("dp_sgd", self.dp_sgd, ("clip",), ("noise", "epsilon"))
+            _need("dp_sgd", self.dp_sgd, ("clip",), ("noise", "epsilon"))
             if ("noise" in self.dp_sgd) == ("epsilon" in self.dp_sgd):
                 raise ConfigError("dp_sgd needs exactly one of noise=z and epsilon=ε")
             if self.fedprox_mu:
                 raise ConfigError("FedProx with DP-SGD is not supported")
-        need("client_dp", self.client_dp, ("clip", "noise"))
-        need("scalar_dp", self.scalar_dp, ("low", "high", "noise"))
+        _need("client_dp", self.client_dp, ("clip", "noise"))
+        _need("scalar_dp", self.scalar_dp, ("low", "high", "noise"))
         if not 0 < self.dp_delta < 1:
             raise ConfigError(f"dp_delta must lie in (0, 1), got {self.dp_delta}")
+        self._check_dp_values()
+
+    def _check_dp_values(self) -> None:
+        """Each DP setting's values: numbers, in their ranges."""
         for name, spec in (
             ("dp_sgd", self.dp_sgd),
             ("client_dp", self.client_dp),
@@ -336,12 +327,48 @@ class ExperimentConfig:
         }
 
 
+def _need(name: str, value: Any, keys: tuple[str, ...], optional: tuple[str, ...] = ()) -> None:
+    """ConfigError unless ``value`` (None: not set) is a dict of exactly ``keys`` and some
+    of ``optional``."""
+    if value is None:
+        return
+    if (
+        not isinstance(value, dict)
+        or not set(keys) <= set(value)
+        or not set(value) <= set(keys) | set(optional)
+    ):
+        raise ConfigError(
+            f"{name} takes {', '.join(keys)}"
+            + (f" (and optionally {', '.join(optional)})" if optional else "")
+            + f", got {value!r}"
+        )
+
+
 def optimizer_settings(name: str) -> set[str] | None:
     """The hyperparameters server optimizer ``name`` takes (None: not registered)."""
     if name not in OPTIMIZERS:
         return None
     params = inspect.signature(OPTIMIZERS[name].__init__).parameters
     return set(params) - {"self", "dim"}
+
+
+def _stray_vae_settings(
+    config: ExperimentConfig, changed: set[str], pre_stage: str | None
+) -> list[str]:
+    """The β-VAE settings (this configuration's ``vae_*`` fields, which FedDisco's pre-stage
+    reads) given to a run without that pre-stage."""
+    stray = sorted(changed & {"vae_rounds", "vae_lr", "vae_beta"})
+    if pre_stage == "beta-vae" or not stray:
+        return []
+    return [
+        f"{', '.join(stray)} configure the beta-VAE pre-stage of feddisco; "
+        f"{config.protocol} has no beta-VAE pre-stage"
+        + (
+            " (dec's autoencoder: --dec-pretrain-rounds, --dec-pretrain-lr)"
+            if pre_stage == "autoencoder"
+            else ""
+        )
+    ]
 
 
 def inapplicable(config: ExperimentConfig, protocol: Protocol | None = None) -> list[str]:
@@ -365,18 +392,7 @@ def inapplicable(config: ExperimentConfig, protocol: Protocol | None = None) -> 
             f"local_steps {config.local_steps} and local_epochs {config.local_epochs} both "
             "set the clients' work per round: give one of them"
         )
-    if pre_stage != "beta-vae":
-        stray = sorted(changed & {"vae_rounds", "vae_lr", "vae_beta"})
-        if stray:
-            out.append(
-                f"{', '.join(stray)} configure the beta-VAE pre-stage of feddisco; "
-                f"{config.protocol} has no beta-VAE pre-stage"
-                + (
-                    " (dec's autoencoder: --dec-pretrain-rounds, --dec-pretrain-lr)"
-                    if pre_stage == "autoencoder"
-                    else ""
-                )
-            )
+    out += _stray_vae_settings(config, changed, pre_stage)
     if config.dp_sgd is None and config.client_dp is None and config.scalar_dp is None:
         stray = sorted(changed & {"dp_delta", "dp_noise"})
         if stray:

@@ -106,9 +106,12 @@ class ClientFactory:
         if self.stage is not None:
             task = stage_task(config, data)
             data, validation = task.load(), [None] * data.n_clients
-        policy = self.client_policy(flat_params(task.make_model()).size, data.n_clients)
+        # each client's model, of which the first also tells the policy the model's size
+        models = {cid: task.make_model() for cid in ids}
+        some = next(iter(models.values())) if models else task.make_model()
+        policy = self.client_policy(flat_params(some).size, data.n_clients)
         return {
-            cid: self._build(task, data.train[k], validation[k], k, cid, policy)
+            cid: self._build(task, models[cid], data.train[k], validation[k], k, cid, policy)
             for cid, k in ((c, int(c.rsplit("_", 1)[1])) for c in ids)
         }
 
@@ -147,6 +150,7 @@ class ClientFactory:
     def _build(
         self,
         task: Task,
+        model: torch.nn.Module,
         part: ClientData,
         validation: ClientData | None,
         k: int,
@@ -160,7 +164,7 @@ class ClientFactory:
 
         config, seed = self.config, self.seed
         local = LocalTrainer(
-            task.make_model(),
+            model,
             part,
             task.loss,
             config.batch_size,
@@ -296,7 +300,7 @@ def server_step(config: ExperimentConfig, protocol, n_clients: int) -> dict[str,
     """The server optimizer's config: the run's, or the step the protocol fixes (ADMM's
     z-update, for this run's number of clients; the config refuses optimizer settings)."""
     step = piece(protocol, FixedServerStep)
-    return config.optimizer_config() if step is None else step.server_step(n_clients)
+    return config.optimizer_config(protocol) if step is None else step.server_step(n_clients)
 
 
 def release_budgets(

@@ -45,9 +45,10 @@ from secagg.clients.training import flat_params, resolve_device
 from secagg.errors import ConfigError, RoundAborted
 from secagg.protocols import (
     make_protocol,
+    protocol_spec,
 )
 from secagg.protocols.optimizers import StepSchedule, make_optimizer
-from secagg.protocols.pieces import ClientEvaluation, Convergence, PreStage, piece
+from secagg.protocols.pieces import ClientEvaluation, Convergence, PreStage, may_have, piece
 from secagg.runspec.config import ExperimentConfig
 from secagg.runspec.evaluation import evaluate
 from secagg.runspec.provisioning import (  # noqa: F401 - re-exported: the driver's names
@@ -667,11 +668,16 @@ def check_data(
 ) -> None:
     """What only the data can tell, before anything trains: a pre-stage's needs, and more
     worker processes than clients (the extra ones would idle)."""
-    protocol = make_protocol(config.protocol, **config.protocol_options)
-    stage = piece(protocol, PreStage)
+    cls = protocol_spec(config.protocol).protocol
+    if not (may_have(cls, PreStage) or may_have(cls, ClientEvaluation)):
+        protocol = None  # nothing to ask a built one: its class says it has neither piece
+    else:
+        protocol = make_protocol(config.protocol, **config.protocol_options)
+    stage = piece(protocol, PreStage) if protocol is not None else None
     if stage is not None:
         check_stage(config, data, stage)
-    if piece(protocol, ClientEvaluation) is not None and data.pooled_test is None:
+    evaluates = protocol is not None and piece(protocol, ClientEvaluation) is not None
+    if evaluates and data.pooled_test is None:
         raise ConfigError(
             f"{config.protocol} scores an evaluation set on the clients; {config.task} has "
             "no pooled test set"
