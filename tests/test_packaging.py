@@ -69,6 +69,12 @@ def test_the_wheel_carries_the_native_extension(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     assert any(n.startswith("secagg/ckks/_seal_native.") and n.endswith(".so") for n in names)
     assert "-none-any" not in wheel.name  # tagged for the interpreter it was built for
+    # what it compiles in comes with its notice: SEAL (MIT), pybind11's headers (BSD-3-Clause)
+    for notice in ("LICENSE-SEAL", "LICENSE-pybind11"):
+        assert any(n.endswith(f"licenses/native/{notice}") for n in names), notice
+    metadata = next(n for n in names if n.endswith(".dist-info/METADATA"))
+    text = zipfile.ZipFile(wheel).read(metadata).decode()
+    assert "License-Expression: MIT AND BSD-3-Clause" in text
 
 
 @pytest.mark.slow
