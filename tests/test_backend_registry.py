@@ -20,6 +20,7 @@ from secagg.backends import (
 from secagg.errors import ConfigError
 from secagg.runspec.config import ExperimentConfig
 from secagg.simulation.cli import main
+from tests.test_plugins import install_distribution
 
 #: a backend of a researcher's own: uploads rounded to an int8 grid, which the server reads
 #: (so robust aggregators, which need the individual uploads, run on it)
@@ -118,12 +119,9 @@ def test_a_backend_from_outside_the_package_runs_what_its_facts_allow(tmp_path, 
 @pytest.mark.usefixtures("registry")
 def test_an_installed_package_declares_a_backend_by_entry_point(tmp_path, monkeypatch):
     write_backend(tmp_path, "ep_int8", name="ep-int8", register=False)
-    dist = tmp_path / "ep_int8-0.1.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: ep-int8\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text("[secagg.backends]\nep-int8 = ep_int8:SPEC\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    plugins.forget_entry_points()
+    install_distribution(
+        tmp_path, "ep-int8", "[secagg.backends]\nep-int8 = ep_int8:SPEC\n", monkeypatch
+    )
     assert "ep-int8" not in BACKENDS
     assert backend_spec("ep-int8").server_reads_uploads  # loaded on the first lookup
     config = ExperimentConfig(backend="ep-int8", rounds=1, seeds=[1], local_steps=1).validate()
@@ -133,14 +131,12 @@ def test_an_installed_package_declares_a_backend_by_entry_point(tmp_path, monkey
 @pytest.mark.usefixtures("registry")
 def test_an_entry_point_that_is_not_a_backend_is_refused(tmp_path, monkeypatch):
     (tmp_path / "ep_int8_bad.py").write_text("NOT_A_BACKEND = 3\n")
-    dist = tmp_path / "ep_int8_bad-0.1.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: ep-int8-bad\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text(
-        "[secagg.backends]\nep-int8-bad = ep_int8_bad:NOT_A_BACKEND\n"
+    install_distribution(
+        tmp_path,
+        "ep-int8-bad",
+        "[secagg.backends]\nep-int8-bad = ep_int8_bad:NOT_A_BACKEND\n",
+        monkeypatch,
     )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    plugins.forget_entry_points()
     with pytest.raises(ConfigError, match="(?i)not callable|not a BackendSpec"):
         load_backend_entry_points()
 

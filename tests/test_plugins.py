@@ -78,6 +78,18 @@ def write_module(folder: Path, name: str, *, register: bool = True) -> Path:
     return path
 
 
+def install_distribution(folder: Path, name: str, entry_points: str, monkeypatch) -> None:
+    """A distribution named ``name`` installed in ``folder`` (its dist-info with
+    ``entry_points``, the text of entry_points.txt), on sys.path; the entry-point groups
+    are read again on the next lookup."""
+    dist = folder / f"{name.replace('-', '_')}-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text(entry_points)
+    monkeypatch.syspath_prepend(str(folder))
+    plugins.forget_entry_points()
+
+
 @pytest.mark.usefixtures("registries")
 @pytest.mark.slow
 def test_a_run_from_the_command_line_imports_the_user_module_and_its_rerun_does_too(
@@ -176,15 +188,13 @@ def test_installed_packages_register_tasks_and_protocols_by_entry_point(tmp_path
     (tmp_path / "ep_protocol.py").write_text(
         "from secagg.protocols.fedavg import FedAvg\n\nclass Mine(FedAvg):\n    pass\n"
     )
-    dist = tmp_path / "ep_demo-0.1.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: ep-demo\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text(
+    install_distribution(
+        tmp_path,
+        "ep-demo",
         "[secagg.tasks]\nep-lines = ep_lines:TASK\n\n"
-        "[secagg.protocols]\nep-mine = ep_protocol:Mine\n"
+        "[secagg.protocols]\nep-mine = ep_protocol:Mine\n",
+        monkeypatch,
     )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    plugins.forget_entry_points()
     assert "ep-lines" not in TASKS
     # the first lookup that misses loads them; the CLI's listing loads them up front
     assert get_task("ep-lines").description == "two lines"
@@ -198,12 +208,9 @@ def test_installed_packages_register_tasks_and_protocols_by_entry_point(tmp_path
 @pytest.mark.usefixtures("registries")
 def test_an_entry_point_that_is_not_a_task_is_refused(tmp_path, monkeypatch):
     (tmp_path / "ep_bad.py").write_text("NOT_A_TASK = 3\n")
-    dist = tmp_path / "ep_bad-0.1.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: ep-bad\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text("[secagg.tasks]\nep-bad = ep_bad:NOT_A_TASK\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    plugins.forget_entry_points()
+    install_distribution(
+        tmp_path, "ep-bad", "[secagg.tasks]\nep-bad = ep_bad:NOT_A_TASK\n", monkeypatch
+    )
     with pytest.raises(ConfigError, match="ep-bad.*is not a Task"):
         load_task_entry_points()
 
