@@ -200,11 +200,12 @@ class BackendSpec:
         preset = self.preset(options)
         if preset is not None and preset.weighted_by_clients and not streams:
             fitting = self.default_preset(streams=False, precise_sums=True)
+            flag = next(o.flag for o in self.options if o.key == "preset")
             raise ConfigError(
                 f"{self.name} preset {options['preset']!r} has the clients apply "
                 f"weights fixed before the uploads (a streaming run); {run.protocol} "
                 + ("weighs its uploads after they arrive" if run.streaming else "is not")
-                + f": use --{self.name}-preset {fitting}"
+                + f": use --{flag} {fitting}"
             )
 
     def preset(self, options: Mapping[str, Any]) -> Any:
