@@ -108,13 +108,24 @@ def preload_task_data(task: str) -> None:
     _PRELOADED[task] = get_task(task).load()
 
 
-def task_data(task: str) -> Any:
-    """The task's data: what the zygote preloaded, else ``get_task(task).load()``."""
-    if task in _PRELOADED:
-        return _PRELOADED[task]
-    from secagg.clients.tasks import get_task
+def task_data(task: str, client_id: str) -> Any:
+    """What ``client_id``'s node holds of the task's data (``held_by_site``: its own
+    partition; another site's lazy part is never opened here), from what the zygote
+    preloaded, else from ``get_task(task).load()``."""
+    from secagg.clients.tasks.tcga_brca import held_by_site
 
-    return get_task(task).load()
+    if task in _PRELOADED:
+        declared = _PRELOADED[task]
+    else:
+        from secagg.clients.tasks import get_task
+
+        declared = get_task(task).load()
+    return held_by_site(declared, client_index(client_id))
+
+
+def client_index(client_id: str) -> int:
+    """k of ``client_<k>``."""
+    return int(client_id.rsplit("_", 1)[1])
 
 
 #: a node's own settings, written by its operator, never by the coordinator
@@ -347,8 +358,8 @@ class NodeClient:
         """A digest of this node's client's partition, as the node's task loads it (the
         ledger counts runs per data: ``secagg.flower.ledger``)."""
         with only_node_modules(self.own_modules):
-            loaded = task_data(self.config.task)
-        return data_fingerprint(loaded.train[int(self.client_id.rsplit("_", 1)[1])])
+            loaded = task_data(self.config.task, self.client_id)
+        return data_fingerprint(loaded.train[client_index(self.client_id)])
 
     def per_run(self, seed: int, stage: str | None) -> str:
         """What one run of (seed, stage) may release, as this node provisions it (for the
@@ -357,7 +368,7 @@ class NodeClient:
 
         with only_node_modules(self.own_modules):
             factory = ClientFactory(self.config, seed, stage=stage)
-            budgets = factory.release_budgets(loaded=task_data(self.config.task))
+            budgets = factory.release_budgets(loaded=task_data(self.config.task, self.client_id))
         dp = [
             name
             for name, on in (
@@ -385,7 +396,8 @@ class NodeClient:
             factory = ClientFactory(
                 self.config, seed, stage=stage, observer_public=self.observer_public()
             )
-            loaded = task_data(self.config.task)  # one load per message, for both uses
+            # one load per message, for both uses
+            loaded = task_data(self.config.task, self.client_id)
             budgets = factory.release_budgets(loaded=loaded)
             provision = self.identity.provision(**budgets)
             factory = replace(factory, provisions={self.client_id: provision})

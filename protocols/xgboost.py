@@ -327,7 +327,8 @@ class XGBoost(Protocol, ExtraReleases):
         }
 
     def release_lengths(self, data: Any) -> tuple[int, ...]:
-        p = data.train[0].x.shape[1]
+        # the features of a part held here (a site's node holds only its own)
+        p = next(part for part in data.train if part.held).x.shape[1]
         levels = () if self.top_s else tuple(2**k * p * self.bins * 2 for k in range(self.depth))
         return (*levels, 2**self.depth * 2)
 

@@ -36,7 +36,7 @@ from secagg.clients.tasks import (
 )
 from secagg.clients.tasks.tcga_brca import random_client_splits
 from secagg.clients.training import LocalTrainer, flat_params, resolve_device
-from secagg.errors import ConfigError
+from secagg.errors import ConfigError, DataNotHeld
 from secagg.plugins import import_user_modules
 from secagg.protocols import custom_protocols, make_client_half, make_protocol, register_protocol
 from secagg.protocols.pieces import (
@@ -209,12 +209,20 @@ def seed_data(
     config: ExperimentConfig, seed: int, data: FederatedData
 ) -> tuple[FederatedData, Sequence[ClientData | None]]:
     """The clients' training data for a seed (its own random split, if the run asks for
-    one) and their validation sets. Data that does not hold the clients' training sets (a
+    one) and their validation sets. Data that holds no client's training set (a
     deployment's coordinator, ``held_by_coordinator``) comes back as it is: the sites split
-    their own, and there is nothing here to split."""
-    if not data.holds_training_data:
+    their own, and there is nothing here to split. A site's node (``held_by_site``) splits
+    its own part exactly as the simulation splits it: each client's hold-out is drawn from
+    its own generator, so no client's split depends on another's data."""
+    if not any(part.held for part in data.train):
         return data, [None] * data.n_clients
     if config.client_split is not None:
+        if not data.holds_training_data:
+            raise DataNotHeld(
+                "client_split re-deals every client's samples with one generator across the "
+                "clients, so a site's node, which holds only its own partition, cannot make "
+                "its part of it: run client_split studies in simulation"
+            )
         split = seed % config.client_split_count if config.client_split_count else seed
         data = random_client_splits(data, split, config.client_split)
     validation: Sequence[ClientData | None] = [None] * data.n_clients
@@ -317,7 +325,16 @@ def release_budgets(
         caps.opens_per_round * data.n_clients + (1 if config.server_blind else 0)
     )
     extra = piece(protocol, ExtraReleases)
-    lengths = extra.release_lengths(data) if extra is not None else ()
+    try:
+        lengths = extra.release_lengths(data) if extra is not None else ()
+    except DataNotHeld as exc:
+        raise DataNotHeld(
+            f"{config.protocol} sizes its releases from every client's data "
+            "(ExtraReleases.release_lengths), and this process does not hold them all (a "
+            "site's node holds only its own partition of a task whose parts are lazy, a "
+            "coordinator none): run it on a task whose load() holds every part in memory, "
+            "or in simulation"
+        ) from exc
     others = tuple(n for n in lengths if n != n_params)
     initialisation = piece(protocol, FederatedInitialisation)
     initial_reveals = initialisation.initial_reveals() if initialisation is not None else 0
@@ -380,12 +397,19 @@ def local_steps_of(config: ExperimentConfig, part: ClientData) -> int:
 
 def hold_out_validation(
     data: FederatedData, share: float, seed: int = 0
-) -> tuple[FederatedData, list[ClientData]]:
+) -> tuple[FederatedData, list[ClientData | None]]:
     """Split each client's training samples into training and validation (a fixed split:
-    every seed and protocol sees the same one)."""
-    rng = np.random.default_rng(seed)
-    train, validation = [], []
-    for part in data.train:
+    every seed and protocol sees the same one). Client k's split comes from a generator of
+    its own (``default_rng([seed, k])``), so a site's node makes its own without reading
+    another's data; a part not held here stays as it is, with no validation set."""
+    train: list[ClientData] = []
+    validation: list[ClientData | None] = []
+    for k, part in enumerate(data.train):
+        if not part.held:
+            train.append(part)
+            validation.append(None)
+            continue
+        rng = np.random.default_rng([seed, k])
         order = torch.from_numpy(rng.permutation(len(part)))
         n_val = max(1, int(round(share * len(part))))
         if n_val >= len(part):

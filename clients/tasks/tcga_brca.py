@@ -126,6 +126,12 @@ class ClientData:
         return not isinstance(self._load, _NotHeld)
 
     @property
+    def is_lazy(self) -> bool:
+        """Declared by a loader (:meth:`lazy`) rather than held from the start: a part that
+        another party's process would have to open (a site's file)."""
+        return self._load is not None
+
+    @property
     def is_tensor(self) -> bool:
         """Held as whole tensors from the start (``ClientData(x, y)``)."""
         return self._dataset is None and self._load is None
@@ -255,9 +261,10 @@ class _NotHeld:
     def __call__(self) -> Dataset:
         raise DataNotHeld(
             f"{self.owner}'s data is not held here: a deployment's coordinator holds only its "
-            "own test set (the task's pooled_test), and each site's data stays on its node. "
-            "What reads a client's samples at the server (a protocol's pre-stage, a release "
-            "length taken from the data) runs in simulation only"
+            "own test set (the task's pooled_test), and each site's node only its own "
+            "partition. What reads other clients' samples (a protocol's pre-stage at the "
+            "server, a release length taken from every client's data, client_split) runs in "
+            "simulation, or on a task whose load() holds every part in memory"
         )
 
 
@@ -334,6 +341,32 @@ def held_by_coordinator(data: FederatedData, n_clients: int) -> FederatedData:
         [ClientData.not_held(f"client_{k}") for k in range(n_clients)],
         None,
         pooled_test=data.pooled_test,
+    )
+
+
+def held_by_site(data: FederatedData, k: int) -> FederatedData:
+    """What site ``k``'s node holds of the task's data ``data`` (as ``task.load()`` declares
+    it): its own training part and its own test set. Another party's part declared lazily
+    (:meth:`ClientData.lazy`: a file of its own) is :meth:`ClientData.not_held`, so nothing
+    on the node can open it, nor count it; a part the task's ``load`` already holds in
+    memory (a bundled task reads one public file for every client) stays, since nothing is
+    opened to keep it and the release checks that read the federation's shape use it."""
+    if not 0 <= k < data.n_clients:
+        raise ConfigError(f"{data.name} has clients 0..{data.n_clients - 1}, not client {k}")
+
+    def kept(part: ClientData, owner: str | None) -> ClientData:
+        # owner None: the site's own part
+        return part if owner is None or not part.is_lazy else ClientData.not_held(owner)
+
+    def owner(j: int) -> str | None:
+        return None if j == k else f"client_{j}"
+
+    pooled = data.pooled_test
+    return FederatedData(
+        data.name,
+        [kept(part, owner(j)) for j, part in enumerate(data.train)],
+        None if data.test is None else [kept(part, owner(j)) for j, part in enumerate(data.test)],
+        pooled_test=None if pooled is None else kept(pooled, "the coordinator"),
     )
 
 
