@@ -15,6 +15,8 @@
 //    Ciphertext::load does for a seeded ciphertext) and k_i its weight (or 1).
 //  * SecretKeyCKKS.open (a decryptor's reveal on a client-weighted preset): per chunk the
 //    ciphertext (C0, Σ a_i), flooding noise encoded and added, decrypted and decoded.
+//    SecretKeyCKKS.encode_noise encodes that noise ahead (while the decryptor trains or
+//    waits), exactly as open would (FloodingNoise): open then only adds it, and uses it once.
 //  * Ring (the threshold backend's arithmetic in R_p = Z_p[X]/(X^N + 1), p an NTT prime of at
 //    most 60 bits): one-time ternary keys, key-additive RLWE masks b = a·k + e + m and their
 //    removal with a sum of keys (a expanded per block from a public seed, in the NTT domain),
@@ -32,6 +34,7 @@
 
 #include <algorithm>
 #include <complex>
+#include <memory>
 #include <cstring>
 #include <sstream>
 #include <stdexcept>
@@ -140,6 +143,33 @@ public:
     }
 
     std::vector<seal::Ciphertext> cts_;
+    bool used_ = false;
+};
+
+// A reveal's flooding noise encoded ahead: per chunk the plaintext open() would encode from
+// the same slot values at the same scale (NTT form, first data level), back to back. Secret:
+// it is used by one opening (which wipes it, whether or not the opening succeeds) and never
+// leaves this object (no pickling, no bytes out).
+class FloodingNoise {
+public:
+    FloodingNoise() = default;
+    FloodingNoise(const FloodingNoise &) = delete;
+    FloodingNoise &operator=(const FloodingNoise &) = delete;
+    ~FloodingNoise() { wipe(); }
+
+    std::size_t chunks() const { return chunks_; }
+    double scale() const { return scale_; }
+    bool used() const { return used_; }
+    void wipe() {
+        std::fill(coeffs_.begin(), coeffs_.end(), 0);
+        coeffs_.clear();
+        coeffs_.shrink_to_fit();
+        used_ = true;
+    }
+
+    std::vector<std::uint64_t> coeffs_;
+    std::size_t chunks_ = 0;
+    double scale_ = 0.0;
     bool used_ = false;
 };
 
@@ -320,11 +350,28 @@ public:
     // first data level and ``scale``, plus ``noise`` (slot values, as the values are laid
     // out; empty for none) encoded at the ciphertext's scale and added before decryption,
     // then decrypted and decoded. Returns chunks * N reals.
+    //
+    // ``encoded``: the noise encoded ahead (encode_noise) instead of ``noise`` (then empty),
+    // for exactly these chunks at exactly this scale; used once: wiped here in any case.
     py::array_t<double> open(
         py::array_t<std::uint64_t, py::array::c_style | py::array::forcecast> c0,
         py::array_t<std::uint64_t, py::array::c_style | py::array::forcecast> c1, double scale,
         py::array_t<double, py::array::c_style | py::array::forcecast> noise,
-        std::size_t threads) const {
+        std::size_t threads, FloodingNoise *encoded) const {
+        struct WipeAfter {
+            FloodingNoise *noise;
+            ~WipeAfter() {
+                if (noise) noise->wipe();
+            }
+        } wipe_after{encoded};
+        if (encoded) {
+            if (encoded->used()) throw std::invalid_argument("this flooding noise was used already");
+            if (noise.size() != 0) throw std::invalid_argument("noise given twice");
+            if (encoded->chunks() != static_cast<std::size_t>(c0.ndim() == 2 ? c0.shape(0) : 0) ||
+                encoded->scale() != scale) {
+                throw std::invalid_argument("the flooding noise was encoded for another release");
+            }
+        }
         auto data = context_.first_context_data();
         const auto &moduli = data->parms().coeff_modulus();
         std::size_t n = data->parms().poly_modulus_degree(), width = n * moduli.size();
@@ -350,6 +397,7 @@ public:
         double *out = result.mutable_data();
         const std::uint64_t *a0 = c0.data(), *a1 = c1.data();
         const double *z = noise.size() ? noise.data() : nullptr;
+        const std::uint64_t *ahead = encoded ? encoded->coeffs_.data() : nullptr;
         {
             py::gil_scoped_release release;
             parallel_ranges(chunks, threads, [&](std::size_t begin, std::size_t end) {
@@ -369,6 +417,12 @@ public:
                             slots[i] = {z[j * per + i], z[j * per + half + i]};
                         encoder_.encode(slots, ct.parms_id(), scale, pt);
                         evaluator.add_plain_inplace(ct, pt);
+                    } else if (ahead) {  // what add_plain_inplace adds: the plaintext to C0
+                        for (std::size_t k = 0; k < moduli.size(); k++) {
+                            seal::util::add_poly_coeffmod(ct.data(0) + k * n,
+                                                          ahead + j * width + k * n, n,
+                                                          moduli[k], ct.data(0) + k * n);
+                        }
                     }
                     decryptor.decrypt(ct, pt);
                     encoder_.decode(pt, slots);
@@ -380,6 +434,41 @@ public:
             });
         }
         return result;
+    }
+
+    // ``noise`` (chunks * N slot values, as open takes them) encoded at ``scale`` ahead of
+    // the opening it is for: the same plaintexts open would encode (encoder, parms, scale).
+    std::unique_ptr<FloodingNoise> encode_noise(
+        py::array_t<double, py::array::c_style | py::array::forcecast> noise, double scale,
+        std::size_t threads) const {
+        std::size_t half = encoder_.slot_count(), per = 2 * half;
+        if (noise.size() == 0 || static_cast<std::size_t>(noise.size()) % per != 0) {
+            throw std::invalid_argument("noise must be whole chunks of slot values");
+        }
+        auto data = context_.first_context_data();
+        std::size_t width = data->parms().poly_modulus_degree() * data->parms().coeff_modulus().size();
+        auto out = std::make_unique<FloodingNoise>();
+        out->chunks_ = static_cast<std::size_t>(noise.size()) / per;
+        out->scale_ = scale;
+        out->coeffs_.assign(out->chunks_ * width, 0);
+        const double *z = noise.data();
+        std::uint64_t *dst = out->coeffs_.data();
+        {
+            py::gil_scoped_release release;
+            parallel_ranges(out->chunks_, threads, [&](std::size_t begin, std::size_t end) {
+                seal::Plaintext pt;
+                std::vector<std::complex<double>> slots(half);
+                for (std::size_t j = begin; j < end; j++) {
+                    for (std::size_t i = 0; i < half; i++)
+                        slots[i] = {z[j * per + i], z[j * per + half + i]};
+                    encoder_.encode(slots, context_.first_parms_id(), scale, pt);
+                    std::copy(pt.data(), pt.data() + width, dst + j * width);
+                    std::fill(pt.data(), pt.data() + pt.coeff_count(), 0);
+                }
+                std::fill(slots.begin(), slots.end(), std::complex<double>());
+            });
+        }
+        return out;
     }
 
 private:
@@ -951,6 +1040,11 @@ PYBIND11_MODULE(_seal_native, m) {
         .def_property_readonly("chunks", &UploadMasks::chunks)
         .def_property_readonly("used", &UploadMasks::used)
         .def("wipe", &UploadMasks::wipe);
+    py::class_<FloodingNoise>(m, "FloodingNoise")
+        .def_property_readonly("chunks", &FloodingNoise::chunks)
+        .def_property_readonly("scale", &FloodingNoise::scale)
+        .def_property_readonly("used", &FloodingNoise::used)
+        .def("wipe", &FloodingNoise::wipe);
     py::class_<SecretKeyCKKS>(m, "SecretKeyCKKS")
         .def(py::init<const Parameters &, py::bytes>(), py::arg("parameters"),
              py::arg("secret_key"))
@@ -964,7 +1058,9 @@ PYBIND11_MODULE(_seal_native, m) {
         .def("encrypt", &SecretKeyCKKS::encrypt, py::arg("values"), py::arg("scale"),
              py::arg("threads") = 1)
         .def("open", &SecretKeyCKKS::open, py::arg("c0"), py::arg("c1"), py::arg("scale"),
-             py::arg("noise"), py::arg("threads") = 1);
+             py::arg("noise"), py::arg("threads") = 1, py::arg("encoded") = nullptr)
+        .def("encode_noise", &SecretKeyCKKS::encode_noise, py::arg("noise"), py::arg("scale"),
+             py::arg("threads") = 1);
     py::class_<SeedExpander>(m, "SeedExpander")
         .def(py::init<const Parameters &>(), py::arg("parameters"))
         .def("sum", &SeedExpander::sum, py::arg("seeds"), py::arg("chunks"),

@@ -163,14 +163,16 @@ def round_with_prechecks(preset: str, hint=None):
         ctx = run.ctx()
         revealed = ctx.reveal(ctx.weighted_sum(handles, PLAN), "g")
     used = {c: run.clients[c].prechecks_used for c in decryptors}
-    return run, revealed, planned_sum(values), used
+    return run, revealed, planned_sum(values), used, decryptors
 
 
 @pytest.mark.parametrize("preset", ["lean", "compact"])
 def test_a_precomputed_check_reveals_the_same_sum(preset):
-    _, revealed, expected, used = round_with_prechecks(preset)
+    run, revealed, expected, used, decryptors = round_with_prechecks(preset)
     np.testing.assert_allclose(revealed, expected, atol=2e-3)
     assert list(used.values()) == [1, 1]
+    # both decryptors (the reveal and its check) added the flooding noise encoded ahead
+    assert [run.clients[c].keys.noise_encoded_ahead_used for c in decryptors] == [1, 1]
 
 
 def _other_seeds(fields):
@@ -199,9 +201,11 @@ def _one_missing(fields):
 def test_a_server_relaying_other_seeds_only_costs_the_precomputation(edit):
     """A deviating server's precheck (a seed flipped, other weights, an upload left out):
     the decryptors expand the release's own check and reveal the same checked sum."""
-    _, revealed, expected, used = round_with_prechecks("compact", edit)
+    run, revealed, expected, used, decryptors = round_with_prechecks("compact", edit)
     np.testing.assert_allclose(revealed, expected, atol=2e-3)
     assert list(used.values()) == [0, 0]
+    noise_ahead = [run.clients[c].keys.noise_encoded_ahead_used for c in decryptors]
+    assert noise_ahead == ([1, 1] if edit is _other_seeds else [0, 0])
 
 
 def test_a_forged_aggregate_is_refused_even_with_a_matching_precheck(monkeypatch):
@@ -245,17 +249,74 @@ def test_a_forged_aggregate_is_refused_even_with_a_matching_precheck(monkeypatch
     np.testing.assert_allclose(revealed.vector("global_update"), planned_sum(values), atol=1e-6)
 
 
-def test_the_flooding_normals_drawn_ahead_serve_one_opening():
+def test_the_flooding_noise_made_ahead_serves_one_opening():
     run = BackendRound(list(PLAN), N, preset="lean")
     client = run.clients["client_0"]
-    pending = ckks_masks.start_check(client.keys, [(1, committed(run, "client_1"))], 2)
+    pending = ckks_masks.start_check(client.keys, [(1, committed(run, "client_1"))], 2, 1e3)
     size = 2 * client.preset.values_per_ciphertext
-    normals = pending.normals(size)
+    normals, encoded = pending.noise(size)
     assert normals is not None and normals.size == size and np.std(normals) > 0.9
-    assert pending.normals(size) is None  # taken: no second opening gets them
-    other = ckks_masks.start_check(client.keys, [(1, committed(run, "client_2"))], 2)
-    assert other.normals(size - 1) is None  # another size: not these (and they are wiped)
-    assert other.normals(size) is None
+    flooding, (sigma, scale) = encoded
+    assert flooding.chunks == 2 and not flooding.used and sigma > 0
+    assert scale == client.keys.public.sum_scale
+    assert pending.noise(size) == (None, None)  # taken: no second opening gets them
+    other = ckks_masks.start_check(client.keys, [(1, committed(run, "client_2"))], 2, 1e3)
+    assert other.noise(size - 1) == (None, None)  # another size: not these (and wiped)
+    assert other.noise(size) == (None, None)
+    # without flooding (flooding_bits 0) there is nothing to encode
+    bare = ckks_masks.start_check(client.keys, [(1, committed(run, "client_2"))], 2, 0.0)
+    assert bare.noise(size)[1] is None
+
+
+def _aggregate(keys, chunks: int, seed: int = 0):
+    """An aggregate's polynomials as the native opening takes them (coefficients below the
+    primes; what they decrypt to does not matter here, only that both ways agree)."""
+    from secagg.ckks.release import ExpandedAggregate
+
+    width = keys.preset.poly_modulus_degree * keys.public.n_primes
+    rng = np.random.default_rng(seed)
+    first, second = (rng.integers(0, 2**20, (chunks, width), dtype=np.uint64) for _ in "ab")
+    return ExpandedAggregate(first, second, keys.public.sum_scale)
+
+
+def test_noise_encoded_ahead_opens_bit_for_bit_as_noise_encoded_at_the_reveal():
+    """The reveal adds the noise encoded ahead only for exactly its σ, scale and chunks;
+    otherwise it encodes the same normals itself. Either way the same values come out, and
+    the encoding is wiped, used or not (a second opening cannot reuse it)."""
+    from secagg.ckks.flooding import csprng_normal, slot_sigma
+
+    run = BackendRound(list(PLAN), N, preset="lean")
+    keys = run.clients["client_0"].keys
+    encryptor = keys.native_encryptor()
+    aggregate = _aggregate(keys, 3)
+    coeff_sigma = 1e3
+    sigma = slot_sigma(coeff_sigma, keys.preset.poly_modulus_degree, aggregate.scale)
+    normals = csprng_normal(3 * keys.preset.values_per_ciphertext)
+    want, _ = keys.open_flooded(aggregate, 100, coeff_sigma, normals.copy())
+    for made_for, used_ahead in (
+        ((sigma, aggregate.scale), True),
+        ((sigma * 2, aggregate.scale), False),  # planned for another release's σ
+        ((sigma, aggregate.scale / 2), False),  # another scale (a renormalised sum)
+    ):
+        flooding = encryptor.encode_noise(made_for[0] * normals, made_for[1])
+        got, got_sigma = keys.open_flooded(
+            aggregate, 100, coeff_sigma, normals.copy(), (flooding, made_for)
+        )
+        assert flooding.used  # wiped in any case
+        if used_ahead:
+            assert np.array_equal(got, want) and got_sigma == sigma
+        else:  # fell back to encoding the same normals now: the same values
+            assert np.array_equal(got, want)
+    flooding = encryptor.encode_noise(sigma * normals, aggregate.scale)
+    encryptor.open(aggregate.first, aggregate.second, aggregate.scale, np.empty(0), 1, flooding)
+    with pytest.raises(ValueError, match="used already"):
+        encryptor.open(
+            aggregate.first, aggregate.second, aggregate.scale, np.empty(0), 1, flooding
+        )
+    fewer = encryptor.encode_noise(sigma * normals[: 2 * keys.preset.values_per_ciphertext], 1.0)
+    with pytest.raises(ValueError, match="another release"):
+        encryptor.open(aggregate.first, aggregate.second, aggregate.scale, np.empty(0), 1, fewer)
+    assert fewer.used
 
 
 def _hint(entries: list, seeds: list[bytes]) -> dict[str, wire.Field]:

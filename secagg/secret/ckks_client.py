@@ -19,7 +19,7 @@ accepted sum's own error bound.
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -300,7 +300,9 @@ class CKKSClient(KeyHoldingClient):
                 f"{len(self.signers)} roster clients, each with {chunks} seeds of its size"
             )
         factors = server_multipliers(self.preset.weighted_by_clients, (k for _, k in entries))
-        self._precheck = ckks_masks.start_check(self._keys, list(zip(factors, seeds)), chunks)
+        self._precheck = ckks_masks.start_check(
+            self._keys, list(zip(factors, seeds)), chunks, self._flooding_sigma(factors, chunks)
+        )
 
     def _drop_precheck(self) -> None:
         precheck, self._precheck = self._precheck, None
@@ -387,15 +389,19 @@ class CKKSClient(KeyHoldingClient):
         """Flooding for this sum's own error (its weights, all its coefficients) and for
         every decryption the shared key may make: each client of the roster may spend its
         reveal and open budgets."""
+        # the server multiplied each upload's encryption noise by its k, or on a
+        # client-weighted preset only added (the clients weighted before encrypting)
+        factors = server_multipliers(self.preset.weighted_by_clients, (k for _, k, _ in d.entries))
+        return self._flooding_sigma(factors, d.chunks)
+
+    def _flooding_sigma(self, factors: Sequence[int], chunks: int) -> float:
+        """:meth:`_coeff_sigma` of a sum with these server multipliers over ``chunks``
+        chunks (a planned release's, for its noise encoded ahead)."""
         if self.flooding_bits == 0:
             return 0.0
         total = (self.decryption_budget + self.open_budget) * len(self.roster)
-        # the server multiplied each upload's encryption noise by its k, or on a
-        # client-weighted preset only added (the clients weighted before encrypting)
         error = error_bound(
-            server_multipliers(self.preset.weighted_by_clients, (k for _, k, _ in d.entries)),
-            d.chunks * self.preset.poly_modulus_degree,
-            self.flooding_bits,
+            list(factors), chunks * self.preset.poly_modulus_degree, self.flooding_bits
         )
         return flooding_sigma(error, max(total, 1), self.flooding_bits)
 
@@ -408,19 +414,20 @@ class CKKSClient(KeyHoldingClient):
         if d.n_values != length:
             raise ReleaseRefused(f"{self.id}: {name} has {d.n_values} values, expected {length}")
         values, _ = self.keys.open_flooded(
-            cts, d.n_values, self._coeff_sigma(d), self._precomputed_normals(d)
+            cts, d.n_values, self._coeff_sigma(d), *self._precomputed_noise(d)
         )
         self.opens += 1
         return values
 
-    def _precomputed_normals(self, d: Descriptor) -> np.ndarray | None:
-        """The flooding normals drawn ahead with this round's check, for one opening; the
-        precheck is spent after it (a second release of the round draws its own)."""
+    def _precomputed_noise(self, d: Descriptor) -> tuple[np.ndarray | None, Any]:
+        """The flooding noise made ahead with this round's check, for one opening: its
+        normals and its encoding (``PendingCheck.noise``); the precheck is spent after it (a
+        second release of the round draws its own)."""
         if self._precheck is None:
-            return None
-        normals = self._precheck.normals(d.chunks * self.preset.values_per_ciphertext)
+            return None, None
+        noise = self._precheck.noise(d.chunks * self.preset.values_per_ciphertext)
         self._drop_precheck()
-        return normals
+        return noise
 
     def on_reveal(self, env: Envelope) -> dict[str, Field]:
         """Decrypt a checked aggregate for the server, flooded; with the flooding σ per
@@ -435,7 +442,7 @@ class CKKSClient(KeyHoldingClient):
             )
         d, cts = self._checked(env, "aggregate", "reveal")
         values, self.last_flooding_sigma = self.keys.open_flooded(
-            cts, d.n_values, self._coeff_sigma(d), self._precomputed_normals(d)
+            cts, d.n_values, self._coeff_sigma(d), *self._precomputed_noise(d)
         )
         self.decryptions += 1
         return {

@@ -113,6 +113,8 @@ class SecretKeyHolder:
         self._decryptor = seal.Decryptor(ctx, self._secret)
         self._encoder = seal.CKKSEncoder(ctx)
         self._native_encryptor: object | None = None  # made on first use (``_native``)
+        #: openings that added flooding noise encoded ahead (``open_flooded``'s ``encoded``)
+        self.noise_encoded_ahead_used = 0
         self._key_id: str | None = None
 
     def export_for_wrapping(self) -> bytes:
@@ -239,6 +241,7 @@ class SecretKeyHolder:
         n_values: int,
         coeff_sigma: float,
         normals: np.ndarray | None = None,
+        encoded: tuple[Any, tuple[float, float]] | None = None,
     ) -> tuple[np.ndarray, float]:
         """Add Gaussian noise of ``coeff_sigma`` per coefficient to each ciphertext, then
         decrypt: the noise is in before the decryption is reduced mod q, so whatever the
@@ -247,9 +250,13 @@ class SecretKeyHolder:
         component, ``slot_sigma``) and rounded to integer coefficients by the encoder.
         ``normals``: the noise's standard normals, drawn ahead from the same CSPRNG
         (``ckks_masks.PendingCheck``) for this opening alone (the native path uses and wipes
-        them), or None to draw them now."""
+        them), or None to draw them now. ``encoded``: those normals' noise encoded ahead
+        (``SecretKeyCKKS.encode_noise``) with the (σ, scale) it was encoded for; the native
+        path adds it only for exactly this opening's σ, scale and chunks, and wipes it."""
         if isinstance(cts, ExpandedAggregate):
-            return self._open_native(cts, n_values, coeff_sigma, normals)
+            return self._open_native(cts, n_values, coeff_sigma, normals, encoded)
+        if encoded is not None:
+            encoded[0].wipe()
         sigma = slot_sigma(coeff_sigma, self.preset.poly_modulus_degree, cts[0].scale)
         if sigma > 0:
             half = self.preset.values_per_ciphertext // 2
@@ -268,27 +275,46 @@ class SecretKeyHolder:
         n_values: int,
         coeff_sigma: float,
         normals: np.ndarray | None = None,
+        encoded: tuple[Any, tuple[float, float]] | None = None,
     ) -> tuple[np.ndarray, float]:
         """:meth:`open_flooded` in one native call: the same noise (σ per real component of
         every slot, encoded at the ciphertext's scale and added before decryption), the
-        same decryption and decoding, on every chunk at once."""
+        same decryption and decoding, on every chunk at once. The noise encoded ahead is
+        the encoding of ``normals`` at (σ, scale): used when both are this opening's."""
         encryptor = self._native()
         if encryptor is None:
             raise KeySetupError("an aggregate expanded natively needs the native extension")
         sigma = slot_sigma(coeff_sigma, self.preset.poly_modulus_degree, aggregate.scale)
         size = len(aggregate.first) * self.preset.values_per_ciphertext
+        ahead = None
+        if encoded is not None:
+            flooding, made_for = encoded
+            if (
+                sigma > 0
+                and made_for == (sigma, aggregate.scale)
+                and flooding.chunks == len(aggregate.first)
+            ):
+                ahead = flooding
+            else:  # encoded for another release: never used
+                flooding.wipe()
         if normals is None or normals.size != size:
             normals = csprng_normal(size) if sigma > 0 else np.empty(0)
-        noise = sigma * normals if sigma > 0 else np.empty(0)
+        noise = sigma * normals if sigma > 0 and ahead is None else np.empty(0)
         normals.fill(0.0)  # one opening's: nothing later can reuse them
         try:
             values = encryptor.open(
-                aggregate.first, aggregate.second, aggregate.scale, noise, native.threads()
+                aggregate.first,
+                aggregate.second,
+                aggregate.scale,
+                noise,
+                native.threads(),
+                ahead,
             )
         except ValueError as exc:
             raise MalformedCiphertext(f"the aggregate does not open: {exc}") from None
         finally:
             noise.fill(0.0)
+        self.noise_encoded_ahead_used += ahead is not None
         return values[:n_values], sigma
 
     def seeded_template(self) -> bytes:

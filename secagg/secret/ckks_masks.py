@@ -22,8 +22,12 @@ contributor's seeds into Σ k_i·a_i (``release.SecondPolynomials``): ten upload
 a reveal. So each upload also commits its client's *next* upload's seeds (``fresh_seeds``:
 public randomness, drawn as SEAL draws an encryption's seed), the server relays the seeds of a
 round's planned contributors to the round's planned decryptors with their training requests,
-and a decryptor expands the sum while it trains (:class:`PendingCheck`), with the unit normals
-of its flooding noise beside it. At the reveal it uses the sum only if the release's signed
+and a decryptor expands the sum while it trains (:class:`PendingCheck`), with its flooding
+noise beside it: the unit normals, and the noise encoded as the reveal would encode it, for the
+planned release's σ and scale (``SecretKeyCKKS.encode_noise``; most of an opening's own cost).
+The reveal adds the encoded noise only if the release's σ, scale and chunks are exactly those
+it was encoded for, and otherwise encodes the normals itself; either way the noise is the same
+and used once. At the reveal it uses the sum only if the release's signed
 seeds and weights are exactly the ones it expanded: a server that relays other seeds only
 costs it the precomputation. A committed seed is used once: the client takes it out of memory
 before it starts that upload's masks (a retried request gets fresh seeds), never writes it to
@@ -44,7 +48,7 @@ import time
 from typing import Any
 
 from secagg.ckks import native
-from secagg.ckks.flooding import csprng_normal
+from secagg.ckks.flooding import csprng_normal, slot_sigma
 from secagg.ckks.presets import CKKSPreset, chunks_for
 from secagg.ckks.public import SEED_INFO_BYTES
 from secagg.errors import ConfigError
@@ -142,23 +146,36 @@ def commit_seeds(keys: Any, n_values: int) -> bytes:
 class PendingCheck:
     """A decryptor's precomputed check, made on a background thread while it trains: Σ k_i·a_i
     of a round's planned uploads, expanded from the seeds their clients committed (public), and
-    the unit normals of its flooding noise (secret: used once, by one opening).
+    its flooding noise (secret: used once, by one opening): the unit normals and, where
+    ``flooding`` is given, the same noise encoded for the planned release.
 
     ``entries``: (integer factor, seeds) per planned upload, the factor 1 for every upload on a
-    client-weighted preset (the server only adds there)."""
+    client-weighted preset (the server only adds there).
 
-    def __init__(self, expander: Any, entries: list[tuple[int, bytes]], chunks: int, slots: int):
+    ``flooding``: (the key's native encryptor, the planned release's σ per slot value, its
+    scale), to encode the noise ahead too; None to draw the normals only."""
+
+    def __init__(
+        self,
+        expander: Any,
+        entries: list[tuple[int, bytes]],
+        chunks: int,
+        slots: int,
+        flooding: tuple[Any, float, float] | None = None,
+    ):
         self.key = sorted(entries)
         self.chunks, self.slots = chunks, slots
         self.seconds = 0.0
         self._sums: Any = None
         self._normals: Any = None
+        self._encoded: Any = None
+        self._encoded_for: tuple[float, float] | None = None  # (σ, scale)
         self._thread = threading.Thread(
-            target=self._make, args=(expander,), name="secagg-precheck", daemon=True
+            target=self._make, args=(expander, flooding), name="secagg-precheck", daemon=True
         )
         self._thread.start()
 
-    def _make(self, expander: Any) -> None:
+    def _make(self, expander: Any, flooding: tuple[Any, float, float] | None) -> None:
         start = time.perf_counter()
         try:
             self._sums = expander.sum(
@@ -168,8 +185,17 @@ class PendingCheck:
                 threads=beside_training(),
             )
             self._normals = csprng_normal(self.chunks * self.slots)
+            if flooding is not None and flooding[1] > 0:
+                encryptor, sigma, scale = flooding
+                noise = sigma * self._normals
+                try:
+                    self._encoded = encryptor.encode_noise(noise, scale, beside_training())
+                    self._encoded_for = (sigma, scale)
+                finally:
+                    noise.fill(0.0)
         except Exception:  # noqa: BLE001 - nothing precomputed: the reveal computes its own
-            self._sums = self._normals = None
+            self.discard_noise()
+            self._sums = None
         finally:
             self.seconds = time.perf_counter() - start
 
@@ -180,27 +206,47 @@ class PendingCheck:
         sums, self._sums = self._sums, None
         return sums if sorted(entries) == self.key and chunks == self.chunks else None
 
-    def normals(self, size: int) -> Any:
-        """``size`` standard normals for one flooding, or None. Once: wiped from here."""
+    def noise(self, size: int) -> tuple[Any, Any]:
+        """One flooding's noise, once (wiped from here): ``size`` standard normals, or None,
+        and the noise encoded ahead with the (σ, scale) it was encoded for, or None. The
+        opening uses the encoded noise only for exactly that σ, scale and size, else the
+        normals; it wipes what it does not use."""
         self._thread.join()
         normals, self._normals = self._normals, None
+        encoded, self._encoded = self._encoded, None
+        encoded_for, self._encoded_for = self._encoded_for, None
         if normals is not None and normals.size != size:  # drawn for another release's size
             normals.fill(0.0)
-            return None
-        return normals
+            if encoded is not None:
+                encoded.wipe()
+            return None, None
+        return normals, None if encoded is None else (encoded, encoded_for)
+
+    def discard_noise(self) -> None:
+        if self._normals is not None:
+            self._normals.fill(0.0)
+        if self._encoded is not None:
+            self._encoded.wipe()
+        self._normals = self._encoded = self._encoded_for = None
 
     def discard(self) -> None:
         self._thread.join()
-        if self._normals is not None:
-            self._normals.fill(0.0)
-        self._sums = self._normals = None
+        self.discard_noise()
+        self._sums = None
 
 
-def start_check(keys: Any, entries: list[tuple[int, bytes]], chunks: int) -> PendingCheck | None:
+def start_check(
+    keys: Any, entries: list[tuple[int, bytes]], chunks: int, coeff_sigma: float = 0.0
+) -> PendingCheck | None:
     """Begin a decryptor's precomputed check (:class:`PendingCheck`), or None where there is
-    none to make (TenSEAL's binding, the switch off)."""
+    none to make (TenSEAL's binding, the switch off). ``coeff_sigma``: the planned release's
+    flooding σ per coefficient, to encode its noise ahead at the sum's scale (0: none)."""
     if not enabled() or native.module() is None or not entries:
         return None
     preset = keys.preset
     expander = native.seed_expander(preset.poly_modulus_degree, tuple(preset.coeff_bits))
-    return PendingCheck(expander, entries, chunks, preset.values_per_ciphertext)
+    scale = keys.public.sum_scale
+    sigma = slot_sigma(coeff_sigma, preset.poly_modulus_degree, scale)
+    encryptor = keys.native_encryptor() if sigma > 0 else None
+    flooding = None if encryptor is None else (encryptor, sigma, scale)
+    return PendingCheck(expander, entries, chunks, preset.values_per_ciphertext, flooding)
