@@ -310,9 +310,7 @@ def test_noise_encoded_ahead_opens_bit_for_bit_as_noise_encoded_at_the_reveal():
     flooding = encryptor.encode_noise(sigma * normals, aggregate.scale)
     encryptor.open(aggregate.first, aggregate.second, aggregate.scale, np.empty(0), 1, flooding)
     with pytest.raises(ValueError, match="used already"):
-        encryptor.open(
-            aggregate.first, aggregate.second, aggregate.scale, np.empty(0), 1, flooding
-        )
+        encryptor.open(aggregate.first, aggregate.second, aggregate.scale, np.empty(0), 1, flooding)
     fewer = encryptor.encode_noise(sigma * normals[: 2 * keys.preset.values_per_ciphertext], 1.0)
     with pytest.raises(ValueError, match="another release"):
         encryptor.open(aggregate.first, aggregate.second, aggregate.scale, np.empty(0), 1, fewer)
