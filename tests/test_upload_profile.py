@@ -29,4 +29,13 @@ def test_every_stage_of_every_preset_is_timed_and_lean_sends_8_bytes_a_value(tmp
         assert frame.loc["aggregate bytes per value", f"compact ({path})"] > 3 * 8.0
     # compact compresses on both paths (its primes leave the top bits zero)
     assert frame.loc["upload bytes per value", "compact (native)"] < 14
-    assert (tmp_path / "upload_profile.md").read_text().count("| decryptor:") == 3
+    # the decryptor's three stages, and its opening split in time on the native path: the
+    # flooding noise encoded ahead and the opening that adds it
+    assert (tmp_path / "upload_profile.md").read_text().count("| decryptor:") == 5
+    split = [
+        "decryptor: flooding noise encoded (offline, beside the check)",
+        "decryptor: decrypt, noise encoded ahead (online)",
+    ]
+    for p in ("compact", "wide", "lean"):
+        assert (frame.loc[split, f"{p} (native)"] > 0).all()
+        assert frame.loc[split, f"{p} (TenSEAL)"].isna().all()
