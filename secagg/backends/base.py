@@ -87,6 +87,9 @@ class ClientBackend(ABC):
 
     #: seconds spent on uploads' value-independent part, beside training (prepare_upload)
     offline_seconds: float = 0.0
+    #: seconds spent opening released aggregates for the server (decrypt, flood, decode:
+    #: a reveal's value-dependent floor, beside the checks its answer also makes)
+    opening_seconds: float = 0.0
 
     def prepare_upload(self, n_values: int) -> None:
         """Start, beside the client's training, the part of its next upload of ``n_values``

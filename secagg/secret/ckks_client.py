@@ -19,6 +19,7 @@ accepted sum's own error bound.
 from __future__ import annotations
 
 import base64
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -441,9 +442,11 @@ class CKKSClient(KeyHoldingClient):
                 f"flooding was sized for {budget}"
             )
         d, cts = self._checked(env, "aggregate", "reveal")
+        start = time.perf_counter()
         values, self.last_flooding_sigma = self.keys.open_flooded(
             cts, d.n_values, self._coeff_sigma(d), *self._precomputed_noise(d)
         )
+        self.opening_seconds += time.perf_counter() - start
         self.decryptions += 1
         return {
             d.name: wire.vector(values),
