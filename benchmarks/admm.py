@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from benchmarks.options import output_folder, positive
-from benchmarks.reproduce import Check, made_by, shown_path
+from benchmarks.reproduce import OTHER_KERNELS, Check, made_by, shown_path
 from benchmarks.stats import markdown_table
 
 OUTPUTS = ("admm.md", "admm_trace.csv", "admm.png")
@@ -35,9 +35,11 @@ CHECK = Check(
     args=("--rounds", "30", "--problems", "ridge", "--backends", "plain"),
     csv="admm_trace.csv",
     keys=("problem", "split", "backend", "iteration"),
-    columns={"distance": 1e-9, "relative_gap": 1e-9, "test_metric": 1e-6, "bytes_up": 0},
-    why="plain float64 ADMM is deterministic (its test metric is scored in float32); bytes "
-    "are counted exactly",
+    columns={"distance": 1e-7, "relative_gap": 1e-7, "test_metric": 1e-6, "bytes_up": 0},
+    why="plain ADMM is deterministic on one machine, but its linear algebra rounds with the "
+    f"CPU's kernels: with {OTHER_KERNELS} the distances moved by up to 4.9e-8 and the "
+    "gaps by 1.9e-8 (from 0.016 and above over these 30 iterations), so 1e-7; the test "
+    "metric is scored in float32 (2.1e-8 moved): 1e-6; bytes are counted exactly",
 )
 PROBLEMS = {
     "ridge": "diabetes",

@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from benchmarks.options import output_folder, positive
-from benchmarks.reproduce import CROSS_CPU, Check, made_by, shown_path
+from benchmarks.reproduce import CROSS_CPU, OTHER_KERNELS, Check, made_by, shown_path
 from benchmarks.stats import (
     clear_sign,
     format_difference,
@@ -54,10 +54,14 @@ CHECK = Check(
     args=("--seeds", "1", "--sets", "breast-cancer-label", "--no-ckks"),
     csv="dgd.csv",
     keys=("dataset", "split", "seed", "method"),
-    columns={"rmse": (0.0, 2.5e-3)},
+    columns={"rmse": (0.0, 6e-2)},
     why="plain DGD, its centralised and per-client runs are deterministic per seed on one "
     "machine (one thread) but trained in float32, which rounds differently across CPUs: "
-    f"between {CROSS_CPU} one RMSE of five moved by 5.4e-4 of its value, so 2.5e-3 relative",
+    f"between {CROSS_CPU} one RMSE of five moved by 5.4e-4 of its value, and with "
+    f"{OTHER_KERNELS} the centralised and per-client runs moved by 3.1 % and 4.2 % (the "
+    "federated one 0.08 %, the baselines not at all), so 6e-2 relative: within "
+    "the breast-cancer differences the docs draw (intervals of ±0.04; no digits row is in "
+    "this check)",
 )
 
 

@@ -29,6 +29,13 @@ RESULTS = Path(__file__).resolve().parent / "results"
 #: the two machines whose runs set the cross-CPU tolerances of the checks (the committed
 #: results were made on the first; the second re-ran every check, 2026-11-27)
 CROSS_CPU = "an Intel Xeon (the committed run) and an AMD EPYC"
+#: another CPU's kernels on one machine: torch's and OpenBLAS's kernel sets chosen by
+#: environment (AVX2, and SSE only, in place of AVX-512), under which every check was run
+#: again (``scripts/check_other_kernels.sh``)
+OTHER_KERNELS = (
+    "torch's and OpenBLAS's SSE kernels in place of AVX-512 (ATEN_CPU_CAPABILITY=default "
+    "OPENBLAS_CORETYPE=Prescott)"
+)
 
 
 def made_by(command: str) -> str:

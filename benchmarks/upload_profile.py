@@ -12,8 +12,10 @@ backend's own functions, stage by stage, each timed separately (median of ``--re
   ``serialise`` (SEAL's save through the scratch file, with its zstd), ``seeds`` (the
   client's own record of its upload's seeds);
 - server, per upload: ``load`` (checks, then SEAL's load, which expands the seed, on
-  ``compact``; the first polynomials read out of the checked bytes on ``lean``) and ``add``
-  (the weighted fold on ``compact``, the sum mod q on ``lean``);
+  ``compact``; the first polynomials read out of the checked bytes on ``lean``; on the native
+  path, ``compact`` and ``wide`` read the same way and the seed expanded natively,
+  ``secagg.ckks.server_sums``) and ``add`` (the weighted fold on ``compact``, the sum mod q
+  on ``lean``);
 - decryptor, per reveal: ``aggregate`` (loading the server's sum), ``second polynomial``
   (expanding every contributor's seeds: a check on ``compact``, the polynomial it decrypts
   with on ``lean``), ``decrypt`` (flooding and decoding).
@@ -69,6 +71,7 @@ from secagg.ckks.public import (
     SEED_INFO_BYTES,
     CiphertextSum,
     PublicCKKS,
+    ciphertext_blobs,
     ciphertext_raw_bytes,
     inflate,
     quantise,
@@ -76,6 +79,7 @@ from secagg.ckks.public import (
     to_bytes,
 )
 from secagg.ckks.release import Descriptor, SecondPolynomials
+from secagg.ckks.server_sums import expander_for, read_upload, weighted
 from secagg.secret.ckks_keys import SecretKeyHolder, compressed, compresses
 
 OUTPUTS = ("upload_profile.csv", "upload_profile.md")
@@ -230,6 +234,19 @@ def _profile(
         total, t_fold = median_seconds(fold, repeats)
         aggregate = plaintext_blobs(level, total, public.scale)
         seeds = [s for _, s in firsts]
+    elif native_path:  # read without SEAL's loader, the seeds expanded on arrival
+        reader = FreshLevel(public, server_weighted=True)
+        expander = expander_for(public)
+        read, t_load = median_seconds(lambda: read_upload(reader, expander, uploads[0], n), repeats)
+        polys = [read] + [read_upload(reader, expander, u, n) for u in uploads[1:]]
+        ks_sum = [quantise(w, preset.weight_bits) for w in weights]
+        total_polys, t_fold = median_seconds(
+            lambda: weighted(expander, [p for p, _ in polys], ks_sum), repeats
+        )
+        aggregate = ciphertext_blobs(
+            public, total_polys.first, total_polys.second, public.sum_scale
+        )
+        seeds = [s for _, s in polys]
     else:
         _, t_load = median_seconds(lambda: public.load_upload(uploads[0], n), repeats)
 

@@ -540,9 +540,94 @@ public:
                                    std::vector<std::int64_t> factors,
                                    std::size_t threads) const;
 
+    // Σ_i factor_i · polys_i mod q, each polys_i a (chunks, n * primes) array of polynomials
+    // at the first data level (an upload's first or second polynomials): what SEAL's
+    // multiply_plain by the constant factor_i and add compute on the loaded ciphertexts,
+    // coefficient-wise (a constant is itself in every NTT slot).
+    py::array_t<std::uint64_t> combine(std::vector<py::array_t<std::uint64_t,
+                                                                py::array::c_style |
+                                                                    py::array::forcecast>>
+                                           polys,
+                                       std::vector<std::int64_t> factors,
+                                       std::size_t threads) const;
+
 private:
+    // each factor mod each prime (a negative one as q - |k| mod q), factor-major
+    std::vector<std::uint64_t> reduced(const std::vector<std::int64_t> &factors) const;
+
     seal::SEALContext context_;
 };
+
+std::vector<std::uint64_t> SeedExpander::reduced(const std::vector<std::int64_t> &factors) const {
+    const auto &moduli = context_.first_context_data()->parms().coeff_modulus();
+    std::vector<std::uint64_t> out(factors.size() * moduli.size());
+    for (std::size_t i = 0; i < factors.size(); i++) {
+        std::uint64_t magnitude = factors[i] < 0 ? 0 - static_cast<std::uint64_t>(factors[i])
+                                                 : static_cast<std::uint64_t>(factors[i]);
+        for (std::size_t k = 0; k < moduli.size(); k++) {
+            std::uint64_t r = seal::util::barrett_reduce_64(magnitude, moduli[k]);
+            out[i * moduli.size() + k] = factors[i] < 0 && r ? moduli[k].value() - r : r;
+        }
+    }
+    return out;
+}
+
+py::array_t<std::uint64_t> SeedExpander::combine(
+    std::vector<py::array_t<std::uint64_t, py::array::c_style | py::array::forcecast>> polys,
+    std::vector<std::int64_t> factors, std::size_t threads) const {
+    auto data = context_.first_context_data();
+    const auto &moduli = data->parms().coeff_modulus();
+    std::size_t n = data->parms().poly_modulus_degree(), primes = moduli.size();
+    std::size_t width = n * primes;
+    if (polys.empty()) throw std::invalid_argument("no polynomials to combine");
+    if (factors.size() != polys.size()) throw std::invalid_argument("one factor per array");
+    std::size_t chunks = 0;
+    for (std::size_t i = 0; i < polys.size(); i++) {
+        const auto &a = polys[i];
+        if (a.ndim() != 2 || a.shape(1) != static_cast<py::ssize_t>(width) ||
+            (i && static_cast<std::size_t>(a.shape(0)) != chunks)) {
+            throw std::invalid_argument("every array must be (chunks, N * primes), alike");
+        }
+        chunks = static_cast<std::size_t>(a.shape(0));
+        for (std::size_t k = 0; k < primes; k++) {  // every coefficient below its prime
+            for (std::size_t j = 0; j < chunks; j++) {
+                const std::uint64_t *p = a.data() + j * width + k * n;
+                if (std::any_of(p, p + n, [&](std::uint64_t v) { return v >= moduli[k].value(); }))
+                    throw std::invalid_argument("a coefficient is not below its prime");
+            }
+        }
+    }
+    std::vector<std::uint64_t> ks = reduced(factors);
+    std::vector<const std::uint64_t *> rows;
+    for (const auto &a : polys) rows.push_back(a.data());
+    py::array_t<std::uint64_t> result({chunks, width});
+    std::uint64_t *out = result.mutable_data();
+    {
+        py::gil_scoped_release release;
+        parallel_ranges(chunks, threads, [&](std::size_t begin, std::size_t end) {
+            std::vector<std::uint64_t> scaled(n);
+            for (std::size_t j = begin; j < end; j++) {
+                std::uint64_t *total = out + j * width;
+                std::fill(total, total + width, 0);
+                for (std::size_t i = 0; i < rows.size(); i++) {
+                    for (std::size_t k = 0; k < primes; k++) {
+                        const std::uint64_t *x = rows[i] + j * width + k * n;
+                        std::uint64_t factor = ks[i * primes + k];
+                        if (factor == 0) continue;
+                        if (factor != 1) {
+                            seal::util::multiply_poly_scalar_coeffmod(x, n, factor, moduli[k],
+                                                                      scaled.data());
+                            x = scaled.data();
+                        }
+                        seal::util::add_poly_coeffmod(total + k * n, x, n, moduli[k],
+                                                      total + k * n);
+                    }
+                }
+            }
+        });
+    }
+    return result;
+}
 
 py::array_t<std::uint64_t> SeedExpander::sum(std::vector<py::bytes> seeds, std::size_t chunks,
                                              std::vector<std::int64_t> factors,
@@ -565,16 +650,10 @@ py::array_t<std::uint64_t> SeedExpander::sum(std::vector<py::bytes> seeds, std::
     if (!factors.empty() && factors.size() != raw.size()) {
         throw std::invalid_argument("one factor per upload, or none");
     }
-    // each factor mod each prime (a negative one as q - |k| mod q)
-    std::vector<std::uint64_t> reduced(raw.size() * primes, 1);
-    for (std::size_t i = 0; i < factors.size(); i++) {
-        std::uint64_t magnitude = factors[i] < 0 ? 0 - static_cast<std::uint64_t>(factors[i])
-                                                 : static_cast<std::uint64_t>(factors[i]);
-        for (std::size_t k = 0; k < primes; k++) {
-            std::uint64_t r = seal::util::barrett_reduce_64(magnitude, moduli[k]);
-            reduced[i * primes + k] = factors[i] < 0 && r ? moduli[k].value() - r : r;
-        }
-    }
+    // each factor mod each prime (none given: 1 for every upload)
+    std::vector<std::uint64_t> reduced =
+        factors.empty() ? std::vector<std::uint64_t>(raw.size() * primes, 1)
+                        : SeedExpander::reduced(factors);
     py::array_t<std::uint64_t> result({chunks, width});
     std::uint64_t *out = result.mutable_data();
     {
@@ -1064,7 +1143,9 @@ PYBIND11_MODULE(_seal_native, m) {
     py::class_<SeedExpander>(m, "SeedExpander")
         .def(py::init<const Parameters &>(), py::arg("parameters"))
         .def("sum", &SeedExpander::sum, py::arg("seeds"), py::arg("chunks"),
-             py::arg("factors") = std::vector<std::int64_t>(), py::arg("threads") = 1);
+             py::arg("factors") = std::vector<std::int64_t>(), py::arg("threads") = 1)
+        .def("combine", &SeedExpander::combine, py::arg("polys"), py::arg("factors"),
+             py::arg("threads") = 1);
     py::class_<Ring>(m, "Ring")
         .def(py::init<std::size_t, std::uint64_t>(), py::arg("n"), py::arg("prime"))
         .def_property_readonly("n", &Ring::n)

@@ -208,8 +208,12 @@ def test_a_client_that_fails_enrolment_is_excluded_then_and_from_the_sum():
     np.testing.assert_allclose(server.params, sum(w[c] * g for c, (g, _) in others.items()))
 
 
-def test_running_sums_refuse_what_they_cannot_add():
-    from secagg.backends.ckks_server import CKKSHandle
+@pytest.mark.parametrize("path", ["auto", "off"])
+def test_running_sums_refuse_what_they_cannot_add(path):
+    """On either server path (uploads read natively, or through SEAL's loader)."""
+    from dataclasses import replace
+
+    from secagg.ckks import native
     from secagg.errors import ConfigError, DuplicateMessage, MalformedCiphertext
     from secagg.server.exchange import Exchange
     from secagg.server.round import RoundContext
@@ -223,24 +227,33 @@ def test_running_sums_refuse_what_they_cannot_add():
 
     def upload(n=5):
         field = wire.ciphertext(keys.encrypt(np.full(n, 0.1), 1.0))
-        return server_backend.load(Envelope("client_0", "server", 0, "train", {"g": field}), "g", n)
+        with native.chosen(path):
+            return server_backend.load(
+                Envelope("client_0", "server", 0, "train", {"g": field}), "g", n
+            )
 
     total.add("client_0", upload())
     with pytest.raises(DuplicateMessage):
         total.add("client_0", upload())
     fresh = upload()
-    aggregate = CKKSHandle(fresh.ciphertexts, 5, server_backend.public.sum_scale)
+    aggregate = replace(fresh, scale=server_backend.public.sum_scale)
     with pytest.raises(MalformedCiphertext, match="fresh uploads"):
         server_backend.running_sum(5).add(aggregate, 0.5)
-    two_chunks = upload(5000)
-    ciphertext_sum = server_backend.running_sum(5)._sum
-    ciphertext_sum.add(upload().ciphertexts, 0.5)
-    with pytest.raises(MalformedCiphertext, match="chunks"):
-        ciphertext_sum.add(two_chunks.ciphertexts, 0.5)
-    with pytest.raises(ConfigError, match="normaliser"):
-        ciphertext_sum.result(1.5)
-    with pytest.raises(ConfigError, match="rounds to zero"):
-        server_backend.running_sum(5).result()
+    with pytest.raises(MalformedCiphertext, match="fresh uploads"):
+        server_backend.running_sum(5).add(upload(5000), 0.5)  # another length
+    one = server_backend.running_sum(5)
+    with native.chosen(path):
+        one.add(upload(), 0.5)
+        with pytest.raises(ConfigError, match="normaliser"):
+            one.result(1.5)
+        with pytest.raises(ConfigError, match="rounds to zero"):
+            server_backend.running_sum(5).result()
+    if path == "off":  # SEAL's running sum itself refuses another chunk count
+        two_chunks = upload(5000)
+        ciphertext_sum = server_backend.running_sum(5)._sum
+        ciphertext_sum.add(upload().ciphertexts, 0.5)
+        with pytest.raises(MalformedCiphertext, match="chunks"):
+            ciphertext_sum.add(two_chunks.ciphertexts, 0.5)
 
 
 def test_a_dropout_that_leaves_too_few_to_hide_an_upload_skips_the_round_on_threshold():

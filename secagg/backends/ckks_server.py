@@ -35,6 +35,7 @@ from secagg.ckks.public import (
     SEED_INFO_BYTES,
     CiphertextSum,
     PublicCKKS,
+    ciphertext_blobs,
     is_key_id,
     params_fingerprint,
     quantise,
@@ -48,6 +49,13 @@ from secagg.ckks.release import (
     ReleasePolicy,
     common_basis,
     upload_basis_of,
+)
+from secagg.ckks.server_sums import (
+    Polynomials,
+    checked_weight,
+    expander_for,
+    read_upload,
+    weighted,
 )
 from secagg.errors import (
     ClientInputError,
@@ -130,6 +138,21 @@ class CKKSHandle:
 
 
 @dataclass
+class PolynomialsHandle:
+    """An upload or a sum on a server-weighted preset, read and formed natively
+    (``secagg.ckks.server_sums``): the ciphertexts as arrays, the same ones SEAL's path holds."""
+
+    polys: Polynomials
+    n_values: int
+    scale: float
+    entries: tuple[Entry, ...] = field(default_factory=tuple)
+
+    @property
+    def chunks(self) -> int:
+        return self.polys.chunks
+
+
+@dataclass
 class FirstPolysHandle:
     """An upload or a sum on a client-weighted preset: first polynomials only
     (``secagg.ckks.first_polys``: the server never expands a seed)."""
@@ -186,6 +209,10 @@ class CKKSServer(ServerBackend):
         #: the clients apply the planned weights themselves (a client-weighted preset)
         self.weights_at_client = preset.weighted_by_clients
         self._level = FreshLevel(self.public) if self.weights_at_client else None
+        #: a server-weighted preset's uploads, where the native extension reads them
+        self._weighted_level = (
+            None if self.weights_at_client else FreshLevel(self.public, server_weighted=True)
+        )
         self.signers = dict(signers) if signers is not None else None
         self.releases = ReleaseRecord(
             policy if policy is not None else ReleasePolicy(max_weight=preset.max_weight)
@@ -411,13 +438,21 @@ class CKKSServer(ServerBackend):
         return offers
 
     # ---- aggregation -----------------------------------------------------------------------
-    def load(self, envelope: Envelope, name: str, length: int) -> CKKSHandle | FirstPolysHandle:
+    def load(
+        self, envelope: Envelope, name: str, length: int
+    ) -> CKKSHandle | FirstPolysHandle | PolynomialsHandle:
         parts = envelope.ciphertext_parts(name)
         if self._level is not None:  # the server only adds: first polynomials, seeds
             first, seeds = first_polynomials(self._level, parts, length)
             self._check_author(envelope.sender, seeds)
             entry = (Entry(envelope.sender, 0, seeds, upload_basis_of(envelope)),)
             return FirstPolysHandle(first, length, self.public.scale, entry)
+        expander = expander_for(self.public)
+        if expander is not None and self._weighted_level is not None:  # SEAL's sum, natively
+            polys, seeds = read_upload(self._weighted_level, expander, parts, length)
+            self._check_author(envelope.sender, seeds)
+            entry = (Entry(envelope.sender, 0, seeds, upload_basis_of(envelope)),)
+            return PolynomialsHandle(polys, length, self.public.scale, entry)
         cts, seeds = self.public.load_upload(parts, length)
         self._check_author(envelope.sender, seeds)
         entries = (Entry(envelope.sender, 0, seeds, upload_basis_of(envelope)),)
@@ -470,7 +505,9 @@ class CKKSServer(ServerBackend):
             f"{PRECHECK}.seeds": wire.ciphertext([self._committed[c] for c in listed]),
         }
 
-    def weighted_sum(self, handles: Sequence[CKKSHandle], weights: Sequence[float]) -> CKKSHandle:
+    def weighted_sum(
+        self, handles: Sequence[CKKSHandle | PolynomialsHandle], weights: Sequence[float]
+    ) -> CKKSHandle | PolynomialsHandle:
         if self.weights_at_client:
             raise ConfigError(
                 f"CKKS preset {self.preset.name!r} only adds uploads their clients weighted "
@@ -479,9 +516,35 @@ class CKKSServer(ServerBackend):
             )
         if any(h.scale != self.public.scale or len(h.entries) != 1 for h in handles):
             raise MalformedCiphertext("only fresh uploads can be summed")
-        cts = self.public.weighted_sum([h.ciphertexts for h in handles], weights)
+        native_read = [h for h in handles if isinstance(h, PolynomialsHandle)]
+        if native_read:
+            if len(native_read) != len(handles):
+                raise MalformedCiphertext("uploads read on two paths cannot be summed together")
+            return self._native_weighted_sum(native_read, weights)
+        seal_read = [h for h in handles if isinstance(h, CKKSHandle)]
+        if len(seal_read) != len(handles):
+            raise MalformedCiphertext("only fresh uploads can be summed")
+        cts = self.public.weighted_sum([h.ciphertexts for h in seal_read], weights)
         return CKKSHandle(
             cts,
+            handles[0].n_values,
+            self.public.sum_scale,
+            _weighted(self.preset, handles, weights),
+        )
+
+    def _native_weighted_sum(
+        self, handles: Sequence[PolynomialsHandle], weights: Sequence[float]
+    ) -> PolynomialsHandle:
+        """:meth:`weighted_sum` of uploads read natively: the same sum, formed with SEAL's
+        arithmetic on the arrays (``server_sums.weighted``)."""
+        wb = self.preset.weight_bits
+        ks = [checked_weight(w, wb) for w in weights]
+        kept = [(h.polys, k) for h, k in zip(handles, ks) if k != 0]
+        if not kept:
+            raise ConfigError("every weight rounds to zero at this preset's weight precision")
+        polys = weighted(expander_for(self.public), *zip(*kept))
+        return PolynomialsHandle(
+            polys,
             handles[0].n_values,
             self.public.sum_scale,
             _weighted(self.preset, handles, weights),
@@ -492,10 +555,15 @@ class CKKSServer(ServerBackend):
             return ClientWeightedSum(self._level, length)
         return CKKSRunningSum(self.public, length)
 
-    def to_field(self, handle: CKKSHandle | FirstPolysHandle) -> Field:
+    def to_field(self, handle: CKKSHandle | FirstPolysHandle | PolynomialsHandle) -> Field:
         if isinstance(handle, FirstPolysHandle):
             assert self._level is not None
             return wire.ciphertext(plaintext_blobs(self._level, handle.first, handle.scale))
+        if isinstance(handle, PolynomialsHandle):
+            polys = handle.polys
+            return wire.ciphertext(
+                ciphertext_blobs(self.public, polys.first, polys.second, handle.scale)
+            )
         return wire.ciphertext([to_bytes(ct) for ct in handle.ciphertexts])
 
     # ---- releases: consent, then a decryptor reveals or the clients open ---------------------
@@ -633,19 +701,47 @@ class CKKSRunningSum(RunningSum):
         self.public = public
         self.length = length
         self._sum = CiphertextSum(public)
+        self._polys: Polynomials | None = None  # the sum of uploads read natively
         self._entries: list[Entry] = []
 
-    def add(self, handle: CKKSHandle, weight: float) -> None:
+    def add(self, handle: CKKSHandle | PolynomialsHandle, weight: float) -> None:
         if (
             handle.scale != self.public.scale
             or handle.n_values != self.length
             or len(handle.entries) != 1
         ):
             raise MalformedCiphertext("only fresh uploads of the model's length can be summed")
-        if self._sum.add(handle.ciphertexts, weight, consume=True):
+        native_read = isinstance(handle, PolynomialsHandle)
+        if (self._sum.chunks is not None and native_read) or (
+            self._polys is not None and not native_read
+        ):
+            raise MalformedCiphertext("uploads read on two paths cannot be summed together")
+        if isinstance(handle, PolynomialsHandle):
+            k = checked_weight(weight, self.public.preset.weight_bits)
+            if k == 0:
+                return
+            if self._polys is not None and handle.chunks != self._polys.chunks:
+                raise MalformedCiphertext(
+                    f"{handle.chunks} chunks, the running sum has {self._polys.chunks}"
+                )
+            expander = expander_for(self.public)
+            if self._polys is None:
+                self._polys = weighted(expander, [handle.polys], [k])
+            else:
+                self._polys = weighted(expander, [self._polys, handle.polys], [1, k])
+            self._entries += _weighted(self.public.preset, [handle], [weight])
+        elif self._sum.add(handle.ciphertexts, weight, consume=True):
             self._entries += _weighted(self.public.preset, [handle], [weight])
 
-    def _result(self, normaliser: float) -> CKKSHandle:
+    def _result(self, normaliser: float) -> CKKSHandle | PolynomialsHandle:
+        if self._polys is not None:
+            if not 0 < normaliser <= 1 + 1e-9:
+                raise ConfigError(
+                    f"a running sum's normaliser must lie in (0, 1], got {normaliser}"
+                )
+            # as CiphertextSum.result: the normaliser goes into the scale
+            scale = self.public.sum_scale * normaliser
+            return PolynomialsHandle(self._polys, self.length, scale, tuple(self._entries))
         cts = self._sum.result(normaliser)
         return CKKSHandle(cts, self.length, cts[0].scale, tuple(self._entries))
 
@@ -686,7 +782,9 @@ class ClientWeightedSum(RunningSum):
 
 
 def _weighted(
-    preset: CKKSPreset, handles: Sequence[CKKSHandle], weights: Sequence[float]
+    preset: CKKSPreset,
+    handles: Sequence[CKKSHandle | PolynomialsHandle],
+    weights: Sequence[float],
 ) -> tuple[Entry, ...]:
     """The uploads' entries with the integer weights the sum multiplied them by (an upload
     whose weight rounds to 0 was not added)."""

@@ -58,10 +58,14 @@ _PT_DATA = PLAIN_META.size + SEAL_HEADER.size + _COUNT.size
 
 
 class FreshLevel:
-    """What first polynomials are checked against: the preset's fresh level."""
+    """What first polynomials are checked against: the preset's fresh level.
 
-    def __init__(self, public: PublicCKKS):
-        if not public.preset.weighted_by_clients:
+    ``server_weighted``: for reading a server-weighted preset's uploads the same way (a
+    server that weights natively, ``secagg.backends.ckks_server``: it then expands each
+    upload's seed itself, as SEAL's load would, and sends whole ciphertexts)."""
+
+    def __init__(self, public: PublicCKKS, *, server_weighted: bool = False):
+        if not public.preset.weighted_by_clients and not server_weighted:
             raise ConfigError(
                 f"preset {public.preset.name}: only a client-weighted preset sums first "
                 "polynomials (the server weights the others, which needs whole ciphertexts)"

@@ -14,13 +14,11 @@ from typing import Any
 
 import numpy as np
 import tenseal.sealapi as seal
-import zstandard
 
 from secagg.ckks import native
 from secagg.ckks.flooding import csprng_normal, slot_sigma
 from secagg.ckks.presets import CKKSPreset, chunks_for
 from secagg.ckks.public import (
-    COMPR_ZSTD,
     COUNT,
     HEADER_BYTES,
     PLAINTEXT_META,
@@ -29,11 +27,12 @@ from secagg.ckks.public import (
     check_nested,
     checked_blob,
     ciphertext_raw_bytes,
+    compressed,
+    compresses,
     from_bytes,
     inflate,
     key_id,
     parms_id_bytes,
-    seal_header,
     to_bytes,
     uncompressed_blob,
 )
@@ -79,20 +78,6 @@ def load_secret_key(ctx: seal.SEALContext, data: bytes | memoryview) -> seal.Sec
         "secret key",
     )
     return from_bytes(seal.SecretKey(), ctx, blob, private=True)
-
-
-def compresses(preset: CKKSPreset) -> bool:
-    """Whether zstd pays on this preset's uploads: when every data prime leaves the top byte
-    of its 64-bit coefficients zero (``compact``: 16.1 → 13.7 bytes a value). A 60-bit
-    prime (``lean``, ``wide``) leaves 4 bits, which zstd cannot take: those travel as is."""
-    return max(preset.coeff_bits[:-1]) <= 56
-
-
-def compressed(blob: bytes) -> bytes:
-    """An uncompressed SEAL object as SEAL writes it with zstd (its header, then one zstd
-    frame); the server inflates it with a bound (``public.raw_body``)."""
-    body = zstandard.ZstdCompressor().compress(memoryview(blob)[HEADER_BYTES:])
-    return seal_header(HEADER_BYTES + len(body), COMPR_ZSTD) + body
 
 
 class SecretKeyHolder:

@@ -8,6 +8,7 @@ refused, spends nothing, and the honest release still opens to the right values.
 
 import base64
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -16,7 +17,6 @@ from secagg import wire
 from secagg.backends import make_backends
 from secagg.ckks.flooding import error_bound, flooding_sigma, slot_sigma
 from secagg.ckks.presets import get_preset
-from secagg.ckks.public import PublicCKKS, to_bytes
 from secagg.errors import (
     ConsentRefused,
     ProtocolStateError,
@@ -69,8 +69,8 @@ def test_a_crafted_ciphertext_is_refused(run):
     ctx = run.ctx()
     handles = fresh(run)
     fields = release(run, ctx, ctx.weighted_sum(handles, dict.fromkeys(IDS, 1 / 3)))
-    single = PublicCKKS(PRESET).weighted_sum([handles["client_1"].ciphertexts], [1.0])
-    forged = {**fields, "aggregate": wire.ciphertext([to_bytes(ct) for ct in single])}
+    single = run.server.weighted_sum([handles["client_1"]], [1.0])
+    forged = {**fields, "aggregate": run.server.to_field(single)}
     with pytest.raises(ReleaseRefused, match="not the weighted sum of the listed uploads"):
         run.ask("client_0", "reveal", forged)
     assert run.clients["client_0"].decryptions == 0
@@ -146,11 +146,8 @@ def test_a_replayed_or_reattributed_upload_gets_no_consent(run):
     ctx = run.ctx()
     new = fresh(run)  # client_1 and client_2 spent their consent on the replayed sum
     entry = new["client_2"].entries[0]
-    swapped = type(new["client_2"])(  # client_2's upload presented as client_1's
-        new["client_2"].ciphertexts,
-        8,
-        new["client_2"].scale,
-        (type(entry)("client_1", 0, entry.seeds),),
+    swapped = replace(  # client_2's upload presented as client_1's
+        new["client_2"], entries=(type(entry)("client_1", 0, entry.seeds),)
     )
     # the same upload under two senders: every client refuses the descriptor itself
     with pytest.raises(RoundAborted, match="lists one upload twice"):
@@ -164,11 +161,8 @@ def test_a_replayed_or_reattributed_upload_gets_no_consent(run):
     ctx = run.ctx()
     new = fresh(run)
     entry = new["client_2"].entries[0]
-    alone = type(new["client_2"])(  # client_2's upload presented as client_1's, client_2 left out
-        new["client_2"].ciphertexts,
-        8,
-        new["client_2"].scale,
-        (type(entry)("client_1", 0, entry.seeds),),
+    alone = replace(  # client_2's upload presented as client_1's, client_2 left out
+        new["client_2"], entries=(type(entry)("client_1", 0, entry.seeds),)
     )
     with pytest.raises(ConsentRefused, match="client_1") as refused:
         ctx.reveal(
@@ -212,8 +206,8 @@ def test_an_open_is_checked_budgeted_and_flooded(run):
     with pytest.raises(ProtocolStateError, match="refuses to open aggregate 3"):
         client.open(probe, "g_hat", 8)
     client.open_budget = 3
-    other = PublicCKKS(PRESET).weighted_sum([handles["client_1"].ciphertexts], [1.0])
-    forged = {**fields, "g_hat": wire.ciphertext([to_bytes(ct) for ct in other])}
+    other = run.server.weighted_sum([handles["client_1"]], [1.0])
+    forged = {**fields, "g_hat": run.server.to_field(other)}
     with pytest.raises(ReleaseRefused, match="not the weighted sum"):
         client.open(run.request("client_0", "larc_probe", forged), "g_hat", 8)
     with pytest.raises(ReleaseRefused, match="of kind 'open'"):
