@@ -1,5 +1,6 @@
 """The build backend's native part (the rest of the configuration is in pyproject.toml): the
-extension ``secagg.ckks._seal_native`` is built by native/seal_build.py, through CMake over
+extension's two modules (``secagg.ckks._seal_native`` and its public half
+``secagg.ckks._seal_public``) are built by native/seal_build.py, through CMake over
 SEAL 4.1.2, into every wheel, and the sdist carries SEAL's sources (native/SEAL) so that
 installing it needs no download beyond the build requirements.
 
@@ -28,7 +29,8 @@ def _skip() -> bool:
 class BuildSealNative(build_ext):
     def build_extension(self, ext: Extension) -> None:
         target = Path(self.get_ext_fullpath(ext.name)).resolve()
-        in_place = seal_build.in_place_target()
+        name = ext.name.rsplit(".", 1)[1]
+        in_place = seal_build.in_place_target(name)
         try:
             if seal_build.current(in_place):
                 # a checkout's in-place build from exactly these sources and this interpreter
@@ -37,7 +39,7 @@ class BuildSealNative(build_ext):
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(in_place, target)
             else:
-                seal_build.build(target, Path(self.build_temp).resolve() / "seal_native")
+                seal_build.build({name: target}, Path(self.build_temp).resolve() / "seal_native")
         except seal_build.BuildError as exc:
             sys.exit(f"secagg native: {exc}\n(SECAGG_NATIVE=off builds secagg without it)")
 
@@ -53,6 +55,8 @@ class SdistWithSeal(sdist):
 if _skip():
     seal_build.log("SECAGG_NATIVE=off: building secagg without the extension")
 setup(
-    ext_modules=[] if _skip() else [Extension("secagg.ckks._seal_native", sources=[])],
+    ext_modules=[]
+    if _skip()
+    else [Extension(f"secagg.ckks.{name}", sources=[]) for name in seal_build.NAMES],
     cmdclass={"build_ext": BuildSealNative, "sdist": SdistWithSeal},
 )

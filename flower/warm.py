@@ -84,7 +84,7 @@ WARM_MODULES = (
 )
 
 #: imported in the zygote where present (secagg's native CKKS extension is optional)
-WARM_OPTIONAL_MODULES = ("secagg.ckks._seal_native",)
+WARM_OPTIONAL_MODULES = ("secagg.ckks._seal_native", "secagg.ckks._seal_public")
 
 
 def warm_imports() -> None:

@@ -31,7 +31,10 @@ PYFHEL_SDIST = "pyfhel-3.5.0.tar.gz"
 PYFHEL_SHA256 = "0375b83b5a83026924f59db25c4efa9f27e1e8a66d004658f4d24195986a04b6"
 SEAL_IN_SDIST = "pyfhel-3.5.0/Pyfhel/backend/SEAL/"
 SOURCES = ("native/seal_native.cpp", "native/CMakeLists.txt", "native/seal_build.py")
-NAME = "_seal_native"
+#: the two modules built from seal_native.cpp: everything, and the public half alone
+#: (no class that takes a key: what a server process loads)
+NAME, PUBLIC_NAME = "_seal_native", "_seal_public"
+NAMES = (NAME, PUBLIC_NAME)
 
 
 class BuildError(RuntimeError):
@@ -46,8 +49,8 @@ def suffix() -> str:
     return sysconfig.get_config_var("EXT_SUFFIX")
 
 
-def in_place_target() -> Path:
-    return ROOT / "secagg" / "ckks" / f"{NAME}{suffix()}"
+def in_place_target(name: str = NAME) -> Path:
+    return ROOT / "secagg" / "ckks" / f"{name}{suffix()}"
 
 
 def fingerprint() -> str:
@@ -154,9 +157,9 @@ def _tools() -> tuple[str, str, str]:
     return str(bin_dir / "cmake"), str(Path(ninja.BIN_DIR) / "ninja"), pybind11.get_cmake_dir()
 
 
-def build(target: Path, build_dir: Path) -> None:
-    """Configure and build the extension in ``build_dir`` (Ninja rebuilds only what changed)
-    and copy it to ``target``."""
+def build(targets: dict[str, Path], build_dir: Path) -> None:
+    """Configure and build the extension's modules in ``build_dir`` (Ninja rebuilds only
+    what changed) and copy each module named in ``targets`` to its path there."""
     seal = seal_sources()
     cmake, ninja, pybind11_dir = _tools()
     # one CMake cache per toolchain: CMake keeps the paths it found in the first run
@@ -181,7 +184,7 @@ def build(target: Path, build_dir: Path) -> None:
             f"-DPython_EXECUTABLE={sys.executable}",
             f"-Dpybind11_DIR={pybind11_dir}",
         ],
-        "build": [ninja, "-C", str(build_dir), NAME],
+        "build": [ninja, "-C", str(build_dir), *NAMES],
     }
     for step, command in steps.items():
         done = subprocess.run(command, capture_output=True, text=True)
@@ -189,18 +192,22 @@ def build(target: Path, build_dir: Path) -> None:
         if done.returncode != 0:
             tail = "\n".join((done.stdout + done.stderr).splitlines()[-30:])
             raise BuildError(f"{step} failed ({build_dir / f'{step}.log'}):\n{tail}")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(build_dir / f"{NAME}{suffix()}", target)
-    os.chmod(target, 0o755)
+    for name, target in targets.items():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        # a fresh file, renamed into place: a process that has the old one loaded keeps it
+        fresh = target.with_name(target.name + ".new")
+        shutil.copyfile(build_dir / f"{name}{suffix()}", fresh)
+        os.chmod(fresh, 0o755)
+        os.replace(fresh, target)
 
 
 def build_in_place() -> None:
     """The checkout's build (scripts/build_native.sh): into secagg/ckks/, skipped when the
     stamp says it is current."""
-    target = in_place_target()
-    if current(target):
+    targets = {name: in_place_target(name) for name in NAMES}
+    if all(current(target) for target in targets.values()):
         return
-    build(target, WORK / f"build-{sys.implementation.cache_tag}")
+    build(targets, WORK / f"build-{sys.implementation.cache_tag}")
     _stamp().write_text(fingerprint() + "\n")
 
 

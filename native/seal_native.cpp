@@ -99,6 +99,18 @@ void parallel_ranges(std::size_t count, std::size_t threads, F f) {
         if (e) std::rethrow_exception(e);
 }
 
+// total += factor · x mod q over n coefficients (SEAL's scalar multiply and add; a factor of
+// 1 skips the multiply, of 0 adds nothing); ``scratch`` holds the product (it may be x).
+void add_scaled(std::uint64_t *total, const std::uint64_t *x, std::size_t n, std::uint64_t factor,
+                const seal::Modulus &q, std::uint64_t *scratch) {
+    if (factor == 0) return;
+    if (factor != 1) {
+        seal::util::multiply_poly_scalar_coeffmod(x, n, factor, q, scratch);
+        x = scratch;
+    }
+    seal::util::add_poly_coeffmod(total, x, n, q, total);
+}
+
 // One parameter set's SEAL context, built once (NTT tables, prime checks: milliseconds) and
 // shared by every key holder and expander of a process; a SEALContext copies cheaply.
 class Parameters {
@@ -107,6 +119,7 @@ public:
     seal::SEALContext context;
 };
 
+#ifndef SECAGG_PUBLIC_ONLY  // the key-holding half: not in the public module
 // Zero a ciphertext's coefficients, then free them (the mask of an upload is key material).
 void wipe_ciphertext(seal::Ciphertext &ct) {
     if (ct.size()) {
@@ -525,6 +538,8 @@ private:
     std::size_t ct_bytes_ = 0;
 };
 
+#endif  // SECAGG_PUBLIC_ONLY
+
 // seeds: for each upload, its chunks' PRNG infos back to back (prng type byte + 64-byte
 // seed, as a seeded ciphertext ends); factors: one integer per upload, or none for all 1.
 // Returns (chunks, n * primes) uint64: per chunk Σ_i factor_i · a_i mod q, a_i the second
@@ -611,16 +626,8 @@ py::array_t<std::uint64_t> SeedExpander::combine(
                 std::fill(total, total + width, 0);
                 for (std::size_t i = 0; i < rows.size(); i++) {
                     for (std::size_t k = 0; k < primes; k++) {
-                        const std::uint64_t *x = rows[i] + j * width + k * n;
-                        std::uint64_t factor = ks[i * primes + k];
-                        if (factor == 0) continue;
-                        if (factor != 1) {
-                            seal::util::multiply_poly_scalar_coeffmod(x, n, factor, moduli[k],
-                                                                      scaled.data());
-                            x = scaled.data();
-                        }
-                        seal::util::add_poly_coeffmod(total + k * n, x, n, moduli[k],
-                                                      total + k * n);
+                        add_scaled(total + k * n, rows[i] + j * width + k * n, n,
+                                   ks[i * primes + k], moduli[k], scaled.data());
                     }
                 }
             }
@@ -672,13 +679,8 @@ py::array_t<std::uint64_t> SeedExpander::sum(std::vector<py::bytes> seeds, std::
                     if (!prng) throw std::invalid_argument("unsupported PRNG type in a seed");
                     seal::util::sample_poly_uniform(prng, parms, a.data());
                     for (std::size_t k = 0; k < primes; k++) {
-                        std::uint64_t factor = reduced[i * primes + k];
-                        if (factor != 1) {
-                            seal::util::multiply_poly_scalar_coeffmod(
-                                a.data() + k * n, n, factor, moduli[k], a.data() + k * n);
-                        }
-                        seal::util::add_poly_coeffmod(total + k * n, a.data() + k * n, n,
-                                                      moduli[k], total + k * n);
+                        add_scaled(total + k * n, a.data() + k * n, n, reduced[i * primes + k],
+                                   moduli[k], a.data() + k * n);
                     }
                 }
             }
@@ -1108,13 +1110,25 @@ std::uint64_t ntt_prime(int bits, std::size_t n) {
 
 }  // namespace
 
-PYBIND11_MODULE(_seal_native, m) {
+// Two modules from this one file: ``_seal_native`` (everything) and ``_seal_public``
+// (SECAGG_PUBLIC_ONLY: the parameters, the seed expansion and sums, the threshold ring; no
+// class that takes a key), which is all a server process loads.
+#ifndef SECAGG_MODULE
+#define SECAGG_MODULE _seal_native
+#endif
+
+PYBIND11_MODULE(SECAGG_MODULE, m) {
+#ifdef SECAGG_PUBLIC_ONLY
+    m.doc() = "secagg's public arithmetic over SEAL: seed expansion, sums mod q, the ring";
+#else
     m.doc() = "secagg's batched, in-memory seeded CKKS encryption and seed expansion over SEAL";
+#endif
     m.attr("SEAL_VERSION") = std::to_string(SEAL_VERSION_MAJOR) + "." +
                              std::to_string(SEAL_VERSION_MINOR) + "." +
                              std::to_string(SEAL_VERSION_PATCH);
     py::class_<Parameters>(m, "Parameters")
         .def(py::init<std::size_t, std::vector<int>>(), py::arg("n"), py::arg("coeff_bits"));
+#ifndef SECAGG_PUBLIC_ONLY
     py::class_<UploadMasks>(m, "UploadMasks")
         .def_property_readonly("chunks", &UploadMasks::chunks)
         .def_property_readonly("used", &UploadMasks::used)
@@ -1140,6 +1154,7 @@ PYBIND11_MODULE(_seal_native, m) {
              py::arg("noise"), py::arg("threads") = 1, py::arg("encoded") = nullptr)
         .def("encode_noise", &SecretKeyCKKS::encode_noise, py::arg("noise"), py::arg("scale"),
              py::arg("threads") = 1);
+#endif
     py::class_<SeedExpander>(m, "SeedExpander")
         .def(py::init<const Parameters &>(), py::arg("parameters"))
         .def("sum", &SeedExpander::sum, py::arg("seeds"), py::arg("chunks"),

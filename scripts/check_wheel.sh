@@ -31,8 +31,9 @@ wheel=$(ls "$work"/dist/secagg-*.whl)
 .venv/bin/python - "$wheel" <<'EOF'
 import re, sys, zipfile
 names = zipfile.ZipFile(sys.argv[1]).namelist()
-if not any(re.fullmatch(r"secagg/ckks/_seal_native\..*\.so", n) for n in names):
-    sys.exit(f"secagg wheel check: {sys.argv[1]} carries no native extension")
+for module in ("_seal_native", "_seal_public"):  # the extension and its public half
+    if not any(re.fullmatch(rf"secagg/ckks/{module}\..*\.so", n) for n in names):
+        sys.exit(f"secagg wheel check: {sys.argv[1]} carries no {module}")
 EOF
 
 .venv/bin/python -m venv "$work/venv"
@@ -48,10 +49,15 @@ from pathlib import Path
 
 import secagg
 import secagg.ckks._seal_native as extension
+import secagg.ckks._seal_public as public_half
 from secagg.threshold import ring
 
 venv = Path(sys.argv[1]).resolve()
-for name, path in (("secagg", secagg.__file__), ("its extension", extension.__file__)):
+for name, path in (
+    ("secagg", secagg.__file__),
+    ("its extension", extension.__file__),
+    ("its public half", public_half.__file__),
+):
     if not Path(path).resolve().is_relative_to(venv):
         sys.exit(f"secagg wheel check: {name} was imported from {path}, not the installed wheel")
 ring._extension()  # the threshold backend's own check: the extension and its ring

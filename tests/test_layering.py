@@ -75,12 +75,12 @@ def test_importing_the_server_loads_no_client_code_or_data_library():
 
 # ---- the secret package: one rule, one prefix (``secagg/secret/__init__.py``) ----------------
 SECRET = "secagg.secret"
-#: the one secret-key module outside the package: the build puts the native extension here,
-#: and it is both halves in one binary (the encryptor and decryptor ``secagg.secret`` hands
-#: a key, and public arithmetic the server runs: the threshold ring, seed expansion)
+#: the one secret-key module outside the package: the build puts the native extension's full
+#: module here (the encryptor and decryptor ``secagg.secret`` hands a key, beside the public
+#: arithmetic); its public half, ``secagg.ckks._seal_public``, has no class that takes a key
 NATIVE = "secagg.ckks._seal_native"
-#: the only modules that load the extension (by name, lazily, inside a function): both
-#: public, so that code of either side reaches its public arithmetic through them
+#: the modules that load the extension (by name, lazily, inside a function): the full module
+#: through ``native.module`` only, the public half also for the threshold ring
 NATIVE_LOADERS = {"secagg/ckks/native.py", "secagg/threshold/ring.py"}
 #: the backend registry: its client factories and provisioning helpers import client
 #: halves and key generation inside the functions that build a client or make keys
@@ -193,9 +193,9 @@ def test_server_side_code_never_imports_secret_key_code(path):
     - the native extension (``NATIVE``) is loaded by name, lazily, by its two loaders
       (``NATIVE_LOADERS``), which the public code of both sides uses for its public
       arithmetic; no other server-side module may name it. It holds no key of its own (a
-      key is only ever handed to it by ``secagg.secret.ckks_keys``); importing the server
-      does not load it, and a threshold server loads it at run time for the ring's public
-      arithmetic only.
+      key is only ever handed to it by ``secagg.secret.ckks_keys``); neither importing nor
+      running the server loads it: a server's native arithmetic (server-weighted sums, the
+      threshold ring) runs on the public half.
 
     What no static check sees (an import by a computed name) the subprocess tests below
     see: they look at what a fresh interpreter actually holds."""
@@ -285,22 +285,57 @@ SERVER_MODULES = (
 )
 
 
-def test_the_server_process_loads_no_secret_key_code():
+def _public_half_built() -> bool:
+    from secagg.ckks import native
+
+    return native.public_module() is not None
+
+
+def test_importing_the_server_loads_no_secret_key_code():
     """Importing the engine and both encrypted backends' server halves loads nothing of
-    ``secagg.secret`` and not the native extension; building those halves through the
-    registry, as the server's process does, loads nothing of ``secagg.secret`` either (the
-    threshold server's ring then loads the extension, for its public arithmetic: the rule's
-    one exception)."""
+    ``secagg.secret`` and not the native extension."""
     assert secret_modules_loaded_by(*SERVER_MODULES) == []
-    built = secret_modules_loaded_by(
-        *SERVER_MODULES,
-        then=(
-            "from secagg.backends import make_server_backend\n"
-            "make_server_backend('ckks', {})\n"
-            "make_server_backend('threshold', {})"
-        ),
+
+
+@pytest.mark.skipif(not _public_half_built(), reason="needs the native extension")
+def test_the_server_process_loads_no_secret_key_code():
+    """Building the server halves through the registry and running the native arithmetic a
+    server runs (a server-weighted sum's seed expansion and combination, the threshold
+    ring) loads nothing of ``secagg.secret`` and only the extension's public half, which
+    has no class that takes a key."""
+    arithmetic = (
+        "from secagg.backends import make_server_backend\n"
+        "make_server_backend('ckks', {})\n"
+        "make_server_backend('threshold', {})\n"
+        "import numpy as np\n"
+        "from secagg.ckks.public import PublicCKKS\n"
+        "from secagg.ckks.presets import get_preset\n"
+        "from secagg.ckks.server_sums import expander_for\n"
+        "from secagg.threshold import ring\n"
+        "e = expander_for(PublicCKKS(get_preset('compact')))\n"
+        "assert e is not None, 'the native extension is not built'\n"
+        "w = get_preset('compact').poly_modulus_degree * 2\n"
+        "e.combine([np.zeros((1, w), dtype=np.uint64)], [3])\n"
+        "ring._extension()\n"
     )
-    assert [m for m in built if m != NATIVE] == []
+    built = secret_modules_loaded_by(*SERVER_MODULES, then=arithmetic)
+    assert built == []
+    public = printed_by(f"import sys\n{arithmetic}print('secagg.ckks._seal_public' in sys.modules)")
+    assert public == "True"  # the arithmetic ran on the public half
+
+
+@pytest.mark.skipif(not _public_half_built(), reason="needs the native extension")
+def test_the_public_half_of_the_extension_has_no_class_that_takes_a_key():
+    names = printed_by(
+        "import secagg.ckks._seal_public as p; print(sorted(n for n in dir(p) if n[0] != '_'))"
+    )
+    assert ast.literal_eval(names) == [
+        "Parameters",
+        "Ring",
+        "SEAL_VERSION",
+        "SeedExpander",
+        "ntt_prime",
+    ]
 
 
 def test_the_flower_server_app_loads_no_secret_key_code():

@@ -67,7 +67,8 @@ def test_the_wheel_carries_the_native_extension(wheel):
     """The build backend puts the extension into the wheel: without it an installed secagg
     has no threshold backend and runs ckks on TenSEAL's binding alone."""
     names = zipfile.ZipFile(wheel).namelist()
-    assert any(n.startswith("secagg/ckks/_seal_native.") and n.endswith(".so") for n in names)
+    for module in ("_seal_native", "_seal_public"):  # both halves
+        assert any(n.startswith(f"secagg/ckks/{module}.") and n.endswith(".so") for n in names)
     assert "-none-any" not in wheel.name  # tagged for the interpreter it was built for
     # what it compiles in comes with its notice: SEAL (MIT), pybind11's headers (BSD-3-Clause)
     for notice in ("LICENSE-SEAL", "LICENSE-pybind11"):

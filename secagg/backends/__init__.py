@@ -291,7 +291,7 @@ def _ckks_warm(options: dict[str, Any]) -> None:
 
     preset = get_preset(options["preset"])
     params_fingerprint(preset)  # and make_context(preset)
-    if native.module() is not None:
+    if native.public_module() is not None:
         native.seed_expander(preset.poly_modulus_degree, tuple(preset.coeff_bits))
 
 

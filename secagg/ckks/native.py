@@ -8,6 +8,11 @@ expand to. Its bytes are SEAL's: TenSEAL loads them, and the server checks them 
 checks TenSEAL's (``public.raw_body``). The tests hold the two paths to the same results:
 ``tests/test_native.py``.
 
+The extension is two modules built from that one file: ``_seal_native``, with the classes that
+take a key (the encryptor, decryptor and masks ``secagg.secret`` hands one), and its public
+half ``_seal_public`` (the parameters, the seed expansion and sums mod q, the threshold ring),
+which is all a server process loads (:func:`public_module`, :func:`seed_expander`).
+
 ``SECAGG_NATIVE`` chooses the path: ``auto`` (the default: native when built), ``off`` (the
 TenSEAL binding only: the before-and-after benchmarks set it) or ``on`` (refuse to run
 without the extension). ``SECAGG_NATIVE_THREADS`` caps the threads of one call (default: the
@@ -47,13 +52,28 @@ def _checked_mode(value: str) -> str:
     return value
 
 
+#: the extension's two modules: everything, and the public half (no class that takes a key)
+FULL, PUBLIC = "secagg.ckks._seal_native", "secagg.ckks._seal_public"
+
+
 def module() -> ModuleType | None:
-    """The extension, or None when the TenSEAL path is to be used (``SECAGG_NATIVE``)."""
+    """The extension (with the classes that take a key: client side), or None when the
+    TenSEAL path is to be used (``SECAGG_NATIVE``)."""
+    return _loaded(FULL)
+
+
+def public_module() -> ModuleType | None:
+    """The extension's public half (no class that takes a key: what a server loads), or None
+    when the TenSEAL path is to be used (``SECAGG_NATIVE``)."""
+    return _loaded(PUBLIC)
+
+
+def _loaded(name: str) -> ModuleType | None:
     chosen = mode()
     if chosen == "off":
         return None
     try:
-        extension = importlib.import_module("secagg.ckks._seal_native")
+        extension = importlib.import_module(name)
     except ImportError as exc:
         if chosen == "on":
             raise ConfigError(
@@ -79,19 +99,21 @@ def _check_version(version: str) -> None:
 
 
 @functools.cache
-def parameters(n: int, coeff_bits: tuple[int, ...]):
-    """The extension's SEAL context for these parameters, built once per process and shared
-    (building one costs milliseconds, which every client's key holder and every release of
-    a small model would otherwise pay); only called once :func:`module` returned it."""
-    extension = importlib.import_module("secagg.ckks._seal_native")
+def parameters(n: int, coeff_bits: tuple[int, ...], name: str = FULL):
+    """The extension's SEAL context for these parameters (of module ``name``: each module's
+    classes take its own), built once per process and shared (building one costs
+    milliseconds, which every client's key holder and every release of a small model would
+    otherwise pay); only called once :func:`module` or :func:`public_module` returned it."""
+    extension = importlib.import_module(name)
     return extension.Parameters(n=n, coeff_bits=list(coeff_bits))
 
 
 @functools.cache
 def seed_expander(n: int, coeff_bits: tuple[int, ...]):
-    """The extension's ``SeedExpander`` for these parameters, made once per process."""
-    extension = importlib.import_module("secagg.ckks._seal_native")
-    return extension.SeedExpander(parameters=parameters(n, coeff_bits))
+    """The public half's ``SeedExpander`` for these parameters, made once per process (the
+    server's sums and a decryptor's check alike: it takes no key)."""
+    extension = importlib.import_module(PUBLIC)
+    return extension.SeedExpander(parameters=parameters(n, coeff_bits, PUBLIC))
 
 
 def threads() -> int:

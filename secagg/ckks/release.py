@@ -539,7 +539,7 @@ class SecondPolynomials:
         native extension (``native.py``): SEAL's own sampling and arithmetic mod q, bit for
         bit what loading each upload and multiplying it by the constant k_i gives; None on
         the TenSEAL path."""
-        if native.module() is None:
+        if native.public_module() is None:
             return None
         if not seeds:
             raise ReleaseRefused("a release lists no upload")

@@ -47,8 +47,9 @@ class Polynomials:
 
 
 def expander_for(public: PublicCKKS):
-    """The native seed expander of ``public``'s parameters, or None on TenSEAL's binding."""
-    if native.module() is None:
+    """The native seed expander of ``public``'s parameters (the extension's public half: a
+    server loads no class that takes a key), or None on TenSEAL's binding."""
+    if native.public_module() is None:
         return None
     preset = public.preset
     return native.seed_expander(preset.poly_modulus_degree, tuple(preset.coeff_bits))

@@ -44,12 +44,14 @@ The rule (``tests/test_layering.py`` checks each part):
    (``secagg.flower.keystore``: bytes on a node's disk, mode 0600), which the ServerApp
    needs for the public signers' roster.
 
-The native extension (``secagg.ckks._seal_native``) is the one secret-key module outside
-this package. The build (``setup.py``, ``scripts/build_native.sh``) puts it there, and it
-is both halves in one binary: the encryptor and decryptor that ``ckks_keys`` hands a key,
-and public arithmetic that the server needs (the threshold ring's NTT and combination, the
-seed expansion of a release's check). It holds no key of its own: a key exists only in
-objects this package makes. So it is loaded only by name, lazily, through its two loaders
-(``secagg.ckks.native.module`` and ``secagg.threshold.ring``); no module of the server's
-side has an import statement for it, and importing the server does not load it.
+The native extension's full module (``secagg.ckks._seal_native``) is the one secret-key
+module outside this package. The build (``setup.py``, ``scripts/build_native.sh``) puts it
+there: the encryptor, decryptor and masks that ``ckks_keys`` hands a key, with the public
+arithmetic beside them. The same source builds its public half (``secagg.ckks._seal_public``:
+the parameters, the seed expansion and sums mod q, the threshold ring; no class that takes a
+key), which is all a server process loads (the server-weighted sums, the threshold ring). The
+full module holds no key of its own: a key exists only in objects this package makes. It is
+loaded only by name, lazily, through ``secagg.ckks.native.module``; no module of the
+server's side has an import statement for it, and neither importing nor running the server
+loads it (``tests/test_layering.py``).
 """

@@ -45,9 +45,10 @@ _BUILD_HINT = native.INSTALL_HINT
 
 @functools.cache
 def _extension() -> ModuleType:
-    """secagg's native extension, with its ring (a build older than the ring lacks it)."""
+    """secagg's native extension's public half, with its ring (the ring takes no key: a
+    threshold server and its clients load only this half for it)."""
     try:
-        extension = importlib.import_module("secagg.ckks._seal_native")
+        extension = importlib.import_module("secagg.ckks._seal_public")
     except ImportError as exc:
         raise ConfigError(
             f"the threshold backend needs secagg's native extension, which is missing ({exc}): "
