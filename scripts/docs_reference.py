@@ -573,7 +573,9 @@ def benchmarks_page() -> str:
         "committed results in `benchmarks/results/`. A results file made by the current "
         "benchmark code opens with the command, commit, libraries and machine that made it. "
         "The tolerances are set from what differs across machines (an Intel Xeon and an AMD "
-        "EPYC ran every check): float32 training and BLAS sums round differently on another "
+        "EPYC ran every check, and the AMD EPYC again with torch's and OpenBLAS's AVX2 and "
+        "then SSE kernels in place of AVX-512: `bash scripts/check_other_kernels.sh`): "
+        "float32 training and BLAS sums round differently on another "
         "CPU, and where a trajectory is chaotic (SAVAE's VAEs, DEC's clustering) a fresh "
         "value is held to the committed seeds' spread rather than to its own seed's value; "
         "`secagg bench NAME --check` prints each check's reasons.",
