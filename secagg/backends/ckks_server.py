@@ -55,6 +55,7 @@ from secagg.ckks.server_sums import (
     checked_weight,
     expander_for,
     read_upload,
+    required_expander,
     weighted,
 )
 from secagg.errors import (
@@ -542,7 +543,7 @@ class CKKSServer(ServerBackend):
         kept = [(h.polys, k) for h, k in zip(handles, ks) if k != 0]
         if not kept:
             raise ConfigError("every weight rounds to zero at this preset's weight precision")
-        polys = weighted(expander_for(self.public), *zip(*kept))
+        polys = weighted(required_expander(self.public), *zip(*kept))
         return PolynomialsHandle(
             polys,
             handles[0].n_values,
@@ -724,7 +725,7 @@ class CKKSRunningSum(RunningSum):
                 raise MalformedCiphertext(
                     f"{handle.chunks} chunks, the running sum has {self._polys.chunks}"
                 )
-            expander = expander_for(self.public)
+            expander = required_expander(self.public)
             if self._polys is None:
                 self._polys = weighted(expander, [handle.polys], [k])
             else:

@@ -55,6 +55,18 @@ def expander_for(public: PublicCKKS):
     return native.seed_expander(preset.poly_modulus_degree, tuple(preset.coeff_bits))
 
 
+def required_expander(public: PublicCKKS):
+    """:func:`expander_for`, for uploads already read natively: ConfigError if the native
+    path was turned off since (``SECAGG_NATIVE``), rather than a sum on another path."""
+    expander = expander_for(public)
+    if expander is None:
+        raise ConfigError(
+            f"{native.ENV}: these uploads were read on the native path, which is now off; "
+            "keep one path for a whole round"
+        )
+    return expander
+
+
 def read_upload(
     level: FreshLevel, expander, parts: Sequence[bytes | memoryview], n_values: int
 ) -> tuple[Polynomials, bytes]:

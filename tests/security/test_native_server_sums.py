@@ -138,3 +138,15 @@ def test_weights_the_seal_path_refuses_are_refused():
     ]
     with pytest.raises(MalformedCiphertext, match="two paths"):
         run.server.weighted_sum(mixed, [0.25] * 4)
+
+
+def test_uploads_read_natively_are_not_summed_once_the_native_path_is_off():
+    n = 2048
+    run = BackendRound(IDS, n, preset="compact", decryption_budget=4, reveal_length=n)
+    handles = list(loaded(run, uploads(run, n), n, "auto").values())
+    with native.chosen("off"):
+        with pytest.raises(ConfigError, match="keep one path for a whole round"):
+            run.server.weighted_sum(handles, [0.25] * 4)
+        total = run.server.running_sum(n)
+        with pytest.raises(ConfigError, match="keep one path"):
+            total.add(handles[0], 0.25)
