@@ -30,7 +30,7 @@ import numpy as np
 from secagg.ckks import native
 from secagg.ckks.first_polys import FreshLevel, first_polynomials
 from secagg.ckks.public import PublicCKKS, quantise
-from secagg.errors import ConfigError
+from secagg.errors import ConfigError, MalformedCiphertext
 
 
 @dataclass
@@ -73,9 +73,12 @@ def read_upload(
     """A client's upload as SEAL's load gives it (checked as the client-weighted reader
     checks it, its second polynomials expanded from its seeds), and its seeds."""
     first, seeds = first_polynomials(level, parts, n_values)
-    second = expander.sum(
-        seeds=[seeds], chunks=first.shape[0], factors=[], threads=native.threads()
-    )
+    try:
+        second = expander.sum(
+            seeds=[seeds], chunks=first.shape[0], factors=[], threads=native.threads()
+        )
+    except ValueError as exc:  # a seed SEAL's loader would refuse (an unknown PRNG type)
+        raise MalformedCiphertext(f"the upload's seeds do not expand ({exc})") from None
     return Polynomials(first, second), seeds
 
 

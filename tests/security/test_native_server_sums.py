@@ -19,7 +19,7 @@ import pytest
 from secagg import wire
 from secagg.backends.ckks_server import CKKSHandle, PolynomialsHandle
 from secagg.ckks import native
-from secagg.ckks.public import CIPHERTEXT_META, SEAL_HEADER, raw_body
+from secagg.ckks.public import CIPHERTEXT_META, SEAL_HEADER, SEED_INFO_BYTES, raw_body
 from secagg.errors import ConfigError, MalformedCiphertext, WrongContext
 from secagg.wire import Envelope
 from tests.harness import BackendRound
@@ -110,9 +110,17 @@ def _another_scale(raw: bytearray) -> None:
     CIPHERTEXT_META.pack_into(raw, 0, parms, ntt, size, n, primes, scale * 2, corr)
 
 
+def _unknown_prng(raw: bytearray) -> None:
+    raw[-SEED_INFO_BYTES] = 9  # the seed's PRNG type byte: no such PRNG
+
+
 @pytest.mark.parametrize(
     "edit, error",
-    [(_coefficient_above_its_prime, MalformedCiphertext), (_another_scale, WrongContext)],
+    [
+        (_coefficient_above_its_prime, MalformedCiphertext),
+        (_another_scale, WrongContext),
+        (_unknown_prng, MalformedCiphertext),
+    ],
 )
 def test_an_upload_seals_load_refuses_is_refused_natively_too(edit, error):
     n = 2048
