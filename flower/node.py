@@ -113,6 +113,7 @@ def task_data(task: str, client_id: str) -> Any:
     partition; another site's lazy part is never opened here), from what the zygote
     preloaded, else from ``get_task(task).load()``."""
     from secagg.clients.tasks.tcga_brca import held_by_site
+    from secagg.runspec.provisioning import client_index
 
     if task in _PRELOADED:
         declared = _PRELOADED[task]
@@ -121,11 +122,6 @@ def task_data(task: str, client_id: str) -> Any:
 
         declared = get_task(task).load()
     return held_by_site(declared, client_index(client_id))
-
-
-def client_index(client_id: str) -> int:
-    """k of ``client_<k>``."""
-    return int(client_id.rsplit("_", 1)[1])
 
 
 #: a node's own settings, written by its operator, never by the coordinator
@@ -357,6 +353,8 @@ class NodeClient:
     def data_fingerprint(self) -> str:
         """A digest of this node's client's partition, as the node's task loads it (the
         ledger counts runs per data: ``secagg.flower.ledger``)."""
+        from secagg.runspec.provisioning import client_index
+
         with only_node_modules(self.own_modules):
             loaded = task_data(self.config.task, self.client_id)
         return data_fingerprint(loaded.train[client_index(self.client_id)])

@@ -112,7 +112,7 @@ class ClientFactory:
         policy = self.client_policy(flat_params(some).size, data.n_clients)
         return {
             cid: self._build(task, models[cid], data.train[k], validation[k], k, cid, policy)
-            for cid, k in ((c, int(c.rsplit("_", 1)[1])) for c in ids)
+            for cid, k in ((c, client_index(c)) for c in ids)
         }
 
     def client_policy(self, n_params: int, n_clients: int) -> ClientPolicy:
@@ -203,6 +203,11 @@ class ClientFactory:
             seed=self._noise_seed(seed * 1000 + k + 500),
             observer_public=self.observer_public,
         )
+
+
+def client_index(client_id: str) -> int:
+    """k of ``client_<k>``: the client's part of the task's data."""
+    return int(client_id.rsplit("_", 1)[1])
 
 
 def seed_data(

@@ -35,6 +35,8 @@ from secagg.ckks.public import (
     SEED_INFO_BYTES,
     CiphertextSum,
     PublicCKKS,
+    check_normaliser,
+    checked_weight,
     ciphertext_blobs,
     is_key_id,
     params_fingerprint,
@@ -52,7 +54,6 @@ from secagg.ckks.release import (
 )
 from secagg.ckks.server_sums import (
     Polynomials,
-    checked_weight,
     expander_for,
     read_upload,
     required_expander,
@@ -736,10 +737,7 @@ class CKKSRunningSum(RunningSum):
 
     def _result(self, normaliser: float) -> CKKSHandle | PolynomialsHandle:
         if self._polys is not None:
-            if not 0 < normaliser <= 1 + 1e-9:
-                raise ConfigError(
-                    f"a running sum's normaliser must lie in (0, 1], got {normaliser}"
-                )
+            check_normaliser(normaliser)
             # as CiphertextSum.result: the normaliser goes into the scale
             scale = self.public.sum_scale * normaliser
             return PolynomialsHandle(self._polys, self.length, scale, tuple(self._entries))
@@ -775,8 +773,7 @@ class ClientWeightedSum(RunningSum):
     def _result(self, normaliser: float) -> FirstPolysHandle:
         if self._sum.total is None:
             raise ConfigError("no upload was added to the sum")
-        if not 0 < normaliser <= 1 + 1e-9:
-            raise ConfigError(f"a running sum's normaliser must lie in (0, 1], got {normaliser}")
+        check_normaliser(normaliser)
         # the sum is at Δ (the clients weighted); a renormalised one decodes at Δ·normaliser
         scale = self.level.public.scale * normaliser
         return FirstPolysHandle(self._sum.total, self.length, scale, tuple(self._entries))

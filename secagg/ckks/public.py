@@ -732,6 +732,22 @@ class PublicCKKS:
         return self.sum_scale * 2.0 ** -max(self.preset.weight_bits, 20)
 
 
+def checked_weight(weight: float, weight_bits: int) -> int:
+    """The integer k a weight becomes in a CKKS sum (:func:`quantise`), refused unless
+    |w| ≤ 1 (the headroom: every client's values are checked against it)."""
+    w = float(weight)
+    if not abs(w) <= 1.0:
+        raise ConfigError(f"CKKS weighted sums need |w| <= 1 (headroom); got {w}")
+    return quantise(w, weight_bits)
+
+
+def check_normaliser(normaliser: float) -> None:
+    """A running sum's normaliser (the share of the planned weight that arrived) lies in
+    (0, 1], or ConfigError."""
+    if not 0 < normaliser <= 1 + 1e-9:
+        raise ConfigError(f"a running sum's normaliser must lie in (0, 1], got {normaliser}")
+
+
 def quantise(weight: float, weight_bits: int) -> int:
     """The integer k a weight becomes in a CKKS sum: SEAL encodes the constant w at scale
     2^wb as round(w·2^wb), half away from zero (C's ``round``)."""
@@ -758,9 +774,7 @@ class CiphertextSum:
         precision and nothing was added. ``consume`` multiplies ``vector`` in place (no
         copy) when the caller drops it afterwards, as a streaming server does."""
         w = float(weight)
-        if not abs(w) <= 1.0:
-            raise ConfigError(f"CKKS weighted sums need |w| <= 1 (headroom); got {w}")
-        if quantise(w, self.public.preset.weight_bits) == 0:
+        if checked_weight(w, self.public.preset.weight_bits) == 0:
             return False
         if self.chunks is not None and len(vector) != len(self.chunks):
             raise MalformedCiphertext(
@@ -792,8 +806,7 @@ class CiphertextSum:
         clients dropped out of is renormalised without another multiplication."""
         if self.chunks is None:
             raise ConfigError("every weight rounds to zero at this preset's weight precision")
-        if not 0 < normaliser <= 1 + 1e-9:
-            raise ConfigError(f"a running sum's normaliser must lie in (0, 1], got {normaliser}")
+        check_normaliser(normaliser)
         if normaliser != 1.0:
             for ct in self.chunks:
                 ct.scale = self.public.sum_scale * normaliser

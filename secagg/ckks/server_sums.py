@@ -29,7 +29,7 @@ import numpy as np
 
 from secagg.ckks import native
 from secagg.ckks.first_polys import FreshLevel, first_polynomials
-from secagg.ckks.public import PublicCKKS, quantise
+from secagg.ckks.public import PublicCKKS
 from secagg.errors import ConfigError, MalformedCiphertext
 
 
@@ -80,15 +80,6 @@ def read_upload(
     except ValueError as exc:  # a seed SEAL's loader would refuse (an unknown PRNG type)
         raise MalformedCiphertext(f"the upload's seeds do not expand ({exc})") from None
     return Polynomials(first, second), seeds
-
-
-def checked_weight(weight: float, weight_bits: int) -> int:
-    """The integer k a weight becomes in the sum (:func:`public.quantise`), refused as
-    ``CiphertextSum.add`` refuses it: |w| ≤ 1 (the headroom)."""
-    w = float(weight)
-    if not abs(w) <= 1.0:
-        raise ConfigError(f"CKKS weighted sums need |w| <= 1 (headroom); got {w}")
-    return quantise(w, weight_bits)
 
 
 def weighted(expander, vectors: Sequence[Polynomials], ks: Sequence[int]) -> Polynomials:
