@@ -10,7 +10,9 @@ yields them as they arrive, so a streaming server folds one upload while others 
 being computed. A node that does not answer within ``timeout`` seconds is a missing answer
 (the engine excludes it for the round, or, below a threshold's t, aborts the round); its
 message expires in the SuperLink at the same time, so a node that restarts never answers a
-stale request.
+stale request. A node that dies while pushing its reply costs no more: the pull gives its
+reply up before the deadline, instead of holding every reply pulled with it for as long as
+Flower would wait (``process.bound_object_pulls``).
 
 The bytes the engine counts are the envelopes; what Flower adds around them is counted
 apart (``framing``).
@@ -33,12 +35,21 @@ from flwr.app import Message
 
 from secagg.errors import ConfigError, MalformedMessage
 from secagg.flower import messages
-from secagg.flower.process import profile_process, shorten_object_pulls
+from secagg.flower.process import (
+    bound_object_pulls,
+    objects_due,
+    profile_process,
+    shorten_object_pulls,
+)
 from secagg.server.transport import ClientUnavailable, Reply, check_reply
 
 LOG = logging.getLogger(__name__)
 
 HELLO_CONTEXT = b"secagg flower hello v1"
+#: seconds before the earliest outstanding request's deadline by which a pull gives up a
+#: reply still arriving: the other replies of the same pull are then taken before their
+#: messages expire in the SuperLink (``process.bound_object_pulls``)
+OBJECTS_MARGIN = 2.0
 
 #: a diagnostic (``SECAGG_WARM_LOG``, as secagg.flower.warm and .guard): the ServerApp logs
 #: when it pushed each request and pulled its reply (wall-clock times)
@@ -124,6 +135,7 @@ class FlowerNodes:
         # a reply is often listed before its node has pushed all of it: ask again after
         # 50 ms rather than Flower's 1 s (the ServerApp's own process)
         shorten_object_pulls()
+        bound_object_pulls()
         profile_process("serverapp")
 
     def wait_for_all(self, timeout: float) -> None:
@@ -224,7 +236,9 @@ def pull(
     still unanswered after ``timeout`` seconds gets a ClientUnavailable."""
     deadline = {mid: time.monotonic() + timeout for mid in sent}
     while deadline:
-        for answer in grid.pull_messages(list(deadline)):
+        with objects_due(min(deadline.values()) - OBJECTS_MARGIN):
+            answers = grid.pull_messages(list(deadline))
+        for answer in answers:
             mid = answer.metadata.reply_to_message_id
             if mid in deadline:
                 del deadline[mid]
@@ -324,7 +338,11 @@ class FlowerTransport:
                     return
                 continue
             pulling = time.time()
-            for answer in grid.pull_messages(list(waiting)):
+            # a reply whose node died while pushing it must not hold the others (their
+            # messages expire in the SuperLink at their deadlines)
+            with objects_due(min(t for _, t in waiting.values()) - OBJECTS_MARGIN):
+                answers = grid.pull_messages(list(waiting))
+            for answer in answers:
                 mid = answer.metadata.reply_to_message_id
                 if mid not in waiting:
                     continue

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from secagg.flower.apps import run_on_flower
 from secagg.flower.deployment import prepare
 from secagg.flower.messages import read_request
 from secagg.runspec.config import ExperimentConfig
+from secagg.wire import Envelope
 from tests.flower_grid import LoopbackGrid, audits_match
 from tests.test_plugins import registries  # noqa: F401  (the fixture)
 
@@ -193,6 +195,91 @@ def test_a_node_down_for_a_round_is_excluded_and_rejoins_the_next(tmp_path, unav
     reason = "the node failed: node_unavailable" if unavailable else "no answer within 1 s"
     assert reason in summary["exclusions"][0]["reason"]
     assert json.loads((out / "flower.json").read_text())["aborted"] == {}
+
+
+class HalfPushedGrid(LoopbackGrid):
+    """Pulls as flwr 1.42's HttpGrid does: a reply is listed once its node has pushed its
+    header, marked delivered then (never listed again), and its objects are pulled one
+    listed reply after another with ``http_grid.pull_objects``; a message that outlives
+    its TTL is deleted, reply and all. ``half_pushed(node, round, phase)``: that node died
+    while pushing this reply, whose objects never come (Flower gives up after ``gives_up``
+    seconds: its own limits are hours)."""
+
+    def __init__(self, *args, half_pushed, gives_up=30.0, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.half_pushed, self.gives_up = half_pushed, gives_up
+        self.expires: dict[str, float] = {}
+        self.sent: dict[str, object] = {}
+        self.stuck: set[str] = set()
+        self.given_up = 0
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        ids = super().push_messages(messages)
+        for mid, msg in zip(ids, messages, strict=True):
+            self.expires[mid] = time.monotonic() + msg.metadata.ttl
+            self.sent[mid] = msg
+            envelope, _ = read_request(msg)
+            if envelope is not None:
+                env = Envelope.from_bytes(envelope)
+                if self.half_pushed(msg.metadata.dst_node_id, env.round, env.phase):
+                    self.stuck.add(mid)
+        return ids
+
+    def pull_messages(self, message_ids):
+        from flwr.app import Error, Message
+        from flwr.supercore.inflatable.inflatable_utils import (
+            ObjectPullError,
+            ObjectUnavailableError,
+        )
+        from flwr.superlink.grid import http_grid
+
+        listed = sorted(super().pull_messages(message_ids), key=self._listed_first)
+        began, pulled = time.monotonic(), []
+        for reply in listed:
+            mid = reply.metadata.reply_to_message_id
+
+            def pull_object(_object_id, mid=mid):
+                if mid not in self.stuck:
+                    return b""
+                if time.monotonic() - began > self.gives_up:
+                    raise ObjectPullError(_object_id, "gave up")
+                raise ObjectUnavailableError(_object_id)
+
+            try:
+                http_grid.pull_objects(["object"], pull_object)
+            except ObjectPullError:
+                self.given_up += 1
+                error = Error(code=3, reason="objects unavailable")  # MESSAGE_UNAVAILABLE
+                pulled.append(Message(error, reply_to=self.sent[mid]))
+                continue
+            pulled.append(reply)
+        now = time.monotonic()  # what expired meanwhile the SuperLink has deleted
+        return [m for m in pulled if self.expires[m.metadata.reply_to_message_id] > now]
+
+    def _listed_first(self, reply):  # the half-pushed reply first: the others wait behind it
+        return reply.metadata.reply_to_message_id not in self.stuck
+
+
+def test_a_node_that_dies_while_pushing_its_reply_holds_no_other_reply(tmp_path):
+    """client_2's node dies while pushing its round-2 upload: its reply is listed but its
+    content never comes. The pull gives it up before the other replies' messages expire
+    (Flower alone waits for it up to its own limits, hours, holding every reply listed with
+    it until their messages expired: a round lost every client but one), so the round goes
+    on with the other five and client_2 is a dropout."""
+    config = replace(LARC, rounds=2)
+    folder, made = deploy(tmp_path, config)
+    grid = HalfPushedGrid(
+        made.nodes, half_pushed=lambda node, rnd, phase: (node, rnd, phase) == (102, 1, "train")
+    )
+    out = tmp_path / "out"
+    with pytest.raises(RunNotComplete, match="degraded: client_2 missed round 2 of seed 3"):
+        run_on_flower(grid, deployment=folder, out=out, timeout=5.0, connect_timeout=5)
+    assert grid.given_up == 1  # the half-pushed reply was pulled, and given up
+    assert pd.read_csv(out / "metrics.csv")["clients"].tolist()[1:] == [6, 5]
+    summary = json.loads((out / "audit_summary.json").read_text())
+    assert [(e["round"], e["peer"]) for e in summary["exclusions"]] == [(2, "client_2")]
+    assert "message_unavailable" in summary["exclusions"][0]["reason"]
 
 
 @pytest.mark.parametrize("down", [{102}, {101, 102, 103}], ids=["one", "beyond-n-minus-t"])

@@ -230,7 +230,9 @@ def test_a_supernode_killed_and_restarted_at_once_is_excluded_then_back(tmp_path
     round goes on without it; killed between its upload and its consent, the round makes no
     update (its upload is in the sum) and it is a dropout, not a refuser: either way it is
     back, continuing from the state on its node, and the summary names the rounds it
-    missed. No other node is lost. The run is degraded (Flower: finished:failed)."""
+    missed. Killed while pushing a reply (its upload, or its decryption as a decryptor), the
+    reply is given up before the others' expire. No other node is lost. The run is degraded
+    (Flower: finished:failed)."""
     # rounds take ~2 s once the SuperLink answers "node unavailable": enough of them to
     # cover its 20 s to mark the node offline and the restarted node's start
     config = replace(LARC, protocol="fedavg", rounds=10, local_steps=1)
@@ -246,10 +248,14 @@ def test_a_supernode_killed_and_restarted_at_once_is_excluded_then_back(tmp_path
         run_id = federation.submit(out=str(out), timeout=30.0)
         _wait_for(progress, r"round 1/10", federation, run_id, poll=0.1)
         federation.kill_node("client_2")
+        # on a loaded machine this process may look late: rounds done when it died
+        done = len(re.findall(r"round \d+/10", progress.read_text()))
         federation.start_node("client_2")
         status = federation.wait(run_id, timeout=600)
         restarts = (federation.work / "supernode-client_2.log").read_text()
     said = progress.read_text()  # what the run printed: the failure message shows it
+    print(said)  # whole (an assertion's message is cut), with what the nodes logged
+    print(restarts)
     # client_2 missed rounds: the run is degraded, and its ServerApp fails on purpose once
     # the folder is written
     assert status == "finished:failed", said
@@ -257,7 +263,7 @@ def test_a_supernode_killed_and_restarted_at_once_is_excluded_then_back(tmp_path
     assert "previous session as online" in restarts  # refused at first, then started again
     clients = pd.read_csv(out / "metrics.csv")["clients"].tolist()[1:]
     assert len(clients) == 10 and clients[0] == 6 and 5 in clients, (clients, said)
-    assert clients.index(5) <= 2, said  # a round at most passed it by before the kill
+    assert clients.index(5) <= done + 1, said  # the round it died in, or the next
     assert clients[-1] == 6, (clients, said)  # back
     summary = json.loads((out / "audit_summary.json").read_text())
     assert {e["peer"] for e in summary["exclusions"]} == {"client_2"}, said  # no other lost
