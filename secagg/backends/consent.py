@@ -69,9 +69,10 @@ def gather_consents(
     if record is not None:
         record.admit(ctx, d)
     contributors = [client for client, _, _ in d.entries]
+    request = {"release": wire.config(d.to_config())}  # encoded once: n entries, n clients
     replies = ctx.ask(
         "consent",
-        {c: {"release": wire.config(d.to_config())} for c in contributors},
+        dict.fromkeys(contributors, request),
         expect={"consent": wire.CONFIG},
         reach_excluded=True,
         # read inside ``ask``: a consent that is not a JSON object excludes its sender

@@ -41,6 +41,7 @@ import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -135,6 +136,12 @@ class Descriptor:
 
     def hash(self) -> bytes:
         """SHA-256 of the canonical JSON: what every contributor signs."""
+        return self._hash
+
+    @cached_property
+    def _hash(self) -> bytes:
+        # once per descriptor: a release's n consents are each checked against it (n² work
+        # for n contributors otherwise)
         text = json.dumps(self.to_config(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).digest()
 
@@ -324,7 +331,7 @@ class ReleasePolicy:
         if self.min_contributors < 2:
             return  # a client that accepts one-upload releases accepts being singled out
         order = [c for c, _ in listed]
-        rows = [[b.weights[c] for c in order] for b in (*earlier, d)]
+        rows = [[weights[c] for c in order] for weights in (b.weights for b in (*earlier, d))]
         need = self.colluders + self.min_contributors
         if len(order) < need:
             raise ReleaseRefused(
