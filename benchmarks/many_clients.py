@@ -25,8 +25,9 @@ Where it is not flat, and why:
   the server, copied into each request) and each client's check is O(n);
 - ``threshold`` shares each upload's one-time key t of n among the clients: n shares per
   upload, n² per round through the server, and a reveal asks every holder for its share, so
-  its server work per client, its memory and every client's work grow with n (measured at
-  100 → 300 clients: 8.8 → 19 ms per client, 268 MB → 1.6 GB, a 190 s round). A holder
+  its server work per client, its memory and every client's work grow with n (one
+  exploratory run, 100 → 300 clients on a shared machine: 8.8 → 19 ms per client, 268 MB →
+  1.6 GB, a 190 s round). A holder
   committee of fixed size would keep it flat; it is not built, so the committed run stops
   threshold at 200 clients.
 

@@ -934,6 +934,7 @@ def write_report(
     critical: dict[str, list[float]] | None = None,
     serial: dict[str, list[float]] | None = None,
     floors: dict[str, list[tuple[float, float, float, float]]] | None = None,
+    stages: pd.DataFrame | None = None,
 ) -> str:
     """The report; ``paired``, ``critical`` and ``serial``: the interleaved repeats'
     ckks/plain ratios of the round's wall time, of its critical path and of that path's
@@ -1142,9 +1143,22 @@ def write_report(
             markdown_table(steps_table(steps), ".3g"),
             "",
         ]
+    if stages is not None and not stages.empty:
+        lines += [
+            f"## Where the critical path goes ({n:.0e} parameters, 10 clients)",
+            "",
+            "Seconds per round, medians of the interleaved repeats' warm rounds: the "
+            "server's own work and, per phase, its slowest client's answer; they add up to "
+            "the serial critical path (the upper bound). `critical_path_s` folds the uploads "
+            "as they arrive; `value_floor_s` is the part nothing can precompute "
+            "(`overhead_critical_path.png`).",
+            "",
+            markdown_table(stages_table(stages), ".3g"),
+            "",
+        ]
     lines += [
         "Raw rows: `overhead_rounds.csv`; medians: `overhead.csv`; plots: "
-        "`overhead_sizes.png`, `overhead_clients.png`.",
+        "`overhead_sizes.png`, `overhead_clients.png`, `overhead_critical_path.png`.",
         "",
     ]
     text = "\n".join(lines)
@@ -1195,6 +1209,97 @@ def plot(summary: pd.DataFrame, out: Path, steps: int = 100) -> list[str]:
     return written
 
 
+#: the critical-path figure's workloads, from the ratio sweep: (title, kind, protocol, preset)
+PATH_WORKLOADS = (
+    ("FedAvg family (mlp)", "mlp", "fedadam", CKKS_PRESET),
+    ("synthetic (no training)", "synthetic", "fedadam", CKKS_PRESET),
+    ("LARC (mlp)", "mlp", "larc", "compact"),
+)
+
+
+def critical_path_stages(rounds: pd.DataFrame) -> pd.DataFrame:
+    """Per workload of :data:`PATH_WORKLOADS` and backend: the medians over the ratio
+    sweep's warm rounds (default path) of each stage of the serial critical path
+    (``path_*_s``: the server's work and each phase's slowest answer,
+    ``rounds.deployment_seconds``), with the folded critical path and the value floor."""
+    if "path_server_s" not in rounds:
+        return pd.DataFrame()
+    rep = rounds[rounds["label"].astype(str).str.startswith("ratio") & rounds["warm"]]
+    rep = rep[rep["native"] & rep["masks"]]
+    rows = []
+    for title, kind, protocol, preset in PATH_WORKLOADS:
+        for backend in ("plain", "ckks"):
+            part = rep[
+                (rep["kind"] == kind)
+                & (rep["protocol"] == protocol)
+                & (rep["preset"] == preset)
+                & (rep["backend"] == backend)
+            ]
+            if part.empty:
+                continue
+            stages = [c for c in part.columns if c.startswith("path_") and part[c].notna().any()]
+            rows.append(
+                {
+                    "workload": title,
+                    "backend": backend,
+                    **{c: float(part[c].fillna(0.0).median()) for c in stages},
+                    "critical_path_s": float(part["critical_path_s"].median()),
+                    "value_floor_s": float(part["value_floor_s"].median()),
+                }
+            )
+    table = pd.DataFrame(rows)
+    stage_columns = [c for c in table.columns if c.startswith("path_")]
+    return table.fillna({c: 0.0 for c in stage_columns})
+
+
+def plot_critical_path(stages: pd.DataFrame, out: Path) -> list[str]:
+    """Stacked bars: where each workload's serial critical path goes, plain beside ckks."""
+    if stages.empty:
+        return []
+    columns = [c for c in stages.columns if c.startswith("path_")]
+    order = ["path_server_s", "path_train_s"]
+    columns = [c for c in order if c in columns] + sorted(c for c in columns if c not in order)
+    colours = dict(zip(columns, plt.get_cmap("tab10").colors, strict=False))
+    workloads = list(dict.fromkeys(stages["workload"]))
+    fig, axes = plt.subplots(len(workloads), 1, figsize=(9, 1.6 + 1.3 * len(workloads)))
+    for ax, workload in zip(np.atleast_1d(axes), workloads, strict=True):
+        part = stages[stages["workload"] == workload].reset_index(drop=True)
+        left = np.zeros(len(part))
+        for column in columns:
+            width = part[column].to_numpy()
+            if not np.any(width > 0):
+                continue
+            label = "server's own work" if column == "path_server_s" else column[5:-2]
+            ax.barh(part["backend"], width, left=left, color=colours[column], label=label)
+            left += width
+        for y, r in part.iterrows():
+            if r["value_floor_s"] > 0:
+                ax.annotate(
+                    f"floor {r['value_floor_s']:.3f} s",
+                    (left[y], y),
+                    xytext=(4, 0),
+                    textcoords="offset points",
+                    va="center",
+                    fontsize=7,
+                )
+        ax.set_title(workload, fontsize=9, loc="left")
+        ax.set_xlabel("seconds (serial critical path: medians of warm rounds)", fontsize=8)
+        ax.legend(fontsize=7, loc="lower right", ncol=3)
+        ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out / "overhead_critical_path.png", dpi=120)
+    plt.close(fig)
+    return ["overhead_critical_path.png"]
+
+
+def stages_table(stages: pd.DataFrame) -> pd.DataFrame:
+    """The figure's numbers: one row per workload and backend, a column per stage."""
+    renamed = {
+        c: ("server" if c == "path_server_s" else c[5:-2]) for c in stages if c.startswith("path_")
+    }
+    return stages.rename(columns=renamed)
+
+
 # ---- where the outputs go (benchmarks.crypto uses these too) -----------------------------
 #: what a run writes into its --out folder
 OUTPUTS = (
@@ -1204,6 +1309,7 @@ OUTPUTS = (
     "overhead_machine.json",
     "overhead_sizes.png",
     "overhead_clients.png",
+    "overhead_critical_path.png",
 )
 #: what the threshold sweep writes (its own report, beside the plain vs ckks one)
 THRESHOLD_OUTPUTS = (
@@ -1403,7 +1509,9 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         if threshold:
             print(write_threshold_report(rounds, summary, args.out, args, elapsed))
         else:
+            stages = critical_path_stages(rounds)
             written = plot(summary, args.out, args.local_steps)
+            written += plot_critical_path(stages, args.out)
             for stale in {f for f in OUTPUTS if f.endswith(".png")} - set(written):
                 (args.out / stale).unlink(missing_ok=True)  # an earlier run's plot this lacks
             report = write_report(
@@ -1415,6 +1523,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
                 paired_ratios(rounds, "critical_path_s"),
                 paired_ratios(rounds, "critical_path_serial_s"),
                 floor_overheads(rounds),
+                stages,
             )
             print(report)
         (args.out / machine_json).write_text(

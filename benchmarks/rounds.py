@@ -242,7 +242,9 @@ def deployment_seconds(
       time: a deployment folds uploads while slower clients still train. Clients that all
       finish together leave it at the serial figure;
     - CPU: the server's work plus every client's answers and masks (busy seconds summed over
-      all parties, what the round costs in machine time).
+      all parties, what the round costs in machine time);
+    - the serial path by stage: ``path_server_s`` (the server's work) and, per phase asked,
+      ``path_<phase>_s`` (its slowest client's answer); they add up to the serial figure.
     """
     asked = {
         k[len("phase:") :]
@@ -252,7 +254,8 @@ def deployment_seconds(
     }
     waited = sum(server.get(p, 0.0) for p in asked) - server.get("receive", 0.0)
     work = max(wall - waited, 0.0)
-    slowest = sum(max(c.get(f"phase:{p}", 0.0) for c in clients.values()) for p in asked)
+    stages = {p: max(c.get(f"phase:{p}", 0.0) for c in clients.values()) for p in sorted(asked)}
+    slowest = sum(stages.values())
     busy = sum(v for c in clients.values() for k, v in c.items() if k.startswith("phase:")) + sum(
         c.get("protect_offline", 0.0) for c in clients.values()
     )
@@ -267,6 +270,8 @@ def deployment_seconds(
         "critical_path_s": folded,
         "critical_path_serial_s": work + slowest,
         "cpu_s": work + busy,
+        "path_server_s": work,
+        **{f"path_{p}_s": v for p, v in stages.items()},
     }
 
 
@@ -378,7 +383,12 @@ def measure_rounds(
             before_each = after_each
             row = {
                 "label": label,
-                **{k: v for k, v in asdict(workload).items() if k != "provisions"},
+                # not asdict(workload): it would copy every client's provisioning first
+                **{
+                    k: v
+                    for k, v in asdict(replace(workload, provisions=None)).items()
+                    if k != "provisions"
+                },
                 "model_params": initial.size,
                 "warm": rnd > 0,
                 "workers": transport.workers,

@@ -10,6 +10,7 @@ from benchmarks.overhead import (
     SIZES,
     SWEEPS,
     Workload,
+    critical_path_stages,
     critical_path_targets,
     earlier_rows,
     linear_fit,
@@ -18,6 +19,7 @@ from benchmarks.overhead import (
     mlp_width,
     paired_ratios,
     plan,
+    plot_critical_path,
     run_config,
     slope,
     summarise,
@@ -264,8 +266,14 @@ def test_deployment_seconds_takes_the_slowest_client_per_phase():
             "critical_path_s": (work - 0.7) + (3.0 + 0.7 / 3) + 1.5,
             "critical_path_serial_s": work + 3.0 + 1.5,
             "cpu_s": work + 1.0 + 2.0 + 3.0 + 1.5 + 0.4,
+            # the serial path by stage: the server's work and each phase's slowest answer
+            "path_server_s": work,
+            "path_train_s": 3.0,
+            "path_reveal_s": 1.5,
         }
     )
+    stages = sum(v for k, v in got.items() if k.startswith("path_"))
+    assert stages == pytest.approx(got["critical_path_serial_s"])
     # clients that finish together: the folds queue up, the serial figure
     together = {c: {"phase:train": 3.0} for c in "abc"}
     tied = deployment_seconds(10.0, server, together)
@@ -302,3 +310,42 @@ def test_the_machine_names_what_the_rounds_run_on_and_no_openfhe():
     m = machine()
     assert {"cpu", "cores", "memory", "python", "tenseal", "os"} == set(m)
     assert int(m["cores"]) >= 1
+
+
+def test_the_critical_path_figure_stacks_each_stage_per_workload(tmp_path):
+    """The ratio sweep's warm rounds, default path: per workload and backend the median of
+    each stage; a stage a backend never asks (plain has no reveal) counts 0; a cold round,
+    a before (no masks) and another label are left out; the figure is written."""
+
+    def row(kind, protocol, preset, backend, server, train, reveal=None, **extra):
+        return {
+            "label": "ratio#0", "warm": True, "native": True, "masks": True, "kind": kind,
+            "protocol": protocol, "preset": preset, "backend": backend,
+            "path_server_s": server, "path_train_s": train, "path_reveal_s": reveal,
+            "critical_path_s": server + train + (reveal or 0.0) - 0.01,
+            "value_floor_s": 0.0 if backend == "plain" else 0.05, **extra,
+        }  # fmt: skip
+
+    rounds = pd.DataFrame(
+        [
+            row("mlp", "fedadam", "lean", "plain", 0.02, 0.30),
+            row("mlp", "fedadam", "lean", "plain", 0.04, 0.32),
+            row("mlp", "fedadam", "lean", "ckks", 0.05, 0.35, 0.10),
+            row("mlp", "fedadam", "lean", "ckks", 9.0, 9.0, 9.0, warm=False),  # warm-up
+            row("mlp", "fedadam", "lean", "ckks", 9.0, 9.0, 9.0, masks=False),  # a before
+            row("mlp", "fedadam", "lean", "ckks", 9.0, 9.0, 9.0, label="steps"),
+            row("mlp", "larc", "compact", "ckks", 0.5, 0.4, 0.2, path_larc_probe_s=0.3),
+        ]
+    )
+    stages = critical_path_stages(rounds)
+    assert list(zip(stages["workload"], stages["backend"])) == [
+        ("FedAvg family (mlp)", "plain"), ("FedAvg family (mlp)", "ckks"), ("LARC (mlp)", "ckks"),
+    ]  # fmt: skip
+    plain, ckks, larc = (stages.iloc[i] for i in range(3))
+    assert (plain["path_server_s"], plain["path_train_s"]) == pytest.approx((0.03, 0.31))
+    assert plain["path_reveal_s"] == 0.0 and plain["path_larc_probe_s"] == 0.0
+    assert (ckks["path_server_s"], ckks["path_reveal_s"]) == pytest.approx((0.05, 0.10))
+    assert larc["path_larc_probe_s"] == pytest.approx(0.3)
+    assert plot_critical_path(stages, tmp_path) == ["overhead_critical_path.png"]
+    assert (tmp_path / "overhead_critical_path.png").stat().st_size > 0
+    assert critical_path_stages(rounds.drop(columns=["path_server_s"])).empty  # older rows
