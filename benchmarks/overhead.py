@@ -1248,18 +1248,22 @@ def critical_path_stages(rounds: pd.DataFrame) -> pd.DataFrame:
                 }
             )
     table = pd.DataFrame(rows)
-    stage_columns = [c for c in table.columns if c.startswith("path_")]
-    return table.fillna({c: 0.0 for c in stage_columns})
+    if table.empty:
+        return table
+    stages = [c for c in table.columns if c.startswith("path_")]
+    first = [c for c in ("path_server_s", "path_train_s") if c in stages]
+    ordered = first + sorted(c for c in stages if c not in first)
+    table = table[["workload", "backend", *ordered, "critical_path_s", "value_floor_s"]]
+    return table.fillna({c: 0.0 for c in ordered})
 
 
 def plot_critical_path(stages: pd.DataFrame, out: Path) -> list[str]:
     """Stacked bars: where each workload's serial critical path goes, plain beside ckks."""
     if stages.empty:
         return []
-    columns = [c for c in stages.columns if c.startswith("path_")]
-    order = ["path_server_s", "path_train_s"]
-    columns = [c for c in order if c in columns] + sorted(c for c in columns if c not in order)
+    columns = [c for c in stages.columns if c.startswith("path_")]  # in the table's order
     colours = dict(zip(columns, plt.get_cmap("tab10").colors, strict=False))
+    labels = {c: "server's own work" if c == "path_server_s" else c[5:-2] for c in columns}
     workloads = list(dict.fromkeys(stages["workload"]))
     fig, axes = plt.subplots(len(workloads), 1, figsize=(9, 1.6 + 1.3 * len(workloads)))
     for ax, workload in zip(np.atleast_1d(axes), workloads, strict=True):
@@ -1269,11 +1273,10 @@ def plot_critical_path(stages: pd.DataFrame, out: Path) -> list[str]:
             width = part[column].to_numpy()
             if not np.any(width > 0):
                 continue
-            label = "server's own work" if column == "path_server_s" else column[5:-2]
-            ax.barh(part["backend"], width, left=left, color=colours[column], label=label)
+            ax.barh(part["backend"], width, left=left, color=colours[column])
             left += width
         for y, r in part.iterrows():
-            if r["value_floor_s"] > 0:
+            if r["backend"] != "plain":  # plain has no floor: nothing to encode or open
                 ax.annotate(
                     f"floor {r['value_floor_s']:.3f} s",
                     (left[y], y),
@@ -1284,9 +1287,11 @@ def plot_critical_path(stages: pd.DataFrame, out: Path) -> list[str]:
                 )
         ax.set_title(workload, fontsize=9, loc="left")
         ax.set_xlabel("seconds (serial critical path: medians of warm rounds)", fontsize=8)
-        ax.legend(fontsize=7, loc="lower right", ncol=3)
+        ax.margins(x=0.12)  # room for the floor's label
         ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colours[c]) for c in columns]
+    fig.legend(handles, [labels[c] for c in columns], loc="lower center", ncol=len(columns))
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
     fig.savefig(out / "overhead_critical_path.png", dpi=120)
     plt.close(fig)
     return ["overhead_critical_path.png"]
