@@ -327,6 +327,17 @@ def plan(
     return unique
 
 
+def reuse_key(row: dict[str, Any]) -> tuple:
+    """What ``--reuse`` matches a planned configuration on: :data:`CONFIG_KEYS`, the last
+    of which (streaming) as asked for where the row records it (a protocol whose weights
+    come after the uploads runs unstreamed whatever was asked: LARC's rows were run again),
+    then the label."""
+    assert CONFIG_KEYS[-1] == "streaming"
+    asked = row.get("streaming_asked")
+    streaming = row["streaming"] if asked is None or pd.isna(asked) else bool(asked)
+    return (*(row[k] for k in CONFIG_KEYS[:-1]), streaming, row["label"])
+
+
 def earlier_rows(path: Path) -> list[dict[str, Any]]:
     """An earlier run's rounds (``--reuse``), with the configuration keys that rows written
     before a key existed lack: the protocol (FedAdam, the only one then) and the native path
@@ -345,7 +356,8 @@ def summarise(rounds: pd.DataFrame) -> pd.DataFrame:
     numeric = [
         c
         for c in rounds.columns
-        if c not in keys + ["label", "round", "seed", "warm", "batch_size", "workers"]
+        if c
+        not in keys + ["label", "round", "seed", "warm", "batch_size", "workers", "streaming_asked"]
         and pd.api.types.is_numeric_dtype(rounds[c])
     ]
     warm = rounds[rounds["warm"]] if rounds["warm"].any() else rounds
@@ -1452,7 +1464,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         for threshold, files in reports.items():
             if (args.out / files[0]).exists():
                 rows[threshold] = earlier_rows(args.out / files[0])
-                done |= {(*(r[k] for k in CONFIG_KEYS), r["label"]) for r in rows[threshold]}
+                done |= {reuse_key(r) for r in rows[threshold]}
     spent = {threshold: 0.0 for threshold in reports}
     for i, (sweep, workload, opts) in enumerate(configs, 1):
         name = (

@@ -394,6 +394,7 @@ def measure_rounds(
                 "workers": transport.workers,
                 "client_dp": client_dp,
                 "streaming": streaming and server.streaming,
+                "streaming_asked": streaming,  # what --reuse matches (LARC runs unstreamed)
                 "round": rnd,
                 "clients_used": len(report.clients),
                 "excluded": len(report.excluded),

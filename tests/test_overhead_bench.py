@@ -20,6 +20,7 @@ from benchmarks.overhead import (
     paired_ratios,
     plan,
     plot_critical_path,
+    reuse_key,
     run_config,
     slope,
     summarise,
@@ -349,3 +350,13 @@ def test_the_critical_path_figure_stacks_each_stage_per_workload(tmp_path):
     assert plot_critical_path(stages, tmp_path) == ["overhead_critical_path.png"]
     assert (tmp_path / "overhead_critical_path.png").stat().st_size > 0
     assert critical_path_stages(rounds.drop(columns=["path_server_s"])).empty  # older rows
+
+
+def test_reuse_matches_a_larc_row_on_the_streaming_it_asked_for():
+    """LARC runs unstreamed whatever was asked (its weights come after the uploads): --reuse
+    matches its row on what was asked, so it is not run again; a row from before the
+    column was written falls back to what ran."""
+    base = {k: 1 for k in CONFIG_KEYS[:-1]} | {"label": "ratio#0"}
+    larc = reuse_key({**base, "streaming": False, "streaming_asked": True})
+    assert larc == (*(1 for _ in CONFIG_KEYS[:-1]), True, "ratio#0")
+    assert reuse_key({**base, "streaming": False})[-2] is False
