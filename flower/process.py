@@ -69,7 +69,9 @@ def bound_object_pulls() -> None:
             limit = kwargs.get("max_time", defaults.get("max_time"))
             kwargs["max_time"] = left if limit is None else min(limit, left)
             cap = kwargs.get("backoff_cap", defaults.get("backoff_cap"))
-            kwargs["backoff_cap"] = BOUNDED_BACKOFF_CAP if cap is None else min(cap, BOUNDED_BACKOFF_CAP)
+            kwargs["backoff_cap"] = (
+                BOUNDED_BACKOFF_CAP if cap is None else min(cap, BOUNDED_BACKOFF_CAP)
+            )
         return pull(object_ids, pull_object_fn, **kwargs)
 
     pull_objects.bounded_by_secagg = True  # type: ignore[attr-defined]
