@@ -229,6 +229,15 @@ class FlowerNodes:
             self.log(line)
 
 
+def pull_before(grid: Any, message_ids: list[str], earliest: float) -> list[Message]:
+    """``grid.pull_messages(message_ids)``, giving up a reply still arriving
+    :data:`OBJECTS_MARGIN` seconds before ``earliest`` (the earliest of their deadlines,
+    ``time.monotonic``): a reply whose node died while pushing it must not hold the others
+    pulled with it until their messages expire in the SuperLink."""
+    with objects_due(earliest - OBJECTS_MARGIN):
+        return list(grid.pull_messages(message_ids))
+
+
 def pull(
     grid: Any, sent: dict[str, Any], timeout: float, poll: float
 ) -> Iterator[tuple[str, Message | Exception]]:
@@ -236,9 +245,7 @@ def pull(
     still unanswered after ``timeout`` seconds gets a ClientUnavailable."""
     deadline = {mid: time.monotonic() + timeout for mid in sent}
     while deadline:
-        with objects_due(min(deadline.values()) - OBJECTS_MARGIN):
-            answers = grid.pull_messages(list(deadline))
-        for answer in answers:
+        for answer in pull_before(grid, list(deadline), min(deadline.values())):
             mid = answer.metadata.reply_to_message_id
             if mid in deadline:
                 del deadline[mid]
@@ -338,11 +345,8 @@ class FlowerTransport:
                     return
                 continue
             pulling = time.time()
-            # a reply whose node died while pushing it must not hold the others (their
-            # messages expire in the SuperLink at their deadlines)
-            with objects_due(min(t for _, t in waiting.values()) - OBJECTS_MARGIN):
-                answers = grid.pull_messages(list(waiting))
-            for answer in answers:
+            earliest = min(t for _, t in waiting.values())
+            for answer in pull_before(grid, list(waiting), earliest):
                 mid = answer.metadata.reply_to_message_id
                 if mid not in waiting:
                     continue
