@@ -129,6 +129,13 @@ class Plaintext:
     values: Any
 
 
+class PlannedSum(TypingProtocol):
+    """A round's uploads folded as they arrived with weights fixed before
+    (``secagg.server.round.StreamedSum``)."""
+
+    def result(self, renormalise: bool = True) -> Any: ...
+
+
 class RoundAPI(TypingProtocol):
     """What the engine offers a protocol's server half in a round (``ctx``): the round's
     clients, requests to them, and the backend's sums of their protected uploads, revealed
@@ -445,6 +452,13 @@ class Protocol(ABC):
         renormalised away. ``aggregate`` must give the same sum. None: this round needs every
         upload at once (the weights depend on all of them, or a second phase reuses them)."""
         return None
+
+    def finish_sum(self, ctx: RoundAPI, total: PlannedSum) -> Any:
+        """The global update's handle from the running sum every upload was folded into
+        (streaming runs). By default the sum renormalised over the uploads that arrived; a
+        protocol may take it as planned, or ask the clients more about it before the engine
+        releases it (``larc-lagged`` does both)."""
+        return total.result()
 
     def check_upload(self, ctx: RoundAPI, client: str, upload: Upload) -> None:
         """Raise ClientInputError if an upload's extra scalars are unusable: the engine then

@@ -19,10 +19,21 @@ departs from a reader's expectation:
   (``"weights_only"``); the paper's L(W, D) uses the whole model (``"full"``, the default).
   For the Cox partial likelihood the two agree exactly: a bias shifts every risk score by the
   same constant, which the partial likelihood ignores (tests/test_larc.py checks this).
+
+``larc-lagged``, a variant offered beside the paper's (not in it): the global update is Ĝ
+itself, G_global = Σ_i ᾱ_i^{t-1} G_i with ᾱ the weights of step 4 normalised to sum to 1, and
+step 4's α_i^t weight the *next* round's uploads. Every weight is then known before the
+uploads arrive, so the server folds each upload as it comes (it streams, on the FedAvg
+family's client-weighted presets) instead of holding all of them until the probe has
+answered, and it forms one sum a round instead of two. What changes: the α a round's
+probe finds acts one round later, and the weights sum to 1 (a streamed sum is normalised
+over the uploads that arrived), as ``normalize=True`` does for the paper's. Its accuracy
+beside the paper's is measured, not assumed (``benchmarks.idash_larc``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Annotated, Any
 
@@ -35,6 +46,7 @@ from secagg.protocols.base import (
     Capabilities,
     ClientAPI,
     ClientHalf,
+    PlannedSum,
     Protocol,
     RoundAPI,
     Upload,
@@ -55,6 +67,14 @@ def larc_weights(
     p /= p.sum()
     alpha = (p / p.max() + b) / (1.0 + b)
     return alpha / alpha.sum() if normalize else alpha
+
+
+def lagged_weights(alpha: Mapping[str, float]) -> dict[str, float]:
+    """``larc-lagged``'s weights for a round: its clients' α^{t-1} rescaled to sum to 1."""
+    total = float(sum(alpha.values()))
+    if not total > 0:
+        raise ProtocolStateError(f"LARC weights must have a positive sum (got {dict(alpha)})")
+    return {c: float(a) / total for c, a in alpha.items()}
 
 
 def delta_loss(
@@ -136,15 +156,26 @@ class LARC(Protocol):
     def aggregate(self, ctx: RoundAPI, uploads: Mapping[str, Upload]) -> Any:
         handles = {c: u.handle for c, u in uploads.items()}
         planned = {c: self.alpha_prev.get(c, 1.0) for c in uploads}
-        total = ctx.weighted_sum(handles, planned)
-        alpha_prev = ctx.weights_of(total)  # as summed: each client checks its own
-        g_hat = ctx.as_fields(total, "g_hat")
-        probe = {**g_hat, "loss_check": wire.config({"mode": self.loss_check})}
+        g_hat = ctx.weighted_sum(handles, planned)
+        answered = self.probe(ctx, g_hat)
+        return ctx.weighted_sum(
+            {c: handles[c] for c in answered}, {c: answered[c] for c in answered}
+        )
+
+    def probe(self, ctx: RoundAPI, g_hat: Any) -> dict[str, float]:
+        """Steps 2–4: send Ĝ to its contributors, each with its own weight in it, and set
+        α^t from the ΔL_i they return (kept as the next round's α^{t-1}); returns α^t of
+        the clients that answered."""
+        alpha_prev = ctx.weights_of(g_hat)  # as summed: each client checks its own
+        probe = {
+            **ctx.as_fields(g_hat, "g_hat"),
+            "loss_check": wire.config({"mode": self.loss_check}),
+        }
         if ctx.server_optimizer is not None:  # server-blind runs: clients hold the optimizer
             probe.update(optimizer_fields(ctx.server_optimizer))
         replies = ctx.ask(
             "larc_probe",
-            {c: {**probe, "alpha": wire.scalar(alpha_prev[c])} for c in uploads},
+            {c: {**probe, "alpha": wire.scalar(alpha_prev[c])} for c in alpha_prev},
             expect={"delta_loss": wire.SCALAR},
         )
         answered = list(replies)
@@ -155,9 +186,52 @@ class LARC(Protocol):
             self.normalize,
         )
         self.alpha_prev.update(zip(answered, alpha.tolist()))
-        return ctx.weighted_sum(
-            {c: handles[c] for c in answered}, dict(zip(answered, alpha.tolist()))
-        )
+        return dict(zip(answered, alpha.tolist()))
+
+
+class LaggedLARC(LARC):
+    """``larc-lagged``: the probe's sum Ĝ is the global update, and the α it finds weight the
+    next round's uploads (the module's docstring says what that changes)."""
+
+    name = "larc-lagged"
+    capabilities = dataclasses.replace(LARC.capabilities, streams=True)
+
+    def __init__(
+        self,
+        q: Annotated[float, Flag("larc-q", "softmax temperature q (paper: 19)")] = 19.0,
+        b: Annotated[float, Flag("larc-b", "base weight b (paper: 0.5)")] = 0.5,
+        loss_check: Annotated[
+            str,
+            Flag(
+                "larc-loss-check",
+                "'weights_only' drops the bias in the client loss, as the team's code does "
+                "(no effect on the Cox loss)",
+                choices=LOSS_CHECKS,
+            ),
+        ] = "full",
+    ):
+        # its weights always sum to 1 (a planned sum's headroom): no normalize option
+        super().__init__(q, b, normalize=False, loss_check=loss_check)
+
+    def planned_weights(self, ctx: RoundAPI, n_samples: Mapping[str, float]) -> dict[str, float]:
+        """α^{t-1} normalised over this round's clients (1 for a client not yet probed)."""
+        return lagged_weights({c: self.alpha_prev.get(c, 1.0) for c in n_samples})
+
+    def aggregate(self, ctx: RoundAPI, uploads: Mapping[str, Upload]) -> Any:
+        # the sum the server folds when it streams (normalised over the uploads that came:
+        # a buffered round plans its weights only then)
+        planned = self.planned_weights(ctx, {c: u.n_samples for c, u in uploads.items()})
+        g_hat = ctx.weighted_sum({c: u.handle for c, u in uploads.items()}, planned)
+        self.probe(ctx, g_hat)
+        return g_hat
+
+    def finish_sum(self, ctx: RoundAPI, total: PlannedSum) -> Any:
+        # as planned, not renormalised: the weights each client applied or the sum lists are
+        # then its weight in Ĝ, which it checks before the probe (a client that never
+        # arrived is only missing from Ĝ, as it is from the paper's sums)
+        g_hat = total.result(renormalise=False)
+        self.probe(ctx, g_hat)
+        return g_hat
 
 
 register_protocol(
@@ -165,5 +239,12 @@ register_protocol(
     LARC,
     default_optimizer={"name": "adam", "lr": 0.01, "beta1": 0.9, "beta2": 0.999, "tau": 1e-3},
     summary="Delta-L softmax weights (iDASH 2024 Track 2)",
+    _builtin=True,
+)
+register_protocol(
+    "larc-lagged",
+    LaggedLARC,
+    default_optimizer={"name": "adam", "lr": 0.01, "beta1": 0.9, "beta2": 0.999, "tau": 1e-3},
+    summary="LARC with last round's Delta-L weights, fixed before the uploads (streams)",
     _builtin=True,
 )

@@ -27,6 +27,7 @@ from secagg.protocols.base import (
     Allowed,
     ClientHalf,
     ComposedClientHalf,
+    PlannedSum,
     Protocol,
     RoundAPI,
     Upload,
@@ -129,6 +130,9 @@ class TwoPhase(Protocol):
 
     def planned_weights(self, ctx: RoundAPI, n_samples: Mapping[str, float]):
         return self.current(ctx).planned_weights(ctx, n_samples)
+
+    def finish_sum(self, ctx: RoundAPI, total: PlannedSum) -> Any:
+        return self.current(ctx).finish_sum(ctx, total)
 
     def check_upload(self, ctx: RoundAPI, client: str, upload: Upload) -> None:
         self.current(ctx).check_upload(ctx, client, upload)

@@ -493,7 +493,7 @@ class Server:
 
         ctx.ask("train", requests, expect=expect, on_reply=fold, optional=optional)
         self._enough(ctx, len(total.folded))
-        return total.result(), reports
+        return self.protocol.finish_sum(ctx, total), reports
 
     def _planned_weights(self, ctx: RoundContext) -> dict[str, float] | None:
         if not self.streaming or not self.enrolment.counts:

@@ -177,9 +177,14 @@ class RoundContext:
         start = time.perf_counter()
         total = self.backend.weighted_sum([handles[c] for c in clients], [used[c] for c in clients])
         self.seconds["aggregate"] += time.perf_counter() - start
-        self._sums.append((total, used))
-        self._used[id(total)] = used
+        self.formed(total, used)
         return total
+
+    def formed(self, total: Any, weights: dict[str, float]) -> None:
+        """Record a sum formed this round with these weights (after the cap): what it
+        releases is accounted by them, and ``weights_of`` answers for it."""
+        self._sums.append((total, weights))
+        self._used[id(total)] = weights
 
     def capped(self, weights: Mapping[str, float]) -> dict[str, float]:
         """``weights`` under the run's cap (:func:`capped_weights`); where the cap changed
@@ -202,10 +207,11 @@ class RoundContext:
         return StreamedSum(self, weights)
 
     def _released(self, handle: Any, name: str) -> None:
-        for i, (total, weights) in enumerate(self._sums):
+        # every release is recorded, a second one of the same sum too (``larc-lagged``
+        # opens its sum for the probe and then reveals it): the DP ledger counts both
+        for total, weights in self._sums:
             if total is handle:
                 self.releases.append((name, weights))
-                del self._sums[i]
                 return
 
     def as_fields(self, handle: Any, name: str) -> dict[str, Field]:
@@ -305,7 +311,10 @@ class StreamedSum:
         self.folded[client] = self.weights[client]
         self._ctx.seconds["aggregate"] += time.perf_counter() - start
 
-    def result(self) -> Any:
+    def result(self, renormalise: bool = True) -> Any:
+        """The sum; ``renormalise``: divided by the planned weight of the uploads that
+        arrived (the default, as a buffered sum over them would be), else as planned: a
+        client that never arrived is only missing from it."""
         clients = list(self.folded)  # a folded upload cannot be taken out again
         if not clients:
             raise RoundAborted(
@@ -314,9 +323,9 @@ class StreamedSum:
                 phase="train",
                 exclusions=self._ctx.excluded,
             )
-        normaliser = sum(self.folded[c] for c in clients)
+        normaliser = sum(self.folded[c] for c in clients) if renormalise else 1.0
         start = time.perf_counter()
         total = self._sum.result(normaliser)
         self._ctx.seconds["aggregate"] += time.perf_counter() - start
-        self._ctx._sums.append((total, {c: self.folded[c] / normaliser for c in clients}))
+        self._ctx.formed(total, {c: self.folded[c] / normaliser for c in clients})
         return total

@@ -191,7 +191,7 @@ class InProcessTransport:
         except DeadlineMissed:
             raise
         except ClientRefused as exc:
-            raise ClientDeclined(f"{peer} {exc}") from exc
+            raise ClientDeclined(str(exc)) from exc  # it names the client
         except Exception as exc:  # the client failed; to the server that is a missing answer
             raise ClientUnavailable(f"{peer} failed: {type(exc).__name__}: {exc}") from exc
         return check_reply(peer, reply)

@@ -335,7 +335,7 @@ class WorkerPoolTransport:
                 elif kind == "late":
                     results.append((peer, DeadlineMissed(payload)))
                 elif kind == "refused":
-                    results.append((peer, ClientDeclined(f"{peer} {payload}")))
+                    results.append((peer, ClientDeclined(payload)))  # it names the client
                 else:
                     results.append((peer, ClientUnavailable(f"{peer} failed: {payload}")))
             send_what_fits()

@@ -338,14 +338,16 @@ class HolderState:
         )
 
 
-def check_listed_weight(client_id: str, info: object, weight: float, weight_bits: int) -> None:
+def check_listed_weight(client_id: str, info: object, weight: float, unit: int) -> None:
     """The release ``info`` (as a server sent it) lists ``client_id`` with the integer weight
-    ``weight`` quantises to at ``weight_bits`` (ReleaseRefused otherwise)."""
+    ``weight`` quantises to, k = round(|weight| · unit) with its sign; ``unit`` is the
+    preset's ``max_weight`` (2^weight_bits where the server weights, the applied weight's
+    unit where the clients do)."""
     if not isinstance(info, dict) or "descriptor" not in info:
         raise ReleaseRefused(f"{client_id}: a release comes without its descriptor")
     d = Descriptor.from_config(info["descriptor"])
     listed = [k for client, k, _ in d.entries if client == client_id]
-    k = int(math.floor(abs(float(weight)) * 2.0**weight_bits + 0.5))
+    k = int(math.floor(abs(float(weight)) * unit + 0.5))
     if not listed or listed[0] != (-k if weight < 0 else k):
         raise ReleaseRefused(
             f"{client_id}: the request's weight for its upload is not the one the release "

@@ -170,7 +170,7 @@ class KeyHoldingClient(ClientBackend):
 
     def check_own_weight(self, envelope: Envelope, name: str, weight: float) -> None:
         check_listed_weight(
-            self.id, envelope.config(f"{name}.release"), weight, self.preset.weight_bits
+            self.id, envelope.config(f"{name}.release"), weight, self.preset.max_weight
         )
 
     def on_consent(self, env: Envelope) -> dict[str, Field]:
