@@ -120,14 +120,15 @@ def test_an_unknown_sweep_is_refused_before_anything_runs(capsys):
 
 def test_the_full_plan_covers_every_sweep_at_full_scale():
     configs = plan(list(SWEEPS), quick=False)
-    assert len(configs) == 86
+    assert len(configs) == 92
     workloads = [w for _, w, _ in configs]
     assert {w.n_params for w in workloads} == set(SIZES)
     assert {w.n_clients for w in workloads} == set(CLIENTS)
     assert {w.local_steps for w in workloads} == {100, 200, 400}
     # each repeat: FedAdam plain and ckks (native with and without masks made beside
-    # training, and TenSEAL's binding alone), mlp and synthetic, and LARC (mlp) plain and ckks
-    assert sum(s.startswith("ratio#") for s, _, _ in configs) == 3 * 10
+    # training, and TenSEAL's binding alone), mlp and synthetic, and LARC and larc-lagged
+    # (mlp) plain and ckks
+    assert sum(s.startswith("ratio#") for s, _, _ in configs) == 3 * 12
     before = [w for _, w, _ in configs if not w.native]
     assert {(w.kind, w.backend) for w in before} == {("mlp", "ckks"), ("synthetic", "ckks")}
     unmasked = [w for s, w, _ in configs if not w.masks]
@@ -137,12 +138,14 @@ def test_the_full_plan_covers_every_sweep_at_full_scale():
     } and len(unmasked) == 3 * 2
     larc = [w for _, w, _ in configs if w.protocol == "larc"]
     assert {(w.kind, w.preset) for w in larc} == {("mlp", "compact")} and len(larc) == 3 * 2
+    lagged = [w for _, w, _ in configs if w.protocol == "larc-lagged"]  # it streams: lean
+    assert {(w.kind, w.preset) for w in lagged} == {("mlp", "lean")} and len(lagged) == 3 * 2
 
 
 def test_quick_runs_every_code_path_once_at_toy_sizes():
     configs = plan(list(SWEEPS), quick=True, steps=10, repeats=1)
     assert {s.split("#")[0] for s, _, _ in configs} == set(SWEEPS)
-    assert len(configs) <= 18  # each costs seconds of process start-up alone
+    assert len(configs) <= 20  # each costs seconds of process start-up alone
     workloads = [w for _, w, _ in configs]
     assert {(w.kind, w.backend) for w in workloads} == {
         (kind, backend) for kind in ("mlp", "synthetic") for backend in ("plain", "ckks")
@@ -157,10 +160,10 @@ def test_quick_runs_every_code_path_once_at_toy_sizes():
     keys = [(w, tuple(sorted(o.items()))) for _, w, o in configs]
     assert len(keys) == len(set(keys))  # nothing runs twice
     ratio = [w for s, w, _ in configs if s == "ratio#0"]
-    assert len(ratio) == 7 and {w.n_clients for w in ratio} == {10}
+    assert len(ratio) == 9 and {w.n_clients for w in ratio} == {10}  # LARC and its variant
     assert [w.kind for w in ratio if not w.masks] == ["synthetic"]  # the before, once
     # more repeats are more runs
-    assert len(plan(list(SWEEPS), quick=True, steps=10, repeats=2)) == len(configs) + 7
+    assert len(plan(list(SWEEPS), quick=True, steps=10, repeats=2)) == len(configs) + 9
 
 
 def test_paired_ratios_keep_the_native_path_and_the_before_apart():
