@@ -195,3 +195,29 @@ def test_larc_lagged_on_every_backend_gives_the_plain_model():
         summary = result.audit_summary
         assert not summary["individual_updates_revealed"]
         assert summary["undeclared_plaintext_items"] == []
+
+
+def test_client_level_dp_accounts_the_two_releases_of_one_sum_as_one(tmp_path):
+    """Ĝ is opened for the probe and revealed for the update: both are recorded, and their
+    joint accounting is that of one release (the same weights release nothing more)."""
+    import json
+
+    from secagg.runspec.config import ExperimentConfig
+
+    config = ExperimentConfig(
+        protocol="larc-lagged",
+        backend="ckks",
+        rounds=2,
+        seeds=[1],
+        local_steps=2,
+        client_dp={"clip": 1.0, "noise": 1.0},
+        dp_noise="seeded",
+    )
+    secagg.run(config, out=tmp_path)
+    events = json.loads((tmp_path / "run.json").read_text())["finished"]["1"]["privacy_events"]
+    assert len(events) == 2
+    for event in events:
+        assert event["release"] == "g_hat+global_update"
+        first, second = event["per_release_multipliers"]
+        assert first == second
+        assert event["sums_multiplier"] == pytest.approx(first, rel=1e-12)
