@@ -28,7 +28,8 @@ from benchmarks.stats import markdown_table
 from secagg.protocols import PROTOCOLS, make_protocol, protocol_spec
 from secagg.simulation.experiment import ExperimentConfig, run_experiment
 
-RESULTS = Path(__file__).resolve().parent / "results"
+#: where its results go unless ``--out`` says (the committed ones: benchmarks/results)
+RESULTS_FOLDER = Path(__file__).resolve().parent / "results"
 SMALL = ExperimentConfig(rounds=2, seeds=[1], local_steps=3, backend="ckks")
 #: ``secagg bench protocol_parity --check``: four protocols of different kinds (a FedAvg
 #: round, LARC's weights after the uploads, the exact Cox model, XGBoost's histograms)
@@ -122,7 +123,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     parser.add_argument("--backend", default="threshold", choices=("ckks", "threshold"))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--protocols", default=",".join(PROTOCOLS), help="comma-separated")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--out", type=Path, default=RESULTS_FOLDER)
     args = parser.parse_args(argv)
     rows = []
     for protocol in args.protocols.split(","):
