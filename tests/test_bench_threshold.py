@@ -227,7 +227,7 @@ def test_the_threshold_sweep_alternates_ckks_lean_and_threshold_lean_in_pairs():
     assert all(w.protocol == "fedadam" for _, w in configs)
     # the other sweeps' plan is what it was (with the ratio sweep's befores: TenSEAL-only
     # and without the masks made beside training)
-    assert len(plan(list(SWEEPS), quick=False)) == 86
+    assert len(plan(list(SWEEPS), quick=False)) == 92
 
 
 def test_quick_smoke_tests_one_tiny_threshold_pair():
