@@ -56,6 +56,18 @@ from secagg.protocols.registry import register_protocol
 from secagg.wire import Envelope, Field
 
 LOSS_CHECKS = ("full", "weights_only")
+#: the settings both LARCs take, each with its CLI flag
+LarcQ = Annotated[float, Flag("larc-q", "softmax temperature q (paper: 19)")]
+LarcB = Annotated[float, Flag("larc-b", "base weight b (paper: 0.5)")]
+LarcLossCheck = Annotated[
+    str,
+    Flag(
+        "larc-loss-check",
+        "'weights_only' drops the bias in the client loss, as the team's code does "
+        "(no effect on the Cox loss)",
+        choices=LOSS_CHECKS,
+    ),
+]
 
 
 def larc_weights(
@@ -130,21 +142,13 @@ class LARC(Protocol):
 
     def __init__(
         self,
-        q: Annotated[float, Flag("larc-q", "softmax temperature q (paper: 19)")] = 19.0,
-        b: Annotated[float, Flag("larc-b", "base weight b (paper: 0.5)")] = 0.5,
+        q: LarcQ = 19.0,
+        b: LarcB = 0.5,
         normalize: Annotated[
             bool,
             Flag("larc-normalize", "rescale alpha to sum to 1 (the paper and its code do not)"),
         ] = False,
-        loss_check: Annotated[
-            str,
-            Flag(
-                "larc-loss-check",
-                "'weights_only' drops the bias in the client loss, as the team's code does "
-                "(no effect on the Cox loss)",
-                choices=LOSS_CHECKS,
-            ),
-        ] = "full",
+        loss_check: LarcLossCheck = "full",
     ):
         if loss_check not in LOSS_CHECKS:
             raise ConfigError(f"loss_check must be one of {LOSS_CHECKS}, got {loss_check!r}")
@@ -196,20 +200,7 @@ class LaggedLARC(LARC):
     name = "larc-lagged"
     capabilities = dataclasses.replace(LARC.capabilities, streams=True)
 
-    def __init__(
-        self,
-        q: Annotated[float, Flag("larc-q", "softmax temperature q (paper: 19)")] = 19.0,
-        b: Annotated[float, Flag("larc-b", "base weight b (paper: 0.5)")] = 0.5,
-        loss_check: Annotated[
-            str,
-            Flag(
-                "larc-loss-check",
-                "'weights_only' drops the bias in the client loss, as the team's code does "
-                "(no effect on the Cox loss)",
-                choices=LOSS_CHECKS,
-            ),
-        ] = "full",
-    ):
+    def __init__(self, q: LarcQ = 19.0, b: LarcB = 0.5, loss_check: LarcLossCheck = "full"):
         # its weights always sum to 1 (a planned sum's headroom): no normalize option
         super().__init__(q, b, normalize=False, loss_check=loss_check)
 

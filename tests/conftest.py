@@ -54,11 +54,18 @@ def honest_client(cid: str, g: np.ndarray, n: float) -> Callable[[bytes], bytes]
 
 
 def backend_client(
-    cid: str, backend, g: np.ndarray, n: float, train_n: float | None = None
+    cid: str,
+    backend,
+    g: np.ndarray,
+    n: float,
+    train_n: float | None = None,
+    phases: dict[str, Callable[[Envelope], dict]] | None = None,
 ) -> Callable[[bytes], bytes]:
-    """A client with a real backend half (key setup, reveals) and a fixed pseudo-gradient;
-    ``train_n`` makes it report another sample count with its upload than at enrolment."""
-    handlers = backend.handlers()
+    """A client with a real backend half (key setup, reveals) and a fixed pseudo-gradient,
+    weighted by itself where the request names its weight (a client-weighted preset);
+    ``train_n`` makes it report another sample count with its upload than at enrolment;
+    ``phases`` answers those phases instead (a protocol's own, or a failing training)."""
+    handlers = {**backend.handlers(), **(phases or {})}
 
     def handle(data: bytes) -> bytes:
         req = Envelope.from_bytes(data)
@@ -67,8 +74,9 @@ def backend_client(
         elif req.phase == "enroll":
             fields = {"n_samples": wire.scalar(n)}
         else:
+            weight = req.scalar("upload_weight") if "upload_weight" in req.fields else None
             fields = {
-                "pseudo_gradient": backend.protect(g),
+                "pseudo_gradient": backend.protect(g, weight),
                 "n_samples": wire.scalar(n if train_n is None else train_n),
             }
         return Envelope(cid, "server", req.round, req.phase, fields).to_bytes()

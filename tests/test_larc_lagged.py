@@ -22,6 +22,7 @@ from secagg.server.plan import RunPolicy, TrainingPlan
 from secagg.server.round import RoundContext
 from secagg.server.transport import InProcessTransport
 from secagg.wire import Envelope
+from tests.conftest import backend_client
 
 GS = {
     f"client_{k}": (np.linspace(-0.2, 0.3, 6) * (k + 1) - 0.01 * k, 10.0 * (k + 2))
@@ -32,31 +33,21 @@ DELTA_LOSS = {c: 0.01 * k for k, c in enumerate(GS)}
 
 
 def lagged_client(cid, backend, opened, fails_training=False):
-    """A client with a real backend half: it uploads its fixed update (weighted by itself
-    where the preset asks), and answers the probe with its ΔL after checking the weight the
-    probe names for it and opening Ĝ (``opened[cid]``: that weight and Ĝ)."""
+    """A client with a real backend half that answers the probe with its ΔL after checking
+    the weight the probe names for it and opening Ĝ (``opened[cid]``: that weight and Ĝ)."""
     g, n = GS[cid]
-    handlers = backend.handlers()
 
-    def handle(data: bytes) -> bytes:
-        req = Envelope.from_bytes(data)
-        if req.phase in handlers:
-            fields = handlers[req.phase](req)
-        elif req.phase == "enroll":
-            fields = {"n_samples": wire.scalar(n)}
-        elif req.phase == "larc_probe":
-            alpha = req.scalar("alpha")
-            backend.check_own_weight(req, "g_hat", alpha)
-            opened[cid] = (alpha, backend.open(req, "g_hat", g.size))
-            fields = {"delta_loss": wire.scalar(DELTA_LOSS[cid])}
-        elif fails_training:
-            raise RuntimeError("out of memory")
-        else:
-            weight = req.scalar("upload_weight") if "upload_weight" in req.fields else None
-            fields = {"pseudo_gradient": backend.protect(g, weight), "n_samples": wire.scalar(n)}
-        return Envelope(cid, "server", req.round, req.phase, fields).to_bytes()
+    def probe(req: Envelope) -> dict:
+        alpha = req.scalar("alpha")
+        backend.check_own_weight(req, "g_hat", alpha)
+        opened[cid] = (alpha, backend.open(req, "g_hat", g.size))
+        return {"delta_loss": wire.scalar(DELTA_LOSS[cid])}
 
-    return handle
+    def out_of_memory(req: Envelope) -> dict:
+        raise RuntimeError("out of memory")
+
+    phases = {"larc_probe": probe, **({"train": out_of_memory} if fails_training else {})}
+    return backend_client(cid, backend, g, n, phases=phases)
 
 
 def lagged_server(backend, rounds=2, failing=(), **options):
