@@ -225,17 +225,16 @@ class LaggedLARC(LARC):
         return g_hat
 
 
-register_protocol(
-    "larc",
-    LARC,
-    default_optimizer={"name": "adam", "lr": 0.01, "beta1": 0.9, "beta2": 0.999, "tau": 1e-3},
-    summary="Delta-L softmax weights (iDASH 2024 Track 2)",
-    _builtin=True,
-)
-register_protocol(
-    "larc-lagged",
-    LaggedLARC,
-    default_optimizer={"name": "adam", "lr": 0.01, "beta1": 0.9, "beta2": 0.999, "tau": 1e-3},
-    summary="LARC with last round's Delta-L weights, fixed before the uploads (streams)",
-    _builtin=True,
-)
+#: the iDASH baseline's server Adam, which both LARCs default to
+IDASH_ADAM = {"name": "adam", "lr": 0.01, "beta1": 0.9, "beta2": 0.999, "tau": 1e-3}
+for _name, _protocol, _summary in (
+    ("larc", LARC, "Delta-L softmax weights (iDASH 2024 Track 2)"),
+    (
+        "larc-lagged",
+        LaggedLARC,
+        "LARC with last round's Delta-L weights, fixed before the uploads (streams)",
+    ),
+):
+    register_protocol(
+        _name, _protocol, default_optimizer=dict(IDASH_ADAM), summary=_summary, _builtin=True
+    )
