@@ -281,7 +281,7 @@ def main(argv: list[str] | None = None) -> None:
         tests = [paired_difference(wide[t], wide[c], clusters=splits) for t, c in COMPARISONS]
         adjusted = holm([d["p_ttest"] for d in tests])
         for x, ((t, c), dt, p_holm) in enumerate(zip(COMPARISONS, tests, adjusted)):
-            d = paired_difference(wide[t], wide[c])
+            d = dt if splits is None else paired_difference(wide[t], wide[c])
             per_seed = f"{format_difference(d)} | {d['p_ttest']:.3g} / {d['p_wilcoxon']:.3g}"
             clustered, units, better = "— | —", f"{d['n_pairs']} / {d['n_pairs']} seeds", ""
             diff = (wide[t] - wide[c]).to_numpy()

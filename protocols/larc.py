@@ -165,9 +165,7 @@ class LARC(Protocol):
         planned = {c: self.alpha_prev.get(c, 1.0) for c in uploads}
         g_hat = ctx.weighted_sum(handles, planned)
         answered = self.probe(ctx, g_hat)
-        return ctx.weighted_sum(
-            {c: handles[c] for c in answered}, {c: answered[c] for c in answered}
-        )
+        return ctx.weighted_sum({c: handles[c] for c in answered}, answered)
 
     def probe(self, ctx: RoundAPI, g_hat: Any) -> dict[str, float]:
         """Steps 2–4: send Ĝ to its contributors, each with its own weight in it, and set
@@ -192,8 +190,9 @@ class LARC(Protocol):
             self.b,
             self.normalize,
         )
-        self.alpha_prev.update(zip(answered, alpha.tolist()))
-        return dict(zip(answered, alpha.tolist()))
+        found = dict(zip(answered, alpha.tolist()))
+        self.alpha_prev.update(found)
+        return found
 
 
 class LaggedLARC(LARC):
