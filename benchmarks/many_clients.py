@@ -1,15 +1,17 @@
 """How the server's work grows with the clients: 100 to 1,000 clients at 1e5 parameters.
 
     python -m benchmarks.many_clients [--clients 100,300,1000] [--params 100000]
-                                      [--rounds 3] [--threshold-up-to 200] [--out DIR]
+                                      [--rounds 3] [--threshold-committee 10]
+                                      [--threshold-up-to 1000] [--out DIR]
     secagg bench many_clients ...        (the same)
 
 Each configuration is ``benchmarks.overhead``'s synthetic workload (no training: every
 client uploads a fresh random vector, so the round is protocol and crypto only), FedAdam
 with streaming aggregation, the clients in 2 worker processes, run in a server process of
 its own (``overhead.run_config``); the first round is a warm-up and the rest give medians.
-``plain`` and ``ckks`` (preset ``lean``) run at every count; ``threshold`` (its streaming
-default, ``lean``) only up to ``--threshold-up-to`` clients, for the reason below.
+``plain``, ``ckks`` (preset ``lean``) and ``threshold`` (its streaming default, ``lean``,
+with a key-holder committee of ``--threshold-committee`` clients) run at every count up to
+``--threshold-up-to`` for threshold.
 
 The figure is the server's own busy time per round (``server_work_s``: reading and checking
 uploads, folding them into the running sum, checking consents, the reveal's bookkeeping;
@@ -23,13 +25,15 @@ Where it is not flat, and why:
 - every contributor signs the release's descriptor, which lists every contributor: each
   consent request carries n entries, so the bytes to the clients grow as n² (encoded once on
   the server, copied into each request) and each client's check is O(n);
-- ``threshold`` shares each upload's one-time key t of n among the clients: n shares per
-  upload, n² per round through the server, and a reveal asks every holder for its share, so
-  its server work per client, its memory and every client's work grow with n (one
-  exploratory run, 100 → 300 clients on a shared machine: 8.8 → 19 ms per client, 268 MB →
-  1.6 GB, a 190 s round). A holder
-  committee of fixed size would keep it flat; it is not built, so the committed run stops
-  threshold at 200 clients.
+- ``threshold`` with every client a key holder (``--threshold-committee 0``) shares each
+  upload's one-time key t of n: n shares per upload, n² per round through the server, and a
+  reveal asks every holder for its share, so its server work per client, its memory and
+  every client's work grow with n (one exploratory run, 100 → 300 clients on a shared
+  machine: 8.8 → 19 ms per client, 268 MB → 1.6 GB, a 190 s round). With a committee of c
+  holders (``holders_of``) an upload carries c shares whatever n, a round n·c, and the
+  reveal asks c holders, each for one ring element over the n uploads: the server's work
+  per client no longer grows with n; each holder's does (it checks n consents and opens n
+  sealed shares a release).
 
 Writes many_clients.csv (one row per configuration: medians over the measured rounds),
 many_clients_rounds.csv (every round) and many_clients.md into --out (default: a new folder
@@ -57,8 +61,10 @@ CLIENTS = (100, 300, 1000)
 PARAMS = 100_000
 #: the server's work per client at the largest count over that at the smallest: at most this
 TARGET = 1.25
-#: threshold's shares grow as n² (see the module's text): the committed run stops here
-THRESHOLD_UP_TO = 200
+#: threshold at every count of the committed run (with the whole roster holding, stop at 200)
+THRESHOLD_UP_TO = 1000
+#: the key holders of a threshold run (0: every client; at a smaller count, every client)
+COMMITTEE = 10
 BACKENDS = ("plain", "ckks", "threshold")
 
 
@@ -72,6 +78,11 @@ def counts(text: str) -> tuple[int, ...]:
     return values
 
 
+def committee(backend: str, n: int, size: int) -> int:
+    """The committee option a threshold run at ``n`` clients gets (0: every client)."""
+    return size if backend == "threshold" and 0 < size < n else 0
+
+
 def per_configuration(rounds: pd.DataFrame) -> pd.DataFrame:
     """Medians over each configuration's measured rounds (its first is the warm-up)."""
     measured = rounds[rounds["warm"]]
@@ -83,6 +94,7 @@ def per_configuration(rounds: pd.DataFrame) -> pd.DataFrame:
             server_peak_MB=("server_peak_rss_MB", "max"),
             bytes_up=("bytes_up", "median"),
             bytes_down=("bytes_down", "median"),
+            key_holders=("key_holders", "first"),
         )
         .reset_index()
     )
@@ -116,7 +128,8 @@ def report(table: pd.DataFrame, command: str, params: int) -> str:
         f"Synthetic workload (no training), {params:.0e} parameters, FedAdam with streaming "
         "aggregation, clients in 2 worker processes; medians of the measured rounds (the "
         "first is a warm-up). `server_ms_per_client`: the server's own busy time per round "
-        "over the clients (`benchmarks/many_clients.py` says what it holds).",
+        "over the clients (`benchmarks/many_clients.py` says what it holds). `key_holders`: "
+        "the clients that hold shares of threshold's one-time keys (0 on plain and ckks).",
         "",
         "## Targets",
         "",
@@ -145,6 +158,7 @@ def report(table: pd.DataFrame, command: str, params: int) -> str:
                 [
                     "backend",
                     "n_clients",
+                    "key_holders",
                     "server_work_s",
                     "server_ms_per_client",
                     "per_client_vs_smallest",
@@ -174,11 +188,20 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         default=THRESHOLD_UP_TO,
         help="run threshold only at client counts up to this (0: not at all)",
     )
+    parser.add_argument(
+        "--threshold-committee",
+        type=int,
+        default=COMMITTEE,
+        help="threshold's key holders (0: every client, n² shares a round: keep "
+        "--threshold-up-to at 200 or below); at a count at or below it, every client holds",
+    )
     parser.add_argument("--out", type=Path)
     parser.add_argument("--overwrite", action="store_true")
     args = parser.parse_args(argv)
     if args.rounds < 2:
         parser.error("--rounds must be at least 2: the first round is a warm-up")
+    if args.threshold_committee < 0:
+        parser.error("--threshold-committee must be 0 (every client) or a count of holders")
     out = output_folder(parser, args.out, "many_clients", OUTPUTS, args.overwrite)
 
     from benchmarks.overhead import run_config
@@ -193,7 +216,9 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     rows: list[dict[str, Any]] = []
     for step, (backend, n) in enumerate(plan, 1):
         print(f"[{step}/{len(plan)}] {backend}, {n} clients", file=sys.stderr, flush=True)
-        workload = Workload("synthetic", args.params, n, backend)
+        holders = committee(backend, n, args.threshold_committee)
+        extra = (("committee", holders),) if holders else ()
+        workload = Workload("synthetic", args.params, n, backend, extra_options=extra)
         for row in run_config(workload, rounds=args.rounds, workers=2):
             row["bytes_up"] = sum(
                 v for k, v in row.items() if k.startswith("bytes_") and k.endswith("_up")
@@ -201,6 +226,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
             row["bytes_down"] = sum(
                 v for k, v in row.items() if k.startswith("bytes_") and k.endswith("_down")
             )
+            row["key_holders"] = holders or (n if backend == "threshold" else 0)
             rows.append(row)
     rounds = pd.DataFrame(rows)
     table = per_configuration(rounds)

@@ -105,12 +105,18 @@ class Workload:
     local_steps: int = 100
     batch_size: int = 32
     seed: int = 0
+    #: the backend's other options, as (key, value) pairs (threshold's committee)
+    extra_options: tuple[tuple[str, Any], ...] = ()
     #: every client's identity, the roster and the budgets, made once in the parent (each
     #: worker builds only its share of the clients, all with the one roster)
     provisions: dict[str, Provision] | None = field(default=None, compare=False, hash=False)
     #: what every client answers (``secagg.clients.policy``): the plan the server runs, as
     #: each client's own provisioning
     policy: Any = field(default=None, compare=False, hash=False)
+
+    def backend_options(self) -> dict[str, Any]:
+        """What the server half and every client half are built with."""
+        return {**preset_option(self.backend, self.preset), **dict(self.extra_options)}
 
     def model_params(self) -> int:
         if self.kind == "synthetic":
@@ -121,7 +127,7 @@ class Workload:
     def __call__(self, ids: list[str]) -> dict[str, Any]:
         from secagg.clients.runtime import Client
 
-        options = preset_option(self.backend, self.preset)
+        options = self.backend_options()
         backends = {
             c: make_client_backend(
                 self.backend, c, options, (self.provisions or {}).get(c, Provision())
@@ -328,7 +334,7 @@ def measure_rounds(
         )
     server_backend = make_server_backend(
         workload.backend,
-        preset_option(workload.backend, workload.preset),
+        workload.backend_options(),
         public_signers(workload.provisions or {}),
     )
     protocol = make_protocol(workload.protocol)

@@ -330,6 +330,7 @@ def _threshold_server(
         preset,
         signers=signers,
         t=options["threshold_t"],
+        committee=options["committee"],
         policy=server_policy(options, preset.max_weight),
     )
 
@@ -406,6 +407,11 @@ def _check_threshold(options: dict[str, Any]) -> None:
         raise ConfigError(
             f"threshold_t must be 0 (a strict majority) or a count of holders, got "
             f"{options['threshold_t']}"
+        )
+    if options["committee"] < 0:
+        raise ConfigError(
+            f"committee must be 0 (every client of the roster holds key shares) or a count "
+            f"of holders, got {options['committee']}"
         )
     _check_policy(options)
 
@@ -489,13 +495,25 @@ BACKENDS: dict[str, BackendSpec] = {
                 "threshold-t",
                 int,
                 0,
-                "how many of the roster's clients (the key holders) must answer to open a "
-                "sum; fewer learn nothing. 0: a strict majority (n//2 + 1), so two disjoint "
-                "holder sets can never both open; up to n - t holders may be offline. The "
+                "how many key holders (the roster's clients, or its committee) must answer "
+                "to open a sum; fewer learn nothing. 0: a strict majority (c//2 + 1 of c "
+                "holders), so two disjoint holder sets can never both open; up to c - t "
+                "holders may be offline. The "
                 "clients hold every release to what t - 1 colluders could learn: a release "
                 "lists at least t - 1 + min_contributors uploads, and protocols that weigh "
                 "the same uploads twice (LARC, SimAgg) need a lower t (3 of 6) to keep "
                 "their rounds",
+            ),
+            BackendOption(
+                "committee",
+                "threshold-committee",
+                int,
+                0,
+                "how many of the roster's clients hold key shares (the committee; t is then "
+                "counted among them): 0, every client (n shares an upload, n² a round); c > 0, "
+                "c clients picked by a public hash of their names, so a round deals n·c "
+                "shares and the server's work per client stays flat as n grows. What t - 1 "
+                "colluders learn is the same either way; t of the committee must be online",
             ),
             *_release_policy_options(),
         ),

@@ -3,15 +3,16 @@
 The server holds no key and no share: each upload carries its client's one-time key shares
 sealed for their holders (``secagg.threshold.params``). To reveal Σ_i w_i·x_i it forms
 Σ_i w_i·b_i, gathers every contributor's consent to the release's descriptor, and asks every
-holder of the roster for its share of K = Σ_i w_i·k_i, sending each holder the sealed shares
-addressed to it. t answers suffice (the rest may be offline); with more than t the shares
-are checked for consistency, and a holder whose share is off is named and excluded
-(``secagg.threshold.combine``). The server then unmasks Σ w_i b_i − a·K. For a sum the
-clients open themselves, the holders seal their shares for the recipients, and the server
-relays what it cannot open.
+holder (the roster's clients, or its committee) for its share of K = Σ_i w_i·k_i, sending
+each holder the sealed shares addressed to it. t answers suffice (the rest may be offline);
+with more than t the shares are checked for consistency, and a holder whose share is off is
+named and excluded (``secagg.threshold.combine``). The server then unmasks Σ w_i b_i − a·K.
+For a sum the clients open themselves, the holders seal their shares for the recipients, and
+the server relays what it cannot open.
 
-There is no key setup: the holders and their x-coordinates are the provisioned roster's
-clients, sorted, and t is each client's own configuration (``--threshold-t``).
+There is no key setup: the holders and their x-coordinates follow from the provisioned roster
+(``holders_of``: all of it, or a committee of ``--threshold-committee`` clients), and t is each
+client's own configuration (``--threshold-t``).
 """
 
 from __future__ import annotations
@@ -98,13 +99,15 @@ class ThresholdServer(ServerBackend):
         *,
         signers: Mapping[str, bytes] | None = None,
         t: int = 0,
+        committee: int = 0,
         policy: ReleasePolicy | None = None,
     ):
         """Parameters:
         preset: the parameter set.
         signers: the clients' public signing keys (the roster of holders); the server checks
             each upload's signature and each consent with them.
-        t: how many holders' shares open a sum (0: a strict majority of the roster).
+        t: how many holders' shares open a sum (0: a strict majority of the holders).
+        committee: how many of the roster's clients hold key shares (0: all of them).
         policy: the release policy the clients hold (the run's options; its colluders are
             set to t − 1 here): a release they would refuse skips the round instead of being
             asked for (``ReleaseRecord``).
@@ -114,8 +117,11 @@ class ThresholdServer(ServerBackend):
         self.signers = dict(signers) if signers is not None else None
         self.weights_at_client = preset.weighted_by_clients
         self._t = t
+        self.committee = committee
         self.policy = policy if policy is not None else ReleasePolicy(max_weight=preset.max_weight)
-        self.holders: list[str] = holders_of(self.signers) if self.signers else []
+        self.holders: list[str] = holders_of(self.signers, committee) if self.signers else []
+        #: every client that may contribute (the holders are all or some of them)
+        self.roster: list[str] = sorted(self.signers) if self.signers else []
         self.releases = ReleaseRecord(self.policy)
 
     @property
@@ -129,13 +135,14 @@ class ThresholdServer(ServerBackend):
         """Nothing to make: keys are one-time and dealt with each upload. Without a
         provisioned roster (tests), the holders are the run's clients."""
         if not self.holders:
-            self.holders = holders_of(ctx.active)
+            self.roster = sorted(ctx.active)
+            self.holders = holders_of(self.roster, self.committee)
         m = self.policy.min_contributors
         self.policy = replace(self.policy, colluders=self.t - 1)
         self.releases = ReleaseRecord(self.policy)
-        if m > 1 and len(self.holders) < self.t - 1 + m:
+        if m > 1 and len(self.roster) < self.t - 1 + m:
             raise ConfigError(
-                f"threshold with {len(self.holders)} clients and t = {self.t}: t − 1 colluding "
+                f"threshold with {len(self.roster)} clients and t = {self.t}: t − 1 colluding "
                 f"clients and the server would read every honest upload from any sum, since a "
                 f"release must hold {m} honest uploads whoever colludes ({self.t - 1 + m} in "
                 "all). Run more clients, a lower --threshold-t, or --backend-option "

@@ -1,7 +1,8 @@
 """Client half of the threshold backend: one-time keys, sealed shares, and the holder's rules.
 
-Every upload is masked under a fresh key that the client Shamir-shares among the roster's
-clients (t of n) inside the upload itself, each share sealed for its holder
+Every upload is masked under a fresh key that the client Shamir-shares among the key holders
+(t of c: the roster's clients, or a committee of c of them) inside the upload itself, each
+share sealed for its holder
 (``secagg.threshold.params`` has the construction). The client keeps no key: what it holds
 between messages is its long-term identity and the record of what it answered.
 
@@ -13,7 +14,8 @@ its own provisioning alone:
   digest, which commits to the masked blocks and to every sealed share);
 - its own sealed share from each contributor is the one that digest names, and opens;
 - on ``lean``, the weights the clients applied add up to at most 1 (the headroom);
-- the holder set T has at least t of the roster's clients, itself among them;
+- the holder set T has at least t of the holders, itself among them (a client off the
+  committee holds no share and answers no request for one);
 - **one contributor set per upload**: an upload that entered a release with the set S never
   enters one with another set (two sums over sets that differ by one client give that
   client's key, and so its upload, by difference);
@@ -112,13 +114,13 @@ class ThresholdClient(KeyHoldingClient):
         options: Mapping[str, Any],
     ):
         """What :class:`~secagg.secret.holder.KeyHoldingClient` takes (``preset``: one of
-        ``secagg.threshold.params.PRESETS``). The roster's clients are the key holders
-        (shares are sealed for them, and their shares for this client); ``options``'
-        ``threshold_t``: how many holders open a sum (0: a strict majority of the roster),
-        and every release withstands t − 1 colluders. The provisioned ``open_budget``
-        counts the sums it opens itself, ``share_budget`` the sealed shares of such sums it
-        gives at most (default ``open_budget``); ``decryption_budget`` the shares of
-        reveals to the server it gives at most."""
+        ``secagg.threshold.params.PRESETS``). The roster's clients, or a committee of
+        ``options``' ``committee`` of them, are the key holders (shares are sealed for them,
+        and their shares for this client); ``threshold_t``: how many holders open a sum (0:
+        a strict majority of the holders), and every release withstands t − 1 colluders.
+        The provisioned ``open_budget`` counts the sums it opens itself, ``share_budget``
+        the sealed shares of such sums it gives at most (default ``open_budget``);
+        ``decryption_budget`` the shares of reveals to the server it gives at most."""
         self.ring = ring(preset.ring_dim, preset.prime)
         super().__init__(client_id, preset, provision, options)
         share_budget = provision.share_budget
@@ -135,9 +137,9 @@ class ThresholdClient(KeyHoldingClient):
         self.sets: dict[str, list[dict[str, Any]]] = {}
 
     def _colluders(self, options: Mapping[str, Any]) -> int:
-        """t − 1, t from the roster's holders and ``threshold_t`` (both set here)."""
-        self.holders = holders_of(self.roster)
+        """t − 1, t from the holders and ``threshold_t`` (both set here)."""
         try:
+            self.holders = holders_of(self.roster, options["committee"])
             self.t = check_t(options["threshold_t"], len(self.holders))
         except ConfigError as exc:
             raise KeySetupError(f"{self.id}: {exc}") from None
@@ -194,7 +196,7 @@ class ThresholdClient(KeyHoldingClient):
         applied = own_weight(self.id, self.preset, weight)
         factor = 1.0 if applied is None else applied / self.preset.client_weight_unit
         messages = with_check(
-            encode(self.preset, values, self.preset.client_bound(len(self.holders)), factor)
+            encode(self.preset, values, self.preset.client_bound(len(self.roster)), factor)
         )
         key = self.ring.key()  # one-time: it leaves this method only as sealed shares
         body = self.ring.to_bytes(self.ring.mask(key, public_seed(self.preset, basis), messages))
@@ -238,7 +240,7 @@ class ThresholdClient(KeyHoldingClient):
         if (
             not isinstance(holders, list)
             or len(set(map(str, holders))) != len(holders)
-            or not all(h in self.roster for h in holders)
+            or not all(h in self.holders for h in holders)
         ):
             raise ReleaseRefused(f"{self.id}: {name}: shares from {holders!r:.80}")
         if not isinstance(recipients, list) or self.id not in recipients:
@@ -358,13 +360,13 @@ class ThresholdClient(KeyHoldingClient):
         if (
             not isinstance(asked, list)
             or len(set(map(str, asked))) != len(asked)
-            or not all(h in self.roster for h in asked)
+            or not all(h in self.holders for h in asked)
             or self.id not in asked
             or len(asked) < self.t
         ):
             raise ReleaseRefused(
-                f"{self.id}: a share request must name at least t = {self.t} distinct holders "
-                f"of its roster, itself among them; got {asked!r:.120}"
+                f"{self.id}: a share request must name at least t = {self.t} distinct key "
+                f"holders, itself among them; got {asked!r:.120}"
             )
         holder_set = sorted(asked)
         fresh = release not in self.answered

@@ -15,13 +15,15 @@ committee, as LERNA (ASIACRYPT 2023) and Flamingo (S&P 2023) do in the cross-sil
   a public seed (the parameters, the upload's *basis*: round, phase, model and settings,
   ``secagg.clients.policy``; and b). a_b is never sent. In the NTT domain by definition (it
   is uniform either way, as SEAL's seeded encryption takes it);
-- the client Shamir-shares k_i coefficient-wise (t of n, x_j = 1 + j for the j-th client of
-  the sorted roster) and seals share j for client j alone (X25519 + HKDF + AES-GCM with the
+- the client Shamir-shares k_i coefficient-wise among the c holders (t of c, x_j = 1 + j
+  for the j-th holder, sorted): every client of the roster (c = n, the default) or a
+  committee of c of them (``holders_of``: the shares of a round are then n·c, not n²), and
+  seals share j for holder j alone (X25519 + HKDF + AES-GCM with the
   static pair's key, the parameters, sender, recipient and the upload's blocks bound in),
   in the same upload: shares ride with the upload, no extra round trip. The shares of the
   first t − 1 holders are drawn first, uniformly, as SEAL's expansion of a fresh 32-byte seed
   that is sent instead of the ring element (pseudorandom secret sharing); the polynomial of
-  degree < t through (0, k_i) and those points gives the other n − t + 1 shares. Any t − 1
+  degree < t through (0, k_i) and those points gives the other c − t + 1 shares. Any t − 1
   shares are uniform and independent of k_i either way, as with random coefficients;
 - the server forms Σ_i w_i·b_i mod p with integer weights w_i; a holder j that checked the
   release returns s_j = Σ_i w_i·[k_i]_j, one ring element whatever the model's size; with
@@ -85,6 +87,7 @@ ERROR_BOUND = 21
 #: what an upload's digest and signature are bound to
 _UPLOAD_CONTEXT = b"secagg threshold upload v2"
 _PUBLIC_CONTEXT = b"secagg threshold public polynomial v2"
+_COMMITTEE_CONTEXT = b"secagg threshold committee v1|"
 SIGNATURE_BYTES = 64
 #: blocks of zero masked under each upload's key after its data (the sum's own check)
 CHECK_BLOCKS = 1
@@ -217,10 +220,26 @@ def server_weight(weight: float, preset: ThresholdPreset) -> int:
     return quantise(w, preset.weight_bits)
 
 
-def holders_of(roster: object) -> list[str]:
-    """The key holders in the order their x-coordinates follow (x = 1 + position): the
-    roster's clients, sorted, so every party numbers them alike without a message."""
-    return sorted(roster)  # type: ignore[call-overload]
+def holders_of(roster: object, committee: int = 0) -> list[str]:
+    """The key holders in the order their x-coordinates follow (x = 1 + position), sorted,
+    so every party numbers them alike without a message: the roster's clients
+    (``committee`` 0), or a committee of ``committee`` of them, the first in the order of
+    SHA-256 over their names (public: every party picks the same).
+
+    Who holds does not change what a coalition learns: the server and any t − 1 clients hold
+    at most t − 1 shares of any key, on the committee or off it (off it, none). It decides
+    who must be online (t of the committee) and who does the holders' work, n sealed shares
+    a release each, so that a round's shares are n·c rather than n²."""
+    clients = sorted(roster)  # type: ignore[call-overload]
+    if not isinstance(committee, int) or not 0 <= committee <= len(clients):
+        raise ConfigError(
+            f"a threshold committee is 0 (every client of the roster holds shares) or at "
+            f"most the roster's {len(clients)} clients, got {committee!r}"
+        )
+    if committee in (0, len(clients)):
+        return clients
+    ranked = sorted(clients, key=lambda c: hashlib.sha256(_COMMITTEE_CONTEXT + c.encode()).digest())
+    return sorted(ranked[:committee])
 
 
 def holder_xs(holders: list[str]) -> dict[str, int]:
@@ -314,8 +333,8 @@ def sealed_share_bytes(preset: ThresholdPreset, *, seeded: bool = False) -> int:
 
 
 def upload_bytes(preset: ThresholdPreset, n_values: int, holders: int, t: int) -> int:
-    """An upload's size: the masked blocks, t − 1 seeded and n − t + 1 whole sealed shares,
-    and the signature."""
+    """An upload's size: the masked blocks, t − 1 seeded and c − t + 1 whole sealed shares
+    (c ``holders``), and the signature."""
     blocks = preset.upload_blocks(n_values) * preset.ring_dim * preset.coefficient_bytes
     seeded = (t - 1) * sealed_share_bytes(preset, seeded=True)
     whole = (holders - t + 1) * sealed_share_bytes(preset)
