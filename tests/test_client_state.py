@@ -378,14 +378,17 @@ def test_a_threshold_state_round_trips_and_refuses_another_clients_identity():
 
     _, own = decode_state(blobs["client_0"], "client_0")
     _, other = decode_state(blobs["client_1"], "client_1")
-    cases = {
-        "identity is not this client's": {"x25519_private": other["backend"]["x25519_private"]},
-        "answered releases is garbled": {"answered": {"r": ["nobody"]}},
-        "record of releases is garbled": {"sets": []},
-        "the state's record of releases is garbled": {"released": {"d": [{"kind": "x"}]}},
-        "not a count": {"open_shares": -1},
-    }
-    for message, change in cases.items():
+    kept = next(iter(own["backend"]["descriptors"].values()))
+    cases = [
+        ("identity is not this client's", {"x25519_private": other["backend"]["x25519_private"]}),
+        ("answered releases is garbled", {"answered": {"r": ["nobody"]}}),
+        ("record of releases is garbled", {"sets": []}),
+        ("record of releases is garbled", {"sets": {"d": ["a release it never kept"]}}),
+        ("record of releases is garbled", {"descriptors": {"0" * 64: kept}}),  # not its hash
+        ("the state's record of releases is garbled", {"released": {"d": [{"kind": "x"}]}}),
+        ("not a count", {"open_shares": -1}),
+    ]
+    for message, change in cases:
         state = copy.deepcopy(own)
         state["backend"].update(change)
         assert_refused_unchanged(factory, blobs["client_0"], state, message)

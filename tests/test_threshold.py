@@ -247,6 +247,7 @@ def test_the_rules_survive_a_state_export():
     with pytest.raises(secagg.errors.KeySetupError):
         fresh.clients[IDS[1]].load_state_dict(state)
     r.clients[IDS[1]].answered, r.clients[IDS[1]].sets = {}, {}
+    r.clients[IDS[1]].descriptors = {}
     r.clients[IDS[1]].load_state_dict(state)
     request["holders"] = wire.config({"ids": IDS[1:4]})
     with pytest.raises(ReleaseRefused, match="another holder set"):

@@ -104,7 +104,7 @@ class ThresholdClient(KeyHoldingClient):
     name = "threshold"
     STATE_BACKEND = "threshold"
     #: this half's own parts of its state, besides every key-holding half's (HolderState)
-    STATE_EXTRAS = ("open_shares", "answered", "sets")
+    STATE_EXTRAS = ("open_shares", "answered", "sets", "descriptors")
 
     def __init__(
         self,
@@ -132,9 +132,11 @@ class ThresholdClient(KeyHoldingClient):
             raise KeySetupError(f"{client_id}: its two rosters name different clients")
         #: release (descriptor hash, hex) -> the holder set it was answered for
         self.answered: dict[str, list[str]] = {}
-        #: upload digest -> the descriptors of the releases it entered that this holder
-        #: answered (their sets, weights and bases: ``_check_history``)
-        self.sets: dict[str, list[dict[str, Any]]] = {}
+        #: upload digest -> the releases (hashes) it entered that this holder answered, and
+        #: each such release's descriptor, kept once (a release of n uploads is one record,
+        #: not n copies: their sets, weights and bases, ``_check_history``)
+        self.sets: dict[str, list[str]] = {}
+        self.descriptors: dict[str, dict[str, Any]] = {}
 
     def _colluders(self, options: Mapping[str, Any]) -> int:
         """t − 1, t from the holders and ``threshold_t`` (both set here)."""
@@ -164,7 +166,8 @@ class ThresholdClient(KeyHoldingClient):
             **self._held_state(),
             "open_shares": self.open_shares,
             "answered": {r: list(t) for r, t in self.answered.items()},
-            "sets": {d: [dict(r) for r in rs] for d, rs in self.sets.items()},
+            "sets": {d: list(rs) for d, rs in self.sets.items()},
+            "descriptors": {r: dict(c) for r, c in self.descriptors.items()},
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -180,10 +183,10 @@ class ThresholdClient(KeyHoldingClient):
             for k, v in answered.items()
         ):
             raise KeySetupError(f"{self.id}: the state's record of answered releases is garbled")
-        sets = restored_releases(self.id, state["sets"])
+        sets, descriptors = self._restored_record(state["sets"], state["descriptors"])
         self._take(held)
         self.answered = {r: list(v) for r, v in answered.items()}
-        self.sets = sets
+        self.sets, self.descriptors = sets, descriptors
         self.open_shares = open_shares
 
     # ---- data path -----------------------------------------------------------------------------
@@ -400,10 +403,11 @@ class ThresholdClient(KeyHoldingClient):
         weights = server_multipliers(self.preset.weighted_by_clients, (k for _, k, _ in d.entries))
         share = self.ring.combine(np.stack(mine), weights)
         self.answered[release] = holder_set
+        self.descriptors.setdefault(release, d.to_config())
         for _, _, digest in d.entries:
             seen = self.sets.setdefault(digest, [])
-            if d.to_config() not in seen:
-                seen.append(d.to_config())
+            if release not in seen:
+                seen.append(release)
         return share, fresh, []
 
     def _check_history(self, d: Descriptor, release: str) -> None:
@@ -411,13 +415,28 @@ class ThresholdClient(KeyHoldingClient):
         and 4 as a holder sees them): its uploads entered releases over this same set only,
         and its weightings with theirs pass the policy. (Rule 3 is the contributors': only a
         client knows which of its uploads answered which request.)"""
-        earlier: list[Descriptor] = []
-        for _, _, digest in d.entries:
-            for config in self.sets.get(digest, []):
-                before = Descriptor.from_config(config)
-                if before.hash().hex() != release and before not in earlier:
-                    earlier.append(before)
+        before = {r for _, _, digest in d.entries for r in self.sets.get(digest, ())}
+        before.discard(release)
+        earlier = [Descriptor.from_config(self.descriptors[r]) for r in sorted(before)]
         self.policy.check_weightings(d, earlier)
+
+    def _restored_record(
+        self, sets: object, descriptors: object
+    ) -> tuple[dict[str, list[str]], dict[str, dict[str, Any]]]:
+        """The exported record of answered releases, checked: every descriptor read as a
+        server's would be and filed under its own hash, every upload's releases among them."""
+        garbled = KeySetupError(f"{self.id}: the state's record of releases is garbled")
+        if not isinstance(descriptors, dict) or not isinstance(sets, dict):
+            raise garbled
+        read = restored_releases(self.id, {r: [c] for r, c in descriptors.items()})
+        if any(Descriptor.from_config(c).hash().hex() != r for r, (c,) in read.items()):
+            raise garbled
+        if not all(
+            isinstance(d, str) and isinstance(rs, list) and all(r in read for r in rs)
+            for d, rs in sets.items()
+        ):
+            raise garbled
+        return {d: list(rs) for d, rs in sets.items()}, {r: c for r, (c,) in read.items()}
 
     def _unsealed_share(
         self, name: str, sender: str, preimage: bytes, blob: bytes, me: int

@@ -122,6 +122,20 @@ def test_on_lean_the_committee_opens_a_streamed_sum_of_the_whole_roster():
     assert np.abs(got - sum(plan[c] * xs[c] for c in IDS)).max() < 5e-6
 
 
+def test_a_holder_keeps_one_record_of_a_release_of_n_uploads():
+    """What a holder remembers of a release grows with n once, not n times (it is checked
+    against every later release of the same uploads, ``_check_history``): one descriptor,
+    and each upload's digest naming it."""
+    r = make()
+    handles = r.uploads({c: values(k) for k, c in enumerate(IDS)})
+    total = r.server.weighted_sum([handles[c] for c in IDS], [1 / 12] * 12)
+    r.server.reveal(r.ctx(), total, "global_update")
+    for holder in holders_of(IDS, C):
+        client = r.clients[holder]
+        (release,) = client.descriptors
+        assert client.sets == {e.digest: [release] for e in total.entries}
+
+
 @pytest.mark.parametrize("offline", [2, 3])
 def test_up_to_c_minus_t_holders_may_be_offline(offline):
     r = make()
