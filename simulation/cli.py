@@ -32,7 +32,7 @@ BENCHMARKS = {
     "overhead": "end-to-end rounds: time by phase, bytes, peak memory, over model sizes "
     "and client counts",
     "many_clients": "the server's work per client from 100 to 1,000 clients (1e5 "
-    "parameters): plain, ckks, and threshold as far as its n² shares allow",
+    "parameters): plain, ckks, and threshold with a committee of 10 key holders",
     "flower": "the same run over a local Flower deployment vs in process: wall time and "
     "bytes per round, Flower's framing per message",
     "flower_load": "many rounds over a local Flower deployment beside busy processes: any "

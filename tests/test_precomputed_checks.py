@@ -375,3 +375,28 @@ def test_a_run_checks_every_reveal_after_the_first_round_ahead(monkeypatch):
     result = run_experiment(run)
     assert not result.audit.summary()["exclusions"]
     assert used == [True] * 4
+
+
+def test_the_author_check_follows_each_clients_latest_commitment():
+    """An upload on seeds another client committed is refused; seeds a client committed
+    before its latest commitment are no longer its own; seeds two clients both committed
+    are neither's to use (the lookup that replaced a scan of every client's seeds)."""
+    from secagg.errors import DuplicateUpload
+
+    server = BackendRound(["a", "b", "c"], 10, backend="ckks", preset="lean").server
+
+    def commit(client: str, seeds: bytes) -> None:
+        fields = {NEXT_SEEDS: wire.ciphertext([seeds])}
+        server.remember_upload(client, Envelope(client, "server", 0, "train", fields))
+
+    first, second = bytes(SEED_INFO_BYTES), bytes([1]) * SEED_INFO_BYTES
+    commit("a", first)
+    server._check_author("a", first)
+    with pytest.raises(DuplicateUpload, match="the seeds a committed"):
+        server._check_author("b", first)
+    commit("a", second)
+    server._check_author("b", first)  # a's earlier seeds are nobody's now
+    commit("c", second)
+    for sender, owner in (("a", "c"), ("c", "a"), ("b", "a")):
+        with pytest.raises(DuplicateUpload, match=f"the seeds {owner} committed"):
+            server._check_author(sender, second)

@@ -222,6 +222,9 @@ class CKKSServer(ServerBackend):
         self._reveals = 0
         #: each client's seeds for its next upload, as its last upload committed them
         self._committed: dict[str, bytes] = {}
+        #: the same, by seeds: who committed each (so that checking an upload's author is
+        #: one lookup, not a scan of every client's: n² a round at n clients)
+        self._committers: dict[bytes, set[str]] = {}
 
     def setup_config(self) -> dict[str, Any]:
         """What the server proposes: the parameter set. Everything a client's security rests
@@ -467,25 +470,37 @@ class CKKSServer(ServerBackend):
         committer's, so the other sender is the one refused (else a decryptor could send
         an upload on a peer's seeds before the peer and have the peer's upload refused as
         the copy, ``RoundContext.loaded``)."""
-        for client, committed in self._committed.items():
-            if client != sender and committed == seeds:
-                raise DuplicateUpload(
-                    f"{sender}'s upload is made on the seeds {client} committed for its own"
-                )
+        others = sorted(self._committers.get(bytes(seeds), set()) - {sender})
+        if others:
+            raise DuplicateUpload(
+                f"{sender}'s upload is made on the seeds {others[0]} committed for its own"
+            )
+
+    def _commit(self, client: str, seeds: bytes | None) -> None:
+        """Record ``client``'s committed next seeds (None: it committed none)."""
+        before = self._committed.pop(client, None)
+        if before is not None:
+            holders = self._committers[before]
+            holders.discard(client)
+            if not holders:
+                del self._committers[before]
+        if seeds is not None:
+            self._committed[client] = seeds
+            self._committers.setdefault(seeds, set()).add(client)
 
     # ---- precomputed checks: committed seeds relayed to the planned decryptors ----------------
     train_reply_fields = {NEXT_SEEDS: wire.CIPHERTEXT}
 
     def remember_upload(self, client: str, envelope: Envelope) -> None:
         if NEXT_SEEDS not in envelope.fields:  # not masked ahead (TenSEAL's binding, off)
-            self._committed.pop(client, None)
+            self._commit(client, None)
             return
         parts = envelope.ciphertext_parts(NEXT_SEEDS)
         if len(parts) != 1 or not parts[0] or len(parts[0]) % SEED_INFO_BYTES:
             raise MalformedCiphertext(
                 f"{client} commits its next seeds as one part of {SEED_INFO_BYTES} bytes a chunk"
             )
-        self._committed[client] = bytes(parts[0])
+        self._commit(client, bytes(parts[0]))
 
     def training_fields(
         self, ctx: Any, client: str, weights: Mapping[str, float]
