@@ -512,8 +512,10 @@ BACKENDS: dict[str, BackendSpec] = {
                 "how many of the roster's clients hold key shares (the committee; t is then "
                 "counted among them): 0, every client (n shares an upload, n² a round); c > 0, "
                 "c clients picked by a public hash of their names, so a round deals n·c "
-                "shares and the server's work per client stays flat as n grows. What t - 1 "
-                "colluders learn is the same either way; t of the committee must be online",
+                "shares and the server's work per client stays flat as n grows. t counts "
+                "committee members, so a committee of 10 (t = 6) withstands 5 colluding "
+                "clients where a roster of 1,000 withstands 500; t of the committee must be "
+                "online",
             ),
             *_release_policy_options(),
         ),

@@ -226,10 +226,12 @@ def holders_of(roster: object, committee: int = 0) -> list[str]:
     (``committee`` 0), or a committee of ``committee`` of them, the first in the order of
     SHA-256 over their names (public: every party picks the same).
 
-    Who holds does not change what a coalition learns: the server and any t − 1 clients hold
-    at most t − 1 shares of any key, on the committee or off it (off it, none). It decides
-    who must be online (t of the committee) and who does the holders' work, n sealed shares
-    a release each, so that a round's shares are n·c rather than n²."""
+    Which clients hold does not change what a coalition of t − 1 learns: the server and any
+    t − 1 clients hold at most t − 1 shares of any key, on the committee or off it (off it,
+    none). How many hold does: t counts committee members, so a smaller committee withstands
+    fewer colluders. It also decides who must be online (t of the committee) and who does
+    the holders' work, n sealed shares a release each, so that a round's shares are n·c
+    rather than n²."""
     clients = sorted(roster)  # type: ignore[call-overload]
     if not isinstance(committee, int) or not 0 <= committee <= len(clients):
         raise ConfigError(
