@@ -309,6 +309,40 @@ def test_threshold_runs_on_with_t_holders_and_stops_cleanly_below(tmp_path, down
         assert pd.read_csv(out / "metrics.csv")["round"].max() == 1  # round 1 made no model
 
 
+@pytest.mark.parametrize("down", ["off the committee", "committee"])
+def test_a_threshold_committee_over_flower_asks_only_its_members(tmp_path, down):
+    """Six nodes, a committee of four key holders (t = 3), as each node's own configuration
+    says: the two nodes off the committee down when the shares are asked for cost the round
+    nothing (they hold none); two members down leave two shares, below t, and the seed stops
+    with a typed abort."""
+    from secagg.threshold.params import holders_of
+
+    config = replace(
+        LARC, protocol="fedavg", backend="threshold", rounds=2, backend_options={"committee": 4}
+    )
+    folder, grid = deploy(tmp_path, config)
+    committee = holders_of([f"client_{k}" for k in range(6)], 4)
+    nodes = {100 + k for k in range(6) if (f"client_{k}" in committee) == (down == "committee")}
+    nodes = set(sorted(nodes)[:2])
+    grid.down_for = lambda node, rnd, phase: node in nodes and rnd == 1 and phase == "decrypt_share"
+    out = tmp_path / "out"
+    if down == "committee":
+        with pytest.raises(RunNotComplete, match="aborted"):
+            run_on_flower(grid, deployment=folder, out=out, timeout=1.0, connect_timeout=5)
+        flower = json.loads((out / "flower.json").read_text())
+        assert "2 of 4 holders answered and t = 3" in flower["aborted"]["3"]
+        return
+    run_on_flower(grid, deployment=folder, out=out, timeout=1.0, connect_timeout=5)
+    reveals = [
+        json.loads(line)
+        for line in (out / "audit.jsonl").read_text().splitlines()
+        if '"reveal"' in line
+    ]
+    assert [r["by"] for r in reveals if r.get("event") == "reveal"] == [
+        f"holders {','.join(committee)} (4 of 4, t = 3)"
+    ] * 2
+
+
 def test_a_node_configured_for_another_experiment_is_refused(tmp_path):
     folder, grid = deploy(tmp_path, PLAIN)
     other = tmp_path / "other"
