@@ -111,3 +111,35 @@ class RecordingTransport(InProcessTransport):
         reply = super().request(peer, data)
         self.log.append((peer, Envelope.from_bytes(data), Envelope.from_bytes(reply)))
         return reply
+
+
+def guesses_won(
+    r: BackendRound, victim: str, holders: list[str], size: float, trials: int, seed: int
+) -> dict[int, int]:
+    """The server and colluding ``holders`` against one threshold upload: in each trial
+    the victim uploads one of two known updates (±``size`` in every value, at random) and the
+    coalition interpolates its guess of the one-time key from the shares that the first
+    t − 1, then the first t, of ``holders`` hold (``len(holders)`` = t), unmasks and
+    guesses which. How often each guess was right, by the number of shares it had."""
+    from secagg.threshold.params import decode, public_seed
+
+    preset, ring, n = r.server.preset, r.server.ring, r.n_values
+    candidates = [np.full(n, size), np.full(n, -size)]
+    rng = np.random.default_rng(seed)
+    wins = {len(holders) - 1: 0, len(holders): 0}
+    for _ in range(trials):
+        bit = int(rng.integers(2))
+        upload = r.upload(victim, candidates[bit])
+        for count in wins:
+            xs, shares = [], []
+            for h in holders[:count]:
+                j = r.server.holders.index(h)
+                sealed = upload.sealed[victim][j]
+                shares.append(
+                    r.clients[h]._unsealed_share("x", victim, upload.entries[0].seeds, sealed, j)
+                )
+                xs.append(j + 1)
+            guess = ring.reconstruct(np.stack(shares), xs)
+            decoded = decode(preset, ring.unmask(upload.total, guess, public_seed(preset, "")), n)
+            wins[count] += int((decoded.mean() < 0) == bool(bit))
+    return wins

@@ -37,7 +37,7 @@ from secagg.threshold.params import (
 )
 from secagg.threshold.ring import ring
 from secagg.wire import Envelope
-from tests.harness import BackendRound, collude
+from tests.harness import BackendRound, collude, guesses_won
 
 IDS = [f"client_{i}" for i in range(5)]  # t = 3 by default: a strict majority
 N = 5000  # two blocks of 4096 values
@@ -366,30 +366,8 @@ def test_t_minus_one_colluding_holders_and_the_server_guess_no_better_than_chanc
     known updates the victim sent no better than a coin (binomial test), while the same
     attack with t shares always wins (the test can fail)."""
     r = make_round("wide", n=64)
-    victim, c1, c2 = IDS[0], IDS[3], IDS[4]
-    preset = get_preset("wide")
-    rg = r.server.ring
-    candidates = [np.full(64, 0.5), np.full(64, -0.5)]
-    rng = np.random.default_rng(7)
-    wins = {2: 0, 3: 0}
     trials = 80
-    for _ in range(trials):
-        bit = int(rng.integers(2))
-        upload = r.upload(victim, candidates[bit])
-        for count in (2, 3):
-            holders = [c1, c2, IDS[2]][:count]
-            xs, shares = [], []
-            for h in holders:
-                j = r.server.holders.index(h)
-                shares.append(
-                    r.clients[h]._unsealed_share(
-                        "x", victim, upload.entries[0].seeds, upload.sealed[victim][j], j
-                    )
-                )
-                xs.append(j + 1)
-            guess = rg.reconstruct(np.stack(shares), xs)
-            decoded = decode(preset, rg.unmask(upload.total, guess, public_seed(preset, "")), 64)
-            wins[count] += int((decoded.mean() < 0) == bool(bit))
+    wins = guesses_won(r, IDS[0], [IDS[3], IDS[4], IDS[2]], 0.5, trials, seed=7)
     assert wins[3] == trials
     assert binomtest(wins[2], trials, 0.5).pvalue > 1e-3
 

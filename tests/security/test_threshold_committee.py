@@ -29,15 +29,13 @@ from secagg.errors import (
     ValueRangeError,
 )
 from secagg.threshold.params import (
-    decode,
     get_preset,
     holders_of,
-    public_seed,
     share_label,
     upload_bytes,
 )
 from secagg.wire import Envelope
-from tests.harness import BackendRound
+from tests.harness import BackendRound, guesses_won
 
 IDS = [f"client_{i:02d}" for i in range(12)]
 C = 5  # t = 3: a strict majority of the committee
@@ -224,27 +222,8 @@ def test_t_minus_one_colluding_committee_members_and_the_server_guess_no_better_
     r = make(n=64)
     committee = holders_of(IDS, C)
     victim = next(c for c in IDS if c not in committee)
-    preset, rg = get_preset("wide"), r.server.ring
-    candidates = [np.full(64, 0.05), np.full(64, -0.05)]
-    rng = np.random.default_rng(11)
-    wins = {2: 0, 3: 0}
     trials = 80
-    for _ in range(trials):
-        bit = int(rng.integers(2))
-        upload = r.upload(victim, candidates[bit])
-        for count in (2, 3):
-            xs, shares = [], []
-            for h in committee[:count]:
-                j = r.server.holders.index(h)
-                shares.append(
-                    r.clients[h]._unsealed_share(
-                        "x", victim, upload.entries[0].seeds, upload.sealed[victim][j], j
-                    )
-                )
-                xs.append(j + 1)
-            guess = rg.reconstruct(np.stack(shares), xs)
-            decoded = decode(preset, rg.unmask(upload.total, guess, public_seed(preset, "")), 64)
-            wins[count] += int((decoded.mean() < 0) == bool(bit))
+    wins = guesses_won(r, victim, committee[:3], 0.05, trials, seed=11)
     assert wins[3] == trials
     assert binomtest(wins[2], trials, 0.5).pvalue > 1e-3
 
