@@ -273,3 +273,27 @@ def test_a_missing_extension_names_the_build_script(monkeypatch: pytest.MonkeyPa
     finally:
         monkeypatch.undo()
         ring_module._extension.cache_clear()
+
+
+def test_combine_spreads_only_large_sums_over_threads_and_gives_the_same_sum(
+    r: Ring, monkeypatch: pytest.MonkeyPatch
+):
+    """A small sum runs on one thread whatever the cores (starting a thread costs more than
+    it saves); a large one on several, with the same result as on one."""
+    asked: list[int] = []
+    native_combine = r._ring.combine
+
+    def spy(polys, weights, threads):
+        asked.append(threads)
+        return native_combine(polys=polys, weights=weights, threads=threads)
+
+    monkeypatch.setattr(r, "_ring", type("Spy", (), {"combine": staticmethod(spy)})())
+    monkeypatch.setenv(native.THREADS_ENV, "4")
+    small = uniform(r, 2, 8 * r.n)
+    large = uniform(r, 2, ring_module.COMBINE_PER_THREAD * 2)
+    r.combine(small, [1, 3])
+    got = r.combine(large, [1, 3])
+    r.combine(list(large), [1, 3])
+    assert asked == [1, 4, 4]
+    monkeypatch.setenv(native.THREADS_ENV, "1")
+    assert np.array_equal(r.combine(large, [1, 3]), got)

@@ -386,11 +386,10 @@ class ThresholdRunningSum(RunningSum):
                 return
         ring_ = self.server.ring
         if self._acc is None:
-            flat = handle.total.reshape(1, -1)
-            self._acc = ring_.combine(flat, [factor]).reshape(handle.total.shape)
-        else:
-            stacked = np.stack([self._acc, handle.total]).reshape(2, -1)
-            self._acc = ring_.combine(stacked, [1, factor]).reshape(handle.total.shape)
+            self._acc = ring_.combine([handle.total], [factor]).reshape(handle.total.shape)
+        else:  # the two arrays as they are: no stacked copy of the sum
+            both = [self._acc, handle.total]
+            self._acc = ring_.combine(both, [1, factor]).reshape(handle.total.shape)
         (entry,) = handle.entries
         self._entries.append(replace(entry, k=k))
         self._sealed.update(handle.sealed)
