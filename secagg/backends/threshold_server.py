@@ -182,8 +182,8 @@ class ThresholdServer(ServerBackend):
         kept = [(h, k) for h, k in zip(handles, ks) if k != 0]
         if not kept:
             raise MalformedCiphertext("a sum needs at least one non-zero weight")
-        stacked = np.stack([h.total for h, _ in kept]).reshape(len(kept), -1)
-        total = self.ring.combine(stacked, [k for _, k in kept])
+        # the uploads as they are: no stacked copy of all of them
+        total = self.ring.combine([h.total for h, _ in kept], [k for _, k in kept])
         return ThresholdHandle(
             total.reshape(kept[0][0].total.shape),
             handles[0].n_values,

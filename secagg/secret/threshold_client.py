@@ -51,7 +51,6 @@ from secagg.secret.consenting import (
     check_applied_total,
     read_release,
     restored_count,
-    restored_releases,
 )
 from secagg.secret.holder import KeyHoldingClient
 from secagg.secret.share_relay import release_label, seal, unseal
@@ -401,7 +400,7 @@ class ThresholdClient(KeyHoldingClient):
         if unopened:
             return None, False, unopened
         weights = server_multipliers(self.preset.weighted_by_clients, (k for _, k, _ in d.entries))
-        share = self.ring.combine(np.stack(mine), weights)
+        share = self.ring.combine(mine, weights)  # the shares as they are: no stacked copy
         self.answered[release] = holder_set
         self.descriptors.setdefault(release, d.to_config())
         for _, _, digest in d.entries:
@@ -428,15 +427,16 @@ class ThresholdClient(KeyHoldingClient):
         garbled = KeySetupError(f"{self.id}: the state's record of releases is garbled")
         if not isinstance(descriptors, dict) or not isinstance(sets, dict):
             raise garbled
-        read = restored_releases(self.id, {r: [c] for r, c in descriptors.items()})
-        if any(Descriptor.from_config(c).hash().hex() != r for r, (c,) in read.items()):
-            raise garbled
-        if not all(
+        try:
+            read = {r: Descriptor.from_config(c) for r, c in descriptors.items()}
+        except ReleaseRefused:
+            raise garbled from None
+        if any(d.hash().hex() != r for r, d in read.items()) or not all(
             isinstance(d, str) and isinstance(rs, list) and all(r in read for r in rs)
             for d, rs in sets.items()
         ):
             raise garbled
-        return {d: list(rs) for d, rs in sets.items()}, {r: c for r, (c,) in read.items()}
+        return {d: list(rs) for d, rs in sets.items()}, {r: d.to_config() for r, d in read.items()}
 
     def _unsealed_share(
         self, name: str, sender: str, preimage: bytes, blob: bytes, me: int
