@@ -166,8 +166,15 @@ class Envelope:
         return value
 
     def vector(self, name: str, length: int | None = None) -> np.ndarray:
+        """The vector as a float64 array of its own (the reader may change it)."""
+        return self.vector_view(name, length).astype(np.float64)
+
+    def vector_view(self, name: str, length: int | None = None) -> np.ndarray:
+        """As :meth:`vector`, checked the same way, but a read-only view into the message in
+        the sender's dtype (float32 or float64) rather than a float64 copy: for a reader
+        that only reads it, so that a model-sized field is not held twice."""
         f = self.get(name, VECTOR)
-        assert f.dtype is not None  # vector() and _check_field always set a vector's dtype
+        assert f.dtype is not None
         arr = np.frombuffer(f.data, dtype=_VECTOR_DTYPES[f.dtype])
         if length is not None and arr.size != length:
             raise UnexpectedField(
@@ -175,7 +182,8 @@ class Envelope:
             )
         if not np.all(np.isfinite(arr)):
             raise UnexpectedField(f"vector {name!r} from {self.sender} has non-finite entries")
-        return arr.astype(np.float64)
+        arr.flags.writeable = False
+        return arr
 
     def ciphertext_parts(self, name: str) -> list[memoryview]:
         """The parts as views into the message (no copy: a model's worth of ciphertext)."""

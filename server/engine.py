@@ -299,9 +299,17 @@ class Server:
             self.backend,
             optimizer,
             self.policy.allow_plaintext_updates,
-            model=None if self.updates.blind else self.params.copy(),
+            model=None if self.updates.blind else self._round_model(),
             max_weight_share=self.policy.max_weight_share,
         )
+
+    def _round_model(self) -> np.ndarray:
+        """The model the round starts from, for the protocol to read: a read-only view, not
+        a copy (a model's worth of memory). The step at the end of the round changes the
+        params in place, after the protocol's last use of the round's context."""
+        view = self.params.view()
+        view.flags.writeable = False
+        return view
 
     def setup(self, rounds: int) -> dict[str, str]:
         """Run the backend's one-off phases (key setup) before round 0, the enrolment and

@@ -115,14 +115,25 @@ def decryptions_agree(
         return False
     m = max(a.size, 1)
     s = math.hypot(sigma_a, sigma_b)
-    largest = float(max(np.max(np.abs(a), initial=0.0), np.max(np.abs(b), initial=0.0)))
+    largest, widest, squares = _compared(a, b)
     slack = rounding + DECODE_SLACK * (1.0 + largest)
     x = CHECK_BITS * math.log(2.0)
-    diff = a - b
-    if float(np.max(np.abs(diff), initial=0.0)) > math.sqrt(2 * (math.log(m) + x)) * s + slack:
+    if widest > math.sqrt(2 * (math.log(m) + x)) * s + slack:
         return False
     bound = s * math.sqrt(m + 2 * math.sqrt(m * x) + 2 * x) + slack * math.sqrt(m)
-    return float(np.linalg.norm(diff)) <= bound
+    return math.sqrt(squares) <= bound
+
+
+def _compared(a: np.ndarray, b: np.ndarray, block: int = 1 << 17) -> tuple[float, float, float]:
+    """max(|a|∞, |b|∞), |a − b|∞ and ‖a − b‖², a block at a time (no model-sized temporary)."""
+    largest = widest = squares = 0.0
+    for start in range(0, a.size, block):
+        x, y = a[start : start + block], b[start : start + block]
+        largest = max(largest, float(np.max(np.abs(x))), float(np.max(np.abs(y))))
+        diff = x - y
+        widest = max(widest, float(np.max(np.abs(diff))))
+        squares += float(np.dot(diff, diff))
+    return largest, widest, squares
 
 
 @dataclass
@@ -640,7 +651,8 @@ class CKKSServer(ServerBackend):
             sigma = env.scalar(SIGMA_FIELD)
             if sigma < 0:
                 raise UnexpectedField(f"{client} reports a negative flooding σ")
-            return env.vector(name, handle.n_values), sigma
+            values = env.vector_view(name, handle.n_values)  # only read: no copy of float64
+            return values.astype(np.float64, copy=False), sigma
 
         def ask(wanted: int) -> None:
             while wanted > 0 and queue:

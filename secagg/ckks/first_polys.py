@@ -123,30 +123,41 @@ def first_polynomials(
     return out, b"".join(seeds)
 
 
+#: chunks reduced at a time when a sum is folded (32 chunks of 4,096 coefficients: 1 MB)
+FOLD_ROWS = 32
+
+
 class FirstPolynomialSum:
     """Σ_i c0_i modulo each prime, folded one upload at a time (both operands below the
-    prime, so their sum fits 64 bits and one conditional subtraction reduces it)."""
+    prime, so their sum fits 64 bits and one conditional subtraction reduces it).
+
+    The first upload's array becomes the sum (a running sum takes its handles over), and the
+    reduction works through a scratch of :data:`FOLD_ROWS` chunks, so the sum holds one
+    upload's worth of memory and no model-sized temporary."""
 
     def __init__(self, level: FreshLevel):
         self.level = level
         self.total: np.ndarray | None = None
-        self._less: np.ndarray | None = None  # scratch: the sum less the prime
+        self._less: np.ndarray | None = None  # scratch: a block of the sum less the prime
 
     def add(self, first: np.ndarray) -> None:
         if self.total is None:
-            self.total = first.copy()
-            self._less = np.empty_like(self.total)
+            self.total = first if first.flags.writeable else first.copy()
+            self._less = np.empty((min(FOLD_ROWS, len(first)), first.shape[1]), first.dtype)
             return
         if first.shape != self.total.shape:
             raise MalformedCiphertext(
                 f"{first.shape[0]} chunks, the running sum has {self.total.shape[0]}"
             )
         assert self._less is not None
-        self.total += first
-        # t − q wraps around above t where t < q: the minimum is t mod q (a fifth of the time
-        # of a masked subtraction, which builds a boolean array a fold)
-        np.subtract(self.total, self.level.moduli, out=self._less)
-        np.minimum(self.total, self._less, out=self.total)
+        for start in range(0, len(self.total), FOLD_ROWS):
+            block = self.total[start : start + FOLD_ROWS]
+            less = self._less[: len(block)]
+            block += first[start : start + FOLD_ROWS]
+            # t − q wraps around above t where t < q: the minimum is t mod q (a fifth of the
+            # time of a masked subtraction, which builds a boolean array a fold)
+            np.subtract(block, self.level.moduli, out=less)
+            np.minimum(block, less, out=block)
 
 
 def plaintext_blobs(level: FreshLevel, total: np.ndarray, scale: float) -> list[bytes]:
