@@ -71,7 +71,6 @@ from secagg.ckks.public import (
     SEED_INFO_BYTES,
     CiphertextSum,
     PublicCKKS,
-    ciphertext_blobs,
     ciphertext_raw_bytes,
     inflate,
     quantise,
@@ -79,7 +78,7 @@ from secagg.ckks.public import (
     to_bytes,
 )
 from secagg.ckks.release import Descriptor, SecondPolynomials
-from secagg.ckks.server_sums import expander_for, read_upload, weighted
+from secagg.ckks.server_sums import expander_for, weighted_firsts
 from secagg.secret.ckks_keys import SecretKeyHolder, compressed, compresses
 
 OUTPUTS = ("upload_profile.csv", "upload_profile.md")
@@ -219,89 +218,68 @@ def _profile(
     uploads = [first_parts]
     for x, w in zip(xs[1:], weights[1:]):
         uploads.append(stages(keys, x, w if lean else None, 1)[1])
-    level = FreshLevel(public) if lean else None
+    level = FreshLevel(public)
+    ks_sum = [quantise(w, preset.weight_bits) for w in weights]
     # the server, per upload
-    if level is not None:
+    if lean or native_path:  # first polynomials read out of the checked bytes, no seed expanded
         loaded, t_load = median_seconds(lambda: first_polynomials(level, uploads[0], n), repeats)
         firsts = [loaded] + [first_polynomials(level, u, n) for u in uploads[1:]]
+        if lean:
 
-        def fold():
-            total = FirstPolynomialSum(level)
-            for first, _ in firsts:
-                total.add(first)
-            return total.total
+            def fold():
+                total = FirstPolynomialSum(level)
+                for first, _ in firsts:
+                    total.add(first.copy())  # a running sum takes its upload over
+                return total.total
+
+        else:
+            expander = expander_for(public)
+
+            def fold():
+                return weighted_firsts(expander, [f for f, _ in firsts], ks_sum)
 
         total, t_fold = median_seconds(fold, repeats)
-        aggregate = plaintext_blobs(level, total, public.scale)
+        aggregate = plaintext_blobs(level, total, public.scale if lean else public.sum_scale)
         seeds = [s for _, s in firsts]
-    elif native_path:  # read without SEAL's loader, the seeds expanded on arrival
-        reader = FreshLevel(public, server_weighted=True)
-        expander = expander_for(public)
-        read, t_load = median_seconds(lambda: read_upload(reader, expander, uploads[0], n), repeats)
-        polys = [read] + [read_upload(reader, expander, u, n) for u in uploads[1:]]
-        ks_sum = [quantise(w, preset.weight_bits) for w in weights]
-        total_polys, t_fold = median_seconds(
-            lambda: weighted(expander, [p for p, _ in polys], ks_sum), repeats
-        )
-        aggregate = ciphertext_blobs(
-            public, total_polys.first, total_polys.second, public.sum_scale
-        )
-        seeds = [s for _, s in polys]
     else:
         _, t_load = median_seconds(lambda: public.load_upload(uploads[0], n), repeats)
 
-        loaded = [public.load_upload(u, n)[0] for u in uploads]
+        loaded_cts = [public.load_upload(u, n)[0] for u in uploads]
 
-        def fold():  # multiplies into copies: the engine's fold works in place, a bit less
+        def fold_cts():  # multiplies into copies: the engine's fold works in place, a bit less
             total = CiphertextSum(public)
-            for cts, w in zip(loaded, weights):
+            for cts, w in zip(loaded_cts, weights):
                 total.add(cts, w)
             return total.result()
 
-        cts, t_fold = median_seconds(fold, repeats)
-        aggregate = [to_bytes(ct) for ct in cts]
+        cts, t_fold = median_seconds(fold_cts, repeats)
+        first, _, scale = public.aggregate_polynomials([to_bytes(ct) for ct in cts], n)
+        aggregate = plaintext_blobs(level, first, scale)  # what the server releases
         seeds = [public.load_upload(u, n)[1] for u in uploads]
     row["server: load, per upload"] = t_load
     row["server: add, per upload"] = t_fold / clients
-    # the decryptor, per reveal
+    # the decryptor, per reveal: the server's first polynomials, its own second
     ks = [applied_weight(w, preset) if lean else quantise(w, preset.weight_bits) for w in weights]
     chunks = chunks_for(n, preset)
     d = Descriptor(
         "reveal", "profile", 0, n, chunks, tuple((f"c{i}", k, "") for i, k in enumerate(ks))
     )
     second = SecondPolynomials(keys.public, keys.seeded_template())
-    if level is not None and native_path:
+    if native_path:
         (first, scale), row["decryptor: aggregate"] = median_seconds(
             lambda: checked_first_sums(level, aggregate, n), repeats
         )
         cts, row["decryptor: second polynomial"] = median_seconds(
             lambda: second.expanded(d, seeds, first, scale), repeats
         )
-        multipliers = [1] * clients
-    elif level is not None:
+    else:
         sums, row["decryptor: aggregate"] = median_seconds(
             lambda: load_first_sums(level, aggregate, n), repeats
         )
         cts, row["decryptor: second polynomial"] = median_seconds(
             lambda: second.build(d, seeds, sums), repeats
         )
-        multipliers = [1] * clients
-    elif native_path:  # read without SEAL, checked against the seeds, opened in one call
-        (c0, c1, scale), row["decryptor: aggregate"] = median_seconds(
-            lambda: keys.public.aggregate_polynomials(aggregate, n), repeats
-        )
-        cts, row["decryptor: second polynomial"] = median_seconds(
-            lambda: second.checked_polynomials(d, seeds, c0, c1, scale), repeats
-        )
-        multipliers = ks
-    else:
-        cts, row["decryptor: aggregate"] = median_seconds(
-            lambda: keys.load_aggregate(aggregate, n), repeats
-        )
-        _, row["decryptor: second polynomial"] = median_seconds(
-            lambda: second.check(d, seeds, cts), repeats
-        )
-        multipliers = ks
+    multipliers = [1] * clients if lean else ks
     sigma = flooding_sigma(error_bound(multipliers, chunks * preset.poly_modulus_degree), clients)
     if native_path:  # the native open changes nothing it is given
         _, row["decryptor: decrypt"] = median_seconds(
@@ -313,17 +291,13 @@ def _profile(
     else:
         _, row["decryptor: decrypt"] = median_seconds(
             lambda: keys.open_flooded(
-                second.build(d, seeds, load_first_sums(level, aggregate, n))
-                if level is not None
-                else keys.load_aggregate(aggregate, n),
-                n,
-                sigma,
+                second.build(d, seeds, load_first_sums(level, aggregate, n)), n, sigma
             ),
             repeats,
         )
         # the decrypt timing above reloads what it floods (flooding changes the ciphertexts)
-        row["decryptor: decrypt"] -= row["decryptor: aggregate"] + (
-            row["decryptor: second polynomial"] if level is not None else 0.0
+        row["decryptor: decrypt"] -= (
+            row["decryptor: aggregate"] + row["decryptor: second polynomial"]
         )
     row["upload bytes per value"] = sum(map(len, uploads[0])) / n
     row["aggregate bytes per value"] = sum(map(len, aggregate)) / n

@@ -334,24 +334,20 @@ def _forged(fields, edit):
 
 
 def test_a_native_compact_reveal_refuses_every_forged_aggregate(monkeypatch):
-    """What the native read takes over from SEAL's loader, attacked: each forgery is
-    refused, counts no decryption, and the honest request still opens."""
+    """What the native read takes over from SEAL's loader, attacked: each forgery of the
+    released first polynomials (a plaintext per chunk) is refused, counts no decryption, and
+    the honest request still opens."""
     import struct
 
-    from secagg.ckks.public import CIPHERTEXT_META, COUNT, SEAL_HEADER
+    from secagg.ckks.public import COUNT, PLAINTEXT_META, SEAL_HEADER
     from secagg.errors import MalformedCiphertext, WrongContext
 
     run, fields, expected = _compact_release(monkeypatch, "on")
     keys = run.clients["client_0"].keys
     n, primes = keys.preset.poly_modulus_degree, keys.public.n_primes
-    data = CIPHERTEXT_META.size + SEAL_HEADER.size + COUNT.size
-    scale_at = 32 + 1 + 8 * 3
+    data = PLAINTEXT_META.size + SEAL_HEADER.size + COUNT.size
+    scale_at = 32 + 8
     prime = keys.public.context.first_context_data().parms().coeff_modulus()[0].value()
-
-    def second_coefficient(raw, j):  # C1 one off: not Σ k_i·a_i
-        at = data + 8 * n * primes + 8 * 5
-        (v,) = struct.unpack_from("<Q", raw, at)
-        struct.pack_into("<Q", raw, at, (v + 1) % prime)
 
     def first_out_of_range(raw, j):  # a C0 coefficient at its prime
         struct.pack_into("<Q", raw, data, prime)
@@ -361,14 +357,17 @@ def test_a_native_compact_reveal_refuses_every_forged_aggregate(monkeypatch):
             (s,) = struct.unpack_from("<d", raw, scale_at)
             struct.pack_into("<d", raw, scale_at, s / 2)
 
-    def not_ntt(raw, j):
-        raw[32] = 0
+    def other_level(raw, j):  # another parms id: not the fresh level
+        raw[0] ^= 1
+
+    def with_a_second_polynomial(raw, j):  # a whole ciphertext's worth: (C0, C1)
+        raw.extend(bytes(8 * n * primes))
 
     for edit, error, match in (
-        (second_coefficient, ReleaseRefused, "not the weighted sum"),
-        (first_out_of_range, MalformedCiphertext, "does not open"),
+        (first_out_of_range, MalformedCiphertext, "outside its modulus"),
         (other_scale, WrongContext, "different scales"),
-        (not_ntt, MalformedCiphertext, "NTT form"),
+        (other_level, WrongContext, "fresh level"),
+        (with_a_second_polynomial, MalformedCiphertext, "bytes; a chunk here has"),
     ):
         with pytest.raises(error, match=match):
             run.ask("client_0", "reveal", _forged(fields, edit))

@@ -209,12 +209,12 @@ def test_a_server_relaying_other_seeds_only_costs_the_precomputation(edit):
 
 
 def test_a_forged_aggregate_is_refused_even_with_a_matching_precheck(monkeypatch):
-    """The precheck was expanded from exactly the release's seeds, and the server's second
-    polynomial is one off: refused, nothing decrypted, the precomputed sum spent."""
+    """The precheck was expanded from exactly the release's seeds, and the server's first
+    polynomial has a coefficient at its prime: refused, nothing decrypted, the precomputed
+    sum spent."""
     import struct
 
-    from secagg.ckks.public import CIPHERTEXT_META, COUNT, SEAL_HEADER
-    from secagg.errors import ReleaseRefused
+    from secagg.ckks.public import COUNT, PLAINTEXT_META, SEAL_HEADER
     from tests.security.test_reveals import release
     from tests.test_native import _forged
 
@@ -234,16 +234,13 @@ def test_a_forged_aggregate_is_refused_even_with_a_matching_precheck(monkeypatch
     total = ctx.weighted_sum(run.uploads(values), PLAN)
     fields = release(run, ctx, total)
     keys = client.keys
-    n, primes = keys.preset.poly_modulus_degree, keys.public.n_primes
     prime = keys.public.context.first_context_data().parms().coeff_modulus()[0].value()
 
-    def second_coefficient(raw, j):
-        at = CIPHERTEXT_META.size + SEAL_HEADER.size + COUNT.size + 8 * n * primes + 8 * 5
-        (v,) = struct.unpack_from("<Q", raw, at)
-        struct.pack_into("<Q", raw, at, (v + 1) % prime)
+    def first_out_of_range(raw, j):
+        struct.pack_into("<Q", raw, PLAINTEXT_META.size + SEAL_HEADER.size + COUNT.size, prime)
 
-    with pytest.raises(ReleaseRefused, match="not the weighted sum"):
-        run.ask("client_0", "reveal", _forged(fields, second_coefficient))
+    with pytest.raises(MalformedCiphertext, match="outside its modulus"):
+        run.ask("client_0", "reveal", _forged(fields, first_out_of_range))
     assert client.prechecks_used == 1 and client.decryptions == 0
     revealed = Envelope("c", "s", 0, "r", run.ask("client_0", "reveal", fields))
     np.testing.assert_allclose(revealed.vector("global_update"), planned_sum(values), atol=1e-6)

@@ -37,7 +37,6 @@ from secagg.ckks.public import (
     PublicCKKS,
     check_normaliser,
     checked_weight,
-    ciphertext_blobs,
     is_key_id,
     params_fingerprint,
     quantise,
@@ -53,11 +52,9 @@ from secagg.ckks.release import (
     upload_basis_of,
 )
 from secagg.ckks.server_sums import (
-    Polynomials,
     expander_for,
-    read_upload,
     required_expander,
-    weighted,
+    weighted_firsts,
 )
 from secagg.errors import (
     ClientInputError,
@@ -151,24 +148,10 @@ class CKKSHandle:
 
 
 @dataclass
-class PolynomialsHandle:
-    """An upload or a sum on a server-weighted preset, read and formed natively
-    (``secagg.ckks.server_sums``): the ciphertexts as arrays, the same ones SEAL's path holds."""
-
-    polys: Polynomials
-    n_values: int
-    scale: float
-    entries: tuple[Entry, ...] = field(default_factory=tuple)
-
-    @property
-    def chunks(self) -> int:
-        return self.polys.chunks
-
-
-@dataclass
 class FirstPolysHandle:
-    """An upload or a sum on a client-weighted preset: first polynomials only
-    (``secagg.ckks.first_polys``: the server never expands a seed)."""
+    """An upload or a sum read and formed without SEAL's loader: first polynomials only
+    (``secagg.ckks.first_polys``, ``secagg.ckks.server_sums``: the server never expands a
+    seed). Every preset on the native path; the client-weighted one on either path."""
 
     first: np.ndarray  # (chunks, primes·N) uint64
     n_values: int
@@ -221,11 +204,10 @@ class CKKSServer(ServerBackend):
         self.fingerprint = params_fingerprint(preset)
         #: the clients apply the planned weights themselves (a client-weighted preset)
         self.weights_at_client = preset.weighted_by_clients
-        self._level = FreshLevel(self.public) if self.weights_at_client else None
-        #: a server-weighted preset's uploads, where the native extension reads them
-        self._weighted_level = (
-            None if self.weights_at_client else FreshLevel(self.public, server_weighted=True)
-        )
+        #: the preset's fresh level: how uploads are read natively (every upload on the
+        #: client-weighted preset) and how every sum is released (its first polynomials)
+        self._fresh = FreshLevel(self.public)
+        self._level = self._fresh if self.weights_at_client else None
         self.signers = dict(signers) if signers is not None else None
         self.releases = ReleaseRecord(
             policy if policy is not None else ReleasePolicy(max_weight=preset.max_weight)
@@ -454,21 +436,18 @@ class CKKSServer(ServerBackend):
         return offers
 
     # ---- aggregation -----------------------------------------------------------------------
-    def load(
-        self, envelope: Envelope, name: str, length: int
-    ) -> CKKSHandle | FirstPolysHandle | PolynomialsHandle:
+    def load(self, envelope: Envelope, name: str, length: int) -> CKKSHandle | FirstPolysHandle:
         parts = envelope.ciphertext_parts(name)
         if self._level is not None:  # the server only adds: first polynomials, seeds
             first, seeds = first_polynomials(self._level, parts, length)
             self._check_author(envelope.sender, seeds)
             entry = (Entry(envelope.sender, 0, seeds, upload_basis_of(envelope)),)
             return FirstPolysHandle(first, length, self.public.scale, entry)
-        expander = expander_for(self.public)
-        if expander is not None and self._weighted_level is not None:  # SEAL's sum, natively
-            polys, seeds = read_upload(self._weighted_level, expander, parts, length)
+        if expander_for(self.public) is not None:  # server-weighted: SEAL's sum, natively
+            first, seeds = first_polynomials(self._fresh, parts, length)
             self._check_author(envelope.sender, seeds)
             entry = (Entry(envelope.sender, 0, seeds, upload_basis_of(envelope)),)
-            return PolynomialsHandle(polys, length, self.public.scale, entry)
+            return FirstPolysHandle(first, length, self.public.scale, entry)
         cts, seeds = self.public.load_upload(parts, length)
         self._check_author(envelope.sender, seeds)
         entries = (Entry(envelope.sender, 0, seeds, upload_basis_of(envelope)),)
@@ -534,8 +513,8 @@ class CKKSServer(ServerBackend):
         }
 
     def weighted_sum(
-        self, handles: Sequence[CKKSHandle | PolynomialsHandle], weights: Sequence[float]
-    ) -> CKKSHandle | PolynomialsHandle:
+        self, handles: Sequence[CKKSHandle | FirstPolysHandle], weights: Sequence[float]
+    ) -> CKKSHandle | FirstPolysHandle:
         if self.weights_at_client:
             raise ConfigError(
                 f"CKKS preset {self.preset.name!r} only adds uploads their clients weighted "
@@ -544,7 +523,7 @@ class CKKSServer(ServerBackend):
             )
         if any(h.scale != self.public.scale or len(h.entries) != 1 for h in handles):
             raise MalformedCiphertext("only fresh uploads can be summed")
-        native_read = [h for h in handles if isinstance(h, PolynomialsHandle)]
+        native_read = [h for h in handles if isinstance(h, FirstPolysHandle)]
         if native_read:
             if len(native_read) != len(handles):
                 raise MalformedCiphertext("uploads read on two paths cannot be summed together")
@@ -561,18 +540,18 @@ class CKKSServer(ServerBackend):
         )
 
     def _native_weighted_sum(
-        self, handles: Sequence[PolynomialsHandle], weights: Sequence[float]
-    ) -> PolynomialsHandle:
-        """:meth:`weighted_sum` of uploads read natively: the same sum, formed with SEAL's
-        arithmetic on the arrays (``server_sums.weighted``)."""
+        self, handles: Sequence[FirstPolysHandle], weights: Sequence[float]
+    ) -> FirstPolysHandle:
+        """:meth:`weighted_sum` of uploads read natively: the first polynomial of the same
+        sum, formed with SEAL's arithmetic on the arrays (``server_sums.weighted_firsts``)."""
         wb = self.preset.weight_bits
         ks = [checked_weight(w, wb) for w in weights]
-        kept = [(h.polys, k) for h, k in zip(handles, ks) if k != 0]
+        kept = [(h.first, k) for h, k in zip(handles, ks) if k != 0]
         if not kept:
             raise ConfigError("every weight rounds to zero at this preset's weight precision")
-        polys = weighted(required_expander(self.public), *zip(*kept))
-        return PolynomialsHandle(
-            polys,
+        firsts, factors = zip(*kept)
+        return FirstPolysHandle(
+            weighted_firsts(required_expander(self.public), firsts, factors),
             handles[0].n_values,
             self.public.sum_scale,
             _weighted(self.preset, handles, weights),
@@ -583,16 +562,15 @@ class CKKSServer(ServerBackend):
             return ClientWeightedSum(self._level, length)
         return CKKSRunningSum(self.public, length)
 
-    def to_field(self, handle: CKKSHandle | FirstPolysHandle | PolynomialsHandle) -> Field:
+    def to_field(self, handle: CKKSHandle | FirstPolysHandle) -> Field:
+        """A sum as it is released: its first polynomials only, as plaintexts at the fresh
+        level (a decryptor expands Σ k_i·a_i from the signed seeds itself and never reads a
+        second polynomial from the server: ``first_polys``)."""
         if isinstance(handle, FirstPolysHandle):
-            assert self._level is not None
-            return wire.ciphertext(plaintext_blobs(self._level, handle.first, handle.scale))
-        if isinstance(handle, PolynomialsHandle):
-            polys = handle.polys
-            return wire.ciphertext(
-                ciphertext_blobs(self.public, polys.first, polys.second, handle.scale)
-            )
-        return wire.ciphertext([to_bytes(ct) for ct in handle.ciphertexts])
+            return wire.ciphertext(plaintext_blobs(self._fresh, handle.first, handle.scale))
+        blobs = [to_bytes(ct) for ct in handle.ciphertexts]  # SEAL's path: its sum, saved
+        first, _, scale = self.public.aggregate_polynomials(blobs, handle.n_values)
+        return wire.ciphertext(plaintext_blobs(self._fresh, first, scale))
 
     # ---- releases: consent, then a decryptor reveals or the clients open ---------------------
     def release(self, ctx, handle: CKKSHandle, name: str) -> dict[str, Field]:
@@ -730,44 +708,44 @@ class CKKSRunningSum(RunningSum):
         self.public = public
         self.length = length
         self._sum = CiphertextSum(public)
-        self._polys: Polynomials | None = None  # the sum of uploads read natively
+        self._firsts: np.ndarray | None = None  # the sum of uploads read natively
         self._entries: list[Entry] = []
 
-    def add(self, handle: CKKSHandle | PolynomialsHandle, weight: float) -> None:
+    def add(self, handle: CKKSHandle | FirstPolysHandle, weight: float) -> None:
         if (
             handle.scale != self.public.scale
             or handle.n_values != self.length
             or len(handle.entries) != 1
         ):
             raise MalformedCiphertext("only fresh uploads of the model's length can be summed")
-        native_read = isinstance(handle, PolynomialsHandle)
+        native_read = isinstance(handle, FirstPolysHandle)
         if (self._sum.chunks is not None and native_read) or (
-            self._polys is not None and not native_read
+            self._firsts is not None and not native_read
         ):
             raise MalformedCiphertext("uploads read on two paths cannot be summed together")
-        if isinstance(handle, PolynomialsHandle):
+        if isinstance(handle, FirstPolysHandle):
             k = checked_weight(weight, self.public.preset.weight_bits)
             if k == 0:
                 return
-            if self._polys is not None and handle.chunks != self._polys.chunks:
+            if self._firsts is not None and handle.chunks != len(self._firsts):
                 raise MalformedCiphertext(
-                    f"{handle.chunks} chunks, the running sum has {self._polys.chunks}"
+                    f"{handle.chunks} chunks, the running sum has {len(self._firsts)}"
                 )
             expander = required_expander(self.public)
-            if self._polys is None:
-                self._polys = weighted(expander, [handle.polys], [k])
+            if self._firsts is None:
+                self._firsts = weighted_firsts(expander, [handle.first], [k])
             else:
-                self._polys = weighted(expander, [self._polys, handle.polys], [1, k])
+                self._firsts = weighted_firsts(expander, [self._firsts, handle.first], [1, k])
             self._entries += _weighted(self.public.preset, [handle], [weight])
         elif self._sum.add(handle.ciphertexts, weight, consume=True):
             self._entries += _weighted(self.public.preset, [handle], [weight])
 
-    def _result(self, normaliser: float) -> CKKSHandle | PolynomialsHandle:
-        if self._polys is not None:
+    def _result(self, normaliser: float) -> CKKSHandle | FirstPolysHandle:
+        if self._firsts is not None:
             check_normaliser(normaliser)
             # as CiphertextSum.result: the normaliser goes into the scale
             scale = self.public.sum_scale * normaliser
-            return PolynomialsHandle(self._polys, self.length, scale, tuple(self._entries))
+            return FirstPolysHandle(self._firsts, self.length, scale, tuple(self._entries))
         cts = self._sum.result(normaliser)
         return CKKSHandle(cts, self.length, cts[0].scale, tuple(self._entries))
 
@@ -808,7 +786,7 @@ class ClientWeightedSum(RunningSum):
 
 def _weighted(
     preset: CKKSPreset,
-    handles: Sequence[CKKSHandle | PolynomialsHandle],
+    handles: Sequence[CKKSHandle | FirstPolysHandle],
     weights: Sequence[float],
 ) -> tuple[Entry, ...]:
     """The uploads' entries with the integer weights the sum multiplied them by (an upload

@@ -1,22 +1,23 @@
-"""Client-weighted sums (preset ``lean``) on the server: first polynomials only.
+"""Sums on the server as first polynomials only, on every preset.
 
 A seeded upload is (c0_i, seed_i), and its second polynomial a_i is what SEAL expands from the
-seed when it loads the upload. A server that only adds never needs the a_i: a decryptor
-recomputes Σ a_i from the seeds anyway, to check a release (``release.py``). So on a
-client-weighted preset the server
+seed when it loads the upload. The server never needs the a_i: a decryptor forms Σ k_i·a_i
+from the signed seeds and weights itself (``release.py``). So the server
 
 - reads each upload's c0 out of SEAL's serialised layout, after the same checks as a SEAL
-  load (sizes, layout, a seeded ciphertext of this preset's fresh level and scale, and every
-  coefficient below its prime, which SEAL's own load checks too), without expanding the seed
-  (:func:`first_polynomials`);
-- adds the c0's modulo each prime (:class:`FirstPolynomialSum`): the coefficient-wise
-  addition SEAL's ``Evaluator.add`` performs on the first polynomials, on public data, checked
-  bit for bit against SEAL's in ``tests/security/test_client_weights.py``;
+  load (sizes, layout, a seeded ciphertext of this preset's fresh level and scale, every
+  coefficient below its prime and a seed of a PRNG SEAL expands, which SEAL's own load checks
+  too), without expanding the seed (:func:`first_polynomials`);
+- on the client-weighted preset (``lean``) adds the c0's modulo each prime
+  (:class:`FirstPolynomialSum`): the coefficient-wise addition SEAL's ``Evaluator.add``
+  performs on the first polynomials, checked bit for bit against SEAL's in
+  ``tests/security/test_client_weights.py``; on a server-weighted preset multiplies each by
+  its integer weight first (``server_sums``);
 - sends the sum as a SEAL plaintext at the fresh level in NTT form (:func:`plaintext_blobs`:
-  8 bytes per value instead of a full ciphertext's 16). The decryptor loads it
-  (:func:`load_first_sums`), forms (0, Σ a_i) from the seeds with SEAL and adds the plaintext
-  with SEAL's ``add_plain``: the second polynomial it decrypts with is its own, never the
-  server's, which is what the check on a server-weighted preset establishes.
+  8 bytes per value and prime instead of a whole ciphertext's 16). The decryptor loads it
+  (:func:`load_first_sums`), forms (0, Σ k_i·a_i) from the seeds with SEAL and adds the
+  plaintext with SEAL's ``add_plain``: the second polynomial it decrypts with is its own,
+  never the server's.
 
 Nothing here holds or takes a key. What the server can still choose is C0, which shifts the
 decryption by C0 − Σ c0_i, an offset the server knows (``release.py``): it learns the flooded
@@ -49,27 +50,22 @@ from secagg.ckks.public import (
     seal_header,
     uncompressed_blob,
 )
-from secagg.errors import ConfigError, MalformedCiphertext, WrongContext
+from secagg.errors import MalformedCiphertext, WrongContext
 
 PLAIN_META, _COUNT = PLAINTEXT_META, COUNT
+#: the PRNG types SEAL expands a seed with (``seal::prng_type``: blake2xb, shake256); its
+#: loader refuses any other, as the native expansion does
+SEAL_PRNG_TYPES = frozenset({1, 2})
 #: where a ciphertext's (or plaintext's) coefficients start in its raw bytes
 _CT_DATA = CIPHERTEXT_META.size + SEAL_HEADER.size + _COUNT.size
 _PT_DATA = PLAIN_META.size + SEAL_HEADER.size + _COUNT.size
 
 
 class FreshLevel:
-    """What first polynomials are checked against: the preset's fresh level.
+    """What first polynomials are checked against: the preset's fresh level (where every
+    upload is, and every sum: the server weights by constants, which needs no rescale)."""
 
-    ``server_weighted``: for reading a server-weighted preset's uploads the same way (a
-    server that weights natively, ``secagg.backends.ckks_server``: it then expands each
-    upload's seed itself, as SEAL's load would, and sends whole ciphertexts)."""
-
-    def __init__(self, public: PublicCKKS, *, server_weighted: bool = False):
-        if not public.preset.weighted_by_clients and not server_weighted:
-            raise ConfigError(
-                f"preset {public.preset.name}: only a client-weighted preset sums first "
-                "polynomials (the server weights the others, which needs whole ciphertexts)"
-            )
+    def __init__(self, public: PublicCKKS):
         self.public = public
         self.n, self.primes = public.preset.poly_modulus_degree, public.n_primes
         self.parms_id = parms_id_bytes(public.context.first_parms_id())
@@ -119,7 +115,11 @@ def first_polynomials(
         c0 = np.frombuffer(raw, dtype="<u8", count=level.coefficients, offset=_CT_DATA)
         level.check_range(c0, what)
         out[i] = c0
-        seeds.append(bytes(raw[-SEED_INFO_BYTES:]))
+        seed = bytes(raw[-SEED_INFO_BYTES:])
+        if seed[0] not in SEAL_PRNG_TYPES:  # SEAL's loader could not expand it, nor can a
+            # decryptor: refused here, where the upload's sender is known
+            raise MalformedCiphertext(f"{what}'s seed does not expand (PRNG type {seed[0]})")
+        seeds.append(seed)
     return out, b"".join(seeds)
 
 

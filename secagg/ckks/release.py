@@ -10,10 +10,11 @@ LARC's Ĝ, RegAgg's centre, a server-blind update). It travels with
 - every contributor's Ed25519 signature over the descriptor (its *consent*).
 
 Why a client can check it. A seeded upload is (c0_i, a_i), with a_i expanded from the seed
-and c0_i = −a_i·s + Δ·m_i + e_i. The server's sum is (Σ k_i c0_i, Σ k_i a_i). The opener
-expands the seeds itself (SEAL does, as when it loads an upload), forms Σ k_i a_i and refuses
-a ciphertext whose second polynomial differs. The first polynomial it cannot check and need
-not: for any c0' the server sends, c0' + (Σ k_i a_i)·s = (c0' − Σ k_i c0_i) + Σ k_i(Δ·m_i +
+and c0_i = −a_i·s + Δ·m_i + e_i. The sum is (Σ k_i c0_i, Σ k_i a_i), and the server sends
+its first polynomial only: the opener expands the seeds itself (SEAL does, as when it loads
+an upload) and forms the second, Σ k_i a_i, from the signed seeds and weights, so no second
+polynomial the server chose is ever decrypted with. The first polynomial it cannot check and
+need not: for any c0' the server sends, c0' + (Σ k_i a_i)·s = (c0' − Σ k_i c0_i) + Σ k_i(Δ·m_i +
 e_i), and the server knows the offset c0' − Σ k_i c0_i (it holds every c0_i): it learns what
 the honest sum would give, shifted by a value it chose. The flooding noise goes into the
 ciphertext before decryption, so even a wrap-around mod q that such an offset provokes is
@@ -385,10 +386,9 @@ def check_entries(
 @dataclass(frozen=True)
 class ExpandedAggregate:
     """An aggregate as the native path opens it (``SecretKeyHolder``): per chunk its first
-    polynomial C0 (checked: ``first_polys``, ``PublicCKKS.aggregate_polynomials``) and its
-    second, the Σ k_i·a_i of the entries' seeds (expanded by this opener on a
-    client-weighted preset, checked equal to it on the others), both (chunks, primes·N)
-    uint64."""
+    polynomial C0, the server's (checked: ``first_polys.checked_first_sums``), and its
+    second, the Σ k_i·a_i of the entries' seeds, expanded by this opener, never the
+    server's; both (chunks, primes·N) uint64."""
 
     first: np.ndarray
     second: np.ndarray
@@ -396,7 +396,8 @@ class ExpandedAggregate:
 
 
 class SecondPolynomials:
-    """Recomputes Σ k_i·a_i from the entries' seeds and compares it with a ciphertext's.
+    """Recomputes Σ k_i·a_i from the entries' seeds, the second polynomial an opener
+    decrypts a release with (the server sends only the first: ``first_polys``).
 
     ``template``: an uncompressed seeded ciphertext of the preset (any: the opener encrypts
     one itself); its seed is replaced by each entry's and SEAL expands it on load."""
@@ -414,69 +415,23 @@ class SecondPolynomials:
         start = CIPHERTEXT_META.size + SEAL_HEADER.size + 8  # after the data array's count
         self._zeroed[start : start + self._poly_bytes] = bytes(self._poly_bytes)
 
-    def check(self, d: Descriptor, seeds: Sequence[bytes], cts: Sequence[seal.Ciphertext]) -> None:
-        """ReleaseRefused unless every chunk's second polynomial is Σ k_i·a_i(seed_i)."""
-        if len(cts) != d.chunks:
-            raise ReleaseRefused(f"{d.name}: {len(cts)} ciphertexts for {d.chunks} chunks")
-        sums = self._native_sums(d, seeds, [k for _, k, _ in d.entries])
-        if sums is None:
-            wscale = 2.0**self.public.preset.weight_bits
-            by_k: dict[int, seal.Plaintext] = {}
-            for _, k, _ in d.entries:
-                if k not in by_k:  # k / 2^wb · 2^wb = k exactly: what the server multiplied by
-                    by_k[k] = seal.Plaintext()
-                    self.public.encoder.encode(k / wscale, cts[0].parms_id(), wscale, by_k[k])
-            factors = [by_k[k] for _, k, _ in d.entries]
-        for j, ct in enumerate(cts):
-            if sums is None:
-                expected = self._second(self._expanded(self._template, seeds, j, factors))
-            else:
-                expected = sums[j].astype("<u8", copy=False).tobytes()
-            if self._second(ct) != expected:
-                raise ReleaseRefused(
-                    f"{d.name}: chunk {j} is not the weighted sum of the listed uploads"
-                )
-
-    def checked_polynomials(
-        self,
-        d: Descriptor,
-        seeds: Sequence[bytes],
-        first: np.ndarray,
-        second: np.ndarray,
-        scale: float,
-        ready: np.ndarray | None = None,
-    ) -> ExpandedAggregate:
-        """:meth:`check` on the native path, for a server-weighted aggregate read without
-        SEAL (``PublicCKKS.aggregate_polynomials``): ReleaseRefused unless every chunk's
-        second polynomial is Σ k_i·a_i(seed_i); the aggregate, for the native open.
-        ``ready``: that Σ, expanded ahead from exactly these seeds and weights
-        (``ckks_masks.PendingCheck``), or None to expand it here."""
-        if len(second) != d.chunks:
-            raise ReleaseRefused(f"{d.name}: {len(second)} ciphertexts for {d.chunks} chunks")
-        sums = ready if ready is not None else self._native_sums(d, seeds, self.factors(d))
-        if sums is None:
-            raise ConfigError(f"{native.ENV}: the native extension is off or not built")
-        for j in range(d.chunks):
-            if not np.array_equal(sums[j], second[j]):
-                raise ReleaseRefused(
-                    f"{d.name}: chunk {j} is not the weighted sum of the listed uploads"
-                )
-        return ExpandedAggregate(first, second, scale)
-
     def build(
         self, d: Descriptor, seeds: Sequence[bytes], firsts: Sequence[seal.Plaintext]
     ) -> list[seal.Ciphertext]:
-        """A client-weighted aggregate (``first_polys``): per chunk, the ciphertext
-        (C0, Σ a_i) with the server's summed first polynomial C0 and the second polynomial
-        this opener expands from the entries' seeds itself. Each a_i enters once (the server
-        only added); the template's first polynomial is zeroed, so the loaded (0, a_i) add
-        up to (0, Σ a_i), and SEAL's ``add_plain`` puts C0 in."""
-        self._check_client_weighted(d, len(firsts))
-        sums = self._native_sums(d, seeds)
+        """An aggregate as this opener decrypts it on TenSEAL's binding: per chunk, the
+        ciphertext (C0, Σ k_i·a_i) with the server's summed first polynomial C0 and the
+        second polynomial this opener expands from the entries' seeds itself, each a_i
+        multiplied by what the server multiplied its upload by (:meth:`factors`: k_i, or 1
+        on a client-weighted preset). The template's first polynomial is zeroed, so the
+        loaded (0, a_i) add up to (0, Σ k_i·a_i), and SEAL's ``add_plain`` puts C0 in."""
+        self._check_chunks(d, len(firsts))
+        factors = self.factors(d)
+        sums = self._native_sums(d, seeds, factors)
+        plain = None if sums is not None else self._factor_plaintexts(factors)
         out = []
         for j, first in enumerate(firsts):
             if sums is None:
-                total = self._expanded(self._zeroed, seeds, j)
+                total = self._expanded(self._zeroed, seeds, j, plain)
             else:
                 total = self._with_second(sums[j])
             total.scale = first.scale
@@ -493,11 +448,11 @@ class SecondPolynomials:
         ready: np.ndarray | None = None,
     ) -> ExpandedAggregate:
         """:meth:`build` on the native path (the caller chose it: ``native.module()``): the
-        server's checked C0 (``checked_first_sums``) with the Σ a_i expanded here (or
-        ``ready``, expanded ahead from exactly these seeds), left for ``SecretKeyHolder`` to
-        open in one native call."""
-        self._check_client_weighted(d, len(first))
-        sums = ready if ready is not None else self._native_sums(d, seeds)
+        server's checked C0 (``checked_first_sums``) with the Σ k_i·a_i expanded here (or
+        ``ready``, expanded ahead from exactly these seeds and factors), left for
+        ``SecretKeyHolder`` to open in one native call."""
+        self._check_chunks(d, len(first))
+        sums = ready if ready is not None else self._native_sums(d, seeds, self.factors(d))
         if sums is None:
             raise ConfigError(f"{native.ENV}: the native extension is off or not built")
         return ExpandedAggregate(first, sums, scale)
@@ -508,10 +463,23 @@ class SecondPolynomials:
             self.public.preset.weighted_by_clients, (k for _, k, _ in d.entries)
         )
 
-    def _check_client_weighted(self, d: Descriptor, chunks: int) -> None:
-        """A client-weighted release of the descriptor's chunk count, or ReleaseRefused."""
-        if not self.public.preset.weighted_by_clients:
-            raise ReleaseRefused(f"{d.name}: {self.public.preset.name} weights on the server")
+    def _factor_plaintexts(self, factors: Sequence[int]) -> list[seal.Plaintext] | None:
+        """Each integer factor as SEAL's constant plaintext (k / 2^wb at scale 2^wb: k
+        exactly, what the server multiplied by), or None where every factor is 1."""
+        if all(k == 1 for k in factors):
+            return None
+        wscale = 2.0**self.public.preset.weight_bits
+        by_k: dict[int, seal.Plaintext] = {}
+        for k in factors:
+            if k not in by_k:
+                by_k[k] = seal.Plaintext()
+                self.public.encoder.encode(
+                    k / wscale, self.public.context.first_parms_id(), wscale, by_k[k]
+                )
+        return [by_k[k] for k in factors]
+
+    def _check_chunks(self, d: Descriptor, chunks: int) -> None:
+        """An aggregate of the descriptor's chunk count, or ReleaseRefused."""
         if chunks != d.chunks:
             raise ReleaseRefused(f"{d.name}: {chunks} chunks for {d.chunks}")
 

@@ -1,4 +1,4 @@
-"""Server-weighted sums formed natively: SEAL's arithmetic, without SEAL's loader.
+"""Server-weighted sums formed natively: SEAL's arithmetic on first polynomials only.
 
 On a server-weighted preset (``compact``, ``wide``) the server forms Σ_i k_i·ct_i with
 k_i = round(w_i · 2^weight_bits). SEAL's path loads each upload (its loader checks the
@@ -8,42 +8,26 @@ that is, coefficient-wise, per prime q:
 
     C0 = Σ_i k_i · c0_i  mod q,        C1 = Σ_i k_i · a_i  mod q.
 
-Where the native extension is built, the server computes exactly this with SEAL's own calls
-(``native/seal_native.cpp``): it reads each upload's c0 and seeds out of SEAL's layout after
-the same checks as the client-weighted reader (:func:`first_polys.first_polynomials`),
-expands a_i with SEAL's sampler as the upload arrives (``SeedExpander.sum``, off the critical
-path of a round whose weights come after the uploads), forms the weighted sums with SEAL's
-``multiply_poly_scalar_coeffmod`` and ``add_poly_coeffmod`` (``SeedExpander.combine``), and
-saves the result in SEAL's ciphertext layout (:func:`public.ciphertext_blobs`). The bytes
-are the ones SEAL's own sum saves, which ``tests/security/test_native_server_sums.py``
-checks bit for bit; a decryptor checks C1 against its own expansion either way
-(``release.SecondPolynomials``). Nothing here holds or takes a key.
+A decryptor never uses the server's C1: it expands Σ k_i·a_i from the signed seeds and
+weights itself (``release.SecondPolynomials``), as it does on the client-weighted preset.
+So the server forms C0 only, and sends it as a plaintext (``first_polys.plaintext_blobs``):
+it reads each upload's c0 and seeds out of SEAL's layout after the same checks as the
+client-weighted reader (:func:`first_polys.first_polynomials`), never expands a seed, and
+forms the weighted sum with SEAL's ``multiply_poly_scalar_coeffmod`` and
+``add_poly_coeffmod`` (``SeedExpander.combine``, ``native/seal_native.cpp``). C0 is bit for
+bit the first polynomial of SEAL's own sum (``tests/security/test_native_server_sums.py``).
+Nothing here holds or takes a key.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
 from secagg.ckks import native
-from secagg.ckks.first_polys import FreshLevel, first_polynomials
 from secagg.ckks.public import PublicCKKS
-from secagg.errors import ConfigError, MalformedCiphertext
-
-
-@dataclass
-class Polynomials:
-    """A ciphertext vector as arrays: per chunk its first and second polynomials, each
-    (chunks, primes·N) uint64 at the fresh level, NTT form."""
-
-    first: np.ndarray
-    second: np.ndarray
-
-    @property
-    def chunks(self) -> int:
-        return int(self.first.shape[0])
+from secagg.errors import ConfigError
 
 
 def expander_for(public: PublicCKKS):
@@ -67,27 +51,7 @@ def required_expander(public: PublicCKKS):
     return expander
 
 
-def read_upload(
-    level: FreshLevel, expander, parts: Sequence[bytes | memoryview], n_values: int
-) -> tuple[Polynomials, bytes]:
-    """A client's upload as SEAL's load gives it (checked as the client-weighted reader
-    checks it, its second polynomials expanded from its seeds), and its seeds."""
-    first, seeds = first_polynomials(level, parts, n_values)
-    try:
-        second = expander.sum(
-            seeds=[seeds], chunks=first.shape[0], factors=[], threads=native.threads()
-        )
-    except ValueError as exc:  # a seed SEAL's loader would refuse (an unknown PRNG type)
-        raise MalformedCiphertext(f"the upload's seeds do not expand ({exc})") from None
-    return Polynomials(first, second), seeds
-
-
-def weighted(expander, vectors: Sequence[Polynomials], ks: Sequence[int]) -> Polynomials:
-    """Σ_i k_i · vectors_i, both polynomials, mod each prime (SEAL's multiply by a
-    constant and add)."""
-    threads = native.threads()
-    factors = [int(k) for k in ks]
-    return Polynomials(
-        expander.combine([v.first for v in vectors], factors, threads),
-        expander.combine([v.second for v in vectors], factors, threads),
-    )
+def weighted_firsts(expander, firsts: Sequence[np.ndarray], ks: Sequence[int]) -> np.ndarray:
+    """Σ_i k_i · firsts_i mod each prime (SEAL's multiply by a constant and add), each a
+    (chunks, primes·N) uint64 array of first polynomials."""
+    return expander.combine(list(firsts), [int(k) for k in ks], native.threads())

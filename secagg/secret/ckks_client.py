@@ -370,21 +370,14 @@ class CKKSClient(KeyHoldingClient):
             factors = self._second_polys.factors(d)
             ready = self._precheck.sums(list(zip(factors, seeds)), d.chunks)
             self.prechecks_used += ready is not None
-        if self.preset.weighted_by_clients:
-            # the server sent its summed first polynomials only: the second polynomial this
-            # client decrypts with is the one it expands from the seeds itself
-            level = FreshLevel(self.keys.public)
-            if native.module() is not None:  # the native path opens it in one call
-                first, scale = checked_first_sums(level, parts, d.n_values)
-                return d, self._second_polys.expanded(d, seeds, first, scale, ready)
-            firsts = load_first_sums(level, parts, d.n_values)
-            return d, self._second_polys.build(d, seeds, firsts)
-        if native.module() is not None:  # read and opened natively: no SEAL load or save
-            first, second, scale = self.keys.public.aggregate_polynomials(parts, d.n_values)
-            return d, self._second_polys.checked_polynomials(d, seeds, first, second, scale, ready)
-        cts = self.keys.load_aggregate(parts, d.n_values)
-        self._second_polys.check(d, seeds, cts)
-        return d, cts
+        # the server sends its summed first polynomials only: the second polynomial this
+        # client decrypts with is the one it expands from the signed seeds and weights itself
+        level = FreshLevel(self.keys.public)
+        if native.module() is not None:  # the native path opens it in one call
+            first, scale = checked_first_sums(level, parts, d.n_values)
+            return d, self._second_polys.expanded(d, seeds, first, scale, ready)
+        firsts = load_first_sums(level, parts, d.n_values)
+        return d, self._second_polys.build(d, seeds, firsts)
 
     def _coeff_sigma(self, d: Descriptor) -> float:
         """Flooding for this sum's own error (its weights, all its coefficients) and for

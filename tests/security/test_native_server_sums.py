@@ -1,12 +1,14 @@
-"""A server-weighted sum formed natively (``secagg.ckks.server_sums``) is SEAL's own sum.
+"""A server-weighted sum formed natively (``secagg.ckks.server_sums``) is SEAL's own sum,
+and a release carries its first polynomials only.
 
-The server reads each upload without SEAL's loader, expands its seed itself and forms
-Σ k_i·ct_i with SEAL's arithmetic on the arrays. Attacked through the real classes: the
-bytes it sends are, once inflated, the bytes SEAL's path sends, bit for bit (plain weighted
-sums and running sums renormalised for a dropout, on both server-weighted presets); a
-decryptor reveals the same sum from either; an upload SEAL's path refuses (a coefficient
-above its prime, a second polynomial sent whole, another scale) is refused here too; weights
-the SEAL path refuses are refused.
+The server reads each upload without SEAL's loader and without expanding its seed, and forms
+Σ k_i·c0_i with SEAL's arithmetic on the arrays. Attacked through the real classes: the
+bytes it sends are the first polynomials of SEAL's own sum, bit for bit (plain weighted sums
+and running sums renormalised for a dropout, on both server-weighted presets), half a whole
+ciphertext; a decryptor reveals the same sum from either path; whatever first polynomial the
+server sends only shifts the result by what it chose (the second is the decryptor's own); an
+upload SEAL's path refuses (a coefficient above its prime, another scale, a seed of no PRNG)
+is refused here too, on every preset; weights the SEAL path refuses are refused.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import numpy as np
 import pytest
 
 from secagg import wire
-from secagg.backends.ckks_server import CKKSHandle, PolynomialsHandle
+from secagg.backends.ckks_server import CKKSHandle, FirstPolysHandle
 from secagg.ckks import native
 from secagg.ckks.public import CIPHERTEXT_META, SEAL_HEADER, SEED_INFO_BYTES, raw_body
 from secagg.errors import ConfigError, MalformedCiphertext, WrongContext
@@ -32,9 +34,10 @@ WEIGHTS = {"client_0": 0.4, "client_1": 0.3, "client_2": -0.2, "client_3": 1e-9}
 
 def uploads(run: BackendRound, n: int, seed: int = 0) -> dict[str, Envelope]:
     rng = np.random.default_rng(seed)
+    lean = run.server.weights_at_client  # the clients apply their planned weight there
     out = {}
     for c in IDS:
-        field = run.protect(c, rng.normal(0, 0.05, n))
+        field = run.protect(c, rng.normal(0, 0.05, n), 0.25 if lean else None)
         env = Envelope(c, "server", run.round, "train", {"pseudo_gradient": field})
         out[c] = Envelope.from_bytes(env.to_bytes())
     return out
@@ -58,7 +61,7 @@ def test_the_native_weighted_sum_is_seals_bit_for_bit(preset):
     envs = uploads(run, n)
     fast = loaded(run, envs, n, "auto")
     slow = loaded(run, envs, n, "off")
-    assert all(isinstance(h, PolynomialsHandle) for h in fast.values())
+    assert all(isinstance(h, FirstPolysHandle) for h in fast.values())
     assert all(isinstance(h, CKKSHandle) for h in slow.values())
     weights = [WEIGHTS[c] for c in IDS]
     ours = run.server.weighted_sum(list(fast.values()), weights)
@@ -77,13 +80,56 @@ def test_the_native_weighted_sum_is_seals_bit_for_bit(preset):
     assert inflated(run, sums[0]) == inflated(run, sums[1])
 
 
+@pytest.mark.parametrize("preset", ["compact", "wide"])
+def test_a_release_is_half_a_whole_ciphertext(preset):
+    n = 3 * 2048
+    run = BackendRound(IDS, n, preset=preset, decryption_budget=4, reveal_length=n)
+    fast = loaded(run, uploads(run, n), n, "auto")
+    total = run.server.weighted_sum(list(fast.values()), [0.25] * 4)
+    values = run.server.public.preset.values_per_ciphertext
+    primes = run.server.public.n_primes
+    chunks = -(-n // values)
+    # 8 bytes per coefficient, N·primes coefficients a chunk: one polynomial, not two
+    assert run.server.to_field(total).nbytes < chunks * (8 * values * primes + 200)
+
+
+def test_a_crafted_first_polynomial_only_shifts_the_result_by_what_the_server_chose():
+    """On a server-weighted preset too, the server controls C0 alone: adding an encoding
+    of v to it moves the revealed sum by v, an offset the server chose and knows."""
+    import tenseal.sealapi as seal
+
+    from secagg.ckks.first_polys import PLAIN_META
+    from secagg.ckks.public import HEADER_BYTES, inflate, to_bytes
+
+    n = 2048
+    run = BackendRound(IDS, n, preset="compact", decryption_budget=4, reveal_length=n)
+    rng = np.random.default_rng(5)
+    values = {c: rng.normal(0, 0.05, n) for c in IDS}
+    ctx = run.ctx()
+    total = ctx.weighted_sum(run.uploads(values), dict.fromkeys(IDS, 0.25))
+    public = run.server.public
+    v = np.linspace(-0.5, 0.5, n)
+    shift = seal.Plaintext()
+    public.encoder.encode(
+        v.tolist(),  # a chunk's first N/2 values are its slots' real parts (ckks_keys.encode)
+        public.context.first_parms_id(),
+        total.scale,
+        shift,
+    )
+    raw = inflate(memoryview(to_bytes(shift))[HEADER_BYTES:], 10**7, "shift")
+    coefficients = np.frombuffer(raw, dtype="<u8", offset=PLAIN_META.size + HEADER_BYTES + 8)
+    total.first[0] = (total.first[0] + coefficients) % run.server._fresh.moduli
+    expected = sum(0.25 * x for x in values.values())
+    np.testing.assert_allclose(ctx.reveal(total, "global_update"), expected + v, atol=1e-4)
+
+
 def test_a_decryptor_reveals_the_natively_formed_sum():
     n = 2048 * 2
     run = BackendRound(IDS, n, preset="compact", decryption_budget=4, reveal_length=n)
     rng = np.random.default_rng(3)
     values = {c: rng.normal(0, 0.05, n) for c in IDS}
     handles = run.uploads(values)
-    assert all(isinstance(h, PolynomialsHandle) for h in handles.values())
+    assert all(isinstance(h, FirstPolysHandle) for h in handles.values())
     plan = {c: 0.25 for c in IDS}
     revealed = run.reveal_running_sum(handles, plan)
     np.testing.assert_allclose(revealed, sum(v * 0.25 for v in values.values()), atol=1e-4)
@@ -122,11 +168,12 @@ def _unknown_prng(raw: bytearray) -> None:
         (_unknown_prng, MalformedCiphertext),
     ],
 )
-def test_an_upload_seals_load_refuses_is_refused_natively_too(edit, error):
+@pytest.mark.parametrize("preset", ["compact", "lean"])
+def test_an_upload_seals_load_refuses_is_refused_natively_too(edit, error, preset):
     n = 2048
-    run = BackendRound(IDS, n, preset="compact", decryption_budget=4, reveal_length=n)
+    run = BackendRound(IDS, n, preset=preset, decryption_budget=4, reveal_length=n)
     env = _edited(uploads(run, n)["client_0"], edit)
-    for path in ("auto", "off"):
+    for path in ("auto", "off") if preset == "compact" else ("auto",):
         with native.chosen(path), pytest.raises(error):
             run.server.load(env, "pseudo_gradient", n)
 

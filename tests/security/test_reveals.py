@@ -19,6 +19,7 @@ from secagg.ckks.flooding import error_bound, flooding_sigma, slot_sigma
 from secagg.ckks.presets import get_preset
 from secagg.errors import (
     ConsentRefused,
+    MalformedCiphertext,
     ProtocolStateError,
     ReleaseRefused,
     RoundAborted,
@@ -63,15 +64,29 @@ def test_an_honest_release_opens_to_the_weighted_sum(run):
     np.testing.assert_allclose(ctx.reveal(total, "global_update"), 0.25, atol=1e-6)
 
 
+def whole_ciphertext(run, handle):
+    """``handle`` as a whole ciphertext, both polynomials (what a server-weighted release
+    carried before it carried first polynomials only): the second, one client's a_1."""
+    from secagg.ckks.public import ciphertext_blobs
+    from secagg.ckks.server_sums import expander_for
+
+    (entry,) = handle.entries
+    second = expander_for(run.server.public).sum(
+        seeds=[entry.seeds], chunks=handle.chunks, factors=[], threads=1
+    )
+    return wire.ciphertext(ciphertext_blobs(run.server.public, handle.first, second, handle.scale))
+
+
 def test_a_crafted_ciphertext_is_refused(run):
     """The review's key-recovery request: a ciphertext whose second polynomial the server
-    chose (here: one client's raw upload, rescaled, passed as 'the aggregate' of three)."""
+    chose (here: one client's raw upload passed as 'the aggregate' of three). A release
+    carries no second polynomial any more (the decryptor expands its own from the signed
+    seeds), so a whole ciphertext is refused before anything is decrypted."""
     ctx = run.ctx()
     handles = fresh(run)
     fields = release(run, ctx, ctx.weighted_sum(handles, dict.fromkeys(IDS, 1 / 3)))
-    single = run.server.weighted_sum([handles["client_1"]], [1.0])
-    forged = {**fields, "aggregate": run.server.to_field(single)}
-    with pytest.raises(ReleaseRefused, match="not the weighted sum of the listed uploads"):
+    forged = {**fields, "aggregate": whole_ciphertext(run, handles["client_1"])}
+    with pytest.raises(MalformedCiphertext, match="bytes; a chunk here has"):
         run.ask("client_0", "reveal", forged)
     assert run.clients["client_0"].decryptions == 0
     np.testing.assert_allclose(revealed(run, "client_0", fields), 0.3, atol=1e-6)
@@ -206,9 +221,8 @@ def test_an_open_is_checked_budgeted_and_flooded(run):
     with pytest.raises(ProtocolStateError, match="refuses to open aggregate 3"):
         client.open(probe, "g_hat", 8)
     client.open_budget = 3
-    other = run.server.weighted_sum([handles["client_1"]], [1.0])
-    forged = {**fields, "g_hat": run.server.to_field(other)}
-    with pytest.raises(ReleaseRefused, match="not the weighted sum"):
+    forged = {**fields, "g_hat": whole_ciphertext(run, handles["client_1"])}
+    with pytest.raises(MalformedCiphertext, match="bytes; a chunk here has"):
         client.open(run.request("client_0", "larc_probe", forged), "g_hat", 8)
     with pytest.raises(ReleaseRefused, match="of kind 'open'"):
         client.on_reveal(
