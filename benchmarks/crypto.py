@@ -18,8 +18,11 @@ larger), the first k of them for k clients, with weights drawn from U(1/3, 1) an
 sum to 1; exact is Σ w_i x_i in float64. Encryption is timed on the first client's vector;
 aggregation covers loading (checking) every upload and the weighted sum.
 
-``secagg compact`` / ``secagg wide``: the ``ckks`` backend's presets (one key the clients
-share; the download is the aggregate to the decryptor, decrypt is its decryption).
+``secagg compact`` / ``secagg wide``: the ``ckks`` backend's server-weighted presets (one key
+the clients share): the server reads each upload's first polynomials (no seed expansion) and
+forms Σ k_i·c0_i; the download is that sum to the decryptor, as plaintexts (one polynomial,
+not a whole ciphertext's two); decrypt is the decryptor's whole part (form Σ k_i·a_i from the
+seeds, add the server's sum, decrypt).
 
 ``secagg threshold lean`` / ``secagg threshold wide``: the ``threshold`` backend
 (``secagg.threshold.params``: key-additive RLWE masking, N=4096, each upload under a fresh
@@ -129,6 +132,7 @@ from secagg.ckks.flooding import error_bound, flooding_sigma
 from secagg.ckks.presets import PRESETS, CKKSPreset
 from secagg.ckks.public import CiphertextSum, PublicCKKS, quantise, to_bytes
 from secagg.ckks.release import Descriptor, SecondPolynomials
+from secagg.ckks.server_sums import expander_for, weighted_firsts
 from secagg.secret.ckks_keys import SecretKeyHolder
 from secagg.server.audit import AuditLog
 from secagg.server.exchange import Exchange
@@ -228,67 +232,48 @@ def bench_preset(
     preset: CKKSPreset, xs: list[np.ndarray], weights: list[float], repeats: int, rounds: int
 ) -> dict:
     """One ckks preset, as its backend runs it. Server-weighted (compact, wide): clients
-    encrypt x_i, the server loads every upload and forms Σ k_i·ct_i. Client-weighted (lean,
-    ``bench_client_weighted``): the clients weight, the server adds first polynomials."""
-    if preset.weighted_by_clients:
-        return bench_client_weighted(preset, xs, weights, repeats, rounds)
+    encrypt x_i, the server reads every upload's first polynomials and forms Σ k_i·c0_i
+    (natively; on TenSEAL's binding SEAL's own sum, its first polynomials taken out).
+    Client-weighted (lean): each client encrypts (k_i / 2^30)·x_i and the server adds the
+    first polynomials mod q (``secagg.ckks.first_polys``). Either way it sends the sum as
+    plaintexts; decrypt is the decryptor's whole part: load those, form (0, Σ k_i·a_i) from
+    the seeds, add, decrypt."""
     n = xs[0].size
     keys = SecretKeyHolder(preset)
-    server = PublicCKKS(preset)
+    public = PublicCKKS(preset)
+    level = FreshLevel(public)
     bound = preset.client_bound(len(xs))
-    ks = [quantise(w, preset.weight_bits) for w in weights]
-    uploads, t_enc = timed(lambda: keys.encrypt(xs[0], bound), repeats)
-    all_uploads = [uploads] + [keys.encrypt(x, bound) for x in xs[1:]]
+    lean = preset.weighted_by_clients
+    ks = [applied_weight(w, preset) if lean else quantise(w, preset.weight_bits) for w in weights]
+    unit = preset.client_weight_unit if lean else 1
+
+    def encrypt(x, k):
+        return keys.encrypt(x * (k / unit) if lean else x, bound)
+
+    uploads, t_enc = timed(lambda: encrypt(xs[0], ks[0]), repeats)
+    all_uploads = [uploads] + [encrypt(x, k) for x, k in zip(xs[1:], ks[1:])]
+    expander = None if lean else expander_for(public)
 
     def aggregate():
-        total = CiphertextSum(server)
+        if lean:
+            total, seeds = FirstPolynomialSum(level), []
+            for u in all_uploads:
+                first, seed = first_polynomials(level, u, n)
+                total.add(first)
+                seeds.append(seed)
+            return plaintext_blobs(level, total.total, public.scale), seeds
+        if expander is not None:  # the server's native path: no seed expanded
+            read = [first_polynomials(level, u, n) for u in all_uploads]
+            total = weighted_firsts(expander, [f for f, _ in read], ks)
+            return plaintext_blobs(level, total, public.sum_scale), [sd for _, sd in read]
+        summed = CiphertextSum(public)
+        seeds = []
         for u, w in zip(all_uploads, weights):
-            total.add(server.load_ciphertexts(u, n), w, consume=True)
-        return [to_bytes(c) for c in total.result()]
-
-    agg, t_agg = timed(aggregate, repeats)
-    dec, t_dec = timed(lambda: keys.decrypt(agg, n, server.sum_scale), repeats)
-    # as a decryptor sizes it: every decryption the shared key may make, each client's
-    # budget of one reveal per round times the number of clients (FedAvg opens nothing)
-    # and E from this sum's own integer weights over all its coefficients
-    error = error_bound(ks, len(agg) * preset.poly_modulus_degree, 30)
-    sigma = flooding_sigma(error, rounds * len(xs), 30)
-    flooded, _ = keys.decrypt_flooded(agg, n, server.sum_scale, sigma)
-    return preset_row(
-        xs,
-        weights,
-        uploads,
-        agg,
-        (t_enc, t_agg, t_dec),
-        dec,
-        flooded,
-        quantised_sum(xs, ks, preset.weight_bits),
-    )
-
-
-def bench_client_weighted(
-    preset: CKKSPreset, xs: list[np.ndarray], weights: list[float], repeats: int, rounds: int
-) -> dict:
-    """Each client encrypts (k_i / 2^30)·x_i; the server reads each upload's first
-    polynomials and adds them mod q (``secagg.ckks.first_polys``) and sends the sum as
-    plaintexts; decrypt is the decryptor's whole part: load those, form (0, Σ a_i) from the
-    seeds, add, decrypt (the check of a server-weighted release is not in its decrypt)."""
-    n = xs[0].size
-    keys = SecretKeyHolder(preset)
-    level = FreshLevel(PublicCKKS(preset))
-    bound = preset.client_bound(len(xs))
-    ks = [applied_weight(w, preset) for w in weights]
-    unit = preset.client_weight_unit
-    uploads, t_enc = timed(lambda: keys.encrypt(xs[0] * (ks[0] / unit), bound), repeats)
-    all_uploads = [uploads] + [keys.encrypt(x * (k / unit), bound) for x, k in zip(xs[1:], ks[1:])]
-
-    def aggregate():
-        total, seeds = FirstPolynomialSum(level), []
-        for u in all_uploads:
-            first, seed = first_polynomials(level, u, n)
-            total.add(first)
+            cts, seed = public.load_upload(u, n)
+            summed.add(cts, w, consume=True)
             seeds.append(seed)
-        return plaintext_blobs(level, total.total, level.public.scale), seeds
+        first, _, scale = public.aggregate_polynomials([to_bytes(c) for c in summed.result()], n)
+        return plaintext_blobs(level, first, scale), seeds
 
     (agg, seeds), t_agg = timed(aggregate, repeats)
     descriptor = Descriptor(
@@ -307,11 +292,13 @@ def bench_client_weighted(
         return keys.open_flooded(cts, n, 0.0)[0]
 
     dec, t_dec = timed(decrypt, repeats)
-    # the server multiplied nothing: noise multipliers of 1
-    error = error_bound([1] * len(xs), len(agg) * preset.poly_modulus_degree, 30)
+    # as a decryptor sizes it: every decryption the shared key may make, each client's
+    # budget of one reveal per round times the number of clients (FedAvg opens nothing),
+    # and E from what the server multiplied each upload by (1 where the clients weighted)
+    error = error_bound(second.factors(descriptor), len(agg) * preset.poly_modulus_degree, 30)
     sigma = flooding_sigma(error, rounds * len(xs), 30)
     flooded, _ = keys.open_flooded(ciphertexts(), n, sigma)
-    exact_applied = quantised_sum(xs, ks, preset.client_weight_bits or 0)
+    exact_applied = quantised_sum(xs, ks, preset.client_weight_bits if lean else preset.weight_bits)
     return preset_row(xs, weights, uploads, agg, (t_enc, t_agg, t_dec), dec, flooded, exact_applied)
 
 

@@ -33,6 +33,8 @@ BENCHMARKS = {
     "and client counts",
     "many_clients": "the server's work per client from 100 to 1,000 clients (1e5 "
     "parameters): plain, ckks, and threshold with a committee of 10 key holders",
+    "server_memory": "where the server's memory goes in one FedAvg round, per backend: its "
+    "peak per parameter and the allocations that hold it",
     "flower": "the same run over a local Flower deployment vs in process: wall time and "
     "bytes per round, Flower's framing per message",
     "flower_load": "many rounds over a local Flower deployment beside busy processes: any "
