@@ -453,6 +453,16 @@ class Protocol(ABC):
         upload at once (the weights depend on all of them, or a second phase reuses them)."""
         return None
 
+    def opened_weights(self, ctx: RoundAPI) -> Mapping[str, float] | None:
+        """The weights of a sum this round opens to its contributors (kind ``open``), where
+        they are fixed before any upload arrives (LARC's Ĝ: last round's α), else None.
+
+        The engine then sends every client the contributors' committed seeds and these
+        weights with its training request, so that it expands the open's check while it
+        trains (``secagg.secret.ckks_masks``): a hint, which the client uses only for a
+        release whose signed seeds and weights are exactly these."""
+        return None
+
     def finish_sum(self, ctx: RoundAPI, total: PlannedSum) -> Any:
         """The global update's handle from the running sum every upload was folded into
         (streaming runs). By default the sum renormalised over the uploads that arrived; a

@@ -160,6 +160,11 @@ class LARC(Protocol):
         self.q, self.b, self.normalize, self.loss_check = q, b, normalize, loss_check
         self.alpha_prev: dict[str, float] = {}  # α^{t-1}; absent means α^{-1} = 1
 
+    def opened_weights(self, ctx: RoundAPI) -> dict[str, float] | None:
+        """Ĝ's weights, α^{t-1}, are known before the uploads: the clients expand the
+        probe's check while they train (a client that does not upload leaves it unused)."""
+        return {c: self.alpha_prev.get(c, 1.0) for c in ctx.active}
+
     def aggregate(self, ctx: RoundAPI, uploads: Mapping[str, Upload]) -> Any:
         handles = {c: u.handle for c, u in uploads.items()}
         planned = {c: self.alpha_prev.get(c, 1.0) for c in uploads}
@@ -205,6 +210,9 @@ class LaggedLARC(LARC):
     def __init__(self, q: LarcQ = 19.0, b: LarcB = 0.5, loss_check: LarcLossCheck = "full"):
         # its weights always sum to 1 (a planned sum's headroom): no normalize option
         super().__init__(q, b, normalize=False, loss_check=loss_check)
+
+    def opened_weights(self, ctx: RoundAPI) -> None:
+        return None  # its open is of the planned sum (the engine's training fields)
 
     def planned_weights(self, ctx: RoundAPI, n_samples: Mapping[str, float]) -> dict[str, float]:
         """α^{t-1} normalised over this round's clients (1 for a client not yet probed)."""

@@ -47,7 +47,7 @@ from secagg.protocols.pieces import FederatedInitialisation, ValidationFeedback,
 from secagg.server.audit import AuditLog
 from secagg.server.exchange import Exchange
 from secagg.server.plan import RunPolicy, TrainingPlan, check_protocol_run
-from secagg.server.round import RoundContext, StreamedSum
+from secagg.server.round import RoundContext, StreamedSum, capped_weights, check_weights
 from secagg.server.transport import Transport
 
 #: consents a client may miss by giving no answer (its node down or late between its upload
@@ -484,6 +484,11 @@ class Server:
         plan = self._planned_weights(ctx)
         requests = self._requests(ctx)
         if plan is None:
+            opened = self.protocol.opened_weights(ctx)
+            if opened:  # the sum as it will be formed: capped as ``weighted_sum`` caps it
+                hint = capped_weights(check_weights(opened), ctx.max_weight_share)
+                for c, request in requests.items():
+                    request.update(self.backend.opening_fields(ctx, c, hint))
             uploads = ctx.ask("train", requests, expect=expect, on_reply=upload, optional=optional)
             self._enough(ctx, len(uploads))
             return self.protocol.aggregate(ctx, uploads), reports

@@ -397,3 +397,33 @@ def test_the_author_check_follows_each_clients_latest_commitment():
     for sender, owner in (("a", "c"), ("c", "a"), ("b", "a")):
         with pytest.raises(DuplicateUpload, match=f"the seeds {owner} committed"):
             server._check_author(sender, second)
+
+
+def test_larc_clients_expand_the_probes_check_while_they_train(monkeypatch):
+    """LARC as published on compact, three rounds through the real engine and clients: Ĝ's
+    weights (last round's α) are known before the uploads, so from round 1 on every client
+    that opens Ĝ in the probe uses the sum it expanded while training; the global update's
+    weights come after the probe, and its decryptors expand theirs at the reveal."""
+    calls: list[tuple[int, bool]] = []
+    original = ckks_masks.PendingCheck.sums
+
+    def recording(self, entries, chunks):
+        sums = original(self, entries, chunks)
+        calls.append((len(entries), sums is not None))
+        return sums
+
+    monkeypatch.setattr(ckks_masks.PendingCheck, "sums", recording)
+    run = ExperimentConfig(
+        task="tcga-brca",
+        protocol="larc",
+        backend="ckks",
+        rounds=3,
+        seeds=[3],
+        backend_options={"preset": "compact"},
+    )
+    result = run_experiment(run)
+    assert not result.audit.summary()["exclusions"]
+    clients = 6  # Fed-TCGA-BRCA's centres, every one in every round
+    used = [hit for _, hit in calls]
+    assert sum(used) == 2 * clients  # every client's probe in rounds 1 and 2
+    assert all(n == clients for n, _ in calls)

@@ -242,6 +242,14 @@ class ServerBackend(ABC):
         ``weights`` (on ckks, a planned decryptor's precheck); none here."""
         return {}
 
+    def opening_fields(
+        self, ctx: Any, client: str, weights: Mapping[str, float]
+    ) -> dict[str, Field]:
+        """Fields for ``client``'s training request in a round that opens a sum of these
+        planned weights to its contributors (``Protocol.opened_weights``: on ckks, every
+        client's precheck); none here."""
+        return {}
+
     @abstractmethod
     def load(self, envelope: Envelope, name: str, length: int) -> Any:
         """Validate an uploaded field and return a handle; raise ClientInputError if bad."""

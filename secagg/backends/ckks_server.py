@@ -500,7 +500,20 @@ class CKKSServer(ServerBackend):
         if every planned client committed: it expands the check while it trains."""
         active = list(ctx.active)
         planned = {active[(self._reveals + i) % len(active)] for i in range(min(2, len(active)))}
-        if client not in planned or not weights or not set(weights) <= set(self._committed):
+        return self._precheck(weights) if client in planned else {}
+
+    def opening_fields(
+        self, ctx: Any, client: str, weights: Mapping[str, float]
+    ) -> dict[str, Field]:
+        """For every client of a round that opens a sum of planned weights to its
+        contributors (LARC's Ĝ), the planned uploads' committed seeds and integer weights:
+        each expands the open's check while it trains."""
+        return self._precheck(weights)
+
+    def _precheck(self, weights: Mapping[str, float]) -> dict[str, Field]:
+        """The planned uploads' committed seeds and integer weights, if every planned client
+        committed (a hint: a client uses it only for exactly the release it names)."""
+        if not weights or not set(weights) <= set(self._committed):
             return {}
         if self.weights_at_client:
             ks = {c: applied_weight(w, self.preset) for c, w in weights.items()}
