@@ -296,6 +296,21 @@ def plan(
                 )
                 for backend in ("plain", "ckks")
             ]
+            # and its before: no committed seeds, so every client expands the probe's check
+            # at the probe rather than beside its training
+            out += (
+                []
+                if quick
+                else [
+                    (
+                        f"ratio#{rep}",
+                        Workload(
+                            "mlp", n, 10, "ckks", "compact", "larc", masks=False, local_steps=steps
+                        ),
+                        {},
+                    )
+                ]
+            )
             # its variant whose weights are fixed a round ahead streams on the FedAvg
             # family's preset
             out += [
