@@ -19,8 +19,8 @@ those of the largest sample, within a few per cent of the peak).
 What a bounded-memory round needs is read off these sites: every whole-model buffer the
 server holds at once is one row (the params in float64, 8 B a parameter; the running sum,
 8 B on ``lean``; an upload and its receive buffer; a decryptor's reply...). The initial
-model is made lazily in the server process, untouched until the server copies it, so it is
-not counted twice.
+model is the benchmark's, made before tracing starts and never touched (zeros the server
+copies), so only the server's own copy of it counts.
 
 Writes server_memory.csv (one row per backend), server_memory_sites.csv (the sites at each
 backend's peak) and server_memory.md into --out (default: a new folder
@@ -64,6 +64,9 @@ def traced_rounds(backend: str, params: int, clients: int, rounds: int) -> dict[
     from benchmarks.rounds import Workload, initial_params, measure_rounds
 
     workload = Workload("synthetic", params, clients, backend, protocol="fedavg")
+    # the initial model is the benchmark's, made before tracing starts (zeros the server
+    # copies: its pages are never touched, so neither the trace nor the RSS counts them)
+    initial = initial_params(workload)
     tracemalloc.start(4)
     largest: dict[str, Any] = {"bytes": 0, "snapshot": None}
     done = threading.Event()
@@ -78,7 +81,7 @@ def traced_rounds(backend: str, params: int, clients: int, rounds: int) -> dict[
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     try:
-        rows = measure_rounds(workload, initial_params(workload), rounds, 2, False, True, "")
+        rows = measure_rounds(workload, initial, rounds, 2, False, True, "")
     finally:
         done.set()
         sampler.join()
