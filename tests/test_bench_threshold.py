@@ -225,9 +225,9 @@ def test_the_threshold_sweep_alternates_ckks_lean_and_threshold_lean_in_pairs():
         run = ExperimentConfig(protocol="fedadam", backend=backend)
         assert run.resolved_backend_options()["preset"] == preset
     assert all(w.protocol == "fedadam" for _, w in configs)
-    # the other sweeps' plan is what it was (with the ratio sweep's befores: TenSEAL-only
-    # and without the masks made beside training)
-    assert len(plan(list(SWEEPS), quick=False)) == 92
+    # the other sweeps' plan is what it was (with the ratio sweep's befores: TenSEAL-only,
+    # and FedAvg's and LARC's without the masks and checks made beside training)
+    assert len(plan(list(SWEEPS), quick=False)) == 95
 
 
 def test_quick_smoke_tests_one_tiny_threshold_pair():

@@ -120,24 +120,25 @@ def test_an_unknown_sweep_is_refused_before_anything_runs(capsys):
 
 def test_the_full_plan_covers_every_sweep_at_full_scale():
     configs = plan(list(SWEEPS), quick=False)
-    assert len(configs) == 92
+    assert len(configs) == 95
     workloads = [w for _, w, _ in configs]
     assert {w.n_params for w in workloads} == set(SIZES)
     assert {w.n_clients for w in workloads} == set(CLIENTS)
     assert {w.local_steps for w in workloads} == {100, 200, 400}
     # each repeat: FedAdam plain and ckks (native with and without masks made beside
-    # training, and TenSEAL's binding alone), mlp and synthetic, and LARC and larc-lagged
-    # (mlp) plain and ckks
-    assert sum(s.startswith("ratio#") for s, _, _ in configs) == 3 * 12
+    # training, and TenSEAL's binding alone), mlp and synthetic, and LARC (with and without
+    # the probe's check made beside training) and larc-lagged (mlp) plain and ckks
+    assert sum(s.startswith("ratio#") for s, _, _ in configs) == 3 * 13
     before = [w for _, w, _ in configs if not w.native]
     assert {(w.kind, w.backend) for w in before} == {("mlp", "ckks"), ("synthetic", "ckks")}
     unmasked = [w for s, w, _ in configs if not w.masks]
-    assert {(w.kind, w.backend, w.native) for w in unmasked} == {
-        ("mlp", "ckks", True),
-        ("synthetic", "ckks", True),
-    } and len(unmasked) == 3 * 2
+    assert {(w.kind, w.backend, w.native, w.protocol) for w in unmasked} == {
+        ("mlp", "ckks", True, "fedadam"),
+        ("synthetic", "ckks", True, "fedadam"),
+        ("mlp", "ckks", True, "larc"),  # its probe's check made at the probe
+    } and len(unmasked) == 3 * 3
     larc = [w for _, w, _ in configs if w.protocol == "larc"]
-    assert {(w.kind, w.preset) for w in larc} == {("mlp", "compact")} and len(larc) == 3 * 2
+    assert {(w.kind, w.preset) for w in larc} == {("mlp", "compact")} and len(larc) == 3 * 3
     lagged = [w for _, w, _ in configs if w.protocol == "larc-lagged"]  # it streams: lean
     assert {(w.kind, w.preset) for w in lagged} == {("mlp", "lean")} and len(lagged) == 3 * 2
 
