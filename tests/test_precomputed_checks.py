@@ -349,29 +349,36 @@ def test_the_server_refuses_a_malformed_commitment(parts):
         run.server.remember_upload("client_0", Envelope.from_bytes(env.to_bytes()))
 
 
-def test_a_run_checks_every_reveal_after_the_first_round_ahead(monkeypatch):
-    """Three rounds of FedAvg on lean through the real engine and clients: round 0 has no
-    commitments; in rounds 1 and 2 both decryptors use the sum they expanded while training."""
-    used: list[bool] = []
+def run_recording_prechecks(monkeypatch, protocol: str, preset: str):
+    """Three rounds of ``protocol`` on ckks ``preset`` over Fed-TCGA-BRCA through the real
+    engine and clients; every lookup of a precheck, as (entries asked for, found)."""
+    calls: list[tuple[int, bool]] = []
     original = ckks_masks.PendingCheck.sums
 
     def recording(self, entries, chunks):
         sums = original(self, entries, chunks)
-        used.append(sums is not None)
+        calls.append((len(entries), sums is not None))
         return sums
 
     monkeypatch.setattr(ckks_masks.PendingCheck, "sums", recording)
     run = ExperimentConfig(
         task="tcga-brca",
-        protocol="fedavg",
+        protocol=protocol,
         backend="ckks",
         rounds=3,
         seeds=[3],
-        backend_options={"preset": "lean"},
+        backend_options={"preset": preset},
     )
     result = run_experiment(run)
     assert not result.audit.summary()["exclusions"]
-    assert used == [True] * 4
+    return calls
+
+
+def test_a_run_checks_every_reveal_after_the_first_round_ahead(monkeypatch):
+    """Three rounds of FedAvg on lean through the real engine and clients: round 0 has no
+    commitments; in rounds 1 and 2 both decryptors use the sum they expanded while training."""
+    calls = run_recording_prechecks(monkeypatch, "fedavg", "lean")
+    assert [found for _, found in calls] == [True] * 4
 
 
 def test_the_author_check_follows_each_clients_latest_commitment():
@@ -404,25 +411,7 @@ def test_larc_clients_expand_the_probes_check_while_they_train(monkeypatch):
     weights (last round's α) are known before the uploads, so from round 1 on every client
     that opens Ĝ in the probe uses the sum it expanded while training; the global update's
     weights come after the probe, and its decryptors expand theirs at the reveal."""
-    calls: list[tuple[int, bool]] = []
-    original = ckks_masks.PendingCheck.sums
-
-    def recording(self, entries, chunks):
-        sums = original(self, entries, chunks)
-        calls.append((len(entries), sums is not None))
-        return sums
-
-    monkeypatch.setattr(ckks_masks.PendingCheck, "sums", recording)
-    run = ExperimentConfig(
-        task="tcga-brca",
-        protocol="larc",
-        backend="ckks",
-        rounds=3,
-        seeds=[3],
-        backend_options={"preset": "compact"},
-    )
-    result = run_experiment(run)
-    assert not result.audit.summary()["exclusions"]
+    calls = run_recording_prechecks(monkeypatch, "larc", "compact")
     clients = 6  # Fed-TCGA-BRCA's centres, every one in every round
     used = [hit for _, hit in calls]
     assert sum(used) == 2 * clients  # every client's probe in rounds 1 and 2
