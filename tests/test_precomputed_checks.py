@@ -416,3 +416,29 @@ def test_larc_clients_expand_the_probes_check_while_they_train(monkeypatch):
     used = [hit for _, hit in calls]
     assert sum(used) == 2 * clients  # every client's probe in rounds 1 and 2
     assert all(n == clients for n, _ in calls)
+
+
+@pytest.mark.parametrize("edit", [None, _other_seeds, _other_weights, _one_missing])
+def test_an_open_uses_the_servers_hint_only_for_exactly_the_release_it_names(edit):
+    """The hint every client gets where a protocol opens a sum of planned weights (LARC's Ĝ,
+    ``opening_fields``), from a deviating server (a seed flipped, other weights, an upload
+    left out): the client opens the signed release all the same, expanding its check at
+    the open, and uses the precomputed sum only for the honest hint."""
+    values = planned_values()
+    run = BackendRound(list(PLAN), N, preset="compact", decryption_budget=4, reveal_length=N)
+    for c in PLAN:
+        fields = run.clients[c].commit_next_upload(N)
+        env = Envelope.from_bytes(Envelope(c, "server", 0, "train", fields).to_bytes())
+        run.server.remember_upload(c, env)
+    hint = run.server.opening_fields(run.ctx(), "client_0", PLAN)
+    assert hint  # every client gets it, not only a planned decryptor
+    client = run.clients["client_0"]
+    client.prepare_release(run.request("client_0", "train", edit(hint) if edit else hint), N)
+    for c in PLAN:
+        run.clients[c].prepare_upload(N)
+    ctx = run.ctx()
+    fields = ctx.as_fields(ctx.weighted_sum(run.uploads(values), PLAN), "g_hat")
+    client.open_budget = 1
+    opened = client.open(run.request("client_0", "larc_probe", fields), "g_hat", N)
+    np.testing.assert_allclose(opened, planned_sum(values), atol=2e-3)
+    assert client.prechecks_used == (0 if edit else 1)
