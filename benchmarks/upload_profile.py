@@ -12,22 +12,22 @@ backend's own functions, stage by stage, each timed separately (median of ``--re
   ``serialise`` (SEAL's save through the scratch file, with its zstd), ``seeds`` (the
   client's own record of its upload's seeds);
 - server, per upload: ``load`` (checks, then SEAL's load, which expands the seed, on
-  ``compact``; the first polynomials read out of the checked bytes on ``lean``; on the native
-  path, ``compact`` and ``wide`` read the same way and the seed expanded natively,
-  ``secagg.ckks.server_sums``) and ``add`` (the weighted fold on ``compact``, the sum mod q
-  on ``lean``);
-- decryptor, per reveal: ``aggregate`` (loading the server's sum), ``second polynomial``
-  (expanding every contributor's seeds: a check on ``compact``, the polynomial it decrypts
-  with on ``lean``), ``decrypt`` (flooding and decoding).
+  ``compact`` and ``wide``; the first polynomials read out of the checked bytes on ``lean``,
+  and on the native path on every preset, no seed expanded, ``secagg.ckks.server_sums``) and
+  ``add`` (the weighted fold on ``compact`` and ``wide``, the sum mod q on ``lean``); the
+  sum released is its first polynomials on every preset;
+- decryptor, per reveal: ``aggregate`` (loading the server's first polynomials),
+  ``second polynomial`` (expanding every contributor's seeds into the polynomial it
+  decrypts with), ``decrypt`` (flooding and decoding).
 
 Each preset runs twice, on TenSEAL's binding alone (``SECAGG_NATIVE=off``, the stages
 above) and on the native extension (``secagg/ckks/native.py``): there the client's encode,
 encrypt and serialise are one call (then zstd where the preset compresses), or the same
 split in time (``secagg.secret.ckks_masks``): the masks, made while the client trains, and the
 online encode + add + serialise, each timed on its own (the upload the later stages use is
-the one-call one); the decryptor expands the seeds in one call and opens the aggregate in
-one more, having read a server-weighted aggregate's polynomials out of its checked bytes
-without SEAL's loader (``PublicCKKS.aggregate_polynomials``), and opens it split in time
+the one-call one); the decryptor reads the server's first polynomials out of their checked
+bytes (``first_polys.checked_first_sums``, every preset), expands the seeds in one call and
+opens the aggregate in one more, and opens it split in time
 as well: the flooding noise encoded ahead (beside the precomputed check, while it trains)
 and the opening that only adds it (``SecretKeyCKKS.encode_noise``); ``--no-native`` skips
 the second run.

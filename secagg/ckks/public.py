@@ -437,29 +437,6 @@ def compressed(blob: bytes) -> bytes:
     return seal_header(HEADER_BYTES + len(body), COMPR_ZSTD) + body
 
 
-def ciphertext_blobs(
-    public: PublicCKKS, first: np.ndarray, second: np.ndarray, scale: float
-) -> list[bytes]:
-    """Each chunk's ciphertext (first[j], second[j]) at the fresh level, in NTT form, at
-    ``scale``, as SEAL saves it (uncompressed, or with zstd where it pays:
-    :func:`compresses`): what a server-weighted sum formed natively sends, the bytes SEAL's
-    own sum would save (``tests/security/test_native_server_sums.py``)."""
-    n, primes = public.preset.poly_modulus_degree, public.n_primes
-    count = 2 * n * primes
-    head = (
-        _CT_META.pack(parms_id_bytes(public.context.first_parms_id()), 1, 2, n, primes, scale, 1)
-        + seal_header(_HEADER.size + _COUNT.size + 8 * count)
-        + _COUNT.pack(count)
-    )
-    blobs = [
-        uncompressed_blob(
-            head + f.astype("<u8", copy=False).tobytes() + s.astype("<u8", copy=False).tobytes()
-        )
-        for f, s in zip(first, second)
-    ]
-    return [compressed(b) for b in blobs] if compresses(public.preset) else blobs
-
-
 def uncompressed_blob(raw: bytes) -> bytes:
     """A SEAL header (uncompressed, exact length) in front of an object's raw bytes."""
     return seal_header(_HEADER.size + len(raw)) + raw
@@ -668,8 +645,9 @@ class PublicCKKS:
     def aggregate_polynomials(
         self, parts: Sequence[bytes | memoryview], n_values: int
     ) -> tuple[np.ndarray, np.ndarray, float]:
-        """A server-weighted aggregate's two polynomials, read out of its bytes without SEAL
-        (the native path opens them in one call): every size checked as for
+        """A server-weighted sum's two polynomials, read out of SEAL's save without SEAL (a
+        server on TenSEAL's binding releases the first: ``CKKSServer.to_field``): every size
+        checked as for
         :meth:`load_ciphertexts` (``raw_body``, ``check_ciphertext_layout``), both
         polynomials present (not seeded), the fresh level, NTT form, one scale in
         [:attr:`min_aggregate_scale`, :attr:`sum_scale`] for all chunks. Returns (C0, C1),

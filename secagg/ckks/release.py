@@ -58,7 +58,6 @@ from secagg.ckks.public import (
     SEED_INFO_BYTES,
     PublicCKKS,
     ciphertext_raw_bytes,
-    raw_ciphertext,
     seal_header,
     uncompressed_blob,
 )
@@ -541,7 +540,3 @@ class SecondPolynomials:
             + polys
         )
         return self.public.load_trusted(uncompressed_blob(raw))
-
-    def _second(self, ct: seal.Ciphertext | None) -> bytes:
-        """A full ciphertext's second polynomial: the last one in its serialised data."""
-        return raw_ciphertext(ct)[-self._poly_bytes :]

@@ -313,12 +313,6 @@ class SecretKeyHolder:
         )
         return inflate(memoryview(data)[HEADER_BYTES:], most, "seeded template")
 
-    def load_aggregate(
-        self, parts: Sequence[bytes | memoryview], n_values: int
-    ) -> list[seal.Ciphertext]:
-        """An aggregate from the server's bytes, checked (any scale in [Δ, Δ·2^wb])."""
-        return self._load(parts, n_values, None)
-
     def _load(
         self, parts: Sequence[bytes | memoryview], n_values: int, scale: float | None
     ) -> list[seal.Ciphertext]:

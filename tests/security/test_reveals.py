@@ -64,17 +64,16 @@ def test_an_honest_release_opens_to_the_weighted_sum(run):
     np.testing.assert_allclose(ctx.reveal(total, "global_update"), 0.25, atol=1e-6)
 
 
-def whole_ciphertext(run, handle):
-    """``handle`` as a whole ciphertext, both polynomials (what a server-weighted release
-    carried before it carried first polynomials only): the second, one client's a_1."""
-    from secagg.ckks.public import ciphertext_blobs
-    from secagg.ckks.server_sums import expander_for
+def whole_ciphertext(run, client):
+    """One of ``client``'s uploads as a whole ciphertext, both polynomials (what a
+    server-weighted release carried before it carried first polynomials only): loaded by
+    SEAL, which expands its seed into a_i, and saved again."""
+    from secagg.ckks.public import to_bytes
 
-    (entry,) = handle.entries
-    second = expander_for(run.server.public).sum(
-        seeds=[entry.seeds], chunks=handle.chunks, factors=[], threads=1
-    )
-    return wire.ciphertext(ciphertext_blobs(run.server.public, handle.first, second, handle.scale))
+    field = run.protect(client, np.full(8, VALUES[client]))
+    parts = Envelope("c", "s", 0, "train", {"u": field}).ciphertext_parts("u")
+    cts, _ = run.server.public.load_upload(parts, 8)
+    return wire.ciphertext([to_bytes(ct) for ct in cts])
 
 
 def test_a_crafted_ciphertext_is_refused(run):
@@ -85,7 +84,7 @@ def test_a_crafted_ciphertext_is_refused(run):
     ctx = run.ctx()
     handles = fresh(run)
     fields = release(run, ctx, ctx.weighted_sum(handles, dict.fromkeys(IDS, 1 / 3)))
-    forged = {**fields, "aggregate": whole_ciphertext(run, handles["client_1"])}
+    forged = {**fields, "aggregate": whole_ciphertext(run, "client_1")}
     with pytest.raises(MalformedCiphertext, match="bytes; a chunk here has"):
         run.ask("client_0", "reveal", forged)
     assert run.clients["client_0"].decryptions == 0
@@ -221,7 +220,7 @@ def test_an_open_is_checked_budgeted_and_flooded(run):
     with pytest.raises(ProtocolStateError, match="refuses to open aggregate 3"):
         client.open(probe, "g_hat", 8)
     client.open_budget = 3
-    forged = {**fields, "g_hat": whole_ciphertext(run, handles["client_1"])}
+    forged = {**fields, "g_hat": whole_ciphertext(run, "client_1")}
     with pytest.raises(MalformedCiphertext, match="bytes; a chunk here has"):
         client.open(run.request("client_0", "larc_probe", forged), "g_hat", 8)
     with pytest.raises(ReleaseRefused, match="of kind 'open'"):
