@@ -15,7 +15,10 @@ import pytest
 from secagg import wire
 from secagg.backends.ckks_server import decryptions_agree
 from secagg.backends.plain import PlainRunningSum, PlainServer
+from secagg.backends.threshold_server import fold_into
 from secagg.ckks.first_polys import FirstPolynomialSum
+from secagg.errors import MalformedCiphertext
+from secagg.threshold.ring import ntt_prime, ring
 from secagg.wire import Envelope
 from tests.test_streaming import run_one_round
 
@@ -82,6 +85,26 @@ def test_the_first_polynomial_sum_takes_the_first_upload_over_and_folds_in_block
     peak = peak_bytes(lambda: total.add(b))
     assert peak < a.nbytes / 8, f"a fold allocated {peak / 1e6:.1f} MB"
     assert np.array_equal(total.total.astype(object), expected)
+
+
+@pytest.mark.parametrize("factor", [1, 12345])  # lean's clients weight; compact's server does
+def test_a_threshold_fold_is_in_place_and_exact_and_checks_every_coefficient(factor):
+    ring_ = ring(4096, ntt_prime(60, 4096))
+    rows = N // 4096
+    rng = np.random.default_rng(3)
+    a = rng.integers(0, ring_.p, size=(rows, 4096), dtype=np.uint64)
+    b = rng.integers(0, ring_.p, size=(rows, 4096), dtype=np.uint64)
+    expected = (a.astype(object) + factor * b.astype(object)) % ring_.p
+    acc = a.copy()
+    peak = peak_bytes(lambda: fold_into(ring_, acc, b, factor))
+    assert peak < a.nbytes / 8, f"a fold allocated {peak / 1e6:.1f} MB"
+    assert np.array_equal(acc.astype(object), expected)
+    bad = b.copy()
+    bad[-1, -1] = ring_.p  # not a residue: refused, as the whole-array combine refused it
+    with pytest.raises(ValueError):
+        fold_into(ring_, acc, bad, factor)
+    with pytest.raises(MalformedCiphertext):
+        fold_into(ring_, acc, b[:-1], factor)
 
 
 def test_comparing_two_decryptions_allocates_no_model_sized_temporary():

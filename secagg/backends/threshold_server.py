@@ -57,7 +57,7 @@ from secagg.threshold.params import (
     server_weight,
     upload_message,
 )
-from secagg.threshold.ring import ring
+from secagg.threshold.ring import Ring, ring
 from secagg.wire import Envelope, Field
 
 
@@ -364,6 +364,22 @@ class ThresholdServer(ServerBackend):
         return values, by
 
 
+#: coefficients folded at a time into a running sum (1 MB of uint64 per block)
+FOLD_BLOCK = 1 << 17
+
+
+def fold_into(ring_: Ring, acc: np.ndarray, upload: np.ndarray, factor: int) -> None:
+    """acc ← acc + factor·upload mod p, in place, a block at a time: the sum holds one model's
+    worth and no model-sized temporary (the ring's combine, which checks every coefficient of
+    ``upload`` is below p, on each block)."""
+    if upload.shape != acc.shape:
+        raise MalformedCiphertext(f"an upload of shape {upload.shape}; the sum has {acc.shape}")
+    flat, values = acc.reshape(-1), upload.reshape(-1)
+    for start in range(0, flat.size, FOLD_BLOCK):
+        block = slice(start, start + FOLD_BLOCK)
+        flat[block] = ring_.combine([flat[block], values[block]], [1, factor])
+
+
 class ThresholdRunningSum(RunningSum):
     """Σ w_i·upload_i folded as the uploads arrive (on ``lean`` the clients weighted, the
     server adds); the sealed shares are kept for the holders."""
@@ -387,9 +403,8 @@ class ThresholdRunningSum(RunningSum):
         ring_ = self.server.ring
         if self._acc is None:
             self._acc = ring_.combine([handle.total], [factor]).reshape(handle.total.shape)
-        else:  # the two arrays as they are: no stacked copy of the sum
-            both = [self._acc, handle.total]
-            self._acc = ring_.combine(both, [1, factor]).reshape(handle.total.shape)
+        else:
+            fold_into(ring_, self._acc, handle.total, factor)
         (entry,) = handle.entries
         self._entries.append(replace(entry, k=k))
         self._sealed.update(handle.sealed)
