@@ -112,6 +112,17 @@ def ciphertext(parts: bytes | list[bytes] | tuple[bytes, ...]) -> Field:
     return Field(CIPHERTEXT, b"".join(parts), parts=tuple(len(p) for p in parts))
 
 
+def ciphertext_rows(rows: np.ndarray) -> Field:
+    """A ciphertext field whose parts are the rows of one (parts, bytes) uint8 array, sent
+    from that array as it is (a model-sized release is not copied into a second buffer)."""
+    rows = np.ascontiguousarray(rows)
+    if rows.dtype != np.uint8 or rows.ndim != 2:
+        raise UnexpectedField(
+            f"ciphertext rows are a 2-D uint8 array, not {rows.dtype} {rows.shape}"
+        )
+    return Field(CIPHERTEXT, memoryview(rows.reshape(-1)), parts=(rows.shape[1],) * rows.shape[0])
+
+
 def config(values: Mapping[str, Any]) -> Field:
     return Field(CONFIG, json.dumps(values, sort_keys=True, allow_nan=False).encode())
 

@@ -107,6 +107,35 @@ def test_a_threshold_fold_is_in_place_and_exact_and_checks_every_coefficient(fac
         fold_into(ring_, acc, b[:-1], factor)
 
 
+def test_a_release_is_written_once_and_read_back_as_sent():
+    from secagg.ckks.first_polys import FreshLevel, checked_first_sums, plaintext_chunks
+    from secagg.ckks.presets import get_preset
+    from secagg.ckks.public import PublicCKKS
+
+    level = FreshLevel(PublicCKKS(get_preset("lean")))
+    per_chunk = level.public.preset.values_per_ciphertext
+    chunks = N // per_chunk
+    rng = np.random.default_rng(4)
+    total = rng.integers(
+        0, int(level.moduli[0]), size=(chunks, level.coefficients), dtype=np.uint64
+    )
+    scale = level.public.scale
+    release: list[wire.Field] = []
+    peak = peak_bytes(
+        lambda: release.append(wire.ciphertext_rows(plaintext_chunks(level, total, scale)))
+    )
+    (field,) = release
+    # the release's own bytes and nothing beside them (a list of blobs joined took twice)
+    assert field.nbytes <= peak < field.nbytes * 1.05, (peak, field.nbytes)
+    env = Envelope.from_bytes(
+        Envelope("server", "client_0", 0, "reveal", {"aggregate": field}).to_bytes()
+    )
+    read, read_scale = checked_first_sums(
+        level, env.ciphertext_parts("aggregate"), chunks * per_chunk
+    )
+    assert np.array_equal(read, total) and read_scale == scale
+
+
 def test_comparing_two_decryptions_allocates_no_model_sized_temporary():
     rng = np.random.default_rng(2)
     a = rng.normal(size=N)

@@ -27,7 +27,7 @@ from secagg.ckks.first_polys import (
     FirstPolynomialSum,
     FreshLevel,
     first_polynomials,
-    plaintext_blobs,
+    plaintext_chunks,
 )
 from secagg.ckks.presets import CKKSPreset
 from secagg.ckks.public import (
@@ -580,10 +580,10 @@ class CKKSServer(ServerBackend):
         level (a decryptor expands Σ k_i·a_i from the signed seeds itself and never reads a
         second polynomial from the server: ``first_polys``)."""
         if isinstance(handle, FirstPolysHandle):
-            return wire.ciphertext(plaintext_blobs(self._fresh, handle.first, handle.scale))
+            return wire.ciphertext_rows(plaintext_chunks(self._fresh, handle.first, handle.scale))
         blobs = [to_bytes(ct) for ct in handle.ciphertexts]  # SEAL's path: its sum, saved
         first, _, scale = self.public.aggregate_polynomials(blobs, handle.n_values)
-        return wire.ciphertext(plaintext_blobs(self._fresh, first, scale))
+        return wire.ciphertext_rows(plaintext_chunks(self._fresh, first, scale))
 
     # ---- releases: consent, then a decryptor reveals or the clients open ---------------------
     def release(self, ctx, handle: CKKSHandle, name: str) -> dict[str, Field]:

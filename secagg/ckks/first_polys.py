@@ -48,7 +48,6 @@ from secagg.ckks.public import (
     raw_body,
     read_header,
     seal_header,
-    uncompressed_blob,
 )
 from secagg.errors import MalformedCiphertext, WrongContext
 
@@ -160,16 +159,27 @@ class FirstPolynomialSum:
             np.minimum(block, less, out=block)
 
 
-def plaintext_blobs(level: FreshLevel, total: np.ndarray, scale: float) -> list[bytes]:
+def plaintext_chunks(level: FreshLevel, total: np.ndarray, scale: float) -> np.ndarray:
     """Each chunk's summed first polynomial as an uncompressed SEAL plaintext at the fresh
-    level, in NTT form, at ``scale`` (what the decryptor adds to its own (0, Σ a_i))."""
+    level, in NTT form, at ``scale`` (what the decryptor adds to its own (0, Σ a_i)): one row
+    of bytes a chunk, written into one buffer (no per-chunk copy, no joined copy after it)."""
     count = level.coefficients
     head = (
         PLAIN_META.pack(level.parms_id, count, scale)
         + seal_header(SEAL_HEADER.size + _COUNT.size + 8 * count)
         + _COUNT.pack(count)
     )
-    return [uncompressed_blob(head + row.astype("<u8", copy=False).tobytes()) for row in total]
+    prefix = seal_header(SEAL_HEADER.size + len(head) + 8 * count) + head
+    values = np.ascontiguousarray(total, dtype="<u8")
+    out = np.empty((len(values), len(prefix) + 8 * count), dtype=np.uint8)
+    out[:, : len(prefix)] = np.frombuffer(prefix, dtype=np.uint8)
+    out[:, len(prefix) :] = values.view(np.uint8).reshape(len(values), -1)
+    return out
+
+
+def plaintext_blobs(level: FreshLevel, total: np.ndarray, scale: float) -> list[memoryview]:
+    """:func:`plaintext_chunks`, one view a chunk."""
+    return [memoryview(row) for row in plaintext_chunks(level, total, scale)]
 
 
 def checked_first_sums(
