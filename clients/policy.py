@@ -56,12 +56,22 @@ import numpy as np
 
 from secagg.ckks.release import PRECHECK
 from secagg.errors import PolicyRefused, StateError
+from secagg.parts import part_bounds
 from secagg.protocols.base import Allowed
 from secagg.protocols.plan import TrainingPlan
 from secagg.wire import Field
 
 #: the engine's own phases; which of them a client answers is its policy's business
-ENGINE_PHASES = ("enroll", "train", "validate", "apply", "plaintext_update", "observe")
+ENGINE_PHASES = (
+    "enroll",
+    "train",
+    "validate",
+    "apply",
+    "plaintext_update",
+    "observe",
+    "model_part",
+    "upload_part",
+)
 #: request fields that legitimately differ between the clients of one sum: the model (the
 #: basis holds the digest of the model the client actually trained from, sent or held) and
 #: the client's own planned weight (its consent binds the weight it applied), and a planned
@@ -87,6 +97,9 @@ class ClientPolicy:
         server_optimizer: the run's server optimizer (its config without the learning rate,
             which a server-lr schedule moves), for what a client steps or evaluates itself:
             server-blind updates and LARC's probe; None: the client takes none.
+        part_values: the model, its update and the releases move in parts of this many
+            values (``secagg.parts``: the parts' bounds come from here, never from a
+            request); 0: whole.
     """
 
     phases: frozenset[str] = frozenset({"enroll", "train"})
@@ -96,6 +109,11 @@ class ClientPolicy:
     scalar_budget: int = 0
     max_validations: int = 0
     server_optimizer: Mapping[str, Any] | None = None
+    part_values: int = 0
+
+    def parts(self, n_values: int) -> list[tuple[int, int]]:
+        """This client's parts of a model of ``n_values`` values (one, whole, without parts)."""
+        return part_bounds(n_values, self.part_values)
 
     def check_phase(self, phase: str) -> None:
         if phase in ENGINE_PHASES and phase not in self.phases:
@@ -165,6 +183,8 @@ class PolicyGuard:
         self.trained: set[int] = set()
         self.validations: dict[int, int] = {}
         self.scalars = 0
+        #: the parts of the latest round's update already uploaded (part 0 with ``train``)
+        self.uploaded: tuple[int, set[int]] = (-1, set())
 
     def check_round(self, round_number: int) -> None:
         if round_number < self.round:
@@ -186,6 +206,18 @@ class PolicyGuard:
         if round_number in self.trained:
             raise PolicyRefused(f"this client already trained in round {round_number}")
         self.trained.add(round_number)
+
+    def upload_part(self, round_number: int, index: int, parts: int) -> None:
+        """Part ``index`` of this round's update may leave once, only after this round's
+        training, and only within the ``parts`` this client's provisioning makes."""
+        if round_number not in self.trained:
+            raise PolicyRefused(f"a part of round {round_number}'s update before its training")
+        if not 0 <= index < parts:
+            raise PolicyRefused(f"part {index} of an update this client sends in {parts} parts")
+        uploaded = self.uploaded[1] if self.uploaded[0] == round_number else set()
+        if index in uploaded:
+            raise PolicyRefused(f"part {index} of round {round_number}'s update already left")
+        self.uploaded = (round_number, uploaded | {index})
 
     def validate(self, round_number: int) -> None:
         per_round = 2 if round_number == 0 else 1  # round 0: the initial model, then the update
@@ -212,6 +244,7 @@ class PolicyGuard:
             "trained": sorted(self.trained),
             "validations": {str(r): n for r, n in self.validations.items()},
             "scalars": self.scalars,
+            "uploaded": [self.uploaded[0], sorted(self.uploaded[1])],
         }
 
     def load_state_dict(self, state: Any) -> None:
@@ -220,8 +253,20 @@ class PolicyGuard:
             "trained",
             "validations",
             "scalars",
+            "uploaded",
         }:
-            raise StateError("a policy guard's state holds round, trained, validations, scalars")
+            raise StateError(
+                "a policy guard's state holds round, trained, validations, scalars, uploaded"
+            )
+        uploaded = state["uploaded"]
+        if not (
+            isinstance(uploaded, list)
+            and len(uploaded) == 2
+            and isinstance(uploaded[0], int)
+            and isinstance(uploaded[1], list)
+            and all(isinstance(p, int) and not isinstance(p, bool) for p in uploaded[1])
+        ):
+            raise StateError("a policy guard's uploaded parts are [round, [indices]]")
         counts = [state["round"], state["scalars"], *state["trained"]]
         validations = state["validations"]
         if (
@@ -231,6 +276,7 @@ class PolicyGuard:
         ):
             raise StateError("a policy guard's counts must be non-negative integers")
         self.round, self.scalars = state["round"], state["scalars"]
+        self.uploaded = (uploaded[0], set(uploaded[1]))
         self.trained = set(state["trained"])
         self.validations = {int(r): n for r, n in validations.items()}
 

@@ -71,6 +71,7 @@ from secagg.errors import (
     StateError,
     error_code,
 )
+from secagg.parts import PART_FIELD
 from secagg.protocols.base import ClientHalf
 from secagg.protocols.optimizers import (
     ServerOptimizer,
@@ -148,6 +149,8 @@ class Client:
             "apply": self.on_apply,
             "plaintext_update": self.on_plaintext_update,
             "observe": self.on_observe,
+            "model_part": self.on_model_part,
+            "upload_part": self.on_upload_part,
         }
         self._handlers: dict[str, Callable[[Envelope], dict[str, Field]]] = dict(engine)
         for source, handlers in (
@@ -381,11 +384,17 @@ class Client:
     def on_train(self, env: Envelope) -> dict[str, Field]:
         # what the request may ask is fixed by this client's provisioning: checked first
         cfg = self.policy.training(env.config("train"), env.round)
+        parts = self.policy.parts(self.n_params)
+        first = self._part(env, len(parts)) if len(parts) > 1 else 0
+        if first != 0:
+            raise PolicyRefused(f"{self.id} sends part 0 of its update with its training")
         self.guard.train(env.round)
         if "model" in env.fields:
             self._set_model(env.vector("model", self.n_params))
         elif self._w is None:
             raise ProtocolStateError(f"{self.id} has no global model to train from")
+        elif self._model_id is None:  # assembled from parts: named once, whole
+            self._model_id = model_identity(self._w)
         if "server_opt" in env.fields:  # server-blind run: keep a copy of the optimizer
             opt_cfg = self.policy.server_optimizer_config(env.config("server_opt"))
             if self._optimizer is None:
@@ -393,7 +402,8 @@ class Client:
             if "lr" in opt_cfg:  # phase-wise server rates (a proximal step has none)
                 self._optimizer.hyper["lr"] = opt_cfg["lr"]
         # the upload's value-independent part (its masks) is made beside the training
-        self.backend.prepare_upload(self.n_params)
+        lo, hi = parts[0]
+        self.backend.prepare_upload(hi - lo)
         # a planned decryptor also starts the round's check (a hint: it verifies the release)
         self.backend.prepare_release(env, self.n_params)
         # a protocol with its own local solver (ADMM's x-update) answers first; else SGD
@@ -406,14 +416,48 @@ class Client:
             self._g = noised_update(self._g, float(dp["clip"]), float(dp["sigma"]), self.rng)
         # a client-weighted CKKS preset: the planned weight this upload enters the sum with
         weight = env.scalar("upload_weight") if "upload_weight" in env.fields else None
+        if len(parts) > 1:
+            self.guard.upload_part(env.round, 0, len(parts))
         reply = {
-            "pseudo_gradient": self.protect(self._g, weight),
+            "pseudo_gradient": self.protect(self._g[lo:hi], weight),
             "n_samples": wire.scalar(len(self.trainer.data)),
             **self._reports(cfg.get("reports", {})),
-            **self.backend.commit_next_upload(self.n_params),
+            # the next upload's seeds, for a decryptor's check made ahead: one whole upload
+            # a round only (an upload in parts is checked as it is released)
+            **(self.backend.commit_next_upload(self.n_params) if len(parts) == 1 else {}),
         }
         reply.update(self.protocol.train_reply(self, env))
         return reply
+
+    # ---- a round in parts (``secagg.parts``): the bounds are this client's own --------------
+    def _part(self, env: Envelope, parts: int) -> int:
+        """The part a request names (its index only: the bounds come from the policy)."""
+        index = env.config(PART_FIELD).get("index")
+        if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < parts:
+            raise PolicyRefused(f"{self.id} moves its model in {parts} parts, not part {index!r}")
+        return index
+
+    def on_model_part(self, env: Envelope) -> dict[str, Field]:
+        """A part of the round's global model, written into this client's copy; the model is
+        named (the basis of its uploads) when it trains from it."""
+        parts = self.policy.parts(self.n_params)
+        lo, hi = parts[self._part(env, len(parts))]
+        values = env.vector("model", hi - lo)
+        if self._w is None:
+            self._w = np.zeros(self.n_params)
+        self._w[lo:hi] = values
+        self._model_id = None
+        return {}
+
+    def on_upload_part(self, env: Envelope) -> dict[str, Field]:
+        """Part p ≥ 1 of this round's update, once (``PolicyGuard.upload_part``), an upload of
+        its own: its own seeds or key, and a basis that names the part."""
+        parts = self.policy.parts(self.n_params)
+        index = self._part(env, len(parts))
+        self.guard.upload_part(env.round, index, len(parts))
+        lo, hi = parts[index]
+        weight = env.scalar("upload_weight") if "upload_weight" in env.fields else None
+        return {"pseudo_gradient": self.protect(self.update[lo:hi], weight)}
 
     def predict(self, w: np.ndarray, features: np.ndarray) -> np.ndarray:
         return self.trainer.predict(w, features)

@@ -68,6 +68,10 @@ class Capabilities:
     #: every client's opens are of a different aggregate (Sequential: each centre opens its
     #: predecessor's model), so on threshold a key holder gives a share for each of them
     distinct_opens: bool = False
+    #: the round is one streamed sum, revealed and stepped by the server optimizer (which is
+    #: elementwise), with no other phase that carries the model: the engine may move it in
+    #: parts (``secagg.parts``)
+    moves_in_parts: bool = False
 
     def __post_init__(self):
         if not set(self.client_scalars) <= set(self.reveals):
@@ -87,7 +91,7 @@ class Capabilities:
                 merged[f.name] = tuple(dict.fromkeys(a + b))
             elif f.name in ("reveals_per_round", "opens_per_round"):
                 merged[f.name] = max(a, b)
-            elif f.name == "client_dp_compatible":
+            elif f.name in ("client_dp_compatible", "moves_in_parts"):
                 merged[f.name] = a and b
             else:
                 merged[f.name] = a or b

@@ -24,8 +24,9 @@ def sample_size_weights(n_samples: Mapping[str, float]) -> dict[str, float]:
 
 class FedAvg(Protocol):
     name = "fedavg"
-    # n_i / Σn is known before the uploads: the server folds them as they come
-    capabilities = Capabilities(streams=True)
+    # n_i / Σn is known before the uploads: the server folds them as they come, and the
+    # round is that sum, revealed and stepped, so it can move a part of the model at a time
+    capabilities = Capabilities(streams=True, moves_in_parts=True)
 
     def planned_weights(self, ctx: RoundAPI, n_samples: Mapping[str, float]) -> dict[str, float]:
         return sample_size_weights(n_samples)

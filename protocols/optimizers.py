@@ -54,6 +54,19 @@ class ServerOptimizer:
         update, self.state = self._update(self._check(g), self.state, params)
         return update
 
+    def step_part(self, g: np.ndarray, params: np.ndarray | None, lo: int, hi: int) -> np.ndarray:
+        """:meth:`step` on the coordinates [lo, hi) only (a round in parts: every rule here
+        is elementwise, so the parts' steps make the whole step): ``g`` and ``params`` are
+        that slice's, and only that slice of the state moves."""
+        g = np.asarray(g, dtype=np.float64)
+        if not 0 <= lo < hi <= self.dim or g.shape != (hi - lo,):
+            raise ValueError(f"a part [{lo}, {hi}) of shape {g.shape} in a model of {self.dim}")
+        part = {k: v[lo:hi] for k, v in self.state.items()}
+        update, moved = self._update(g, part, params)
+        for k, v in moved.items():
+            self.state[k][lo:hi] = v
+        return update
+
     def peek(self, g: np.ndarray, params: np.ndarray | None = None) -> np.ndarray:
         update, _ = self._update(self._check(g), self.state, params)
         return update

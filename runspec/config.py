@@ -93,6 +93,9 @@ class ExperimentConfig:
     dp_noise: str = "os"
     #: fold uploads into a running sum as they arrive, where the protocol's weights allow it
     streaming: bool = True
+    #: move the model, uploads and releases in parts of this many values (``secagg.parts``);
+    #: 0: the model whole
+    part_values: int = 0
     #: run the clients in this many worker processes (in parallel); 0: in this process
     workers: int = 0
     #: seconds a simulated client has to answer one request, from when it is handed the
@@ -270,6 +273,7 @@ class ExperimentConfig:
             server_blind=self.server_blind,
             allow_plaintext_updates=self.allow_plaintext_updates,
             streaming=self.streaming,
+            part_values=self.part_values,
             min_clients=self.min_clients,
             # the encrypted backends' clients require the cap; plain has it off unless set
             max_weight_share=float(options.get("max_weight_share", 1.0)),

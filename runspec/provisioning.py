@@ -37,6 +37,7 @@ from secagg.clients.tasks import (
 from secagg.clients.tasks.tcga_brca import random_client_splits
 from secagg.clients.training import LocalTrainer, flat_params, resolve_device
 from secagg.errors import ConfigError, DataNotHeld
+from secagg.parts import in_parts, part_bounds, part_lengths
 from secagg.plugins import import_user_modules
 from secagg.protocols import custom_protocols, make_client_half, make_protocol, register_protocol
 from secagg.protocols.pieces import (
@@ -340,7 +341,10 @@ def release_budgets(
             "coordinator none): run it on a task whose load() holds every part in memory, "
             "or in simulation"
         ) from exc
-    others = tuple(n for n in lengths if n != n_params)
+    # a run in parts reveals each part of the update, one part long (``secagg.parts``)
+    parts = len(part_bounds(n_params, config.part_values))
+    model_lengths = part_lengths(n_params, config.part_values)
+    others = tuple(n for n in lengths if n not in model_lengths)
     initialisation = piece(protocol, FederatedInitialisation)
     initial_reveals = initialisation.initial_reveals() if initialisation is not None else 0
     return {
@@ -350,8 +354,8 @@ def release_budgets(
         # the flooding's t = roster × budget covers two (or three) decryptions per reveal
         "decryption_budget": 0
         if config.server_blind
-        else config.rounds * caps.reveals_per_round + initial_reveals,
-        "reveal_length": (n_params, *others) if others else n_params,
+        else config.rounds * caps.reveals_per_round * parts + initial_reveals,
+        "reveal_length": ((*model_lengths, *others) if others or parts > 1 else n_params),
         "open_budget": config.rounds * opens_per_round,
         # one upload enters at most one reveal (none server-blind) and the round's opens
         "releases_per_upload": {
@@ -380,6 +384,8 @@ def client_policy(
         phases |= {"apply", "observe"}
     if config.allow_plaintext_updates:
         phases.add("plaintext_update")
+    if in_parts(n_params, config.part_values):
+        phases |= {"model_part", "upload_part"}
     validations = config.rounds + 1 if feedback else 0
     return ClientPolicy(
         phases=frozenset(phases),
@@ -390,6 +396,7 @@ def client_policy(
         scalar_budget=(config.rounds + 1) * len(caps.client_scalars),
         max_validations=validations,
         server_optimizer={**server_step(config, protocol, n_clients), "dim": n_params},
+        part_values=config.part_values if in_parts(n_params, config.part_values) else 0,
     )
 
 

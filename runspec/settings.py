@@ -382,6 +382,16 @@ CORE = (
         group="server performance",
     ),
     _s(
+        "part_values",
+        "move the model, each upload and each release in parts of this many values, so the "
+        "server holds one part's sum at a time, not the whole model's (streaming runs of "
+        "the FedAvg family; every client's provisioning fixes the same parts); 0: whole",
+        int,
+        (int,),
+        "0",
+        group="server performance",
+    ),
+    _s(
         "workers",
         "run the clients in this many worker processes so they train and encrypt in "
         "parallel (at most one per client); 0 runs them one after another in this process",

@@ -41,6 +41,7 @@ from secagg.errors import (
     RoundAborted,
     RoundSkipped,
 )
+from secagg.parts import PART_FIELD, part_bounds
 from secagg.protocols.base import Protocol, RoundAPI, Upload
 from secagg.protocols.optimizers import ServerOptimizer, StepSchedule
 from secagg.protocols.pieces import FederatedInitialisation, ValidationFeedback, piece
@@ -169,6 +170,16 @@ class RevealAndStep:
         self.holding = set()
         return float(np.linalg.norm(update))
 
+    def apply_part(self, server: Server, ctx: RoundContext, g_part: Any, lo: int, hi: int) -> float:
+        """A round in parts: part [lo, hi) of G revealed and stepped; the squared norm of
+        that part of the update."""
+        g = ctx.reveal(g_part, "global_update")
+        start = time.perf_counter()
+        update = server.optimizer.step_part(g, self.params[lo:hi], lo, hi)
+        self.params[lo:hi] += update
+        ctx.seconds["optimizer"] += time.perf_counter() - start
+        return float(update @ update)
+
 
 class BlindApply(RevealAndStep):
     """Server-blind: the server sends only the public initial model and, each round, the
@@ -268,6 +279,9 @@ class Server:
         )
         #: fold uploads as they arrive where the protocol plans its weights (needs ``setup``)
         self.streaming = self.policy.streaming and caps.streams
+        #: the parts a round moves the model in (``secagg.parts``), or None: whole
+        bounds = part_bounds(np.asarray(initial_params).size, self.policy.part_values)
+        self.parts = bounds if len(bounds) > 1 and self.streaming else None
         self.enrolment = Enrolment()
         self.left: dict[str, str] = {}  # clients that left the run (blind: missed an apply)
         #: consents each client missed by not answering (its node down or late)
@@ -373,8 +387,11 @@ class Server:
         if server_lr is not None:
             self.optimizer.hyper["lr"] = float(server_lr)
         try:
-            g_global, reports = self._train(ctx)
-            norm = self.updates.apply(self, ctx, g_global)
+            if self.parts is not None:
+                reports, norm = self._round_in_parts(ctx, self.parts)
+            else:
+                g_global, reports = self._train(ctx)
+                norm = self.updates.apply(self, ctx, g_global)
         except ConsentRefused as exc:
             if not exc.culprits and not isinstance(exc, RoundSkipped):
                 raise  # every contributor refused: the request breaks the clients' policy
@@ -424,19 +441,25 @@ class Server:
         )
 
     # ---- the training phase ----------------------------------------------------------------
-    def _requests(self, ctx: RoundContext) -> dict[str, dict[str, wire.Field]]:
+    def _requests(
+        self, ctx: RoundContext, common: dict[str, wire.Field] | None = None
+    ) -> dict[str, dict[str, wire.Field]]:
+        """Every active client's training request; with ``common`` (a round in parts: its
+        part field) the model is not sent, the clients were sent it part by part."""
         settings = self.plan.settings(ctx.round)
-        common = {}
+        in_parts = common is not None
+        common = dict(common or {})
         if self.updates.blind:
             common["server_opt"] = wire.config(self.optimizer.config)
-        model = wire.vector(self.params.astype(np.float32))  # one copy, shared by all
+        # one copy, shared by all
+        model = None if in_parts else wire.vector(self.params.astype(np.float32))
         requests = {}
         for c in ctx.active:
             request = {
                 **common,
                 "train": wire.config(self.protocol.train_settings(ctx, c, dict(settings))),
             }
-            if self.updates.model_for(c, ctx.round):
+            if model is not None and self.updates.model_for(c, ctx.round):
                 request["model"] = model
             requests[c] = {**request, **self.protocol.train_fields(ctx, c)}
         return requests
@@ -453,33 +476,48 @@ class Server:
                 exclusions=ctx.excluded,
             )
 
-    def _train(self, ctx: RoundContext) -> tuple[Any, dict[str, dict[str, float]]]:
-        """Ask for the uploads; return their protected combination and what clients
-        reported with them."""
-        expect = {
+    def _train_expect(self, ctx: RoundContext) -> dict[str, str]:
+        """The fields every training reply carries."""
+        return {
             "pseudo_gradient": self.backend.upload_kind,
             "n_samples": wire.SCALAR,
             **{name: wire.SCALAR for name in self.plan.reports},
             **self.protocol.train_reply(ctx),
         }
+
+    def _load_upload(
+        self,
+        ctx: RoundContext,
+        client: str,
+        env: wire.Envelope,
+        length: int,
+        reports: dict[str, dict[str, float]],
+    ) -> Upload:
+        """Check and load one training reply (ClientInputError if it is unusable), and
+        keep what the client reported with it in ``reports``."""
+        n = env.scalar("n_samples")
+        if not n > 0:
+            raise ClientInputError(f"{client} reports {n} samples")
+        extra = {k: env.scalar(k) for k in self.protocol.train_reply(ctx)}
+        start = time.perf_counter()
+        handle = self.backend.load(env, "pseudo_gradient", length)
+        # a copy of an upload already loaded this round is refused (DuplicateUpload)
+        loaded = Upload(ctx.loaded(client, "pseudo_gradient", handle), n, extra)
+        self.backend.remember_upload(client, env)
+        ctx.seconds["load"] += time.perf_counter() - start
+        self.protocol.check_upload(ctx, client, loaded)
+        reports[client] = {name: env.scalar(name) for name in self.plan.reports}
+        return loaded
+
+    def _train(self, ctx: RoundContext) -> tuple[Any, dict[str, dict[str, float]]]:
+        """Ask for the uploads; return their protected combination and what clients
+        reported with them."""
+        expect = self._train_expect(ctx)
         optional = self.backend.train_reply_fields
         reports: dict[str, dict[str, float]] = {}
 
         def upload(client: str, env: wire.Envelope) -> Upload:
-            """Check and load one training reply (ClientInputError if it is unusable)."""
-            n = env.scalar("n_samples")
-            if not n > 0:
-                raise ClientInputError(f"{client} reports {n} samples")
-            extra = {k: env.scalar(k) for k in self.protocol.train_reply(ctx)}
-            start = time.perf_counter()
-            handle = self.backend.load(env, "pseudo_gradient", self.n_params)
-            # a copy of an upload already loaded this round is refused (DuplicateUpload)
-            loaded = Upload(ctx.loaded(client, "pseudo_gradient", handle), n, extra)
-            self.backend.remember_upload(client, env)
-            ctx.seconds["load"] += time.perf_counter() - start
-            self.protocol.check_upload(ctx, client, loaded)
-            reports[client] = {name: env.scalar(name) for name in self.plan.reports}
-            return loaded
+            return self._load_upload(ctx, client, env, self.n_params, reports)
 
         plan = self._planned_weights(ctx)
         requests = self._requests(ctx)
@@ -507,6 +545,76 @@ class Server:
         ctx.ask("train", requests, expect=expect, on_reply=fold, optional=optional)
         self._enough(ctx, len(total.folded))
         return self.protocol.finish_sum(ctx, total), reports
+
+    # ---- a round in parts (``secagg.parts``) ------------------------------------------------
+    def _round_in_parts(
+        self, ctx: RoundContext, bounds: list[tuple[int, int]]
+    ) -> tuple[dict[str, dict[str, float]], float]:
+        """The model out a part at a time, then per part: its uploads folded into a
+        part-sized running sum, released, and that slice of the model stepped. Returns
+        what the clients reported with part 0 and the update's norm."""
+        plan = self._planned_weights(ctx)
+        if plan is None:
+            raise RoundAborted(
+                f"round {ctx.round}: a round in parts needs the weights planned before the "
+                "uploads, and no client enrolled",
+                round=ctx.round,
+                phase="train",
+                exclusions=ctx.excluded,
+            )
+        holders = [c for c in ctx.active if c in plan and self.updates.model_for(c, ctx.round)]
+        for index, (lo, hi) in enumerate(bounds):
+            if not holders:
+                break
+            part = {
+                PART_FIELD: wire.config({"index": index}),
+                "model": wire.vector(self.params[lo:hi].astype(np.float32)),
+            }
+            sent = ctx.ask("model_part", {c: part for c in holders}, expect={})
+            holders = [c for c in holders if c in sent]
+        reports: dict[str, dict[str, float]] = {}
+        folded: set[str] = set()  # the clients whose part 0 was folded: asked for the rest
+        squared = 0.0
+        for index, (lo, hi) in enumerate(bounds):
+            total = ctx.running_sum(plan, hi - lo)
+            field = {PART_FIELD: wire.config({"index": index})}
+            if index == 0:
+                requests = self._requests(ctx, field)
+                phase, expect = "train", self._train_expect(ctx)
+            else:  # every client that folded part 0, for the next part of the same update
+                requests = {c: dict(field) for c in ctx.active if c in folded}
+                phase, expect = "upload_part", {"pseudo_gradient": self.backend.upload_kind}
+            requests = {c: r for c, r in requests.items() if c in total.weights}
+            for c, request in requests.items():
+                if self.backend.weights_at_client:
+                    request["upload_weight"] = wire.scalar(total.weights[c])
+
+            def fold(client: str, env: wire.Envelope, total: StreamedSum = total) -> None:
+                if phase == "train":
+                    loaded = self._load_upload(ctx, client, env, total.length, reports)
+                    self.enrolment.check(client, loaded)
+                else:
+                    loaded = self._load_part(ctx, client, env, total.length)
+                total.add(client, loaded.handle)
+
+            ctx.ask(phase, requests, expect=expect, on_reply=fold)
+            self._enough(ctx, len(total.folded))
+            if index == 0:
+                folded = set(total.folded)
+            squared += self.updates.apply_part(
+                self, ctx, self.protocol.finish_sum(ctx, total), lo, hi
+            )
+        self.updates.holding = set()
+        return reports, squared**0.5
+
+    def _load_part(self, ctx: RoundContext, client: str, env: wire.Envelope, length: int) -> Upload:
+        """Part p ≥ 1 of a client's update: loaded and checked as its part 0 was."""
+        start = time.perf_counter()
+        handle = self.backend.load(env, "pseudo_gradient", length)
+        loaded = Upload(ctx.loaded(client, "pseudo_gradient", handle), 0.0, {})
+        self.backend.remember_upload(client, env)
+        ctx.seconds["load"] += time.perf_counter() - start
+        return loaded
 
     def _planned_weights(self, ctx: RoundContext) -> dict[str, float] | None:
         if not self.streaming or not self.enrolment.counts:

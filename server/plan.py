@@ -15,6 +15,7 @@ from typing import Any
 
 from secagg import wire
 from secagg.errors import ConfigError
+from secagg.parts import check_part_values
 from secagg.protocols.base import Capabilities, Protocol
 from secagg.protocols.pieces import ValidationFeedback, piece, pre_stage_of
 from secagg.protocols.plan import TrainingPlan
@@ -41,6 +42,8 @@ class RunPolicy:
         max_weight_share: the clients' cap on one upload's share of a sum's weight (their
             release policy's; 1: no cap, as on plain): the server caps every sum to it so
             they consent.
+        part_values: move the model, the uploads and the releases in parts of this many
+            values (``secagg.parts``; the clients' provisioning fixes the same); 0: whole.
     """
 
     server_blind: bool = False
@@ -49,9 +52,11 @@ class RunPolicy:
     min_clients: int | str = 1
     max_message_bytes: int = wire.DEFAULT_MAX_BYTES
     max_weight_share: float = 0.5
+    part_values: int = 0
 
     def __post_init__(self):
         check_min_clients(self.min_clients)
+        check_part_values(self.part_values)
 
     def required_clients(self, n_clients: int) -> int:
         """The fewest clients a round may go on with, in a run of ``n_clients``."""
@@ -113,6 +118,25 @@ def check_run(
             "noised uploads, so client-level DP cannot be accounted for it; use "
             "a weighted-sum protocol (fedavg, fedadam, larc, costwagg, ...)"
         )
+    if policy.part_values:
+        why = (
+            "it does not stream (its weights come after the uploads)"
+            if not (capabilities.streams and policy.streaming)
+            else "its round is more than one streamed sum, revealed and stepped"
+            if not capabilities.moves_in_parts
+            else "a server-blind run sends the whole update to every client"
+            if policy.server_blind
+            else "client-level DP is accounted over one release a round"
+            if client_dp
+            else None
+        )
+        if why is not None:
+            raise ConfigError(
+                f"{protocol} cannot move the model in parts (part_values "
+                f"{policy.part_values}): {why}; parts are for streaming runs of the FedAvg "
+                "family (fedavg, fedadam, ...) without server-blind or client DP, or set "
+                "part_values 0"
+            )
     if validation_feedback and validation is False:
         raise ConfigError(
             f"{protocol} rewards its agent with the clients' validation loss: "

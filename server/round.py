@@ -203,8 +203,10 @@ class RoundContext:
             raise ProtocolStateError("weights_of: not a sum formed this round")
         return dict(self._used[id(handle)])
 
-    def running_sum(self, weights: Mapping[str, float]) -> StreamedSum:
-        return StreamedSum(self, weights)
+    def running_sum(self, weights: Mapping[str, float], length: int | None = None) -> StreamedSum:
+        """A running sum of uploads of ``length`` values (the model's by default; a part's in
+        a round in parts)."""
+        return StreamedSum(self, weights, length)
 
     def _released(self, handle: Any, name: str) -> None:
         # every release is recorded, a second one of the same sum too (``larc-lagged``
@@ -295,11 +297,12 @@ class StreamedSum:
     upload arrives. A client that never arrives is renormalised away: the result is
     Σ_arrived w_i x_i / Σ_arrived w_i, as a buffered sum over the arrived clients would be."""
 
-    def __init__(self, ctx: RoundContext, weights: Mapping[str, float]):
+    def __init__(self, ctx: RoundContext, weights: Mapping[str, float], length: int | None = None):
         self._ctx = ctx
         self.weights = ctx.capped(weights)
         self.folded: dict[str, float] = {}
-        self._sum = ctx.backend.running_sum(ctx.n_params)
+        self.length = ctx.n_params if length is None else length
+        self._sum = ctx.backend.running_sum(self.length)
 
     def add(self, client: str, handle: Any) -> None:
         if client not in self.weights:
