@@ -30,6 +30,7 @@ from secagg.backends import (
     public_signers,
 )
 from secagg.dp import ClientDP
+from secagg.parts import part_bounds, part_lengths
 from secagg.protocols import make_client_half, make_protocol
 from secagg.protocols.optimizers import StepSchedule, make_optimizer
 from secagg.protocols.pieces import FixedServerStep, piece
@@ -107,6 +108,9 @@ class Workload:
     seed: int = 0
     #: the backend's other options, as (key, value) pairs (threshold's committee)
     extra_options: tuple[tuple[str, Any], ...] = ()
+    #: move the model, the uploads and the releases in parts of this many values
+    #: (``secagg.parts``); 0: whole
+    part_values: int = 0
     #: every client's identity, the roster and the budgets, made once in the parent (each
     #: worker builds only its share of the clients, all with the one roster)
     provisions: dict[str, Provision] | None = field(default=None, compare=False, hash=False)
@@ -295,16 +299,21 @@ def value_floor(clients: dict[str, dict[str, float]]) -> dict[str, float]:
     }
 
 
-def plan_policy(plan: TrainingPlan, protocol: Any, rounds: int, optimizer: dict[str, Any]) -> Any:
+def plan_policy(
+    plan: TrainingPlan, protocol: Any, rounds: int, optimizer: dict[str, Any], part_values: int = 0
+) -> Any:
     """Each client's own policy for the plan the benchmark's server runs."""
     from secagg.clients.policy import ClientPolicy
 
     caps = protocol.capabilities
+    in_parts = len(part_bounds(optimizer["dim"], part_values)) > 1
     return ClientPolicy(
+        phases=frozenset({"enroll", "train", *(("model_part", "upload_part") if in_parts else ())}),
         rounds=rounds,
         plan=plan,
         scalar_budget=(rounds + 1) * len(caps.client_scalars),
         server_optimizer=optimizer,
+        part_values=part_values if in_parts else 0,
     )
 
 
@@ -320,14 +329,17 @@ def measure_rounds(
     """Run ``rounds`` rounds of one configuration; one measurement row per round."""
     ids = [f"client_{k}" for k in range(workload.n_clients)]
     dp = ClientDP(1.0, 1.0, len(ids)) if client_dp else None
+    parts = part_bounds(initial.size, workload.part_values)
     if workload.backend != "plain":
         caps = make_protocol(workload.protocol).capabilities
         workload = replace(
             workload,
             provisions=provision(
                 ids,
-                rounds * caps.reveals_per_round,
-                initial.size,
+                rounds * caps.reveals_per_round * len(parts),
+                part_lengths(initial.size, workload.part_values)
+                if len(parts) > 1
+                else initial.size,
                 open_budget=rounds * caps.opens_per_round,  # LARC opens its Ĝ each round
                 releases_per_upload={"reveal": 1, "open": caps.opens_per_round},
             ),
@@ -346,7 +358,10 @@ def measure_rounds(
         client_lr=StepSchedule.parse("0.05"), local_steps=workload.local_steps, client_dp=dp
     )
     workload = replace(
-        workload, policy=plan_policy(plan, protocol, rounds, {**step, "dim": initial.size})
+        workload,
+        policy=plan_policy(
+            plan, protocol, rounds, {**step, "dim": initial.size}, workload.part_values
+        ),
     )
     rows = []
     with WorkerPoolTransport(workload, ids, workers) as transport:
@@ -358,7 +373,7 @@ def measure_rounds(
             transport,
             initial,
             plan=plan,
-            policy=RunPolicy(streaming=streaming),
+            policy=RunPolicy(streaming=streaming, part_values=workload.part_values),
             audit=audit,
         )
         start = time.perf_counter()

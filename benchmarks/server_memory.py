@@ -2,7 +2,8 @@
 and what holds it at that moment.
 
     python -m benchmarks.server_memory [--params 10000000] [--clients 10] [--rounds 2]
-                                       [--backends plain,ckks,threshold] [--out DIR]
+                                       [--backends plain,ckks,threshold]
+                                       [--part-values 0,1000000] [--out DIR]
     secagg bench server_memory ...        (the same)
 
 Each backend runs ``benchmarks.overhead``'s synthetic workload (no training), FedAvg with
@@ -57,13 +58,17 @@ MB = 1e6
 
 
 # ---- inside the server process -----------------------------------------------------------
-def traced_rounds(backend: str, params: int, clients: int, rounds: int) -> dict[str, Any]:
+def traced_rounds(
+    backend: str, params: int, clients: int, rounds: int, part_values: int = 0
+) -> dict[str, Any]:
     """One backend's rounds under tracemalloc: the peak, the RSS and the sites at the peak."""
     import tracemalloc
 
     from benchmarks.rounds import Workload, initial_params, measure_rounds
 
-    workload = Workload("synthetic", params, clients, backend, protocol="fedavg")
+    workload = Workload(
+        "synthetic", params, clients, backend, protocol="fedavg", part_values=part_values
+    )
     # the initial model is the benchmark's, made before tracing starts (zeros the server
     # copies: its pages are never touched, so neither the trace nor the RSS counts them)
     initial = initial_params(workload)
@@ -132,12 +137,14 @@ def _one(argv: list[str]) -> None:
         pickle.dump(out, f)
 
 
-def run_backend(backend: str, params: int, clients: int, rounds: int) -> dict[str, Any]:
+def run_backend(
+    backend: str, params: int, clients: int, rounds: int, part_values: int = 0
+) -> dict[str, Any]:
     """:func:`traced_rounds` in a fresh server process (this one imported pandas)."""
     root = Path(__file__).resolve().parents[1]
     with tempfile.TemporaryDirectory(prefix="secagg-server-memory-") as folder:
         given, result = Path(folder) / "args.pickle", Path(folder) / "result.pickle"
-        given.write_bytes(pickle.dumps((backend, params, clients, rounds)))
+        given.write_bytes(pickle.dumps((backend, params, clients, rounds, part_values)))
         done = subprocess.run(
             [sys.executable, "-m", "benchmarks.server_memory", "--one", str(given), str(result)],
             cwd=root,
@@ -165,15 +172,20 @@ def report(table, sites, command: str, params: int, clients: int) -> str:
         "worker processes, FedAvg with streaming aggregation (`lean` on ckks and "
         "threshold); every allocation of the server process traced (`tracemalloc`). "
         "`bytes_per_param`: the traced peak over the parameters; one whole-model float64 "
-        "buffer is 8 (`benchmarks/server_memory.py` says what each column holds).",
+        "buffer is 8 (`benchmarks/server_memory.py` says what each column holds). "
+        "`part_values`: the round moves the model, the uploads and the releases in parts of "
+        "that many values (`secagg.parts`; 0: whole), so the server holds the model and one "
+        "part's sum.",
         "",
         markdown_table(table),
         "",
         "## What holds the memory at the peak",
         "",
     ]
-    for backend in table["backend"]:
-        lines += [f"### {backend}", "", markdown_table(sites[sites["backend"] == backend]), ""]
+    for backend, part_values in zip(table["backend"], table["part_values"]):
+        here = sites[(sites["backend"] == backend) & (sites["part_values"] == part_values)]
+        title = f"{backend}, parts of {part_values:,}" if part_values else f"{backend}, whole"
+        lines += [f"### {title}", "", markdown_table(here), ""]
     return "\n".join(lines)
 
 
@@ -196,9 +208,18 @@ def main(argv: list[str] | None = None):
         default=BACKENDS,
         help=f"comma-separated, of {', '.join(BACKENDS)}",
     )
+    parser.add_argument(
+        "--part-values",
+        type=lambda text: tuple(int(v) for v in text.split(",") if v),
+        default=(0,),
+        help="comma-separated: each backend runs once per value, its round moving the model "
+        "in parts of that many values (secagg.parts; 0: whole). Default 0",
+    )
     parser.add_argument("--out", type=Path)
     parser.add_argument("--overwrite", action="store_true")
     args = parser.parse_args(given_argv)
+    if not args.part_values or any(v < 0 for v in args.part_values):
+        parser.error("--part-values: whole numbers of values, 0 for the model whole")
     unknown = [b for b in args.backends if b not in BACKENDS]
     if unknown or not args.backends:
         parser.error(f"--backends: choose from {', '.join(BACKENDS)} (got {unknown or 'none'})")
@@ -206,20 +227,28 @@ def main(argv: list[str] | None = None):
         parser.error("--clients must be at least 2 (a release needs two contributors)")
     out = output_folder(parser, args.out, "server_memory", OUTPUTS, args.overwrite)
     rows, site_rows = [], []
-    for step, backend in enumerate(args.backends, 1):
-        print(f"[{step}/{len(args.backends)}] {backend}", file=sys.stderr, flush=True)
-        got = run_backend(backend, args.params, args.clients, args.rounds)
+    runs = [(b, p) for b in args.backends for p in args.part_values]
+    for step, (backend, part_values) in enumerate(runs, 1):
+        print(
+            f"[{step}/{len(runs)}] {backend}, parts of {part_values or 'the whole'}",
+            file=sys.stderr,
+            flush=True,
+        )
+        got = run_backend(backend, args.params, args.clients, args.rounds, part_values)
         rows.append(
             {
                 "backend": backend,
                 "params": args.params,
+                "part_values": part_values,
                 "peak_traced_MB": round(got["peak_traced_MB"], 1),
                 "bytes_per_param": round(got["peak_traced_MB"] * MB / args.params, 1),
                 "server_peak_rss_MB": round(got["server_peak_rss_MB"], 1),
             }
         )
         for site in got["sites"]:
-            site_rows.append({"backend": backend, **site, "MB": round(site["MB"], 1)})
+            site_rows.append(
+                {"backend": backend, "part_values": part_values, **site, "MB": round(site["MB"], 1)}
+            )
     table, sites = pd.DataFrame(rows), pd.DataFrame(site_rows)
     if "--out" in given_argv:
         at = given_argv.index("--out") + 1

@@ -31,6 +31,9 @@ server optimizer              :meth:`ClientPolicy.server_optimizer_config`: its 
 what it consents to           the backend's release policy (contributors, weight floor and
                               cap), the *basis* below, and no upload of its own listed
                               under another sender
+a round in parts              :class:`PolicyGuard`: each part of a round's update once,
+                              after that round's training, its bounds from ``part_values``
+                              (``secagg.parts``), never from the request
 ============================  ============================================================
 
 **Basis.** Every protected upload is tagged with the digest of what it was made from

@@ -282,6 +282,8 @@ class Server:
         #: the parts a round moves the model in (``secagg.parts``), or None: whole
         bounds = part_bounds(np.asarray(initial_params).size, self.policy.part_values)
         self.parts = bounds if len(bounds) > 1 and self.streaming else None
+        #: the parts of the current round released and stepped so far
+        self.parts_stepped = 0
         self.enrolment = Enrolment()
         self.left: dict[str, str] = {}  # clients that left the run (blind: missed an apply)
         #: consents each client missed by not answering (its node down or late)
@@ -430,6 +432,13 @@ class Server:
             else:
                 self.left[client] = f"refused consent in round {ctx.round}"
         self.ledger.record(ctx)
+        why = str(exc)
+        if self.parts is not None and self.parts_stepped:
+            # the parts released before the refusal were stepped: the round is not undone
+            why += (
+                f"; but the first {self.parts_stepped} of the model's {len(self.parts)} "
+                "parts had already been released and stepped"
+            )
         return RoundReport(
             ctx.round,
             list(ctx.active),
@@ -437,7 +446,7 @@ class Server:
             dict(ctx.seconds),
             0.0,
             {},
-            skipped=str(exc),
+            skipped=why,
         )
 
     # ---- the training phase ----------------------------------------------------------------
@@ -575,6 +584,7 @@ class Server:
         reports: dict[str, dict[str, float]] = {}
         folded: set[str] = set()  # the clients whose part 0 was folded: asked for the rest
         squared = 0.0
+        self.parts_stepped = 0
         for index, (lo, hi) in enumerate(bounds):
             total = ctx.running_sum(plan, hi - lo)
             field = {PART_FIELD: wire.config({"index": index})}
@@ -604,6 +614,7 @@ class Server:
             squared += self.updates.apply_part(
                 self, ctx, self.protocol.finish_sum(ctx, total), lo, hi
             )
+            self.parts_stepped = index + 1
         self.updates.holding = set()
         return reports, squared**0.5
 
