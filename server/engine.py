@@ -611,9 +611,9 @@ class Server:
             self._enough(ctx, len(total.folded))
             if index == 0:
                 folded = set(total.folded)
-            squared += self.updates.apply_part(
-                self, ctx, self.protocol.finish_sum(ctx, total), lo, hi
-            )
+            g_part = self.protocol.finish_sum(ctx, total)
+            squared += self.updates.apply_part(self, ctx, g_part, lo, hi)
+            ctx.forget(g_part)  # released and stepped: the round keeps one part's sum
             self.parts_stepped = index + 1
         self.updates.holding = set()
         return reports, squared**0.5

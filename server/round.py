@@ -180,6 +180,12 @@ class RoundContext:
         self.formed(total, used)
         return total
 
+    def forget(self, total: Any) -> None:
+        """Drop a sum this round formed and already released (a round in parts: each part's
+        sum goes once it is stepped, so the round does not keep every part's)."""
+        self._sums = [(t, w) for t, w in self._sums if t is not total]
+        self._used.pop(id(total), None)
+
     def formed(self, total: Any, weights: dict[str, float]) -> None:
         """Record a sum formed this round with these weights (after the cap): what it
         releases is accounted by them, and ``weights_of`` answers for it."""

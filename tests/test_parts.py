@@ -4,13 +4,17 @@ a clear ConfigError where a run cannot move in parts."""
 
 from __future__ import annotations
 
+import gc
+import weakref
 from collections import Counter
 from dataclasses import replace
 
 import numpy as np
 import pytest
 
+import secagg.simulation.experiment as experiment
 from secagg import wire
+from secagg.backends.plain import PlainRunningSum, PlainServer
 from secagg.clients.policy import ClientPolicy, PolicyGuard, upload_basis
 from secagg.errors import ConfigError, PolicyRefused
 from secagg.parts import PART_FIELD, part_bounds, part_lengths
@@ -133,3 +137,34 @@ def test_stepping_the_parts_is_the_whole_step(name):
         assert np.array_equal(whole.state[k], parts.state[k])
     with pytest.raises(ValueError):
         parts.step_part(np.zeros(5), None, 38, 43)
+
+
+class CountingPlainServer(PlainServer):
+    """Records, whenever a part's running sum is made, how many earlier parts' sums live."""
+
+    def __init__(self):
+        super().__init__()
+        self.sums: list[weakref.ref] = []
+        self.alive: list[int] = []
+
+    def running_sum(self, length):
+        gc.collect()
+        self.alive.append(sum(r() is not None for r in self.sums))
+        sums = self.sums
+
+        class Counted(PlainRunningSum):
+            def _result(self, normaliser):
+                out = super()._result(normaliser)
+                sums.append(weakref.ref(out))
+                return out
+
+        return Counted(length)
+
+
+def test_a_round_in_parts_holds_one_parts_sum_at_a_time(monkeypatch):
+    counting = CountingPlainServer()
+    monkeypatch.setattr(experiment, "make_server_backend", lambda *args: counting)
+    result = run_experiment(replace(SMALL, part_values=PARTS).validate())
+    assert not result.aborted and len(counting.alive) == 2 * 6
+    # the part just stepped may linger until the next is made; none before it
+    assert max(counting.alive) <= 1
