@@ -108,6 +108,8 @@ def traced_rounds(
         "peak_traced_MB": peak / MB,
         "sampled_MB": largest["bytes"] / MB,
         "server_peak_rss_MB": max(r["server_peak_rss_MB"] for r in rows),
+        # the last round (the first is a warm-up), traced as every backend's is
+        "round_s": rows[-1]["wall_s"],
         "sites": sites,
     }
 
@@ -175,7 +177,9 @@ def report(table, sites, command: str, params: int, clients: int) -> str:
         "buffer is 8 (`benchmarks/server_memory.py` says what each column holds). "
         "`part_values`: the round moves the model, the uploads and the releases in parts of "
         "that many values (`secagg.parts`; 0: whole), so the server holds the model and one "
-        "part's sum.",
+        "part's sum. `round_s`: the last round's wall time, under the same tracing for "
+        "every row (the clients share this machine's cores in 2 worker processes: compare "
+        "rows of one run only).",
         "",
         markdown_table(table),
         "",
@@ -243,6 +247,7 @@ def main(argv: list[str] | None = None):
                 "peak_traced_MB": round(got["peak_traced_MB"], 1),
                 "bytes_per_param": round(got["peak_traced_MB"] * MB / args.params, 1),
                 "server_peak_rss_MB": round(got["server_peak_rss_MB"], 1),
+                "round_s": round(got["round_s"], 2),
             }
         )
         for site in got["sites"]:
