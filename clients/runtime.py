@@ -443,8 +443,8 @@ class Client:
         parts = self.policy.parts(self.n_params)
         lo, hi = parts[self._part(env, len(parts))]
         values = env.vector("model", hi - lo)
-        if self._w is None:
-            self._w = np.zeros(self.n_params)
+        if self._w is None or not self._w.flags.writeable:  # none yet, or a restored view
+            self._w = np.zeros(self.n_params) if self._w is None else self._w.copy()
         self._w[lo:hi] = values
         self._model_id = None
         return {}

@@ -591,9 +591,11 @@ class Server:
             if index == 0:
                 requests = self._requests(ctx, field)
                 phase, expect = "train", self._train_expect(ctx)
+                optional = self.backend.train_reply_fields
             else:  # every client that folded part 0, for the next part of the same update
                 requests = {c: dict(field) for c in ctx.active if c in folded}
                 phase, expect = "upload_part", {"pseudo_gradient": self.backend.upload_kind}
+                optional = {}
             requests = {c: r for c, r in requests.items() if c in total.weights}
             for c, request in requests.items():
                 if self.backend.weights_at_client:
@@ -607,7 +609,7 @@ class Server:
                     loaded = self._load_part(ctx, client, env, total.length)
                 total.add(client, loaded.handle)
 
-            ctx.ask(phase, requests, expect=expect, on_reply=fold)
+            ctx.ask(phase, requests, expect=expect, on_reply=fold, optional=optional)
             self._enough(ctx, len(total.folded))
             if index == 0:
                 folded = set(total.folded)

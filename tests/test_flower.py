@@ -61,7 +61,15 @@ def final_model(out, seed):
     return np.load(out / "models" / f"seed-{seed}.npy")
 
 
-@pytest.mark.parametrize("config", [PLAIN, LARC], ids=["plain-costwagg", "ckks-larc"])
+#: a round in parts (``--part-values``): every node takes the parts from its own settings
+PARTS = replace(LARC, protocol="fedavg", part_values=7)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [PLAIN, LARC, replace(PARTS, backend="plain"), PARTS],
+    ids=["plain-costwagg", "ckks-larc", "plain-fedavg-parts", "ckks-fedavg-parts"],
+)
 def test_a_run_over_flower_messages_gives_the_in_process_model_and_audit(
     tmp_path, config, monkeypatch
 ):
@@ -72,7 +80,9 @@ def test_a_run_over_flower_messages_gives_the_in_process_model_and_audit(
         reference = secagg.run(config, out=tmp_path / "reference")
     out, grid = over_flower(tmp_path, config)
     seed = config.seeds[0]
-    atol = 0.0 if config.backend == "plain" else 1e-6  # CKKS noise is fresh in every run
+    # CKKS noise is fresh in every run: compact's flooding leaves 1e-6, lean's (FedAvg's
+    # preset, its budget six reveals a round in parts) about 1e-4
+    atol = 0.0 if config.backend == "plain" else 1e-4 if config.part_values else 1e-6
     np.testing.assert_allclose(
         final_model(out, seed), reference.final_params[seed], rtol=0, atol=atol
     )
