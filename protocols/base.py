@@ -70,7 +70,8 @@ class Capabilities:
     distinct_opens: bool = False
     #: the round is one streamed sum, revealed and stepped by the server optimizer (which is
     #: elementwise), with no other phase that carries the model: the engine may move it in
-    #: parts (``secagg.parts``)
+    #: parts (``secagg.parts``). A subclass that changes the round (its own ``finish_sum``,
+    #: another phase) gives its own capabilities without it, as DGD does
     moves_in_parts: bool = False
 
     def __post_init__(self):

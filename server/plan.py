@@ -146,7 +146,19 @@ def check_run(
 
 
 def check_protocol_run(protocol: Protocol, **run: Any) -> None:
-    """:func:`check_run` for a built protocol: its capabilities and its pieces."""
+    """:func:`check_run` for a built protocol: its capabilities and its pieces (and, for a
+    round in parts, that it finishes its streamed sum as the base does)."""
+    policy = run.get("policy")
+    if (
+        policy is not None
+        and policy.part_values
+        and type(protocol).finish_sum is not Protocol.finish_sum
+    ):
+        raise ConfigError(
+            f"{protocol.name} cannot move the model in parts (part_values "
+            f"{policy.part_values}): it finishes its streamed sum its own way "
+            "(finish_sum), so its round is more than one streamed sum; set part_values 0"
+        )
     check_run(
         protocol.name,
         protocol.capabilities,

@@ -168,3 +168,21 @@ def test_a_round_in_parts_holds_one_parts_sum_at_a_time(monkeypatch):
     assert not result.aborted and len(counting.alive) == 2 * 6
     # the part just stepped may linger until the next is made; none before it
     assert max(counting.alive) <= 1
+
+
+def test_a_subclass_that_finishes_its_sum_its_own_way_cannot_move_in_parts():
+    """It inherits FedAvg's capabilities, parts included, but its round is not one streamed
+    sum any more: refused, as a built-in protocol that says so is."""
+    from secagg.protocols.fedavg import FedAvg
+    from secagg.server.plan import RunPolicy, check_protocol_run
+
+    class Halved(FedAvg):
+        name = "halved"
+
+        def finish_sum(self, ctx, total):
+            return total.result(renormalise=False)
+
+    run = {"backend": "plain", "backend_can_read": True, "client_dp": False}
+    check_protocol_run(FedAvg(), policy=RunPolicy(part_values=PARTS), **run)
+    with pytest.raises(ConfigError, match="finish_sum"):
+        check_protocol_run(Halved(), policy=RunPolicy(part_values=PARTS), **run)
