@@ -30,7 +30,7 @@ from secagg.backends import (
     public_signers,
 )
 from secagg.dp import ClientDP
-from secagg.parts import part_bounds, part_lengths
+from secagg.parts import in_parts, part_bounds, part_lengths
 from secagg.protocols import make_client_half, make_protocol
 from secagg.protocols.optimizers import StepSchedule, make_optimizer
 from secagg.protocols.pieces import FixedServerStep, piece
@@ -306,14 +306,14 @@ def plan_policy(
     from secagg.clients.policy import ClientPolicy
 
     caps = protocol.capabilities
-    in_parts = len(part_bounds(optimizer["dim"], part_values)) > 1
+    parts = in_parts(optimizer["dim"], part_values)
     return ClientPolicy(
-        phases=frozenset({"enroll", "train", *(("model_part", "upload_part") if in_parts else ())}),
+        phases=frozenset({"enroll", "train", *(("model_part", "upload_part") if parts else ())}),
         rounds=rounds,
         plan=plan,
         scalar_budget=(rounds + 1) * len(caps.client_scalars),
         server_optimizer=optimizer,
-        part_values=part_values if in_parts else 0,
+        part_values=part_values if parts else 0,
     )
 
 

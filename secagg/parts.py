@@ -20,7 +20,8 @@ where a whole-model round held about 45.
 client's update leaves it in exactly one upload a round, and so enters at most one release:
 the parts' bounds come from the client's own ``part_values`` (:func:`part_bounds`), never
 from a request, which only names a part's index; a client uploads each index at most once a
-round, only after it trained that round, and with the weight it applied to part 0. A release
+round, and only after it trained that round (a part's planned weight is not held equal to
+part 0's: the parts are other coordinates, so another weight opens nothing more). A release
 is consented to only over uploads of the same basis (the same round, part and model), so
 two parts never mix, and every reveal is one part long (the provisioned lengths,
 :func:`part_lengths`). A server that asks for a part twice, for an index outside the model,

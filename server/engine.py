@@ -508,12 +508,7 @@ class Server:
         if not n > 0:
             raise ClientInputError(f"{client} reports {n} samples")
         extra = {k: env.scalar(k) for k in self.protocol.train_reply(ctx)}
-        start = time.perf_counter()
-        handle = self.backend.load(env, "pseudo_gradient", length)
-        # a copy of an upload already loaded this round is refused (DuplicateUpload)
-        loaded = Upload(ctx.loaded(client, "pseudo_gradient", handle), n, extra)
-        self.backend.remember_upload(client, env)
-        ctx.seconds["load"] += time.perf_counter() - start
+        loaded = Upload(self._load_handle(ctx, client, env, length), n, extra)
         self.protocol.check_upload(ctx, client, loaded)
         reports[client] = {name: env.scalar(name) for name in self.plan.reports}
         return loaded
@@ -605,9 +600,10 @@ class Server:
                 if phase == "train":
                     loaded = self._load_upload(ctx, client, env, total.length, reports)
                     self.enrolment.check(client, loaded)
+                    handle = loaded.handle
                 else:
-                    loaded = self._load_part(ctx, client, env, total.length)
-                total.add(client, loaded.handle)
+                    handle = self._load_handle(ctx, client, env, total.length)
+                total.add(client, handle)
 
             ctx.ask(phase, requests, expect=expect, on_reply=fold, optional=optional)
             self._enough(ctx, len(total.folded))
@@ -620,14 +616,16 @@ class Server:
         self.updates.holding = set()
         return reports, squared**0.5
 
-    def _load_part(self, ctx: RoundContext, client: str, env: wire.Envelope, length: int) -> Upload:
-        """Part p ≥ 1 of a client's update: loaded and checked as its part 0 was."""
+    def _load_handle(self, ctx: RoundContext, client: str, env: wire.Envelope, length: int) -> Any:
+        """A reply's ``pseudo_gradient`` loaded and checked by the backend (a training reply's,
+        or a later part's); a copy of an upload already loaded this round is refused
+        (DuplicateUpload)."""
         start = time.perf_counter()
         handle = self.backend.load(env, "pseudo_gradient", length)
-        loaded = Upload(ctx.loaded(client, "pseudo_gradient", handle), 0.0, {})
+        ctx.loaded(client, "pseudo_gradient", handle)
         self.backend.remember_upload(client, env)
         ctx.seconds["load"] += time.perf_counter() - start
-        return loaded
+        return handle
 
     def _planned_weights(self, ctx: RoundContext) -> dict[str, float] | None:
         if not self.streaming or not self.enrolment.counts:

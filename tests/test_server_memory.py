@@ -17,7 +17,7 @@ from secagg.backends.ckks_server import decryptions_agree
 from secagg.backends.plain import PlainRunningSum, PlainServer
 from secagg.backends.threshold_server import fold_into
 from secagg.ckks.first_polys import FirstPolynomialSum
-from secagg.errors import MalformedCiphertext
+from secagg.errors import MalformedCiphertext, UnexpectedField
 from secagg.threshold.ring import ntt_prime, ring
 from secagg.wire import Envelope
 from tests.test_streaming import run_one_round
@@ -154,3 +154,11 @@ def test_the_rounds_model_is_a_read_only_view_of_the_servers_params():
     assert np.array_equal(ctx.model, server.params)
     with pytest.raises(ValueError):
         ctx.model[0] = 1.0  # a protocol reads the round's model; only the step changes it
+
+
+@pytest.mark.parametrize(
+    "rows", [np.zeros((3, 8), dtype=np.uint64), np.zeros(24, dtype=np.uint8)], ids=["u64", "1-D"]
+)
+def test_ciphertext_rows_refuse_anything_but_a_2d_byte_array(rows):
+    with pytest.raises(UnexpectedField, match="2-D uint8"):
+        wire.ciphertext_rows(rows)
