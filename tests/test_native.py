@@ -6,6 +6,7 @@ extension (``scripts/build_native.sh``), so a missing one fails here unless it w
 """
 
 import os
+import struct
 import sys
 
 import numpy as np
@@ -17,6 +18,7 @@ from secagg.ckks.presets import get_preset
 from secagg.ckks.public import (
     COMPR_NONE,
     COMPR_ZSTD,
+    HEADER_BYTES,
     SEED_INFO_BYTES,
     ciphertext_raw_bytes,
     raw_body,
@@ -295,6 +297,122 @@ def test_a_server_refuses_a_malformed_uncompressed_upload(monkeypatch, forge, er
     first_polynomials(level, [upload], 8)  # as sent: accepted
     with pytest.raises(MalformedCiphertext, match=error):
         first_polynomials(level, [forge(upload)], 8)
+
+
+def _set(blob: bytes, at: int, value: bytes) -> bytes:
+    return blob[:at] + value + blob[at + len(value) :]
+
+
+@pytest.mark.parametrize("preset_name", ["lean", "wide"])
+def test_an_upload_as_clients_write_it_is_read_in_one_pass_to_the_same_polynomials(
+    monkeypatch, preset_name
+):
+    """An uncompressed upload in the frame this build's clients write is read by array
+    operations (``_framed_uploads``), to exactly what the field-by-field parse reads."""
+    from secagg.ckks import first_polys
+
+    monkeypatch.setenv(native.ENV, "on")
+    keys = SecretKeyHolder(get_preset(preset_name))
+    level = first_polys.FreshLevel(keys.public)
+    upload = keys.encrypt(VALUES, 1.0)
+    framed = first_polys._framed_uploads(level, upload)
+    assert framed is not None
+    monkeypatch.setattr(first_polys, "_framed_uploads", lambda level, parts: None)
+    first, seeds = first_polys.first_polynomials(level, upload, VALUES.size)
+    assert np.array_equal(framed[0], first) and framed[1] == seeds
+
+
+_CT_AT = HEADER_BYTES  # where a ciphertext's metadata starts in its bytes
+
+
+@pytest.mark.parametrize(
+    "forge, error",
+    [
+        (lambda b, p: _set(b, p, b"\xff" * 8), "outside its modulus"),  # first coefficient
+        (lambda b, p: _set(b, _CT_AT + 32, b"\x00"), "not a CKKS ciphertext in NTT form"),
+        (lambda b, p: _set(b, _CT_AT, bytes(32)), "not at this preset's fresh level"),
+        (lambda b, p: _set(b, _CT_AT + 57, struct.pack("<d", 2.0**40)), "has scale 2\\^40"),
+        (lambda b, p: _set(b, _CT_AT + 65, struct.pack("<Q", 2)), "NTT form"),  # correction
+        (lambda b, p: _set(b, len(b) - 65, b"\x07"), "PRNG type 7"),
+        (lambda b, p: _set(b, 3, b"\x09"), "written by SEAL"),  # another SEAL version
+    ],
+    ids=["coefficient", "not NTT", "parms_id", "scale", "correction", "seed", "version"],
+)
+def test_the_one_pass_read_takes_nothing_the_field_checks_refuse(monkeypatch, forge, error):
+    """A chunk that leaves the frame in any field is handed to the field-by-field parse,
+    which refuses it and names what is wrong: the fast read never accepts more."""
+    from secagg.ckks import first_polys
+    from secagg.errors import MalformedCiphertext, WrongContext
+
+    monkeypatch.setenv(native.ENV, "on")
+    keys = SecretKeyHolder(get_preset("lean"))
+    level = first_polys.FreshLevel(keys.public)
+    upload = keys.encrypt(VALUES, 1.0)
+    prefix, _ = level.upload_frame()
+    forged = [upload[0], forge(upload[1], len(prefix)), upload[2]]
+    assert all(len(f) == len(upload[0]) for f in forged)  # the length stays the frame's
+    assert first_polys._framed_uploads(level, forged) is None
+    with pytest.raises((MalformedCiphertext, WrongContext), match=error):
+        first_polys.first_polynomials(level, forged, VALUES.size)
+
+
+def _sum_chunks(factors=(1.0, 1.0, 1.0)):
+    """A lean aggregate of 3 chunks as the server writes it, chunk j at the preset's scale
+    times ``factors[j]`` (a renormalised sum's scale is below it)."""
+    from secagg.ckks import first_polys
+
+    keys = SecretKeyHolder(get_preset("lean"))
+    level = first_polys.FreshLevel(keys.public)
+    first, _ = first_polys.first_polynomials(level, keys.encrypt(VALUES, 1.0), VALUES.size)
+    scale = keys.public.scale
+    chunks = [
+        bytes(first_polys.plaintext_chunks(level, first[j : j + 1], scale * f)[0])
+        for j, f in enumerate(factors)
+    ]
+    return level, chunks
+
+
+def test_an_aggregate_as_the_server_writes_it_is_read_in_one_pass_to_the_same_sum(monkeypatch):
+    """The decryptor's read of a client-weighted sum (``_framed_sums``) gives exactly what
+    the field-by-field read gives."""
+    from secagg.ckks import first_polys
+
+    monkeypatch.setenv(native.ENV, "on")
+    level, chunks = _sum_chunks((0.75, 0.75, 0.75))
+    framed = first_polys._framed_sums(level, chunks)
+    assert framed is not None
+    monkeypatch.setattr(first_polys, "_framed_sums", lambda level, parts: None)
+    first, scale = first_polys.checked_first_sums(level, chunks, VALUES.size)
+    assert np.array_equal(framed[0], first) and framed[1] == scale == 0.75 * level.public.scale
+
+
+@pytest.mark.parametrize(
+    "factors, forge, error",
+    [
+        ((1, 1, 1), lambda c: c, None),  # as written: read
+        ((1, 0.5, 1), lambda c: c, "different scales"),
+        ((2, 2, 2), lambda c: c, "outside its range"),
+        ((1, 1, 1), lambda c: c[:-8] + b"\xff" * 8, "outside its modulus"),
+        ((1, 1, 1), lambda c: _set(c, HEADER_BYTES, bytes(32)), "fresh level"),
+        ((1, 1, 1), lambda c: c[:-8], "has 32848 bytes; a chunk here has 32856"),
+    ],
+    ids=["as written", "two scales", "scale", "coefficient", "parms_id", "truncated"],
+)
+def test_the_one_pass_read_of_an_aggregate_takes_nothing_the_field_checks_refuse(
+    monkeypatch, factors, forge, error
+):
+    from secagg.ckks import first_polys
+    from secagg.errors import MalformedCiphertext, WrongContext
+
+    monkeypatch.setenv(native.ENV, "on")
+    level, chunks = _sum_chunks(factors)
+    chunks[1] = forge(chunks[1])
+    if error is None:
+        assert first_polys._framed_sums(level, chunks) is not None
+        return
+    assert first_polys._framed_sums(level, chunks) is None
+    with pytest.raises((MalformedCiphertext, WrongContext), match=error):
+        first_polys.checked_first_sums(level, chunks, VALUES.size)
 
 
 # ---- a server-weighted aggregate, read and opened natively -----------------------------------

@@ -71,6 +71,28 @@ class FreshLevel:
         moduli = [m.value() for m in public.context.first_context_data().parms().coeff_modulus()]
         #: each coefficient's prime, in SEAL's order (prime by prime, N coefficients each)
         self.moduli = np.repeat(np.asarray(moduli, dtype=np.uint64), self.n)
+        self._upload: tuple[bytes, bytes] | None = None
+
+    def upload_frame(self) -> tuple[bytes, bytes]:
+        """The bytes every uncompressed upload of this level shares: all that comes before
+        its first polynomial's coefficients (SEAL's header for its exact length, this level's
+        metadata and scale, the data array's header and count), and the header before its
+        seed. What this build's clients write, field for field; an upload whose bytes differ
+        there is read by :func:`first_polynomials`' field-by-field checks instead."""
+        if self._upload is None:
+            count = self.coefficients
+            body = ciphertext_raw_bytes(self.n, self.primes, seeded=True)
+            data = SEAL_HEADER.size + _COUNT.size + 8 * count
+            prefix = (
+                seal_header(SEAL_HEADER.size + body)
+                + CIPHERTEXT_META.pack(
+                    self.parms_id, 1, 2, self.n, self.primes, self.public.scale, 1
+                )
+                + seal_header(data)
+                + _COUNT.pack(count)
+            )
+            self._upload = prefix, seal_header(SEAL_HEADER.size + SEED_INFO_BYTES)
+        return self._upload
 
     @property
     def coefficients(self) -> int:
@@ -87,6 +109,9 @@ def first_polynomials(
     """A client's upload as the server of a client-weighted sum needs it: each chunk's first
     polynomial (a (chunks, primes·N) uint64 array) and the seeds in chunk order."""
     level.public.check_chunks(parts, n_values)
+    framed = _framed_uploads(level, parts)
+    if framed is not None:
+        return framed
     n, primes, public = level.n, level.primes, level.public
     seeded = ciphertext_raw_bytes(n, primes, seeded=True)
     out = np.empty((len(parts), level.coefficients), dtype=np.uint64)
@@ -120,6 +145,48 @@ def first_polynomials(
             raise MalformedCiphertext(f"{what}'s seed does not expand (PRNG type {seed[0]})")
         seeds.append(seed)
     return out, b"".join(seeds)
+
+
+def _framed_uploads(
+    level: FreshLevel, parts: Sequence[bytes | memoryview]
+) -> tuple[np.ndarray, bytes] | None:
+    """:func:`first_polynomials` for an upload written as this build's clients write it
+    (uncompressed, every chunk in :meth:`FreshLevel.upload_frame`), in a few array
+    operations instead of a SEAL header and layout parse a chunk; None where any chunk
+    differs, to be read (and refused, naming what is wrong) field by field. It accepts
+    nothing those checks refuse: the frame fixes every size, the level, the scale, the NTT
+    form and the correction factor; the coefficients are checked below their primes and the
+    seeds' PRNG types, as there."""
+    prefix, seed_header = level.upload_frame()
+    read = _framed(level, parts, prefix, len(seed_header) + SEED_INFO_BYTES)
+    if read is None:
+        return None
+    first, tails = read
+    at = len(seed_header)
+    if any(t[:at] != seed_header or t[at] not in SEAL_PRNG_TYPES for t in tails):
+        return None
+    return first, b"".join(t[at:] for t in tails)
+
+
+def _framed(
+    level: FreshLevel, parts: Sequence[bytes | memoryview], prefix: bytes, tail: int
+) -> tuple[np.ndarray, list[memoryview]] | None:
+    """Chunks of ``prefix``, this level's coefficients and ``tail`` bytes each: the
+    coefficients as a (chunks, primes·N) array, each checked below its prime, and the
+    tails; None where a chunk has another length or prefix, or a coefficient is too large."""
+    count = level.coefficients
+    size = len(prefix) + 8 * count + tail
+    out = np.empty((len(parts), count), dtype=np.uint64)
+    rows, tails = out.view(np.uint8), []
+    for i, data in enumerate(parts):
+        chunk = memoryview(data).cast("B")
+        if chunk.nbytes != size or chunk[: len(prefix)] != prefix:
+            return None
+        rows[i] = np.frombuffer(chunk, np.uint8, 8 * count, len(prefix))
+        tails.append(chunk[size - tail :])
+    if (out >= level.moduli).any():
+        return None
+    return out, tails
 
 
 #: chunks reduced at a time when a sum is folded (32 chunks of 4,096 coefficients: 1 MB)
@@ -189,6 +256,9 @@ def checked_first_sums(
     build's header, the fresh level, N·primes coefficients each below its prime, one scale in
     [min_aggregate_scale, sum_scale] for all): its (chunks, primes·N) coefficients and scale."""
     level.public.check_chunks(parts, n_values)
+    framed = _framed_sums(level, parts)
+    if framed is not None:
+        return framed
     public, count = level.public, level.coefficients
     size = SEAL_HEADER.size + _PT_DATA + 8 * count
     out = np.empty((len(parts), count), dtype=np.uint64)
@@ -219,6 +289,26 @@ def checked_first_sums(
     if len(scales) > 1:
         raise WrongContext("the aggregate's chunks carry different scales")
     return out, scales.pop()
+
+
+def _framed_sums(
+    level: FreshLevel, parts: Sequence[bytes | memoryview]
+) -> tuple[np.ndarray, float] | None:
+    """:func:`checked_first_sums` for an aggregate written as :func:`plaintext_chunks`
+    writes it, every chunk in the frame its first chunk's scale gives (that scale in its
+    range), in a few array operations; None where anything differs, to be read and refused
+    field by field."""
+    count = level.coefficients
+    first = memoryview(parts[0]).cast("B") if parts else None
+    if first is None or first.nbytes < SEAL_HEADER.size + PLAIN_META.size:
+        return None
+    _, _, scale = PLAIN_META.unpack_from(first, SEAL_HEADER.size)
+    public = level.public
+    if not public.min_aggregate_scale <= scale <= public.sum_scale:
+        return None
+    prefix = bytes(plaintext_chunks(level, np.zeros((1, count), np.uint64), scale)[0, : -8 * count])
+    read = _framed(level, parts, prefix, 0)
+    return None if read is None else (read[0], scale)
 
 
 def load_first_sums(
