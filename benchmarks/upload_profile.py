@@ -22,7 +22,8 @@ backend's own functions, stage by stage, each timed separately (median of ``--re
 
 Each preset runs twice, on TenSEAL's binding alone (``SECAGG_NATIVE=off``, the stages
 above) and on the native extension (``secagg/ckks/native.py``): there the client's encode,
-encrypt and serialise are one call (then zstd where the preset compresses), or the same
+encrypt and serialise are one call (then packed, 48 bits a coefficient, where every data
+prime is below 2^48: ``compact``, ``secagg.ckks.packing``), or the same
 split in time (``secagg.secret.ckks_masks``): the masks, made while the client trains, and the
 online encode + add + serialise, each timed on its own (the upload the later stages use is
 the one-call one); the decryptor reads the server's first polynomials out of their checked
@@ -65,6 +66,7 @@ from secagg.ckks.first_polys import (
     plaintext_blobs,
 )
 from secagg.ckks.flooding import csprng_normal, error_bound, flooding_sigma, slot_sigma
+from secagg.ckks.packing import packs
 from secagg.ckks.presets import PRESETS, CKKSPreset, chunks_for
 from secagg.ckks.public import (
     HEADER_BYTES,
@@ -76,10 +78,11 @@ from secagg.ckks.public import (
     quantise,
     raw_body,
     to_bytes,
+    upload_chunks,
 )
 from secagg.ckks.release import Descriptor, SecondPolynomials
 from secagg.ckks.server_sums import expander_for, weighted_firsts
-from secagg.secret.ckks_keys import SecretKeyHolder, compressed, compresses
+from secagg.secret.ckks_keys import SecretKeyHolder
 
 OUTPUTS = ("upload_profile.csv", "upload_profile.md")
 #: ``secagg bench upload_profile --check``: the committed size, one repeat; the byte rows
@@ -94,8 +97,8 @@ CHECK = Check(
         for preset in ("compact", "wide", "lean")
         for path in ("TenSEAL", "native")
     },
-    why="bytes per value are the format's; zstd on compact and wide moves them by up to "
-    "0.05 % (the noise it compresses is fresh each run): within 0.2 %",
+    why="bytes per value are the format's; zstd (TenSEAL's binding, every preset) moves them "
+    "by up to 0.05 % (the noise it compresses is fresh each run): within 0.2 %",
 )
 
 
@@ -153,7 +156,7 @@ def client_stages(keys: SecretKeyHolder, x: np.ndarray, weight: float | None, re
 
 def native_client_stages(keys: SecretKeyHolder, x: np.ndarray, weight: float | None, repeats: int):
     """The client's protect on the native path: the checks and the weight, then one native
-    call (encode, encrypt, serialise: ``native.py``), zstd where the preset compresses
+    call (encode, encrypt, serialise: ``native.py``), packed where the preset's primes allow
     (``compact``), the seeds."""
     preset = keys.preset
     seconds: dict[str, float] = {}
@@ -183,11 +186,9 @@ def native_client_stages(keys: SecretKeyHolder, x: np.ndarray, weight: float | N
         online.append(time.perf_counter() - start)
     seconds["client: encode + add + serialise, masks made (online)"] = statistics.median(online)
     size = encryptor.ciphertext_bytes
-    parts = [blob[at : at + size] for at in range(0, len(blob), size)]
-    if compresses(preset):
-        parts, seconds["client: compress (zstd)"] = median_seconds(
-            lambda: [compressed(p) for p in parts], repeats
-        )
+    parts, pack_seconds = median_seconds(lambda: upload_chunks(blob, size, preset), repeats)
+    if packs(preset.coeff_bits):
+        seconds["client: pack (48 bits a coefficient)"] = pack_seconds
     most = ciphertext_raw_bytes(preset.poly_modulus_degree, keys.public.n_primes, True)
     _, seconds["client: seeds"] = median_seconds(
         lambda: b"".join(raw_body(p, most, "own")[-SEED_INFO_BYTES:] for p in parts), repeats

@@ -31,10 +31,13 @@ from collections.abc import Sequence
 import numpy as np
 import tenseal.sealapi as seal
 
+from secagg.ckks.packing import PACKED_BYTES, packs, unpack_words
 from secagg.ckks.public import (
     CIPHERTEXT_META,
     COMPR_NONE,
+    COMPR_PACKED,
     COUNT,
+    PACKED_HEAD,
     PLAINTEXT_META,
     SEAL_HEADER,
     SEAL_LOAD_ERRORS,
@@ -71,27 +74,31 @@ class FreshLevel:
         moduli = [m.value() for m in public.context.first_context_data().parms().coeff_modulus()]
         #: each coefficient's prime, in SEAL's order (prime by prime, N coefficients each)
         self.moduli = np.repeat(np.asarray(moduli, dtype=np.uint64), self.n)
-        self._upload: tuple[bytes, bytes] | None = None
+        self._upload: tuple[bytes, bytes, bool] | None = None
 
-    def upload_frame(self) -> tuple[bytes, bytes]:
-        """The bytes every uncompressed upload of this level shares: all that comes before
-        its first polynomial's coefficients (SEAL's header for its exact length, this level's
-        metadata and scale, the data array's header and count), and the header before its
-        seed. What this build's clients write, field for field; an upload whose bytes differ
-        there is read by :func:`first_polynomials`' field-by-field checks instead."""
+    def upload_frame(self) -> tuple[bytes, bytes, bool]:
+        """The bytes every upload of this level shares, as this build's clients write it
+        (packed where the primes allow, :func:`~secagg.ckks.public.upload_chunks`, else
+        uncompressed): all that comes before its first polynomial's coefficients (SEAL's
+        header for its exact length, the packing head, this level's metadata and scale, the
+        data array's header and count), the header before its seed, and whether the
+        coefficients travel packed. An upload whose bytes differ there is read by
+        :func:`first_polynomials`' field-by-field checks instead."""
         if self._upload is None:
             count = self.coefficients
+            packed = packs(self.public.preset.coeff_bits)
+            seed_header = seal_header(SEAL_HEADER.size + SEED_INFO_BYTES)
             body = ciphertext_raw_bytes(self.n, self.primes, seeded=True)
             data = SEAL_HEADER.size + _COUNT.size + 8 * count
-            prefix = (
-                seal_header(SEAL_HEADER.size + body)
-                + CIPHERTEXT_META.pack(
-                    self.parms_id, 1, 2, self.n, self.primes, self.public.scale, 1
-                )
-                + seal_header(data)
-                + _COUNT.pack(count)
-            )
-            self._upload = prefix, seal_header(SEAL_HEADER.size + SEED_INFO_BYTES)
+            # parms_id, NTT form, size 2, degree, primes, scale, correction factor 1
+            meta = (self.parms_id, 1, 2, self.n, self.primes, self.public.scale, 1)
+            raw_head = CIPHERTEXT_META.pack(*meta) + seal_header(data) + _COUNT.pack(count)
+            if packed:
+                length = SEAL_HEADER.size + PACKED_HEAD.size + body - 2 * count
+                head = seal_header(length, COMPR_PACKED) + PACKED_HEAD.pack(len(raw_head), count)
+            else:
+                head = seal_header(SEAL_HEADER.size + body)
+            self._upload = head + raw_head, seed_header, packed
         return self._upload
 
     @property
@@ -151,14 +158,14 @@ def _framed_uploads(
     level: FreshLevel, parts: Sequence[bytes | memoryview]
 ) -> tuple[np.ndarray, bytes] | None:
     """:func:`first_polynomials` for an upload written as this build's clients write it
-    (uncompressed, every chunk in :meth:`FreshLevel.upload_frame`), in a few array
+    (every chunk in :meth:`FreshLevel.upload_frame`), in a few array
     operations instead of a SEAL header and layout parse a chunk; None where any chunk
     differs, to be read (and refused, naming what is wrong) field by field. It accepts
     nothing those checks refuse: the frame fixes every size, the level, the scale, the NTT
     form and the correction factor; the coefficients are checked below their primes and the
     seeds' PRNG types, as there."""
-    prefix, seed_header = level.upload_frame()
-    read = _framed(level, parts, prefix, len(seed_header) + SEED_INFO_BYTES)
+    prefix, seed_header, packed = level.upload_frame()
+    read = _framed(level, parts, prefix, len(seed_header) + SEED_INFO_BYTES, packed)
     if read is None:
         return None
     first, tails = read
@@ -169,21 +176,28 @@ def _framed_uploads(
 
 
 def _framed(
-    level: FreshLevel, parts: Sequence[bytes | memoryview], prefix: bytes, tail: int
+    level: FreshLevel,
+    parts: Sequence[bytes | memoryview],
+    prefix: bytes,
+    tail: int,
+    packed: bool = False,
 ) -> tuple[np.ndarray, list[memoryview]] | None:
-    """Chunks of ``prefix``, this level's coefficients and ``tail`` bytes each: the
-    coefficients as a (chunks, primes·N) array, each checked below its prime, and the
-    tails; None where a chunk has another length or prefix, or a coefficient is too large."""
+    """Chunks of ``prefix``, this level's coefficients (8 bytes each, or ``packed`` in 6) and
+    ``tail`` bytes each: the coefficients as a (chunks, primes·N) array, each checked below
+    its prime, and the tails; None where a chunk has another length or prefix, or a
+    coefficient is too large."""
     count = level.coefficients
-    size = len(prefix) + 8 * count + tail
-    out = np.empty((len(parts), count), dtype=np.uint64)
-    rows, tails = out.view(np.uint8), []
+    width = (PACKED_BYTES if packed else 8) * count
+    size = len(prefix) + width + tail
+    words = np.empty((len(parts), width // 8), dtype="<u8")
+    rows, tails = words.view(np.uint8), []
     for i, data in enumerate(parts):
         chunk = memoryview(data).cast("B")
         if chunk.nbytes != size or chunk[: len(prefix)] != prefix:
             return None
-        rows[i] = np.frombuffer(chunk, np.uint8, 8 * count, len(prefix))
+        rows[i] = np.frombuffer(chunk, np.uint8, width, len(prefix))
         tails.append(chunk[size - tail :])
+    out = unpack_words(words) if packed else words
     if (out >= level.moduli).any():
         return None
     return out, tails

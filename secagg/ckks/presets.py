@@ -7,8 +7,9 @@ How the numbers were chosen (all logs base 2):
 
 - Vectors are packed two reals per complex slot: N reals per ciphertext.
 - Clients encrypt with the shared secret key (seeded symmetric encryption): the upload's second
-  polynomial is a 64-byte seed, so an upload costs about ``N · bits(data primes)`` bits, i.e.
-  ``bits(data primes) / 8`` bytes per parameter before SEAL's zstd compression.
+  polynomial is a 64-byte seed, so an upload costs one coefficient per value and data prime:
+  8 bytes each, or 6 where every data prime is below 2^48 (``compact``'s travel packed,
+  ``packing.py``: 12.1 bytes a value).
 - Weighted sums use no rescale level: the server multiplies each upload by the integer
   ``round(w · 2^weight_bits)`` (a constant plaintext at scale 2^weight_bits; |w| ≤ 1), so the
   sum has scale Δ·2^weight_bits and decodes to Σ w_i x_i with weights quantised to

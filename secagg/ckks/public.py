@@ -7,8 +7,9 @@ SEAL 4.1 trusts sizes inside its own format: a header's ``size`` sets a buffer S
 allocates, a zstd body is inflated without bound, and a ciphertext claiming size 0 turns off
 the bound on its data array, so a 65 KB upload could make it allocate gigabytes. So an upload
 is inflated here into a buffer of the largest size a ciphertext of the preset can have (or,
-sent uncompressed, as the native path sends ``lean``'s, taken at no more than that size), its
-layout is checked field by field, and SEAL loads the checked, uncompressed bytes.
+sent uncompressed, as the native path sends ``lean``'s, taken at no more than that size, or
+sent packed, as it sends ``compact``'s, unpacked to no more than that size), its layout is
+checked field by field, and SEAL loads the checked, uncompressed bytes.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import numpy as np
 import tenseal.sealapi as seal
 import zstandard
 
+from secagg.ckks.packing import PACKED_BYTES, pack_words, packs, unpack_words
 from secagg.ckks.presets import CKKSPreset, chunks_for
 from secagg.errors import ConfigError, MalformedCiphertext, WrongContext
 
@@ -292,7 +294,14 @@ _HEADER = struct.Struct("<HBBBBHQ")
 HEADER_BYTES = _HEADER.size
 SEAL_MAGIC = 0xA15E
 COMPR_NONE, COMPR_ZSTD = 0, 2
-_COMPR_NAMES = {0: "none", 1: "zlib", 2: "zstd"}
+#: secagg's own mode in a SEAL header (SEAL writes 0, 1 and 2 only): the body is an
+#: uncompressed one whose coefficient array travels 48 bits a coefficient (``packing``);
+#: :func:`raw_body` unpacks it before anything reads it, so SEAL never sees this mode
+COMPR_PACKED = 0x30
+_COMPR_NAMES = {0: "none", 1: "zlib", 2: "zstd", COMPR_PACKED: "packed"}
+#: a packed body opens with where its packed array starts (after this) and how many
+#: coefficients it holds
+PACKED_HEAD = struct.Struct("<II")
 #: a ciphertext's metadata: parms_id, is_ntt_form, size, N, coeff_modulus_size, scale,
 #: correction factor; then its data (a DynArray: nested header, count, count uint64s) and, in
 #: a seeded ciphertext, the PRNG info (nested header, PRNG type, 64-byte seed) for the second
@@ -381,12 +390,16 @@ def inflate(body: bytes | memoryview, max_bytes: int, what: str) -> bytes:
 
 def raw_body(data: bytes | memoryview, max_raw: int, what: str) -> bytes:
     """A SEAL object's body without its header, at most ``max_raw`` bytes: inflated if it
-    travels zstd-compressed (TenSEAL's binding always compresses), as is if it travels
-    uncompressed (the native path, ``native.py``: random coefficients do not compress).
+    travels zstd-compressed (TenSEAL's binding always compresses), unpacked if it travels
+    packed (the native path's ``compact`` uploads, :func:`upload_chunks`), as is if it
+    travels uncompressed (the native path's others: random coefficients do not compress).
     The header must be one this build writes, for exactly the length of ``data``."""
     header = read_header(data, 0, what)
-    mode = header.compr_mode if header.compr_mode in (COMPR_NONE, COMPR_ZSTD) else COMPR_ZSTD
-    most = max_raw if mode == COMPR_NONE else zstd_bound(max_raw)
+    known = (COMPR_NONE, COMPR_ZSTD, COMPR_PACKED)
+    mode = header.compr_mode if header.compr_mode in known else COMPR_ZSTD
+    most = {COMPR_NONE: max_raw, COMPR_PACKED: PACKED_HEAD.size + max_raw}.get(
+        mode, zstd_bound(max_raw)
+    )
     if len(data) > _HEADER.size + most:
         raise MalformedCiphertext(
             f"{what} has {len(data)} bytes; at this preset it has at most {_HEADER.size + most}"
@@ -394,6 +407,8 @@ def raw_body(data: bytes | memoryview, max_raw: int, what: str) -> bytes:
     check_header(header, len(data), mode, what)
     if mode == COMPR_NONE:
         return bytes(memoryview(data)[_HEADER.size :])
+    if mode == COMPR_PACKED:
+        return unpacked(memoryview(data)[_HEADER.size :], max_raw, what)
     return inflate(memoryview(data)[_HEADER.size :], max_raw, what)
 
 
@@ -405,8 +420,9 @@ def checked_blob(
 ) -> bytes:
     """SEAL bytes from another party -> the same object, uncompressed and checked.
 
-    The header must be one this build writes (zstd or none, the exact length of ``data``),
-    the body must be (or inflate to) at most ``max_raw`` bytes (:func:`raw_body`), and
+    The header must be one this build writes (zstd, packed or none, the exact length of
+    ``data``), the body must be (or inflate or unpack to) at most ``max_raw`` bytes
+    (:func:`raw_body`), and
     ``check_layout(raw)`` must accept every size inside it. SEAL then reads a blob whose
     every length is known: it allocates nothing the preset does not need."""
     raw = raw_body(data, max_raw, what)
@@ -421,20 +437,58 @@ def seal_header(nbytes: int, compr_mode: int = COMPR_NONE) -> bytes:
     return _HEADER.pack(SEAL_MAGIC, _HEADER.size, *ours.version, compr_mode, 0, nbytes)
 
 
-def compresses(preset) -> bool:
-    """Whether zstd pays on this preset's polynomials: when every data prime leaves the top
-    byte of its 64-bit coefficients zero (``compact``: 16.1 → 13.7 bytes a value). A 60-bit
-    prime (``lean``, ``wide``) leaves 4 bits, which zstd cannot take: those travel as is."""
-    return max(preset.coeff_bits[:-1]) <= 56
+#: where a ciphertext's coefficients start in its raw body (after its metadata and its data
+#: array's header and count)
+CIPHERTEXT_DATA = _CT_META.size + _HEADER.size + _COUNT.size
 
 
-def compressed(blob: bytes) -> bytes:
-    """An uncompressed SEAL object as SEAL writes it with zstd (its header, then one zstd
-    frame); the reader inflates it with a bound (:func:`raw_body`)."""
-    import zstandard
+def upload_chunks(blob: bytes, size: int, preset) -> list[bytes]:
+    """The native encryptor's uploads (uncompressed seeded ciphertexts of ``size`` bytes, back
+    to back) as they travel: packed where every data prime is below 2^48 (``compact``: 12.1
+    bytes a value), as written otherwise (a 60-bit prime leaves nothing to pack)."""
+    if not packs(preset.coeff_bits):
+        return [blob[at : at + size] for at in range(0, len(blob), size)]
+    rows = np.frombuffer(blob, dtype=np.uint8).reshape(-1, size)
+    at = _HEADER.size + CIPHERTEXT_DATA
+    (count,) = _COUNT.unpack_from(blob, at - _COUNT.size)
+    if read_header(blob).compr_mode != COMPR_NONE or size < at + 8 * count:
+        raise ValueError("upload_chunks packs uncompressed ciphertexts only")
+    words = np.empty((len(rows), count), dtype="<u8")
+    words.view(np.uint8)[:] = rows[:, at : at + 8 * count]
+    packed = pack_words(words).astype("<u8", copy=False).view(np.uint8)
+    tail = size - at - 8 * count
+    head = PACKED_HEAD.size + CIPHERTEXT_DATA
+    length = _HEADER.size + head + PACKED_BYTES * count + tail
+    out = np.empty((len(rows), length), dtype=np.uint8)
+    prefix = seal_header(length, COMPR_PACKED) + PACKED_HEAD.pack(CIPHERTEXT_DATA, count)
+    out[:, : len(prefix)] = np.frombuffer(prefix, dtype=np.uint8)
+    out[:, len(prefix) : _HEADER.size + head] = rows[:, _HEADER.size : at]
+    out[:, _HEADER.size + head : length - tail] = packed
+    out[:, length - tail :] = rows[:, size - tail :]
+    return [row.tobytes() for row in out]
 
-    body = zstandard.ZstdCompressor().compress(memoryview(blob)[HEADER_BYTES:])
-    return seal_header(HEADER_BYTES + len(body), COMPR_ZSTD) + body
+
+def unpacked(body: bytes | memoryview, max_raw: int, what: str) -> bytes:
+    """A packed body (:data:`COMPR_PACKED`) as the uncompressed body it was packed from, of at
+    most ``max_raw`` bytes; MalformedCiphertext if its packing head does not fit its bytes."""
+    if len(body) < PACKED_HEAD.size:
+        raise MalformedCiphertext(f"{what} ends inside its packing head")
+    offset, count = PACKED_HEAD.unpack_from(body)
+    start = PACKED_HEAD.size + offset
+    end = start + PACKED_BYTES * count
+    if count % 4 or end > len(body):
+        raise MalformedCiphertext(
+            f"{what} packs {count} coefficients at byte {offset}, which its {len(body)} "
+            "bytes do not hold (in fours)"
+        )
+    unpacked_bytes = len(body) - PACKED_HEAD.size + (8 - PACKED_BYTES) * count
+    if unpacked_bytes > max_raw:
+        raise MalformedCiphertext(
+            f"{what} unpacks to {unpacked_bytes} bytes; at this preset it has at most {max_raw}"
+        )
+    words = np.frombuffer(bytes(body[start:end]), dtype="<u8").reshape(1, -1)
+    coefficients = unpack_words(words).astype("<u8", copy=False)
+    return bytes(body[PACKED_HEAD.size : start]) + coefficients.tobytes() + bytes(body[end:])
 
 
 def uncompressed_blob(raw: bytes) -> bytes:

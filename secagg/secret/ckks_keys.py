@@ -27,14 +27,13 @@ from secagg.ckks.public import (
     check_nested,
     checked_blob,
     ciphertext_raw_bytes,
-    compressed,
-    compresses,
     from_bytes,
     inflate,
     key_id,
     parms_id_bytes,
     to_bytes,
     uncompressed_blob,
+    upload_chunks,
 )
 from secagg.ckks.release import ExpandedAggregate
 from secagg.errors import ClientInputError, KeySetupError, MalformedCiphertext, ValueRangeError
@@ -139,9 +138,7 @@ class SecretKeyHolder:
         finally:
             if masks is not None:
                 masks.wipe()
-        size = encryptor.ciphertext_bytes
-        parts = [blob[at : at + size] for at in range(0, len(blob), size)]
-        return [compressed(p) for p in parts] if compresses(self.preset) else parts
+        return upload_chunks(blob, encryptor.ciphertext_bytes, self.preset)
 
     def _encrypt_tenseal(self, values: np.ndarray) -> list[bytes]:
         per = self.preset.values_per_ciphertext
