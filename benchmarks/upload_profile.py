@@ -76,9 +76,9 @@ from secagg.ckks.public import (
     ciphertext_raw_bytes,
     inflate,
     quantise,
-    raw_body,
     to_bytes,
     upload_chunks,
+    upload_seeds,
 )
 from secagg.ckks.release import Descriptor, SecondPolynomials
 from secagg.ckks.server_sums import expander_for, weighted_firsts
@@ -190,9 +190,7 @@ def native_client_stages(keys: SecretKeyHolder, x: np.ndarray, weight: float | N
     if packs(preset.coeff_bits):
         seconds["client: pack (48 bits a coefficient)"] = pack_seconds
     most = ciphertext_raw_bytes(preset.poly_modulus_degree, keys.public.n_primes, True)
-    _, seconds["client: seeds"] = median_seconds(
-        lambda: b"".join(raw_body(p, most, "own")[-SEED_INFO_BYTES:] for p in parts), repeats
-    )
+    _, seconds["client: seeds"] = median_seconds(lambda: upload_seeds(parts, most), repeats)
     return seconds, parts
 
 

@@ -398,6 +398,19 @@ def test_a_server_refuses_a_malformed_packed_upload(monkeypatch, forge, error):
         first_polynomials(level, [forged], 8)
 
 
+@pytest.mark.parametrize("preset_name", ["lean", "compact"])
+def test_a_clients_own_seeds_are_read_off_its_chunks_on_every_path(monkeypatch, preset_name):
+    """``upload_seeds`` takes a chunk's last bytes where it travels as written or packed and
+    inflates a zstd one first: the seeds a full read gives, in chunk order."""
+    from secagg.ckks.public import upload_seeds
+
+    keys, uploads = _both_paths(monkeypatch, preset_name)
+    most = ciphertext_raw_bytes(keys.preset.poly_modulus_degree, keys.public.n_primes, True)
+    for parts in uploads.values():
+        full = b"".join(raw_body(p, most, "own")[-SEED_INFO_BYTES:] for p in parts)
+        assert upload_seeds(parts, most) == full and len(full) == SEED_INFO_BYTES * len(parts)
+
+
 def test_packing_is_exact_below_2_48_and_refuses_what_it_would_cut():
     from secagg.ckks.packing import pack_words, unpack_words
 

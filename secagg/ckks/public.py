@@ -468,6 +468,19 @@ def upload_chunks(blob: bytes, size: int, preset) -> list[bytes]:
     return [row.tobytes() for row in out]
 
 
+def upload_seeds(parts: Sequence[bytes | memoryview], max_raw: int) -> bytes:
+    """The seeds of one's own upload (:func:`upload_chunks`' output, or TenSEAL's), in chunk
+    order: a seeded ciphertext ends with its seed, so a chunk written as is or packed gives
+    its last bytes, and only a zstd chunk is inflated first."""
+    seeds = []
+    for i, data in enumerate(parts):
+        if read_header(data, 0, f"upload chunk {i}").compr_mode in (COMPR_NONE, COMPR_PACKED):
+            seeds.append(bytes(memoryview(data)[-SEED_INFO_BYTES:]))
+        else:
+            seeds.append(raw_body(data, max_raw, f"upload chunk {i}")[-SEED_INFO_BYTES:])
+    return b"".join(seeds)
+
+
 def unpacked(body: bytes | memoryview, max_raw: int, what: str) -> bytes:
     """A packed body (:data:`COMPR_PACKED`) as the uncompressed body it was packed from, of at
     most ``max_raw`` bytes; MalformedCiphertext if its packing head does not fit its bytes."""

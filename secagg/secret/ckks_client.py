@@ -38,7 +38,7 @@ from secagg.ckks.public import (
     ciphertext_raw_bytes,
     is_key_id,
     params_fingerprint,
-    raw_body,
+    upload_seeds,
 )
 from secagg.ckks.release import (
     NEXT_SEEDS,
@@ -339,7 +339,7 @@ class CKKSClient(KeyHoldingClient):
         most = ciphertext_raw_bytes(
             self.preset.poly_modulus_degree, self.keys.public.n_primes, True
         )
-        seeds = b"".join(raw_body(p, most, "own upload")[-SEED_INFO_BYTES:] for p in parts)
+        seeds = upload_seeds(parts, most)
         digest = seed_digest(seeds)
         if digest in self.uploads:  # never reached: a seed is used once (prepare_upload)
             raise ProtocolStateError(f"{self.id} refuses to send a second upload on one seed")
