@@ -442,7 +442,7 @@ def seal_header(nbytes: int, compr_mode: int = COMPR_NONE) -> bytes:
 CIPHERTEXT_DATA = _CT_META.size + _HEADER.size + _COUNT.size
 
 
-def upload_chunks(blob: bytes, size: int, preset) -> list[bytes]:
+def upload_chunks(blob: bytes, size: int, preset: CKKSPreset) -> list[bytes]:
     """The native encryptor's uploads (uncompressed seeded ciphertexts of ``size`` bytes, back
     to back) as they travel: packed where every data prime is below 2^48 (``compact``: 12.1
     bytes a value), as written otherwise (a 60-bit prime leaves nothing to pack)."""
