@@ -272,6 +272,20 @@ def test_the_thread_count_is_checked_and_chosen_restores_the_environment(monkeyp
             pass
 
 
+def _one_chunk_upload(monkeypatch, preset_name: str, mode: int):
+    """A native upload of 8 values (one chunk), as it travels in ``mode``, and the level the
+    server reads it at; the server accepts it as sent."""
+    from secagg.ckks.first_polys import FreshLevel, first_polynomials
+
+    monkeypatch.setenv(native.ENV, "on")
+    keys = SecretKeyHolder(get_preset(preset_name))
+    (upload,) = keys.encrypt(np.ones(8), 1.0)
+    assert read_header(upload).compr_mode == mode
+    level = FreshLevel(keys.public)
+    first_polynomials(level, [upload], 8)  # as sent: accepted
+    return level, upload
+
+
 def _longer(blob: bytes, extra: int) -> bytes:
     """``blob`` with ``extra`` zero bytes appended and its header's size saying so."""
     return blob[:8] + (len(blob) + extra).to_bytes(8, "little") + blob[16:] + bytes(extra)
@@ -291,15 +305,10 @@ def _longer(blob: bytes, extra: int) -> bytes:
 def test_a_server_refuses_a_malformed_uncompressed_upload(monkeypatch, forge, error):
     """The native path's uploads travel uncompressed; the server's checks bound them as they
     bound compressed ones, before SEAL reads a byte (``public.raw_body``)."""
-    from secagg.ckks.first_polys import FreshLevel, first_polynomials
+    from secagg.ckks.first_polys import first_polynomials
     from secagg.errors import MalformedCiphertext
 
-    monkeypatch.setenv(native.ENV, "on")
-    keys = SecretKeyHolder(get_preset("lean"))
-    (upload,) = keys.encrypt(np.ones(8), 1.0)
-    assert read_header(upload).compr_mode == COMPR_NONE
-    level = FreshLevel(keys.public)
-    first_polynomials(level, [upload], 8)  # as sent: accepted
+    level, upload = _one_chunk_upload(monkeypatch, "lean", COMPR_NONE)
     with pytest.raises(MalformedCiphertext, match=error):
         first_polynomials(level, [forge(upload)], 8)
 
@@ -383,15 +392,10 @@ def test_a_server_refuses_a_malformed_packed_upload(monkeypatch, forge, error):
     """A packed chunk's head says where its packed coefficients are; the server unpacks
     nothing its bytes do not hold, nor more than a ciphertext of the preset, and then checks
     the unpacked body as any other (``public.unpacked``)."""
-    from secagg.ckks.first_polys import FreshLevel, first_polynomials
+    from secagg.ckks.first_polys import first_polynomials
     from secagg.errors import MalformedCiphertext
 
-    monkeypatch.setenv(native.ENV, "on")
-    keys = SecretKeyHolder(get_preset("compact"))
-    (upload,) = keys.encrypt(np.ones(8), 1.0)
-    assert read_header(upload).compr_mode == COMPR_PACKED
-    level = FreshLevel(keys.public)
-    first_polynomials(level, [upload], 8)  # as sent: accepted
+    level, upload = _one_chunk_upload(monkeypatch, "compact", COMPR_PACKED)
     forged = forge(upload)
     forged = forged[:8] + len(forged).to_bytes(8, "little") + forged[16:]  # its length, said
     with pytest.raises(MalformedCiphertext, match=error):
