@@ -54,14 +54,17 @@ CHECK = Check(
     args=("--seeds", "1", "--sets", "breast-cancer-label", "--no-ckks"),
     csv="dgd.csv",
     keys=("dataset", "split", "seed", "method"),
-    columns={"rmse": (0.0, 6e-2)},
+    columns={"rmse": 3.0},
+    spread_over="seed",
     why="plain DGD, its centralised and per-client runs are deterministic per seed on one "
-    "machine (one thread) but trained in float32, which rounds differently across CPUs: "
-    f"between {CROSS_CPU} one RMSE of five moved by 5.4e-4 of its value, and with "
-    f"{OTHER_KERNELS} the centralised and per-client runs moved by 3.1 % and 4.2 % (the "
-    "federated one 0.08 %, the baselines not at all), so 6e-2 relative: within "
-    "the breast-cancer differences the docs draw (intervals of ±0.04; no digits row is in "
-    "this check)",
+    "machine (one thread) but trained in float32, which rounds differently across CPUs, and "
+    "the centralised run is chaotic: between "
+    f"{CROSS_CPU} one RMSE of five moved by 5.4e-4 of its value, with {OTHER_KERNELS} the "
+    "centralised and per-client runs by 3.1 % and 4.2 %, and on an AMD EPYC with AVX2 only "
+    "(2026-11-28) the centralised run of seed 0 went from 0.491 to 0.416, 1.5 standard "
+    "deviations of the ten committed seeds, as another seed would (the others moved by at "
+    "most 2e-6 of their values); so each fresh RMSE must lie within 3 standard deviations "
+    "of its row's ten seeds",
 )
 
 
