@@ -576,7 +576,8 @@ def benchmarks_page() -> str:
         "EPYC ran every check, and the AMD EPYC again with torch's and OpenBLAS's AVX2 and "
         "then SSE kernels in place of AVX-512: `bash scripts/check_other_kernels.sh`): "
         "float32 training and BLAS sums round differently on another "
-        "CPU, and where a trajectory is chaotic (SAVAE's VAEs, DEC's clustering) a fresh "
+        "CPU, and where a trajectory is chaotic (SAVAE's VAEs, DEC's clustering, DGD's "
+        "centralised run) a fresh "
         "value is held to the committed seeds' spread rather than to its own seed's value; "
         "`secagg bench NAME --check` prints each check's reasons.",
         table(["Benchmark", "What it measures", "`--check` re-runs", "Results"], rows),
