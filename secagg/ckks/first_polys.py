@@ -33,6 +33,7 @@ import tenseal.sealapi as seal
 
 from secagg.ckks.packing import PACKED_BYTES, packs, unpack_words
 from secagg.ckks.public import (
+    CIPHERTEXT_DATA,
     CIPHERTEXT_META,
     COMPR_NONE,
     COMPR_PACKED,
@@ -58,8 +59,7 @@ PLAIN_META, _COUNT = PLAINTEXT_META, COUNT
 #: the PRNG types SEAL expands a seed with (``seal::prng_type``: blake2xb, shake256); its
 #: loader refuses any other, as the native expansion does
 SEAL_PRNG_TYPES = frozenset({1, 2})
-#: where a ciphertext's (or plaintext's) coefficients start in its raw bytes
-_CT_DATA = CIPHERTEXT_META.size + SEAL_HEADER.size + _COUNT.size
+#: where a plaintext's coefficients start in its raw bytes (a ciphertext's: CIPHERTEXT_DATA)
 _PT_DATA = PLAIN_META.size + SEAL_HEADER.size + _COUNT.size
 
 
@@ -143,7 +143,7 @@ def first_polynomials(
                 f"{what} has scale 2^{np.log2(scale):.1f}, preset {public.preset.name} uses "
                 f"2^{public.preset.scale_bits}"
             )
-        c0 = np.frombuffer(raw, dtype="<u8", count=level.coefficients, offset=_CT_DATA)
+        c0 = np.frombuffer(raw, dtype="<u8", count=level.coefficients, offset=CIPHERTEXT_DATA)
         level.check_range(c0, what)
         out[i] = c0
         seed = bytes(raw[-SEED_INFO_BYTES:])

@@ -308,6 +308,9 @@ PACKED_HEAD = struct.Struct("<II")
 #: polynomial
 _CT_META = struct.Struct("<32sBQQQdQ")
 _COUNT = struct.Struct("<Q")
+#: where a ciphertext's coefficients start in its raw body (after its metadata and its data
+#: array's header and count)
+CIPHERTEXT_DATA = _CT_META.size + _HEADER.size + _COUNT.size
 _PRNG_INFO_BYTES = _HEADER.size + 1 + 64
 #: a plaintext's metadata (a secret key is one): parms_id, coefficient count, scale; then its
 #: data (a DynArray: nested header, count, count uint64s)
@@ -435,11 +438,6 @@ def seal_header(nbytes: int, compr_mode: int = COMPR_NONE) -> bytes:
     nested one before its data array), in ``compr_mode``."""
     ours = written_header()
     return _HEADER.pack(SEAL_MAGIC, _HEADER.size, *ours.version, compr_mode, 0, nbytes)
-
-
-#: where a ciphertext's coefficients start in its raw body (after its metadata and its data
-#: array's header and count)
-CIPHERTEXT_DATA = _CT_META.size + _HEADER.size + _COUNT.size
 
 
 def upload_chunks(blob: bytes, size: int, preset: CKKSPreset) -> list[bytes]:
@@ -740,7 +738,7 @@ class PublicCKKS:
             if not self.min_aggregate_scale <= scale <= self.sum_scale:
                 raise WrongContext(f"{what} has scale 2^{np.log2(scale):.1f}, outside its range")
             scales.add(scale)
-            at = _CT_META.size + _HEADER.size + _COUNT.size
+            at = CIPHERTEXT_DATA
             polys[:, i] = np.frombuffer(raw, dtype="<u8", count=2 * width, offset=at).reshape(
                 2, width
             )
