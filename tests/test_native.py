@@ -573,3 +573,16 @@ def test_a_native_compact_reveal_refuses_every_forged_aggregate(monkeypatch):
             run.ask("client_0", "reveal", _forged(fields, edit))
         assert run.clients["client_0"].decryptions == 0, edit.__name__
     np.testing.assert_allclose(_revealed(run, fields), expected, atol=1e-6)
+
+
+def test_upload_chunks_packs_only_uncompressed_ciphertexts(monkeypatch):
+    """The client's packer refuses bytes that are not the native encryptor's uncompressed
+    ciphertexts (a zstd one, here) instead of packing whatever lies at its offsets."""
+    from secagg.ckks.public import upload_chunks
+
+    monkeypatch.setenv(native.ENV, "off")
+    keys = SecretKeyHolder(get_preset("compact"))
+    (chunk,) = keys.encrypt(np.ones(8), 1.0)
+    assert read_header(chunk).compr_mode == COMPR_ZSTD
+    with pytest.raises(ValueError, match="uncompressed ciphertexts only"):
+        upload_chunks(chunk, len(chunk), keys.preset)
