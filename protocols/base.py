@@ -73,6 +73,11 @@ class Capabilities:
     #: parts (``secagg.parts``). A subclass that changes the round (its own ``finish_sum``,
     #: another phase) gives its own capabilities without it, as DGD does
     moves_in_parts: bool = False
+    #: its weights vary with the data every round (LARC's α from the ΔL's, loss-ratio
+    #: weights): the clients' run ledger fixes the contributor set but cannot hold the
+    #: weight rows proportional, so over the run only client DP covers it (the guarantee
+    #: per round stays; ``secagg.backends.coalition.RunLedger``)
+    weights_vary: bool = False
 
     def __post_init__(self):
         if not set(self.client_scalars) <= set(self.reveals):

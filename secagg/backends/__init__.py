@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from secagg.backends.base import BackendOption, ClientBackend, ServerBackend
+from secagg.backends.coalition import PARTICIPATION
 from secagg.errors import ConfigError
 
 
@@ -57,6 +58,9 @@ class Provision:
     #: threshold: sealed shares a key holder gives at most (None: ``open_budget``); more
     #: when every client opens a different aggregate (Sequential's hops)
     share_budget: int | None = None
+    #: the protocol's weights vary with the data every round (LARC's α): the run ledger
+    #: then fixes the contributor set but not the weight rows (``coalition.RunLedger``)
+    weights_vary: bool = False
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,7 @@ class Identity:
         open_budget: int = 0,
         releases_per_upload: Mapping[str, int] | None = None,
         share_budget: int | None = None,
+        weights_vary: bool = False,
     ) -> Provision:
         """These keys with a run's budgets (``release_budgets`` of the run's configuration)."""
         return Provision(
@@ -97,6 +102,7 @@ class Identity:
             dict(self.signers),
             dict(releases_per_upload or {"reveal": 1, "open": 1}),
             share_budget,
+            weights_vary,
         )
 
 
@@ -107,6 +113,7 @@ def provision(
     open_budget: int = 0,
     releases_per_upload: Mapping[str, int] | None = None,
     share_budget: int | None = None,
+    weights_vary: bool = False,
 ) -> dict[str, Provision]:
     """Fresh identities for ``client_ids`` (``secagg.secret.identities``), each with the
     same budgets."""
@@ -114,7 +121,12 @@ def provision(
 
     return {
         c: identity.provision(
-            decryption_budget, reveal_length, open_budget, releases_per_upload, share_budget
+            decryption_budget,
+            reveal_length,
+            open_budget,
+            releases_per_upload,
+            share_budget,
+            weights_vary,
         )
         for c, identity in new_identities(client_ids).items()
     }
@@ -306,6 +318,7 @@ def server_policy(options: dict[str, Any], max_weight: int):
         None,
         options["max_weight_share"],
         max_weight=max_weight,
+        participation=options.get("participation", "fixed"),
     )
 
 
@@ -372,6 +385,19 @@ def _release_policy_options() -> tuple[BackendOption, ...]:
             "least this fraction of the mean weight (refuses sums one upload dominates)",
         ),
         max_weight_share_option(0.5),
+        BackendOption(
+            "participation",
+            "participation",
+            str,
+            "fixed",
+            "who may contribute to the run's releases, counted over the whole run (a "
+            "client's own rule): fixed, one contributor set for the run with weights "
+            "proportional across it (a client that does not answer pauses releases: rounds "
+            "skipped, the run degraded), so a server that holds the model still and picks "
+            "who drops out learns no individual update; per-round, any set the per-release "
+            "rules pass (only with --client-dp, which then covers the run)",
+            PARTICIPATION,
+        ),
     )
 
 

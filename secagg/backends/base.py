@@ -96,6 +96,12 @@ class ClientBackend(ABC):
         values that does not depend on them (``secagg.secret.ckks_masks``); the next
         :meth:`protect` of that size uses it. Nothing on a backend without such a part."""
 
+    def released_basis(self, basis: str) -> bool:
+        """Whether an upload this client made from ``basis`` entered a release it consented
+        to (the client then never trains from that model again in the run). None do on a
+        backend without consents."""
+        return False
+
     def discard_prepared(self) -> None:
         """Wipe whatever :meth:`prepare_upload` made that no upload used: the client calls
         it at the end of every request, answered or refused."""

@@ -46,7 +46,7 @@ arithmetic gives exactly.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -130,3 +130,145 @@ def _proportional(u: Sequence[int], v: Sequence[int]) -> bool:
     a position p where u is non-zero."""
     p = next(i for i, a in enumerate(u) if a)
     return len(u) == len(v) and all(a * v[p] == b * u[p] for a, b in zip(u, v))
+
+
+# ---- the run: every release a client ever entered -------------------------------------------
+#: how a run's releases may choose their contributors (a client's own setting, never the
+#: server's): ``fixed`` (one contributor set for the run; a missing client pauses releases)
+#: or ``per-round`` (any set that passes the per-release rules; only with client-level DP,
+#: whose accountant then composes every release of the run)
+PARTICIPATION = ("fixed", "per-round")
+
+
+def proportional(u: Sequence[int], v: Sequence[int]) -> bool:
+    """Integer rows u and v (neither all zero) are multiples of each other, exactly."""
+    return len(u) == len(v) and any(u) and any(v) and _proportional(list(u), list(v))
+
+
+class RunLedger:
+    """What one client counts over the whole run: for each of its upload streams (the
+    length of its own upload: one unknown vector per client and stream, the worst case of a
+    server that holds the model still so that uploads repeat), the contributor set and the
+    weight row of the first release it entered.
+
+    The run rule (``participation="fixed"``): every later release of a stream covers the
+    same contributor set, with a weight row proportional to the first (unless the
+    protocol's weights vary with the data every round, ``weights_vary``: then the set is
+    fixed and the rows are the protocol's, the guarantee over the run is the per-round one
+    and only client DP covers the run). Why it suffices: every combination of every
+    release of the run, restricted to one set, is then a multiple of one row that already
+    passed the per-release rule 4 (``weakest_share`` ≥ ε with the colluders), so no
+    combination has fewer than ``min_honest`` honest terms of weight ε; sets of different
+    streams are different unknowns. With ``per-round`` the per-release rules only.
+
+    Its state travels with the client half's (``to_config``/``from_config``), so a restarted
+    node counts on; it is checked before the expensive per-release checks."""
+
+    def __init__(self, participation: str = "fixed", weights_vary: bool = False):
+        if participation not in PARTICIPATION:
+            raise ValueError(f"participation is one of {PARTICIPATION}, got {participation!r}")
+        self.participation = participation
+        self.weights_vary = weights_vary
+        #: stream -> {"set": sorted clients, "row": their integer weights, "releases": count}
+        self.streams: dict[str, dict] = {}
+        #: digest of each of this client's uploads -> its stream
+        self.uploads: dict[str, str] = {}
+
+    def uploaded(self, digest: str, n_values: int) -> None:
+        """Remember which stream an upload of this client belongs to (its own length)."""
+        self.uploads[digest] = str(int(n_values))
+
+    def check(self, client_id: str, d, digest: str) -> None:
+        """ReleaseRefused unless release ``d`` (a ``Descriptor`` listing this client's
+        upload ``digest``) keeps the run rule with every release recorded before."""
+        from secagg.errors import ReleaseRefused
+
+        if self.participation != "fixed":
+            return
+        ref = self.streams.get(self.uploads.get(digest, ""))
+        if ref is None:
+            return
+        weights = d.weights
+        if sorted(weights) != ref["set"]:
+            gone = sorted(set(ref["set"]) - set(weights))
+            new = sorted(set(weights) - set(ref["set"]))
+            raise ReleaseRefused(
+                f"{client_id}: release {d.name!r} (round {d.round}) is over another set of "
+                f"clients than this run's releases (participation is fixed; missing "
+                f"{gone[:8]}, added {new[:8]}): sums over sets chosen round by round give "
+                "every update by difference once the uploads repeat"
+            )
+        if not self.weights_vary and not proportional(
+            ref["row"], [weights[c] for c in ref["set"]]
+        ):
+            raise ReleaseRefused(
+                f"{client_id}: release {d.name!r} (round {d.round}) weighs this run's "
+                "contributors otherwise than its earlier releases (their weights must stay "
+                "proportional over the run: independent weightings of repeated uploads single "
+                "one out)"
+            )
+
+    def record(self, d, digest: str) -> None:
+        stream = self.uploads.get(digest, "")
+        ref = self.streams.setdefault(
+            stream,
+            {"set": sorted(d.weights), "row": [d.weights[c] for c in sorted(d.weights)]},
+        )
+        ref["releases"] = ref.get("releases", 0) + 1
+
+    def to_config(self) -> dict:
+        return {
+            "participation": self.participation,
+            "weights_vary": self.weights_vary,
+            "streams": {s: dict(v) for s, v in self.streams.items()},
+            "uploads": dict(self.uploads),
+        }
+
+    def load(self, cfg: object) -> None:
+        """Take an exported ledger (``to_config``), checked whole first; ValueError if it is
+        garbled or was kept under other rules."""
+        if not isinstance(cfg, dict) or set(cfg) != {
+            "participation",
+            "weights_vary",
+            "streams",
+            "uploads",
+        }:
+            raise ValueError("a run ledger holds participation, weights_vary, streams, uploads")
+        if cfg["participation"] != self.participation or cfg["weights_vary"] != self.weights_vary:
+            raise ValueError(
+                f"the run ledger was kept under participation {cfg['participation']!r}, this "
+                f"client runs {self.participation!r}"
+            )
+        streams, uploads = cfg["streams"], cfg["uploads"]
+        if not (
+            isinstance(streams, dict)
+            and isinstance(uploads, dict)
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in uploads.items())
+            and all(
+                isinstance(v, dict)
+                and set(v) == {"set", "row", "releases"}
+                and isinstance(v["set"], list)
+                and all(isinstance(c, str) for c in v["set"])
+                and isinstance(v["row"], list)
+                and len(v["row"]) == len(v["set"])
+                and all(isinstance(k, int) and not isinstance(k, bool) for k in v["row"])
+                and isinstance(v["releases"], int)
+                for v in streams.values()
+            )
+        ):
+            raise ValueError("the run ledger is garbled")
+        self.streams = {s: dict(v) for s, v in streams.items()}
+        self.uploads = dict(uploads)
+
+
+def run_weakest_share(
+    releases: Sequence[Mapping[str, int]], colluders: int, min_honest: int
+) -> float:
+    """The weakest share over the whole run: every release (client -> integer weight) of one
+    stream as a row over the clients (each client's uploads one vector), min over the
+    combinations of their rows of the (colluders + min_honest)-th largest term over the
+    largest (``weakest_share``). Exact for rows that span at most two dimensions; 0.0 (the
+    safe side: not excluded) beyond."""
+    clients = sorted({c for r in releases for c in r})
+    rows = [[int(r.get(c, 0)) for c in clients] for r in releases]
+    return weakest_share(rows, colluders, min_honest) if rows else 1.0

@@ -27,6 +27,9 @@ class ReleaseRecord:
         self.policy = policy
         #: upload digest -> the releases it entered
         self.seen: dict[str, list[Descriptor]] = {}
+        #: with fixed participation, the contributor set of the run's releases, by length
+        #: (the clients' ``RunLedger``: a release over another set pauses, it is not asked)
+        self.run_sets: dict[int, list[str]] = {}
 
     def admit(self, ctx, d: Descriptor) -> None:
         heaviest = max((abs(k) for _, k, _ in d.entries), default=0)
@@ -34,6 +37,25 @@ class ReleaseRecord:
             raise ProtocolStateError(
                 f"{d.name}: a weight of {heaviest / self.policy.max_weight:.6g} (> 1); the "
                 "clients release sums with weights |w| <= 1 only"
+            )
+        fixed = self.run_sets.get(d.n_values)
+        first_short = fixed is None and set(ctx.unanswered) - set(d.weights)
+        if self.policy.participation == "fixed" and (
+            first_short or (fixed is not None and fixed != sorted(d.weights))
+        ):
+            missing = sorted(
+                set(ctx.unanswered) - set(d.weights)
+                if fixed is None
+                else set(fixed) ^ set(d.weights)
+            )
+            raise RoundSkipped(
+                f"{d.name}: participation is fixed and {', '.join(missing) or 'the set'} "
+                f"{'is' if len(missing) == 1 else 'are'} not in this round's sum; the clients "
+                "release only sums over the run's one contributor set, so releases pause "
+                "until every contributor answers again (the round is skipped)",
+                round=ctx.round,
+                phase="consent",
+                exclusions=ctx.excluded,
             )
         earlier = []
         for _, _, digest in d.entries:
@@ -52,6 +74,7 @@ class ReleaseRecord:
             ) from None
 
     def record(self, d: Descriptor) -> None:
+        self.run_sets.setdefault(d.n_values, sorted(d.weights))
         for _, _, digest in d.entries:
             if d not in self.seen.setdefault(digest, []):
                 self.seen[digest].append(d)

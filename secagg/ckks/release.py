@@ -253,6 +253,10 @@ class ReleasePolicy:
         colluders: how many clients may collude with the server (t − 1 on threshold, 0 on
             ckks): a release must leave ``min_contributors`` honest terms of weight at least
             ``min_share`` of the largest whoever they are (``coalition``, rule 4).
+        participation: the run rule the clients keep (``coalition.RunLedger``): ``fixed``,
+            one contributor set for the run; ``per-round``, none beyond these rules. The
+            clients take theirs from their own options; the server's copy pauses releases
+            the clients would refuse.
     """
 
     min_contributors: int = 2
@@ -261,6 +265,7 @@ class ReleasePolicy:
     max_share: float = 0.5
     max_weight: int | None = None
     colluders: int = 0
+    participation: str = "per-round"
 
     def __post_init__(self):
         if self.min_contributors < 1 or not 0.0 <= self.min_share <= 1.0:

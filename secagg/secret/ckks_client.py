@@ -343,7 +343,7 @@ class CKKSClient(KeyHoldingClient):
         digest = seed_digest(seeds)
         if digest in self.uploads:  # never reached: a seed is used once (prepare_upload)
             raise ProtocolStateError(f"{self.id} refuses to send a second upload on one seed")
-        self._record_upload(digest, basis, request, applied)
+        self._record_upload(digest, basis, request, applied, len(values))
         return wire.ciphertext(parts)
 
     # ---- releases: consent (the base), then reveal or open -------------------------------

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import base64
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -15,6 +15,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from secagg import wire
+from secagg.backends.coalition import RunLedger
 from secagg.ckks.release import Descriptor, ReleasePolicy, consent_message, signature_bytes
 from secagg.errors import KeySetupError, ReleaseRefused
 from secagg.secret.keywrap import KeyWrapper
@@ -75,6 +76,8 @@ def consent(
     applied: Mapping[str, int] | None = None,
     released: dict[str, list[dict[str, Any]]] | None = None,
     origins: Mapping[str, str] | None = None,
+    roster: Collection[str] | None = None,
+    ledger: RunLedger | None = None,
 ) -> dict[str, Field]:
     """Sign ``d`` if it holds one of this client's ``uploads`` (digest -> releases so far,
     by kind; counted here) made from ``d``'s basis (``bases``: digest -> what the upload was
@@ -85,7 +88,21 @@ def consent(
     coalition has already seen: ``d`` must be over the same uploads as they were, its
     weightings together must pass the policy (``secagg.backends.coalition``, rules 2 and
     4), and no upload of this client made from the same basis for another request
-    (``origins``: digest -> the request it answered) may have entered a release (rule 3)."""
+    (``origins``: digest -> the request it answered) may have entered a release (rule 3).
+    With ``roster``, every entry must be one of its clients; with ``ledger`` (the client's
+    record of the whole run, ``secagg.backends.coalition.RunLedger``), ``d`` must keep the
+    run rule with every release the client entered before.
+
+    Cheap checks come first (the roster, the budget, the run ledger: linear in the request),
+    the exact two-weighting check last: a request padded with strangers or past the budget
+    is refused before it costs more than reading it, and a refusal records nothing."""
+    if roster is not None:
+        strangers = [client for client, _, _ in d.entries if client not in roster]
+        if strangers:
+            raise ReleaseRefused(
+                f"{client_id}: release {d.name!r} lists {len(strangers)} client(s) not in its "
+                f"roster ({strangers[0][:40]!r}{', ...' if len(strangers) > 1 else ''})"
+            )
     policy.check(d)
     check_not_reattributed(client_id, d, uploads)
     mine = [digest for client, _, digest in d.entries if client == client_id]
@@ -106,6 +123,16 @@ def consent(
                 f"{client_id}: release {d.name!r} lists its upload with weight {listed}; "
                 f"it applied {applied.get(mine[0])} before encrypting"
             )
+    used = uploads[mine[0]]
+    limit = releases_per_upload.get(d.kind, 0)
+    if used.get(d.kind, 0) >= limit:
+        raise ReleaseRefused(
+            f"{client_id}: its upload already entered {used.get(d.kind, 0)} release(s) of "
+            f"kind {d.kind!r}; its configuration allows {limit} (a second weighting of "
+            "the same uploads would single one out)"
+        )
+    if ledger is not None:
+        ledger.check(client_id, d, mine[0])
     record = released if released is not None else {}
     policy.check_weightings(d, [Descriptor.from_config(c) for c in record.get(mine[0], [])])
     origin = (origins or {}).get(mine[0], "")
@@ -121,15 +148,9 @@ def consent(
             f"release already; one upload per client per request (a retried upload of the "
             "same update released beside the first would give it by difference)"
         )
-    used = uploads[mine[0]]
-    limit = releases_per_upload.get(d.kind, 0)
-    if used.get(d.kind, 0) >= limit:
-        raise ReleaseRefused(
-            f"{client_id}: its upload already entered {used.get(d.kind, 0)} release(s) of "
-            f"kind {d.kind!r}; its configuration allows {limit} (a second weighting of "
-            "the same uploads would single one out)"
-        )
     used[d.kind] = used.get(d.kind, 0) + 1
+    if ledger is not None:
+        ledger.record(d, mine[0])
     record.setdefault(mine[0], []).append(d.to_config())
     signature = signer.sign(consent_message(client_id, d))
     return {"consent": wire.config({"signature": base64.b64encode(signature).decode()})}
@@ -260,6 +281,8 @@ class HolderState:
     released: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     #: digest of each upload -> the request it answered (``consent``'s ``origins``)
     origins: dict[str, str] = field(default_factory=dict)
+    #: every release of the run it entered (``secagg.backends.coalition.RunLedger``)
+    ledger: RunLedger = field(default_factory=RunLedger)
 
     #: the keys of an exported state that every key-holding half writes
     KEYS: ClassVar[tuple[str, ...]] = (
@@ -274,6 +297,7 @@ class HolderState:
         "applied",
         "released",
         "origins",
+        "run_ledger",
     )
 
     def export(self, preset: str, params: str) -> dict[str, Any]:
@@ -291,6 +315,7 @@ class HolderState:
             "applied": dict(self.applied),
             "released": {d: [dict(r) for r in rs] for d, rs in self.released.items()},
             "origins": dict(self.origins),
+            "run_ledger": self.ledger.to_config(),
         }
 
     @classmethod
@@ -305,10 +330,13 @@ class HolderState:
         extras: tuple[str, ...],
         roster: Mapping[str, bytes],
         signers: Mapping[str, bytes],
+        ledger: RunLedger | None = None,
     ) -> HolderState:
         """The common part of ``state``, an export of a ``backend`` half under ``preset``
         (fingerprint ``params``) whose own parts are ``extras``; KeySetupError if it is not
-        exactly that, or not this client's (its keys must be its entries in its rosters)."""
+        exactly that, or not this client's (its keys must be its entries in its rosters).
+        ``ledger``: a fresh ledger under this client's own run rules, which takes the
+        state's record (a record kept under other rules is refused)."""
         keys = cls.KEYS + extras
         if set(state) != set(keys):
             raise KeySetupError(
@@ -325,6 +353,11 @@ class HolderState:
             isinstance(d, str) and isinstance(k, int) and k > 0 for d, k in applied.items()
         ):
             raise KeySetupError(f"{client_id}: the state's record of applied weights is garbled")
+        run = ledger if ledger is not None else RunLedger()
+        try:
+            run.load(state["run_ledger"])
+        except ValueError as exc:
+            raise KeySetupError(f"{client_id}: {exc}") from None
         return cls(
             identity,
             signer,
@@ -335,6 +368,7 @@ class HolderState:
             dict(applied),
             restored_releases(client_id, state["released"]),
             restored_bases(client_id, state["origins"], "request origins"),
+            run,
         )
 
 

@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 
 from secagg.backends import Provision
 from secagg.backends.base import ClientBackend
+from secagg.backends.coalition import RunLedger
 from secagg.ckks.release import Descriptor
 from secagg.errors import KeySetupError, ProtocolStateError
 from secagg.secret.consenting import (
@@ -101,6 +102,8 @@ class KeyHoldingClient(ClientBackend):
         self.released: dict[str, list[dict[str, Any]]] = {}
         #: digest of each upload -> the request it answered (``protect``'s ``request``)
         self.origins: dict[str, str] = {}
+        #: every release of the run this client entered (the run rule: ``coalition``)
+        self.ledger = RunLedger(options.get("participation", "fixed"), provision.weights_vary)
 
     def _colluders(self, options: Mapping[str, Any]) -> int:
         """How many colluding clients every release must withstand (``ReleasePolicy``),
@@ -129,6 +132,7 @@ class KeyHoldingClient(ClientBackend):
             self.applied,
             self.released,
             self.origins,
+            self.ledger,
         )
         return held.export(self.preset.name, self.params)
 
@@ -143,6 +147,7 @@ class KeyHoldingClient(ClientBackend):
             extras=self.STATE_EXTRAS,
             roster=self.roster,
             signers=self.signers,
+            ledger=RunLedger(self.ledger.participation, self.ledger.weights_vary),
         )
 
     def _take(self, held: HolderState) -> None:
@@ -150,13 +155,18 @@ class KeyHoldingClient(ClientBackend):
         self._identity, self._signer = held.identity, held.signer
         self.uploads, self.bases, self.applied = held.uploads, held.bases, held.applied
         self.released, self.origins = held.released, held.origins
+        self.ledger = held.ledger
         self.decryptions, self.opens = held.decryptions, held.opens
 
     # ---- uploads and releases --------------------------------------------------------------
-    def _record_upload(self, digest: str, basis: str, request: str, applied: int | None) -> None:
+    def _record_upload(
+        self, digest: str, basis: str, request: str, applied: int | None, n_values: int
+    ) -> None:
         """Remember an upload this client made: what it was made from, the request it
-        answered and, on a client-weighted preset, the integer weight applied to it."""
+        answered, its stream (its length: the run ledger's unknown vector) and, on a
+        client-weighted preset, the integer weight applied to it."""
         self.uploads[digest], self.bases[digest] = {}, basis
+        self.ledger.uploaded(digest, n_values)
         self.origins[digest] = request
         if applied is not None:
             self.applied[digest] = applied
@@ -187,4 +197,12 @@ class KeyHoldingClient(ClientBackend):
             applied=self.applied if self.preset.weighted_by_clients else None,
             released=self.released,
             origins=self.origins,
+            roster=self.signers,
+            ledger=self.ledger,
         )
+
+    def released_basis(self, basis: str) -> bool:
+        """Whether an upload of this client made from ``basis`` entered a release (it
+        consented to one): the runtime's rule that a model whose upload was released is
+        never trained from again in the run."""
+        return any(self.released.get(d) for d, b in self.bases.items() if b == basis)

@@ -212,7 +212,7 @@ class ThresholdClient(KeyHoldingClient):
         upload = Upload(body, sealed, b"")
         digest = upload.digest(self.preset)
         signature = self._signer.sign(upload_message(self.id, digest))
-        self._record_upload(digest, basis, request, applied)
+        self._record_upload(digest, basis, request, applied, len(values))
         return wire.ciphertext(Upload(body, sealed, signature).parts())
 
     def open(self, envelope: Envelope, name: str, length: int) -> np.ndarray:

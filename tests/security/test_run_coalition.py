@@ -1,0 +1,237 @@
+"""What a coalition learns from every release of a whole run (issue 59).
+
+The adversary holds the model still, so every client's update is the same vector every
+round, and chooses each round's contributors (who "dropped out"), weights and pairings. Each
+release alone passes every per-release rule; the run is what leaks: sums over sets that
+change round by round, or independent weightings of the same set, give every update by
+difference (the review recovered all six, to 2.3e-4 … 9e-3). The clients' run ledger
+(``secagg.backends.coalition.RunLedger``, ``participation="fixed"``) refuses the second such
+release; the control with ``participation="per-round"`` (the run rule off) recovers every
+victim, so each test can fail.
+
+Everything goes through the real client and holder halves (``tests.harness.BackendRound``);
+only the server deviates (``r.server.releases = None``: it asks for what its honest copy
+of the rules would pause).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from secagg.backends.coalition import RunLedger, run_weakest_share
+from secagg.ckks.release import Descriptor
+from secagg.errors import ReleaseRefused, RoundAborted, RoundSkipped
+from tests.harness import BackendRound, collude
+
+IDS = [f"client_{i}" for i in range(6)]
+N = 64
+
+
+def update(k: int) -> np.ndarray:
+    """Client k's update, the same every round (a model held still, full-batch training)."""
+    return np.random.default_rng(100 + k).normal(0, 0.05, N)
+
+
+def round_of(participation: str, backend: str, **options) -> BackendRound:
+    r = BackendRound(
+        IDS,
+        N,
+        backend=backend,
+        decryption_budget=20,
+        open_budget=20,
+        participation=participation,
+        **options,
+    )
+    r.server.releases = None  # a deviating server: it asks for whatever it likes
+    return r
+
+
+def release(r: BackendRound, contributors: list[str], weights: list[float]) -> np.ndarray | None:
+    """One round of the attack: the contributors upload their (repeated) update afresh, the
+    server sums them with ``weights`` and asks for the reveal; None when it is refused."""
+    r.round += 1
+    handles = r.uploads({c: update(IDS.index(c)) for c in contributors})
+    total = r.server.weighted_sum([handles[c] for c in contributors], weights)
+    try:
+        revealed = r.server.reveal(r.ctx(), total, "global_update")[0]
+    except (RoundAborted, ReleaseRefused):
+        return None
+    r.released = getattr(r, "released", 0) + 1
+    return revealed
+
+
+def leave_one_out(r: BackendRound) -> dict[str, np.ndarray]:
+    """The server alone: round j leaves client j out ("it dropped"); six releases of five
+    equal-weight uploads. Every update recovered from the six: x_j = Σx − R_j/w."""
+    got = {}
+    for j, c in enumerate(IDS):
+        others = [o for o in IDS if o != c]
+        revealed = release(r, others, [0.2] * 5)
+        if revealed is not None:
+            got[c] = revealed / 0.2
+    if len(got) < len(IDS):
+        return {}
+    total = sum(got.values()) / (len(IDS) - 1)
+    return {c: total - got[c] for c in IDS}
+
+
+def relative_error(estimate: np.ndarray, truth: np.ndarray) -> float:
+    return float(np.linalg.norm(estimate - truth) / np.linalg.norm(truth))
+
+
+@pytest.mark.parametrize("backend", ["ckks", "threshold"])
+def test_a_server_alone_that_picks_the_dropouts_recovers_no_update(backend):
+    """Attack 1 of the review, on ``ckks`` (compact) and on ``threshold`` at the default t
+    (4 of 6: every release lists 3 + 2 = 5 uploads). With the run rule the first release
+    fixes the set and every honest contributor refuses the next one over another set; with
+    it off every update comes back."""
+    r = round_of("fixed", backend)
+    assert leave_one_out(r) == {}
+    assert r.released == 1  # the first release only
+
+    control = round_of("per-round", backend)
+    recovered = leave_one_out(control)
+    assert len(recovered) == len(IDS)
+    tolerance = 1e-3  # the weights' quantisation (2^-16) and ckks's noise
+    for k, c in enumerate(IDS):
+        assert relative_error(recovered[c], update(k)) < tolerance
+
+
+def test_the_server_and_t_minus_one_clients_choosing_the_dropouts_recover_no_update():
+    """Attack 2 (threshold, t = 4 of 6: three colluders C): three rounds over
+    {C, h3, h4}, {C, h3, h5}, {C, h4, h5}, each a legal five-upload sum. The colluders'
+    uploads are known to them, so each release is a sum of two honest updates; the three
+    together give each one. The honest clients refuse the second set."""
+
+    def attack(r: BackendRound) -> dict[str, np.ndarray]:
+        colluders, honest = IDS[:3], IDS[3:]
+        for c in colluders:
+            collude(r, c)
+        pairs = [(honest[0], honest[1]), (honest[0], honest[2]), (honest[1], honest[2])]
+        sums = []
+        for a, b in pairs:
+            revealed = release(r, [*colluders, a, b], [0.2] * 5)
+            if revealed is None:
+                return {}
+            known = 0.2 * sum(update(IDS.index(c)) for c in colluders)
+            sums.append((revealed - known) / 0.2)
+        s01, s02, s12 = sums
+        return {
+            honest[0]: (s01 + s02 - s12) / 2,
+            honest[1]: (s01 + s12 - s02) / 2,
+            honest[2]: (s02 + s12 - s01) / 2,
+        }
+
+    assert attack(round_of("fixed", "threshold")) == {}
+    recovered = attack(round_of("per-round", "threshold"))
+    for c, estimate in recovered.items():
+        assert relative_error(estimate, update(IDS.index(c))) < 1e-3
+    assert len(recovered) == 3
+
+
+def test_weightings_that_change_round_by_round_over_one_set_are_refused():
+    """Within one fixed set, independent weight rows over repeated uploads single one out
+    (the larc-lagged attack's shape: a victim's weight raised one round at a time). A
+    protocol whose weights do not vary with the data keeps its rows proportional, so the
+    clients refuse the second row; the control recovers every update from six rows."""
+
+    def attack(r: BackendRound) -> dict[str, np.ndarray]:
+        rows, sums = [], []
+        for j in range(len(IDS)):
+            weights = [0.3 if k == j else 0.14 for k in range(len(IDS))]
+            revealed = release(r, IDS, weights)
+            if revealed is None:
+                return {}
+            rows.append(weights)
+            sums.append(revealed)
+        solved = np.linalg.solve(np.asarray(rows), np.stack(sums))
+        return {c: solved[k] for k, c in enumerate(IDS)}
+
+    assert attack(round_of("fixed", "ckks")) == {}
+    recovered = attack(round_of("per-round", "ckks"))
+    assert len(recovered) == len(IDS)
+    for k, c in enumerate(IDS):
+        assert relative_error(recovered[c], update(k)) < 5e-3
+
+
+def test_the_same_set_with_proportional_weights_goes_on_every_round():
+    """What an honest FedAvg run does under ``fixed``: one set, the same weights, every
+    round released, and nothing but that sum learned (the run's weakest share is the one
+    release's)."""
+    r = round_of("fixed", "threshold")
+    weights = [0.1, 0.15, 0.15, 0.2, 0.2, 0.2]
+    truth = sum(w * update(k) for k, w in enumerate(weights))
+    for _ in range(4):
+        revealed = release(r, IDS, weights)
+        assert revealed is not None
+        np.testing.assert_allclose(revealed, truth, atol=1e-5)  # weights in 2^-16
+    rows = [dict(zip(IDS, [13107, 19661, 19661, 26214, 26214, 26214]))] * 4
+    # the coalition takes the three largest: the fifth largest over the largest is left
+    assert run_weakest_share(rows, colluders=3, min_honest=2) == pytest.approx(19661 / 26214)
+
+
+def test_an_honest_server_pauses_releases_when_a_contributor_is_missing():
+    """The server's own copy of the rule: a sum over the run's set minus one client is not
+    asked for; the round is skipped (the run ``degraded``), and the release resumes once
+    the client answers again."""
+    r = BackendRound(IDS, N, backend="threshold", decryption_budget=20, participation="fixed")
+    handles = r.uploads({c: update(k) for k, c in enumerate(IDS)})
+    r.server.reveal(r.ctx(), r.server.weighted_sum(list(handles.values()), [1 / 6] * 6), "g")
+    shares = sum(c.decryptions for c in r.clients.values())
+    r.round += 1
+    handles = r.uploads({c: update(k) for k, c in enumerate(IDS[:5])})
+    with pytest.raises(RoundSkipped, match="participation is fixed and client_5 is not in"):
+        r.server.reveal(r.ctx(), r.server.weighted_sum(list(handles.values()), [0.2] * 5), "g")
+    assert sum(c.decryptions for c in r.clients.values()) == shares  # nobody was asked
+    r.round += 1
+    handles = r.uploads({c: update(k) for k, c in enumerate(IDS)})
+    got, _ = r.server.reveal(
+        r.ctx(), r.server.weighted_sum(list(handles.values()), [1 / 6] * 6), "g"
+    )
+    np.testing.assert_allclose(got, sum(update(k) for k in range(6)) / 6, atol=1e-5)
+
+
+def test_the_run_ledger_survives_a_restart_of_the_client_half():
+    """The ledger travels with the half's state: a client restored from its export after
+    the first release still refuses a second set."""
+    r = round_of("fixed", "ckks")
+    assert release(r, IDS[:5], [0.2] * 5) is not None
+    for c in IDS:
+        state = r.clients[c].state_dict()
+        fresh = BackendRound([c], N, backend="ckks", participation="fixed").clients[c]
+        assert fresh.ledger.streams == {}
+        r.clients[c].load_state_dict(state)
+        assert r.clients[c].ledger.streams == r.clients[c].ledger.to_config()["streams"]
+    assert release(r, IDS[1:], [0.2] * 5) is None
+
+
+def test_a_ledger_kept_under_other_rules_or_garbled_is_refused():
+    ledger = RunLedger("fixed")
+    ledger.uploaded("d0", N)
+    d = Descriptor("reveal", "g", 0, N, 1, (("a", 3, "d0"), ("b", 3, "d1")))
+    ledger.record(d, "d0")
+    kept = ledger.to_config()
+    with pytest.raises(ValueError, match="kept under participation 'fixed'"):
+        RunLedger("per-round").load(kept)
+    garbled = {**kept, "streams": {str(N): {"set": ["a"], "row": [1, 2], "releases": 1}}}
+    with pytest.raises(ValueError, match="garbled"):
+        RunLedger("fixed").load(garbled)
+    again = RunLedger("fixed")
+    again.load(kept)
+    with pytest.raises(ReleaseRefused, match="another set of clients"):
+        again.check("a", Descriptor("reveal", "g", 1, N, 1, (("a", 3, "d0"), ("c", 3, "d2"))), "d0")
+    with pytest.raises(ReleaseRefused, match="proportional over the run"):
+        again.check("a", Descriptor("reveal", "g", 1, N, 1, (("a", 3, "d0"), ("b", 4, "d3"))), "d0")
+    again.check("a", Descriptor("reveal", "g", 1, N, 1, (("a", 6, "d0"), ("b", 6, "d3"))), "d0")
+
+
+def test_the_run_weakest_share_sees_what_the_releases_together_allow():
+    """The audit's run view (uploads of a client as one vector): leave-one-out sets isolate
+    (0), one set with proportional rows keeps the single release's share."""
+    loo = [{c: 1 for c in IDS if c != out} for out in IDS]
+    assert run_weakest_share(loo, colluders=0, min_honest=2) == 0.0
+    same = [dict.fromkeys(IDS, 2)] * 5
+    assert run_weakest_share(same, colluders=0, min_honest=2) == 1.0
+    two = [{"a": 1, "b": 1, "c": 1}, {"a": 1, "b": 1, "c": 2}]
+    assert run_weakest_share(two, colluders=0, min_honest=2) == 0.0
