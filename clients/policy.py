@@ -51,7 +51,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -188,30 +188,6 @@ class PolicyGuard:
         self.scalars = 0
         #: the parts of the latest round's update already uploaded (part 0 with ``train``)
         self.uploaded: tuple[int, set[int]] = (-1, set())
-        #: identity of each model this client made uploads from -> their bases (the run
-        #: rule of :meth:`train_from`)
-        self.models: dict[str, list[str]] = {}
-
-    def made_from(self, model_id: str | None, basis: str) -> None:
-        """An upload of this client was made from model ``model_id`` (its ``basis``)."""
-        if model_id is not None:
-            bases = self.models.setdefault(model_id, [])
-            if basis not in bases:
-                bases.append(basis)
-
-    def train_from(self, model_id: str, released: Callable[[str], bool]) -> None:
-        """Refuse to train from a model that an upload of this client already released in
-        this run was made from (``released``: whether an upload of a basis entered a
-        release). A server that holds the model still makes every round's update the same
-        vector, and sums over sets it picks then give each one by difference (issue 59's
-        attacks); a model of a round whose release never happened (a skipped round) may be
-        trained from again, since nothing of it left."""
-        if any(released(b) for b in self.models.get(model_id, ())):
-            raise PolicyRefused(
-                "this client already trained from this model in this run and its upload was "
-                "released; a model held still makes uploads repeat, which sums over chosen "
-                "sets single out (the server's step must move the model)"
-            )
 
     def check_round(self, round_number: int) -> None:
         if round_number < self.round:
@@ -272,7 +248,6 @@ class PolicyGuard:
             "validations": {str(r): n for r, n in self.validations.items()},
             "scalars": self.scalars,
             "uploaded": [self.uploaded[0], sorted(self.uploaded[1])],
-            "models": {m: list(bs) for m, bs in self.models.items()},
         }
 
     def load_state_dict(self, state: Any) -> None:
@@ -282,18 +257,10 @@ class PolicyGuard:
             "validations",
             "scalars",
             "uploaded",
-            "models",
         }:
             raise StateError(
-                "a policy guard's state holds round, trained, validations, scalars, uploaded, "
-                "models"
+                "a policy guard's state holds round, trained, validations, scalars, uploaded"
             )
-        models = state["models"]
-        if not isinstance(models, dict) or not all(
-            isinstance(m, str) and isinstance(bs, list) and all(isinstance(b, str) for b in bs)
-            for m, bs in models.items()
-        ):
-            raise StateError("a policy guard's models are {model identity: [bases]}")
         uploaded = state["uploaded"]
         if not (
             isinstance(uploaded, list)
@@ -315,7 +282,6 @@ class PolicyGuard:
         self.uploaded = (uploaded[0], set(uploaded[1]))
         self.trained = set(state["trained"])
         self.validations = {int(r): n for r, n in validations.items()}
-        self.models = {m: list(bs) for m, bs in models.items()}
 
 
 def fields_digest(fields: Mapping[str, Field], skip: frozenset[str] = frozenset()) -> str:

@@ -351,7 +351,7 @@ class Client:
             raise ProtocolStateError(f"{self.id} protects values only while answering a request")
         basis = upload_basis(request.round, request.phase, request.fields, self._model_id)
         self._basis = basis
-        self.guard.made_from(self._model_id, basis)
+        self.backend.note_model(self._model_id)
         return self._timed(
             "protect", self.backend.protect, values, weight, basis=basis, request=self._request_id
         )
@@ -389,20 +389,13 @@ class Client:
         first = self._part(env, len(parts)) if len(parts) > 1 else 0
         if first != 0:
             raise PolicyRefused(f"{self.id} sends part 0 of its update with its training")
-        sent = env.vector("model", self.n_params) if "model" in env.fields else None
-        if sent is None and self._w is None:
-            raise ProtocolStateError(f"{self.id} has no global model to train from")
-        model_id = (
-            model_identity(sent)
-            if sent is not None
-            else self._model_id or model_identity(self._w)  # from parts: named once, whole
-        )
-        # the run's rules before anything moves: a refused request changes nothing
-        self.guard.train_from(model_id, self.backend.released_basis)
         self.guard.train(env.round)
-        if sent is not None:
-            self._w = sent
-        self._model_id = model_id
+        if "model" in env.fields:
+            self._set_model(env.vector("model", self.n_params))
+        elif self._w is None:
+            raise ProtocolStateError(f"{self.id} has no global model to train from")
+        elif self._model_id is None:  # assembled from parts: named once, whole
+            self._model_id = model_identity(self._w)
         if "server_opt" in env.fields:  # server-blind run: keep a copy of the optimizer
             opt_cfg = self.policy.server_optimizer_config(env.config("server_opt"))
             if self._optimizer is None:

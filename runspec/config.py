@@ -209,6 +209,17 @@ class ExperimentConfig:
         )
         spec.check_run(self, protocol.capabilities)
         type(protocol).check_run(self)
+        if (
+            self.resolved_backend_options().get("participation") == "per-round"
+            and self.client_dp is None
+        ):
+            raise ConfigError(
+                "participation per-round lets the server choose each round's contributors, "
+                "and sums over sets that change give an update by difference once uploads "
+                "repeat: it holds only with client-level DP, whose accountant composes every "
+                "release of the run. Add --client-dp clip=C,noise=Z, or keep --participation "
+                "fixed (the default: a client that does not answer pauses releases)"
+            )
 
     def _check_dp(self) -> None:
         """The three DP settings' keys and values, and δ."""

@@ -96,11 +96,10 @@ class ClientBackend(ABC):
         values that does not depend on them (``secagg.secret.ckks_masks``); the next
         :meth:`protect` of that size uses it. Nothing on a backend without such a part."""
 
-    def released_basis(self, basis: str) -> bool:
-        """Whether an upload this client made from ``basis`` entered a release it consented
-        to (the client then never trains from that model again in the run). None do on a
-        backend without consents."""
-        return False
+    def note_model(self, model_id: str | None) -> None:
+        """The model this client's next uploads are made from (``policy.model_identity``):
+        a backend that keeps a run ledger counts uploads made from one model as one vector
+        (``secagg.backends.coalition.RunLedger``). Nothing on a backend without consents."""
 
     def discard_prepared(self) -> None:
         """Wipe whatever :meth:`prepare_upload` made that no upload used: the client calls

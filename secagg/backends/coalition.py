@@ -140,52 +140,58 @@ def _proportional(u: Sequence[int], v: Sequence[int]) -> bool:
 PARTICIPATION = ("fixed", "per-round")
 
 
-def proportional(u: Sequence[int], v: Sequence[int]) -> bool:
-    """Integer rows u and v (neither all zero) are multiples of each other, exactly."""
-    return len(u) == len(v) and any(u) and any(v) and _proportional(list(u), list(v))
-
-
 class RunLedger:
     """What one client counts over the whole run: for each of its upload streams (the
     length of its own upload: one unknown vector per client and stream, the worst case of a
-    server that holds the model still so that uploads repeat), the contributor set and the
-    weight row of the first release it entered.
+    server that holds the model still so that uploads repeat), the contributor set of the
+    first release it entered and a basis of the weight rows of every release since.
 
     The run rule (``participation="fixed"``): every later release of a stream covers the
-    same contributor set, with a weight row proportional to the first (unless the
-    protocol's weights vary with the data every round, ``weights_vary``: then the set is
-    fixed and the rows are the protocol's, the guarantee over the run is the per-round one
-    and only client DP covers the run). Why it suffices: every combination of every
-    release of the run, restricted to one set, is then a multiple of one row that already
-    passed the per-release rule 4 (``weakest_share`` ≥ ε with the colluders), so no
-    combination has fewer than ``min_honest`` honest terms of weight ε; sets of different
-    streams are different unknowns. With ``per-round`` the per-release rules only.
+    same contributor set, and all its weight rows over the run together pass rule 4 exactly
+    as one upload's weightings do (``weakest_share`` ≥ ε with the colluders: at most two
+    independent rows, a row proportional to an earlier one tells nothing new). So every
+    combination of every release of the run is a combination of at most two rows that
+    already passed; sets of different streams are different unknowns. A protocol whose
+    weights vary with the data every round (``weights_vary``: LARC's α) keeps the fixed set,
+    and its rows are held to the rule per model instead of per run: uploads made from one
+    model are one stream (a server that holds the model still gets no third weighting of
+    them), uploads from different models are counted as different vectors. That is the
+    per-round guarantee; a model moved by a hair of the server's choosing makes near-equal
+    uploads that it does not bound, so over the run only client DP covers such a protocol.
+    With ``per-round`` participation the per-release rules only.
 
-    Its state travels with the client half's (``to_config``/``from_config``), so a restarted
-    node counts on; it is checked before the expensive per-release checks."""
+    Its state travels with the client half's (``to_config``/``load``), so a restarted node
+    counts on; it is checked before the expensive per-release checks (its own cost: one
+    exact two-row check over the contributors, as rule 4's)."""
 
     def __init__(self, participation: str = "fixed", weights_vary: bool = False):
         if participation not in PARTICIPATION:
             raise ValueError(f"participation is one of {PARTICIPATION}, got {participation!r}")
         self.participation = participation
         self.weights_vary = weights_vary
-        #: stream -> {"set": sorted clients, "row": their integer weights, "releases": count}
+        #: stream (a length) -> {"set": sorted clients, "releases": how many it entered,
+        #: "rows": {"" (or, where the weights vary, a model): a basis of the weight rows
+        #: over the set, at most two}}
         self.streams: dict[str, dict] = {}
-        #: digest of each of this client's uploads -> its stream
-        self.uploads: dict[str, str] = {}
+        #: digest of each of this client's uploads -> [its stream, its rows' key]
+        self.uploads: dict[str, list[str]] = {}
 
-    def uploaded(self, digest: str, n_values: int) -> None:
-        """Remember which stream an upload of this client belongs to (its own length)."""
-        self.uploads[digest] = str(int(n_values))
+    def uploaded(self, digest: str, n_values: int, model: str = "") -> None:
+        """Remember which stream an upload of this client belongs to: its own length, and
+        where the weights vary, the model it was made from too (``model``)."""
+        self.uploads[digest] = [str(int(n_values)), model if self.weights_vary else ""]
 
-    def check(self, client_id: str, d, digest: str) -> None:
+    def check(self, client_id: str, d, digest: str, policy) -> None:
         """ReleaseRefused unless release ``d`` (a ``Descriptor`` listing this client's
-        upload ``digest``) keeps the run rule with every release recorded before."""
+        upload ``digest``) keeps the run rule with every release recorded before, under
+        ``policy`` (a ``ReleasePolicy``: its colluders, ``min_contributors`` and
+        ``min_share``)."""
         from secagg.errors import ReleaseRefused
 
         if self.participation != "fixed":
             return
-        ref = self.streams.get(self.uploads.get(digest, ""))
+        stream, key = self.uploads.get(digest, ["", ""])
+        ref = self.streams.get(stream)
         if ref is None:
             return
         weights = d.weights
@@ -198,30 +204,40 @@ class RunLedger:
                 f"{gone[:8]}, added {new[:8]}): sums over sets chosen round by round give "
                 "every update by difference once the uploads repeat"
             )
-        if not self.weights_vary and not proportional(
-            ref["row"], [weights[c] for c in ref["set"]]
-        ):
+        if policy.min_contributors < 2:
+            return
+        rows = [*ref["rows"].get(key, []), [weights[c] for c in ref["set"]]]
+        share = weakest_share(rows, policy.colluders, policy.min_contributors)
+        if share <= 0.0 or share < policy.min_share:
             raise ReleaseRefused(
                 f"{client_id}: release {d.name!r} (round {d.round}) weighs this run's "
-                "contributors otherwise than its earlier releases (their weights must stay "
-                "proportional over the run: independent weightings of repeated uploads single "
-                "one out)"
+                f"contributors so that with the run's earlier releases a combination keeps "
+                f"fewer than {policy.min_contributors} honest uploads of weight "
+                f"{policy.min_share:g} of the largest (weakest share over the run "
+                f"{share:.3g}): weightings of repeated uploads must stay within two "
+                "directions over the whole run"
             )
 
     def record(self, d, digest: str) -> None:
-        stream = self.uploads.get(digest, "")
-        ref = self.streams.setdefault(
-            stream,
-            {"set": sorted(d.weights), "row": [d.weights[c] for c in sorted(d.weights)]},
-        )
-        ref["releases"] = ref.get("releases", 0) + 1
+        stream, key = self.uploads.get(digest, ["", ""])
+        clients = sorted(d.weights)
+        ref = self.streams.setdefault(stream, {"set": clients, "rows": {}, "releases": 0})
+        if clients == ref["set"]:
+            row = [d.weights[c] for c in clients]
+            basis = independent_rows([*ref["rows"].get(key, []), row])
+            if len(basis) <= 2:
+                ref["rows"][key] = basis
+        ref["releases"] += 1
 
     def to_config(self) -> dict:
         return {
             "participation": self.participation,
             "weights_vary": self.weights_vary,
-            "streams": {s: dict(v) for s, v in self.streams.items()},
-            "uploads": dict(self.uploads),
+            "streams": {
+                s: {**v, "rows": {k: [list(r) for r in rs] for k, rs in v["rows"].items()}}
+                for s, v in self.streams.items()
+            },
+            "uploads": {d: list(u) for d, u in self.uploads.items()},
         }
 
     def load(self, cfg: object) -> None:
@@ -243,22 +259,45 @@ class RunLedger:
         if not (
             isinstance(streams, dict)
             and isinstance(uploads, dict)
-            and all(isinstance(k, str) and isinstance(v, str) for k, v in uploads.items())
             and all(
-                isinstance(v, dict)
-                and set(v) == {"set", "row", "releases"}
-                and isinstance(v["set"], list)
-                and all(isinstance(c, str) for c in v["set"])
-                and isinstance(v["row"], list)
-                and len(v["row"]) == len(v["set"])
-                and all(isinstance(k, int) and not isinstance(k, bool) for k in v["row"])
-                and isinstance(v["releases"], int)
-                for v in streams.values()
+                isinstance(k, str)
+                and isinstance(v, list)
+                and len(v) == 2
+                and all(isinstance(x, str) for x in v)
+                for k, v in uploads.items()
             )
+            and all(_stream_entry(v) for v in streams.values())
         ):
             raise ValueError("the run ledger is garbled")
-        self.streams = {s: dict(v) for s, v in streams.items()}
-        self.uploads = dict(uploads)
+        self.streams = {
+            s: {**v, "rows": {k: [list(r) for r in rs] for k, rs in v["rows"].items()}}
+            for s, v in streams.items()
+        }
+        self.uploads = {d: list(u) for d, u in uploads.items()}
+
+
+def _stream_entry(v: object) -> bool:
+    return (
+        isinstance(v, dict)
+        and set(v) == {"set", "rows", "releases"}
+        and isinstance(v["set"], list)
+        and all(isinstance(c, str) for c in v["set"])
+        and isinstance(v["rows"], dict)
+        and all(
+            isinstance(key, str)
+            and isinstance(rows, list)
+            and len(rows) <= 2
+            and all(
+                isinstance(r, list)
+                and len(r) == len(v["set"])
+                and all(isinstance(k, int) and not isinstance(k, bool) for k in r)
+                for r in rows
+            )
+            for key, rows in v["rows"].items()
+        )
+        and isinstance(v["releases"], int)
+        and not isinstance(v["releases"], bool)
+    )
 
 
 def run_weakest_share(

@@ -65,6 +65,9 @@ class ReleaseRecord:
         try:
             self.policy.check(d)
             self.policy.check_weightings(d, earlier)
+            # the set is fixed once it is asked for: the clients that consent record it,
+            # whether or not the release then happens
+            self.run_sets.setdefault(d.n_values, sorted(d.weights))
         except ReleaseRefused as exc:
             raise RoundSkipped(
                 f"{d.name}: the clients' release rules refuse it ({exc}); the round is skipped",
@@ -74,7 +77,6 @@ class ReleaseRecord:
             ) from None
 
     def record(self, d: Descriptor) -> None:
-        self.run_sets.setdefault(d.n_values, sorted(d.weights))
         for _, _, digest in d.entries:
             if d not in self.seen.setdefault(digest, []):
                 self.seen[digest].append(d)

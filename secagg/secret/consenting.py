@@ -132,7 +132,7 @@ def consent(
             "the same uploads would single one out)"
         )
     if ledger is not None:
-        ledger.check(client_id, d, mine[0])
+        ledger.check(client_id, d, mine[0], policy)
     record = released if released is not None else {}
     policy.check_weightings(d, [Descriptor.from_config(c) for c in record.get(mine[0], [])])
     origin = (origins or {}).get(mine[0], "")

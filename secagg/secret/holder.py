@@ -166,7 +166,7 @@ class KeyHoldingClient(ClientBackend):
         answered, its stream (its length: the run ledger's unknown vector) and, on a
         client-weighted preset, the integer weight applied to it."""
         self.uploads[digest], self.bases[digest] = {}, basis
-        self.ledger.uploaded(digest, n_values)
+        self.ledger.uploaded(digest, n_values, getattr(self, "_model", ""))
         self.origins[digest] = request
         if applied is not None:
             self.applied[digest] = applied
@@ -201,8 +201,5 @@ class KeyHoldingClient(ClientBackend):
             ledger=self.ledger,
         )
 
-    def released_basis(self, basis: str) -> bool:
-        """Whether an upload of this client made from ``basis`` entered a release (it
-        consented to one): the runtime's rule that a model whose upload was released is
-        never trained from again in the run."""
-        return any(self.released.get(d) for d, b in self.bases.items() if b == basis)
+    def note_model(self, model_id: str | None) -> None:
+        self._model = model_id or ""

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from secagg.backends.coalition import RunLedger, run_weakest_share
-from secagg.ckks.release import Descriptor
+from secagg.ckks.release import Descriptor, ReleasePolicy
 from secagg.errors import ReleaseRefused, RoundAborted, RoundSkipped
 from tests.harness import BackendRound, collude
 
@@ -214,16 +214,21 @@ def test_a_ledger_kept_under_other_rules_or_garbled_is_refused():
     kept = ledger.to_config()
     with pytest.raises(ValueError, match="kept under participation 'fixed'"):
         RunLedger("per-round").load(kept)
-    garbled = {**kept, "streams": {str(N): {"set": ["a"], "row": [1, 2], "releases": 1}}}
+    garbled = {**kept, "streams": {str(N): {"set": ["a"], "rows": {"": [[1, 2]]}, "releases": 1}}}
     with pytest.raises(ValueError, match="garbled"):
         RunLedger("fixed").load(garbled)
     again = RunLedger("fixed")
     again.load(kept)
+    policy = ReleasePolicy(max_weight=1 << 16)
+
+    def release(*entries):
+        return Descriptor("reveal", "g", 1, N, 1, tuple(entries))
+
     with pytest.raises(ReleaseRefused, match="another set of clients"):
-        again.check("a", Descriptor("reveal", "g", 1, N, 1, (("a", 3, "d0"), ("c", 3, "d2"))), "d0")
-    with pytest.raises(ReleaseRefused, match="proportional over the run"):
-        again.check("a", Descriptor("reveal", "g", 1, N, 1, (("a", 3, "d0"), ("b", 4, "d3"))), "d0")
-    again.check("a", Descriptor("reveal", "g", 1, N, 1, (("a", 6, "d0"), ("b", 6, "d3"))), "d0")
+        again.check("a", release(("a", 3, "d0"), ("c", 3, "d2")), "d0", policy)
+    with pytest.raises(ReleaseRefused, match="within two directions over the whole run"):
+        again.check("a", release(("a", 3, "d0"), ("b", 4, "d3")), "d0", policy)
+    again.check("a", release(("a", 6, "d0"), ("b", 6, "d3")), "d0", policy)
 
 
 def test_the_run_weakest_share_sees_what_the_releases_together_allow():
