@@ -75,6 +75,7 @@ class AutoFedRL(Protocol, ValidationFeedback):
         reveals=("val_loss", "global_update"),
         client_scalars=("val_loss",),
         streams=True,
+        weights_vary=True,  # the agent searches the aggregation weights every round
     )
 
     def __init__(

@@ -140,6 +140,7 @@ class LARC(Protocol):
         reveals=("delta_loss", "alpha", "global_update"),
         client_scalars=("delta_loss",),
         opens_per_round=1,  # Ĝ
+        weights_vary=True,  # α from the ΔL's, every round
     )
     client = LARCClient
 

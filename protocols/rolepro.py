@@ -177,7 +177,9 @@ class _LossRatio(Protocol):
 
     ratio = "cost"  # "cost": l(w^c_{t-1}) / l(w^c_t); "round": l(w_{t-1}) / l(w^c_t)
     capabilities = Capabilities(
-        reveals=("loss_ratio", "global_update"), client_scalars=("loss_ratio",)
+        reveals=("loss_ratio", "global_update"),
+        client_scalars=("loss_ratio",),
+        weights_vary=True,  # from the loss ratios, every round
     )
     client = LossRatioClient
 

@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from secagg.errors import ConfigError
+from secagg.protocols.registry import PROTOCOLS
 from secagg.runspec.settings import from_config
 from secagg.runspec.status import COMPLETE, RunStatus, decide, seed_outcome
 from secagg.server.audit import AuditLog
@@ -298,6 +299,28 @@ def _configured(
     return config
 
 
+def run_guarantee_note(config: ExperimentConfig) -> str:
+    """What an encrypted run promises over the whole run, when it is less than one contributor
+    set with weights in two directions (``secagg.backends.coalition.RunLedger``): said at
+    the run's start; "" otherwise."""
+    options = config.resolved_backend_options()
+    if "participation" not in options:
+        return ""
+    if options["participation"] == "per-round":
+        return (
+            f"note: participation per-round on {config.backend}: each release holds the "
+            "per-round rules; over the run, client DP is the guarantee"
+        )
+    if PROTOCOLS[config.protocol].protocol.capabilities.weights_vary and not config.client_dp:
+        return (
+            f"note: {config.protocol}'s weights vary with the data every round: on "
+            f"{config.backend} the clients keep one contributor set for the run, but against "
+            "a server that moves the model by a hair its guarantee is per round; only "
+            "--client-dp covers the whole run"
+        )
+    return ""
+
+
 def _open_folder(
     out: Path,
     config: ExperimentConfig,
@@ -319,6 +342,9 @@ def _open_folder(
         raise
     if report:
         report(f"results go to {folder.path}/")
+        note = run_guarantee_note(config)
+        if note:
+            report(note)
     audit.records = list(finished.audit_records)
     for name, items in finished.audit_sets.items():
         getattr(audit, name).update(items)

@@ -436,6 +436,12 @@ def cmd_protocols(_: argparse.Namespace) -> int:
             print(f"{'':14s} flags: {flags}")
         if spec.tasks:  # it trains only these (a run on another task is refused)
             print(f"{'':14s} tasks: {', '.join(spec.tasks)}")
+        over_run = (
+            "weights vary with the data: per round; client DP covers the run"
+            if spec.protocol.capabilities.weights_vary
+            else "one contributor set, weights within two directions"
+        )
+        print(f"{'':14s} encrypted, over the whole run: {over_run}")
     return 0
 
 

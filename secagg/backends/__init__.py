@@ -651,12 +651,16 @@ def make_backends(
     decryption_budget: int = 8,
     open_budget: int = 8,
     reveal_length: int | tuple[int, ...] | None = None,
+    weights_vary: bool = False,
     **options: Any,
 ) -> tuple[ServerBackend, dict[str, ClientBackend]]:
     """Both halves at once (tests, benchmarks): the server's and one per client, the clients
-    provisioned with fresh identities and one roster."""
+    provisioned with fresh identities and one roster (``weights_vary``: as for a protocol
+    whose weights vary with the data, ``coalition.RunLedger``)."""
     provisions = (
-        provision(client_ids, decryption_budget, reveal_length, open_budget)
+        provision(
+            client_ids, decryption_budget, reveal_length, open_budget, weights_vary=weights_vary
+        )
         if backend_spec(name).keyed
         else {}
     )
