@@ -57,6 +57,7 @@ SPECIAL = {
     "imports": ("json,string", ["json", "string"]),  # importable anywhere, harmless
     "device": ("auto", "auto"),
     "min_clients": ("all", "all"),
+    "participation": ("per-round", "per-round"),
 }
 
 

@@ -392,7 +392,7 @@ def _release_policy_options() -> tuple[BackendOption, ...]:
             "fixed",
             "who may contribute to the run's releases, counted over the whole run (a "
             "client's own rule): fixed, one contributor set for the run with weights "
-            "proportional across it (a client that does not answer pauses releases: rounds "
+            "within two directions over it (a client that does not answer pauses releases: rounds "
             "skipped, the run degraded), so a server that holds the model still and picks "
             "who drops out learns no individual update; per-round, any set the per-release "
             "rules pass (only with --client-dp, which then covers the run)",

@@ -188,8 +188,8 @@ class RunLedger:
         ``min_share``)."""
         from secagg.errors import ReleaseRefused
 
-        if self.participation != "fixed":
-            return
+        if self.participation != "fixed" or policy.min_contributors < 2:
+            return  # a client that accepts one-upload releases accepts being singled out
         stream, key = self.uploads.get(digest, ["", ""])
         ref = self.streams.get(stream)
         if ref is None:
@@ -204,8 +204,6 @@ class RunLedger:
                 f"{gone[:8]}, added {new[:8]}): sums over sets chosen round by round give "
                 "every update by difference once the uploads repeat"
             )
-        if policy.min_contributors < 2:
-            return
         rows = [*ref["rows"].get(key, []), [weights[c] for c in ref["set"]]]
         share = weakest_share(rows, policy.colluders, policy.min_contributors)
         if share <= 0.0 or share < policy.min_share:
