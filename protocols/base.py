@@ -78,6 +78,10 @@ class Capabilities:
     #: weight rows proportional, so over the run only client DP covers it (the guarantee
     #: per round stays; ``secagg.backends.coalition.RunLedger``)
     weights_vary: bool = False
+    #: it picks each round's contributors by their data (TopKRegCost keeps the best 80 %):
+    #: no fixed contributor set, so on an encrypted backend only per-round participation
+    #: with client DP (``secagg.backends.coalition``)
+    selects_contributors: bool = False
 
     def __post_init__(self):
         if not set(self.client_scalars) <= set(self.reveals):

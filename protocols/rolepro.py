@@ -34,6 +34,8 @@ their updates in plaintext, which the run must allow explicitly (and the audit t
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -234,6 +236,7 @@ class RegCostAgg(_LossRatio):
 
 class TopKRegCost(_LossRatio):
     name = "topkregcost"
+    capabilities = dataclasses.replace(_LossRatio.capabilities, selects_contributors=True)
 
     def __init__(self, drop_fraction: float = 0.2):
         self.drop_fraction = _checked_fraction(drop_fraction)
@@ -372,11 +375,21 @@ _AGGREGATORS = (
     (RegMedAgg, "median-centred RegAgg: every update in plaintext", False),
     (TrimmedMean, "per-coordinate 20 % trimmed mean: every update in plaintext", False),
 )
+#: a protocol that picks its contributors every round runs encrypted with per-round
+#: participation, which needs client-level DP (here light: clip 1, noise 0.1; seeded, so
+#: that the example's runs on plain and encrypted draw the same noise and compare)
+_SELECTING = {
+    "backend_options": {"participation": "per-round"},
+    "client_dp": {"clip": 1.0, "noise": 0.1},
+    "dp_noise": "seeded",
+}
 for _cls, _weights, _precise in _AGGREGATORS:
     register_protocol(
         _cls.name,
         _cls,
         summary=f"RoLePRO judicious aggregator (FeTS 2022): {_weights}",
-        example=Example(precise=_precise),
+        example=Example(
+            _SELECTING if _cls.capabilities.selects_contributors else {}, precise=_precise
+        ),
         _builtin=True,
     )

@@ -257,9 +257,13 @@ def test_replayed_upload_from_an_earlier_round_is_caught():
     assert "client_bad" in report.excluded and "StaleMessage" in report.excluded["client_bad"]
 
 
-def test_a_client_whose_values_overflow_is_excluded_with_the_reason():
+@pytest.mark.parametrize("participation", ["per-round", "fixed"])
+def test_a_client_whose_values_overflow_is_excluded_with_the_reason(participation):
+    """The overflowing client is excluded and says why; with per-round participation the
+    others' sum is released, with fixed participation (the default) the round is skipped:
+    the run's one contributor set is not complete, so releases pause."""
     ids = ["client_0", "client_1", "client_big"]
-    server_backend, backends = make_backends("ckks", ids)
+    server_backend, backends = make_backends("ckks", ids, participation=participation)
     handlers = {
         "client_0": backend_client("client_0", backends["client_0"], np.full(5, 0.1), 10),
         "client_1": backend_client("client_1", backends["client_1"], np.full(5, 0.1), 10),
@@ -276,6 +280,10 @@ def test_a_client_whose_values_overflow_is_excluded_with_the_reason():
     server.setup(rounds=1)
     report = server.run_round(0)
     assert "exceeds the CKKS preset" in report.excluded["client_big"]
+    if participation == "fixed":
+        assert report.skipped is not None and "participation is fixed" in report.skipped
+        np.testing.assert_array_equal(server.params, 0.0)
+        return
     np.testing.assert_allclose(server.params, 0.1, atol=1e-6)
 
 

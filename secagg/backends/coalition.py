@@ -212,8 +212,8 @@ class RunLedger:
                 f"contributors so that with the run's earlier releases a combination keeps "
                 f"fewer than {policy.min_contributors} honest uploads of weight "
                 f"{policy.min_share:g} of the largest (weakest share over the run "
-                f"{share:.3g}): weightings of repeated uploads must stay within two "
-                "directions over the whole run"
+                f"{share:.3g}); this client refuses a release that singles an upload out "
+                "over the run (weightings of repeated uploads stay within two directions)"
             )
 
     def record(self, d, digest: str) -> None:

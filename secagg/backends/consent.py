@@ -40,8 +40,10 @@ class ReleaseRecord:
             )
         fixed = self.run_sets.get(d.n_values)
         first_short = fixed is None and set(ctx.unanswered) - set(d.weights)
-        if self.policy.participation == "fixed" and (
-            first_short or (fixed is not None and fixed != sorted(d.weights))
+        if (
+            self.policy.participation == "fixed"
+            and self.policy.min_contributors > 1
+            and (first_short or (fixed is not None and fixed != sorted(d.weights)))
         ):
             missing = sorted(
                 set(ctx.unanswered) - set(d.weights)

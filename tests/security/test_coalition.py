@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from secagg import wire
-from secagg.backends.coalition import independent_rows, weakest_share
+from secagg.backends.coalition import RunLedger, independent_rows, weakest_share
 from secagg.backends.threshold_server import ThresholdHandle
 from secagg.ckks.release import Descriptor
 from secagg.errors import ReleaseRefused, RoundAborted, RoundSkipped
@@ -152,10 +152,14 @@ def test_a_second_weighting_over_another_set_of_the_same_uploads_is_refused():
     """Two sums over sets that differ by one upload give it by difference: the contributors
     refuse the second set (rule 2), even where it is large enough on its own."""
     ids = [f"client_{i}" for i in range(7)]  # t = 4: a release lists >= 5
-    r = BackendRound(ids, N, backend="threshold", decryption_budget=9, open_budget=9)
+    # per-round participation: fixed participation refuses any second set before rule 2
+    # (test_run_coalition); an open, then a reveal: the budget (one of each) lets both through
+    r = BackendRound(
+        ids, N, backend="threshold", decryption_budget=9, open_budget=9, participation="per-round"
+    )
     r.server.releases = None
     handles = r.uploads({c: values(k) for k, c in enumerate(ids)})
-    r.server.reveal(r.ctx(), r.server.weighted_sum([handles[c] for c in ids], [0.1] * 7), "g")
+    r.ctx().as_fields(r.server.weighted_sum([handles[c] for c in ids], [0.1] * 7), "g_hat")
     six = r.server.weighted_sum([handles[c] for c in ids[:6]], [0.1] * 6)
     with pytest.raises(RoundAborted, match="one set per upload"):
         r.server.reveal(r.ctx(), six, "g")
@@ -318,6 +322,7 @@ def test_the_server_with_t_minus_one_colluders_guesses_no_better_than_chance(mon
 
     monkeypatch.setattr(ReleasePolicy, "check_weightings", lambda self, d, earlier: None)
     monkeypatch.setattr(ReleasePolicy, "check", lambda self, d: None)
+    monkeypatch.setattr(RunLedger, "check", lambda self, client, d, digest, policy: None)
     wins, openings = _play(40, seed=47)
     assert openings == 40 and wins == 40
 
