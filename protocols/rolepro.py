@@ -35,7 +35,6 @@ their updates in plaintext, which the run must allow explicitly (and the audit t
 from __future__ import annotations
 
 import dataclasses
-
 import math
 from collections.abc import Mapping
 from typing import Any

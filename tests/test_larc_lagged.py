@@ -103,9 +103,20 @@ def test_each_round_releases_g_hat_weighted_by_the_last_rounds_alpha(backend, op
     assert [opened[c][0] for c in GS] == pytest.approx([planned[c] for c in GS], abs=1e-4)
 
 
-@pytest.mark.parametrize("backend", ["plain", "ckks"])
+@pytest.mark.parametrize("backend", ["plain", "ckks", "ckks fixed"])
 def test_a_client_that_drops_out_is_missing_from_g_hat_not_renormalised_away(backend):
-    options = {"preset": "lean"} if backend == "ckks" else {}
+    """Per-round participation: the three that came keep their planned weights. Fixed
+    participation (the default on ckks): the round is skipped, nothing opened, the model
+    where it was (the run's one contributor set is not complete)."""
+    options = {"preset": "lean", "participation": "per-round"} if backend == "ckks" else {}
+    if backend == "ckks fixed":
+        options, backend = {"preset": "lean"}, "ckks"
+        server, opened = lagged_server(backend, rounds=1, failing=("client_3",), **options)
+        report = server.run_round(0)
+        assert report.skipped is not None and "participation is fixed" in report.skipped
+        np.testing.assert_array_equal(server.params, 0.0)
+        assert opened == {}
+        return
     server, opened = lagged_server(backend, rounds=1, failing=("client_3",), **options)
     report = server.run_round(0)
     assert list(report.excluded) == ["client_3"]

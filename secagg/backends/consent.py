@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from secagg import wire
+from secagg.backends.coalition import independent_rows, weakest_share
 from secagg.ckks.release import Descriptor, ReleasePolicy, signature_bytes, verify_consent
 from secagg.errors import (
     ClientInputError,
@@ -14,6 +15,7 @@ from secagg.errors import (
     ReleaseRefused,
     RoundSkipped,
 )
+from secagg.wire import model_identity
 
 
 class ReleaseRecord:
@@ -30,6 +32,10 @@ class ReleaseRecord:
         #: with fixed participation, the contributor set of the run's releases, by length
         #: (the clients' ``RunLedger``: a release over another set pauses, it is not asked)
         self.run_sets: dict[int, list[str]] = {}
+        #: and a basis of the weight rows over it, by length and model: the clients key rows
+        #: by model only where the protocol's weights vary, so this copy foresees their
+        #: refusals there and is looser elsewhere (an honest protocol's fixed weights repeat)
+        self.run_rows: dict[tuple[int, str], list[list[int]]] = {}
 
     def admit(self, ctx, d: Descriptor) -> None:
         heaviest = max((abs(k) for _, k, _ in d.entries), default=0)
@@ -59,6 +65,7 @@ class ReleaseRecord:
                 phase="consent",
                 exclusions=ctx.excluded,
             )
+        self._check_run_rows(ctx, d)
         earlier = []
         for _, _, digest in d.entries:
             for before in self.seen.get(digest, []):
@@ -70,6 +77,12 @@ class ReleaseRecord:
             # the set is fixed once it is asked for: the clients that consent record it,
             # whether or not the release then happens
             self.run_sets.setdefault(d.n_values, sorted(d.weights))
+            if self.run_sets[d.n_values] == sorted(d.weights):
+                key = _row_key(ctx, d)
+                row = [d.weights[c] for c in sorted(d.weights)]
+                basis = independent_rows([*self.run_rows.get(key, []), row])
+                if len(basis) <= 2:
+                    self.run_rows[key] = basis
         except ReleaseRefused as exc:
             raise RoundSkipped(
                 f"{d.name}: the clients' release rules refuse it ({exc}); the round is skipped",
@@ -78,10 +91,40 @@ class ReleaseRecord:
                 exclusions=ctx.excluded,
             ) from None
 
+    def _check_run_rows(self, ctx, d: Descriptor) -> None:
+        """RoundSkipped if ``d``'s weight row, with the rows of the run's earlier releases
+        made from the same model, leaves the clients' run rule unmet (``RunLedger``)."""
+        fixed = self.run_sets.get(d.n_values)
+        if self.policy.participation != "fixed" or self.policy.min_contributors < 2:
+            return
+        if fixed is not None and fixed != sorted(d.weights):
+            return  # the set check above decides
+        order = sorted(d.weights)
+        rows = [*self.run_rows.get(_row_key(ctx, d), []), [d.weights[c] for c in order]]
+        share = weakest_share(rows, self.policy.colluders, self.policy.min_contributors)
+        if share <= 0.0 or share < self.policy.min_share:
+            raise RoundSkipped(
+                f"{d.name}: its weights, with the run's earlier releases of uploads made from "
+                f"the same model, would let a combination single an upload out (weakest share "
+                f"over the run {share:.3g}); the clients refuse it, so the round is skipped",
+                round=ctx.round,
+                phase="consent",
+                exclusions=ctx.excluded,
+            )
+
     def record(self, d: Descriptor) -> None:
         for _, _, digest in d.entries:
             if d not in self.seen.setdefault(digest, []):
                 self.seen[digest].append(d)
+
+
+def _row_key(ctx, d: Descriptor) -> tuple[int, str]:
+    """The stream and model a release's uploads were made from, as the server knows them:
+    the model the round started from (a server-blind round's own number: it holds none)."""
+    model = getattr(ctx, "model", None)
+    if model is None:
+        return d.n_values, f"round {getattr(ctx, 'round', 0)}"
+    return d.n_values, model_identity(model)
 
 
 def gather_consents(
