@@ -350,7 +350,7 @@ class Client:
             raise ProtocolStateError(f"{self.id} protects values only while answering a request")
         basis = upload_basis(request.round, request.phase, request.fields, self._model_id)
         self._basis = basis
-        self.backend.note_model(self._model_id)
+        self.backend.note_source(request.phase, self._model_id)
         return self._timed(
             "protect", self.backend.protect, values, weight, basis=basis, request=self._request_id
         )

@@ -375,11 +375,11 @@ _AGGREGATORS = (
     (TrimmedMean, "per-coordinate 20 % trimmed mean: every update in plaintext", False),
 )
 #: a protocol that picks its contributors every round runs encrypted with per-round
-#: participation, which needs client-level DP (here light: clip 1, noise 0.1; seeded, so
+#: participation, which needs client-level DP (here nominal: clip 1, noise 0.01; seeded, so
 #: that the example's runs on plain and encrypted draw the same noise and compare)
 _SELECTING = {
     "backend_options": {"participation": "per-round"},
-    "client_dp": {"clip": 1.0, "noise": 0.1},
+    "client_dp": {"clip": 1.0, "noise": 0.01},
     "dp_noise": "seeded",
 }
 for _cls, _weights, _precise in _AGGREGATORS:

@@ -247,6 +247,11 @@ class RoundContext:
             self._uploads[digest] = (client, name)
         return handle
 
+    def upload_name(self, digest: str) -> str:
+        """The field an upload loaded this round came as ("" if none did): which of a
+        client's upload streams it is, as the server's copy of the run ledger keys it."""
+        return self._uploads.get(digest, ("", ""))[1]
+
     def load(
         self, replies: Mapping[str, Envelope], name: str, *, length: int | None = None
     ) -> dict[str, Any]:

@@ -96,10 +96,12 @@ class ClientBackend(ABC):
         values that does not depend on them (``secagg.secret.ckks_masks``); the next
         :meth:`protect` of that size uses it. Nothing on a backend without such a part."""
 
-    def note_model(self, model_id: str | None) -> None:
-        """The model this client's next uploads are made from (``policy.model_identity``):
-        a backend that keeps a run ledger counts uploads made from one model as one vector
-        (``secagg.backends.coalition.RunLedger``). Nothing on a backend without consents."""
+    def note_source(self, phase: str, model_id: str | None) -> None:
+        """What this client's next uploads are: answers to ``phase``, made from the model
+        ``model_id`` (``secagg.wire.model_identity``). A backend that keeps a run ledger
+        counts a client's uploads of one phase as one vector over the run (of one model,
+        where the protocol's weights vary: ``secagg.backends.coalition.RunLedger``).
+        Nothing on a backend without consents."""
 
     def discard_prepared(self) -> None:
         """Wipe whatever :meth:`prepare_upload` made that no upload used: the client calls

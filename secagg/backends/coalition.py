@@ -141,9 +141,9 @@ PARTICIPATION = ("fixed", "per-round")
 
 
 class RunLedger:
-    """What one client counts over the whole run: for each of its upload streams (the
-    length of its own upload: one unknown vector per client and stream, the worst case of a
-    server that holds the model still so that uploads repeat), the contributor set of the
+    """What one client counts over the whole run: for each of its upload streams (the phase
+    its upload answered and its length: one unknown vector per client and stream, the worst
+    case of a server that holds the model still so that uploads repeat), the contributor set of the
     first release it entered and a basis of the weight rows of every release since.
 
     The run rule (``participation="fixed"``): every later release of a stream covers the
@@ -169,17 +169,18 @@ class RunLedger:
             raise ValueError(f"participation is one of {PARTICIPATION}, got {participation!r}")
         self.participation = participation
         self.weights_vary = weights_vary
-        #: stream (a length) -> {"set": sorted clients, "releases": how many it entered,
+        #: stream ("phase:length") -> {"set": sorted clients, "releases": how many it entered,
         #: "rows": {"" (or, where the weights vary, a model): a basis of the weight rows
         #: over the set, at most two}}
         self.streams: dict[str, dict] = {}
         #: digest of each of this client's uploads -> [its stream, its rows' key]
         self.uploads: dict[str, list[str]] = {}
 
-    def uploaded(self, digest: str, n_values: int, model: str = "") -> None:
-        """Remember which stream an upload of this client belongs to: its own length, and
-        where the weights vary, the model it was made from too (``model``)."""
-        self.uploads[digest] = [str(int(n_values)), model if self.weights_vary else ""]
+    def uploaded(self, digest: str, n_values: int, phase: str = "", model: str = "") -> None:
+        """Remember which stream an upload of this client belongs to: the phase it answered
+        and its own length (the client knows both; the server chooses neither), and where
+        the weights vary, the model it was made from too (``model``)."""
+        self.uploads[digest] = [f"{phase}:{int(n_values)}", model if self.weights_vary else ""]
 
     def check(self, client_id: str, d, digest: str, policy) -> None:
         """ReleaseRefused unless release ``d`` (a ``Descriptor`` listing this client's

@@ -166,7 +166,7 @@ class KeyHoldingClient(ClientBackend):
         answered, its stream (its length: the run ledger's unknown vector) and, on a
         client-weighted preset, the integer weight applied to it."""
         self.uploads[digest], self.bases[digest] = {}, basis
-        self.ledger.uploaded(digest, n_values, getattr(self, "_model", ""))
+        self.ledger.uploaded(digest, n_values, *getattr(self, "_source", ("", "")))
         self.origins[digest] = request
         if applied is not None:
             self.applied[digest] = applied
@@ -201,5 +201,5 @@ class KeyHoldingClient(ClientBackend):
             ledger=self.ledger,
         )
 
-    def note_model(self, model_id: str | None) -> None:
-        self._model = model_id or ""
+    def note_source(self, phase: str, model_id: str | None) -> None:
+        self._source = (phase, model_id or "")

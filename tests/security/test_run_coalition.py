@@ -252,7 +252,7 @@ def lagged_rows(r: BackendRound, move_model: bool) -> dict[str, np.ndarray]:
     for j in range(len(IDS)):
         if move_model:
             for c in IDS:
-                r.clients[c].note_model(f"model {j}")
+                r.clients[c].note_source("train", f"model {j}")
         raw = [1.0 if k == j else 0.55 for k in range(len(IDS))]
         weights = [w / sum(raw) for w in raw]
         revealed = release(r, IDS, weights)
