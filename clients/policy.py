@@ -55,6 +55,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from secagg.ckks.release import PRECHECK
 from secagg.errors import PolicyRefused, StateError
 from secagg.parts import part_bounds
@@ -292,6 +294,12 @@ def fields_digest(fields: Mapping[str, Field], skip: frozenset[str] = frozenset(
         h.update(len(f.data).to_bytes(8, "big"))
         h.update(f.data)
     return h.hexdigest()
+
+
+def model_identity(model: np.ndarray) -> str:
+    """The identity of a model a client was sent: SHA-256 of its float64 values."""
+    data = np.ascontiguousarray(model, dtype="<f8").tobytes()
+    return hashlib.sha256(b"secagg model v1\x00" + data).hexdigest()
 
 
 def stepped_identity(previous: str, apply_fields: Mapping[str, Field]) -> str:

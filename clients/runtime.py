@@ -46,6 +46,7 @@ from secagg.clients.policy import (
     ENGINE_PHASES,
     ClientPolicy,
     PolicyGuard,
+    model_identity,
     stepped_identity,
     upload_basis,
 )
@@ -78,7 +79,7 @@ from secagg.protocols.optimizers import (
     optimizer_from_envelope,
 )
 from secagg.secret.sealing import seal
-from secagg.wire import Envelope, Field, model_identity
+from secagg.wire import Envelope, Field
 
 if TYPE_CHECKING:  # opacus is imported only by clients that train with DP-SGD
     from secagg.clients.privacy import PrivateTrainer

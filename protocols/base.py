@@ -160,6 +160,10 @@ class RoundAPI(TypingProtocol):
         """The round's number."""
 
     @property
+    def epoch(self) -> int:
+        """How many rounds before this one moved the model (a skipped round does not)."""
+
+    @property
     def n_params(self) -> int:
         """Parameters of the model."""
 

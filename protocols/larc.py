@@ -160,9 +160,9 @@ class LARC(Protocol):
             raise ConfigError(f"LARC needs q >= 0 and b >= 0 (got q={q}, b={b})")
         self.q, self.b, self.normalize, self.loss_check = q, b, normalize, loss_check
         self.alpha_prev: dict[str, float] = {}  # α^{t-1}; absent means α^{-1} = 1
-        #: (the model a round started from, α^{t-1} then): a round that left the model where
+        #: (the epoch a round started in, α^{t-1} then): a round that left the model where
         #: it was (skipped: nothing released) did not happen for α either
-        self._start: tuple[str, dict[str, float]] | None = None
+        self._start: tuple[int, dict[str, float]] | None = None
 
     def begin_round(self, ctx: RoundAPI) -> None:
         """α^{t-1} is the α of the last round that moved the model: after a skipped round the
@@ -170,10 +170,7 @@ class LARC(Protocol):
         from one model as one vector: a retried round with the α its skipped probe found
         would add a third weighting of them, which they refuse; with the α it started from,
         it weighs them as the skipped round's Ĝ did, which tells nothing new.)"""
-        model = ctx.model
-        if model is None:  # server-blind: the server holds no model to compare
-            return None
-        start = wire.model_identity(model)
+        start = ctx.epoch
         if self._start is not None and self._start[0] == start:
             self.alpha_prev = dict(self._start[1])
         self._start = (start, dict(self.alpha_prev))

@@ -25,7 +25,6 @@ size and nesting depth before it is parsed: Python's parser recurses once per le
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import re
@@ -356,11 +355,3 @@ def parse_json(text: bytes, what: str, max_bytes: int) -> Any:
     # cannot happen within the depth bound unless the caller's stack is already deep
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise MalformedMessage(f"{what} is not valid JSON: {exc}") from None
-
-
-def model_identity(model: np.ndarray) -> str:
-    """The identity of a model: SHA-256 of its float64 values (what a client's uploads are
-    made from, ``secagg.clients.policy.upload_basis``; the server's run ledger keys the
-    rows of releases by it)."""
-    data = np.ascontiguousarray(model, dtype="<f8").tobytes()
-    return hashlib.sha256(b"secagg model v1\x00" + data).hexdigest()

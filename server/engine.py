@@ -288,6 +288,8 @@ class Server:
         self.left: dict[str, str] = {}  # clients that left the run (blind: missed an apply)
         #: consents each client missed by not answering (its node down or late)
         self.missed_consents: Counter[str] = Counter()
+        #: rounds that moved the model so far (``RoundContext.epoch``)
+        self.epoch = 0
 
     @property
     def params(self) -> np.ndarray:
@@ -317,6 +319,7 @@ class Server:
             self.policy.allow_plaintext_updates,
             model=None if self.updates.blind else self._round_model(),
             max_weight_share=self.policy.max_weight_share,
+            epoch=self.epoch,
         )
 
     def _round_model(self) -> np.ndarray:
@@ -398,6 +401,7 @@ class Server:
             if not exc.culprits and not isinstance(exc, RoundSkipped):
                 raise  # every contributor refused: the request breaks the clients' policy
             return self._skipped(ctx, exc)
+        self.epoch += 1  # the round moved the model
         if feedback is not None:
             self._validate(ctx, feedback, send_model=not self.updates.blind)
         self.ledger.record(ctx)
@@ -434,6 +438,7 @@ class Server:
         self.ledger.record(ctx)
         why = str(exc)
         if self.parts is not None and self.parts_stepped:
+            self.epoch += 1  # its first parts were stepped: the model moved
             # the parts released before the refusal were stepped: the round is not undone
             why += (
                 f"; but the first {self.parts_stepped} of the model's {len(self.parts)} "

@@ -105,8 +105,12 @@ class RoundContext:
         allow_plaintext_updates: bool = False,
         model: np.ndarray | None = None,
         max_weight_share: float = 0.5,
+        epoch: int = 0,
     ):
         self.exchange = exchange
+        #: how many rounds before this one moved the model (a skipped round does not): the
+        #: uploads of two rounds of one epoch are made from the same model
+        self.epoch = epoch
         self.max_weight_share = max_weight_share
         self.model = model  # the global model the round starts from (None: server-blind)
         self.round = exchange.round

@@ -91,9 +91,13 @@ def client_3_fails_in_training(backends) -> dict:
 
 @pytest.mark.parametrize("backend", ["plain", "ckks", "threshold"])
 def test_a_dropped_client_is_renormalised_away(backend):
-    """(On threshold the client that failed its training still gives its share; with t = 2
-    of 4 the three left hide each honest upload among two whoever of t − 1 = 1 colludes.)"""
+    """With per-round participation (on the encrypted backends; fixed, their default,
+    skips the round: ``test_a_dropped_client_pauses_a_fixed_run``). (On threshold the client
+    that failed its training still gives its share; with t = 2 of 4 the three left hide
+    each honest upload among two whoever of t − 1 = 1 colludes.)"""
     options = {"threshold_t": 2} if backend == "threshold" else {}
+    if backend != "plain":
+        options["participation"] = "per-round"
     server_backend, backends = make_backends(backend, list(GS), **options)
     handlers = client_3_fails_in_training(backends)
     server, report, _ = run_one_round(backend, True, handlers, server_backend)
@@ -105,6 +109,20 @@ def test_a_dropped_client_is_renormalised_away(backend):
         sum(w[c] * g for c, (g, _) in survivors.items()),
         atol=1e-12 if backend == "plain" else 1e-5,
     )
+
+
+@pytest.mark.parametrize("backend", ["ckks", "threshold"])
+def test_a_dropped_client_pauses_a_fixed_run(backend):
+    """Fixed participation (the default): the round without client_3 is skipped before any
+    client is asked to consent, and says why; the model stays where it was."""
+    options = {"threshold_t": 2} if backend == "threshold" else {}
+    server_backend, backends = make_backends(backend, list(GS), **options)
+    handlers = client_3_fails_in_training(backends)
+    server, report, _ = run_one_round(backend, True, handlers, server_backend)
+    assert list(report.excluded) == ["client_3"]
+    assert report.skipped is not None and "participation is fixed" in report.skipped
+    np.testing.assert_array_equal(server.params, 0.0)
+    assert all(c.decryptions == 0 for c in backends.values())
 
 
 @pytest.mark.parametrize("gone", [["client_3"], ["client_2", "client_3"]])
@@ -260,7 +278,8 @@ def test_a_dropout_that_leaves_too_few_to_hide_an_upload_skips_the_round_on_thre
     """At the default t = 3 of 4, the three uploads left after a dropout cannot hide each
     honest one among two others whoever of t − 1 = 2 colludes: the round makes no update,
     says why, and blames nobody (the run goes on)."""
-    server_backend, backends = make_backends("threshold", list(GS))
+    # per-round participation: fixed would skip the round for the dropout itself
+    server_backend, backends = make_backends("threshold", list(GS), participation="per-round")
     handlers = client_3_fails_in_training(backends)
     server, report, _ = run_one_round("threshold", True, handlers, server_backend)
     assert report.skipped is not None and "opens sums of at least 4" in report.skipped

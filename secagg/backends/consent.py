@@ -15,7 +15,6 @@ from secagg.errors import (
     ReleaseRefused,
     RoundSkipped,
 )
-from secagg.wire import model_identity
 
 
 class ReleaseRecord:
@@ -35,7 +34,7 @@ class ReleaseRecord:
         #: and a basis of the weight rows over it, by length and model: the clients key rows
         #: by model only where the protocol's weights vary, so this copy foresees their
         #: refusals there and is looser elsewhere (an honest protocol's fixed weights repeat)
-        self.run_rows: dict[tuple[int, str, str], list[list[int]]] = {}
+        self.run_rows: dict[tuple[int, str, int], list[list[int]]] = {}
 
     def admit(self, ctx, d: Descriptor) -> None:
         heaviest = max((abs(k) for _, k, _ in d.entries), default=0)
@@ -118,16 +117,13 @@ class ReleaseRecord:
                 self.seen[digest].append(d)
 
 
-def _row_key(ctx, d: Descriptor) -> tuple[int, str, str]:
+def _row_key(ctx, d: Descriptor) -> tuple[int, str, int]:
     """The stream and model a release's uploads were made from, as the server knows them:
     their length, the field they came as (the clients key by the phase they answered) and
-    the model the round started from (a server-blind round's own number: it holds none)."""
+    the epoch of the model (``RoundContext.epoch``: the rounds that moved it so far)."""
     named = getattr(ctx, "upload_name", None)
     name = named(d.entries[0][2]) if named is not None and d.entries else ""
-    model = getattr(ctx, "model", None)
-    if model is None:
-        return d.n_values, name, f"round {getattr(ctx, 'round', 0)}"
-    return d.n_values, name, model_identity(model)
+    return d.n_values, name, int(getattr(ctx, "epoch", 0))
 
 
 def gather_consents(
