@@ -189,9 +189,11 @@ def test_a_pilot_coordinator_scores_its_test_set_and_never_opens_a_sites_file(
 @pytest.mark.parametrize("unavailable", [False, True], ids=["silent", "node-unavailable-error"])
 def test_a_node_down_for_a_round_is_excluded_and_rejoins_the_next(tmp_path, unavailable):
     """ckks: client_2's node does not answer in round 2 (protocol round 1: killed), then
-    answers again (its node restarted with its directory): round 2 completes without it
-    after the timeout (or at Flower's content-less "node unavailable" reply), round 3 has it
-    back, restored from the state it left on its node."""
+    answers again (its node restarted with its directory): round 2 ends without it after
+    the timeout (or at Flower's content-less "node unavailable" reply) and, participation
+    being fixed (the default), releases nothing (skipped: no sum without a contributor of
+    the run); round 3 has it back, restored from the state it left on its node, and its
+    release goes through."""
     config = replace(LARC, rounds=3)
     folder, grid = deploy(tmp_path, config)
     grid.down_for = lambda node, rnd, phase: node == 102 and rnd == 1  # the protocol's
@@ -203,10 +205,12 @@ def test_a_node_down_for_a_round_is_excluded_and_rejoins_the_next(tmp_path, unav
         run_on_flower(grid, deployment=folder, out=out, timeout=1.0, connect_timeout=5)
     assert json.loads((out / "run.json").read_text())["status"] == "degraded"
     assert json.loads((out / "flower.json").read_text())["problems"] == [
-        "client_2 missed round 2 of seed 3"
+        "client_2 missed round 2 of seed 3",
+        "round 2 of seed 3 made no update (skipped)",
     ]
     metrics = pd.read_csv(out / "metrics.csv")
     assert metrics["clients"].tolist()[1:] == [6, 5, 6]
+    assert metrics["skipped"].tolist()[1:] == [0, 1, 0]
     summary = json.loads((out / "audit_summary.json").read_text())
     assert [(e["round"], e["peer"]) for e in summary["exclusions"]] == [(2, "client_2")]
     reason = "the node failed: node_unavailable" if unavailable else "no answer within 1 s"
