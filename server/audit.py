@@ -68,6 +68,9 @@ class AuditLog:
         self.who_can_decrypt: str = "unknown"
         #: SETUP from the engine's set-up until its first round starts, ROUND otherwise
         self.stage: str = ROUND
+        #: the protocol's weights vary with the data every round (the run view counts its
+        #: uploads per model, as the clients do; set by the engine)
+        self.weights_vary = False
 
     def dp_protect(self, item: str, mechanism: str) -> None:
         """``item`` is covered by differential privacy, as ``mechanism`` says (several
@@ -200,6 +203,31 @@ class AuditLog:
             }
         )
 
+    def released(
+        self,
+        round_number: int,
+        d: Any,
+        stream: str,
+        epoch: int,
+        rules: dict[str, Any],
+    ) -> None:
+        """A release every contributor consented to (``d``, a release descriptor): its
+        integer weights by client, the stream its uploads are (field and length), the
+        epoch of the model they were made from and the clients' rules (colluders,
+        ``min_honest``, ``min_share``, participation), for the run view."""
+        self.records.append(
+            {
+                "event": "released",
+                **self._where(round_number),
+                "kind": d.kind,
+                "name": d.name,
+                "stream": stream,
+                "epoch": epoch,
+                "weights": dict(d.weights),
+                "rules": dict(rules),
+            }
+        )
+
     def absent(self, round_number: int, peer: str, reason: str) -> None:
         """A client of the run that was not asked this round: it left the run (``reason``)."""
         self.records.append(
@@ -219,6 +247,57 @@ class AuditLog:
             {"run": run, "peer": peer, "rounds": sorted(rounds)}
             for (run, peer), rounds in sorted(missed.items())
         ]
+
+    def run_view(self) -> dict[str, Any]:
+        """What a coalition can form from every release of each run (``secagg.backends.
+        coalition``), counted as the clients count it: a client's uploads of one stream as
+        one vector over the run (per model where the protocol's weights vary with the data,
+        ``weights_vary``; per round under per-round participation). ``weakest_share``: the
+        least, over the runs' combinations, of the (colluders + min_honest)-th largest term
+        over the largest; per client, the least over the releases it entered; the guarantee
+        the run had ("run" or "per-round", and why)."""
+        from secagg.backends.coalition import run_weakest_share
+
+        groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+        per_round = False
+        for r in self.records:
+            if r["event"] != "released":
+                continue
+            rules = r["rules"]
+            key: tuple = (r["run"], r["stream"])
+            if rules["participation"] != "fixed":
+                key, per_round = (*key, "round", r["round"]), True
+            elif self.weights_vary:
+                key = (*key, "epoch", r["epoch"])
+            groups[key].append(r)
+        if not groups:
+            return {"releases": 0}
+        weakest: float = 1.0
+        clients: dict[str, float] = {}
+        for rows in groups.values():
+            rules = rows[0]["rules"]
+            share = run_weakest_share(
+                [r["weights"] for r in rows], rules["colluders"], rules["min_honest"]
+            )
+            weakest = min(weakest, share)
+            for client in {c for r in rows for c in r["weights"]}:
+                clients[client] = min(clients.get(client, 1.0), share)
+        guarantee = (
+            "per-round (participation per-round: client DP covers the run)"
+            if per_round
+            else "per-round (the protocol's weights vary with the data: client DP covers the run)"
+            if self.weights_vary
+            else "run (one contributor set, weights within two directions)"
+        )
+        some = next(iter(groups.values()))[0]["rules"]
+        return {
+            "releases": sum(len(rows) for rows in groups.values()),
+            "participation": some["participation"],
+            "guarantee": guarantee,
+            "min_share": some["min_share"],
+            "weakest_share": weakest,
+            "weakest_share_by_client": dict(sorted(clients.items())),
+        }
 
     def traffic(self) -> list[dict[str, Any]]:
         """One row per (message, field): the byte-accounting view of the audit, with the
@@ -270,9 +349,15 @@ class AuditLog:
                     else:
                         sent[f["name"]][f["kind"]] += 1
         runs = sorted({r["run"] for r in self.records})
+        run_view = self.run_view()
+        # an individual update reached the server readable, or some combination of the
+        # run's releases leaves fewer than min_honest honest terms (counted as the clients
+        # count: the run view)
+        isolating = run_view.get("weakest_share", 1.0) < run_view.get("min_share", 0.0)
         return {
             "runs": len(runs),
-            "individual_updates_revealed": individual,
+            "individual_updates_revealed": individual or isolating,
+            "run_view": run_view,
             "learned_in_plaintext": {k: dict(v) for k, v in sorted(learned.items())},
             "declared_plaintext_items": sorted(self.declared),
             "undeclared_plaintext_items": sorted(set(learned) - self.declared),

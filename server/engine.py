@@ -261,6 +261,7 @@ class Server:
         self.audit.declared.add("basis")
         self.audit.infrastructure |= set(backend.declares) | {"applied", "basis"} | reports
         self.audit.who_can_decrypt = backend.who_can_decrypt
+        self.audit.weights_vary = caps.weights_vary
         if self.policy.server_blind:
             self.audit.declared.add("applied")  # clients' receipts for the apply phase
         if "dp_sgd_epsilon" in self.plan.reports:  # the clients train with DP-SGD

@@ -251,6 +251,24 @@ class RoundContext:
             self._uploads[digest] = (client, name)
         return handle
 
+    def record_release(self, d: Any, policy: Any) -> None:
+        """A release every contributor consented to, for the audit's run view: its weights,
+        its stream (the field its uploads came as, and its length), this round's epoch and
+        the clients' rules (``policy``, a ``ReleasePolicy``)."""
+        first = d.entries[0][2] if d.entries else ""
+        self.exchange.audit.released(
+            self.round,
+            d,
+            f"{self.upload_name(first)}:{d.n_values}",
+            self.epoch,
+            {
+                "colluders": policy.colluders,
+                "min_honest": policy.min_contributors,
+                "min_share": policy.min_share,
+                "participation": policy.participation,
+            },
+        )
+
     def upload_name(self, digest: str) -> str:
         """The field an upload loaded this round came as ("" if none did): which of a
         client's upload streams it is, as the server's copy of the run ledger keys it."""

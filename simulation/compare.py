@@ -93,6 +93,8 @@ class Run:
     #: run.json's status (``unknown`` without one) and the problems behind it
     status: str = "unknown"
     problems: tuple[str, ...] = ()
+    #: what the server could form over the whole run (audit_summary.json's ``run_view``)
+    run_view: dict[str, Any] | None = None
 
 
 # ---- loading ------------------------------------------------------------------------------
@@ -129,7 +131,31 @@ def load_run(run_dir: Path, label: str) -> Run:
         except pd.errors.EmptyDataError:
             traffic = None
     status, problems = read_status(run_dir)
-    return Run(label, run_dir, metrics, read_settings(run_dir), traffic, status, problems)
+    summary = _json_object(run_dir / "audit_summary.json", "a run's audit summary") or {}
+    view = summary.get("run_view")
+    return Run(
+        label,
+        run_dir,
+        metrics,
+        read_settings(run_dir),
+        traffic,
+        status,
+        problems,
+        view if isinstance(view, dict) else None,
+    )
+
+
+def server_view_cell(view: dict[str, Any] | None) -> str:
+    """What the server saw over the whole run, in a table cell: every update when the
+    backend reads them (no run view), else the guarantee and the weakest share of any
+    combination of the run's releases (``AuditLog.run_view``)."""
+    if not view:
+        return "–"
+    if not view.get("releases"):
+        return "no release"
+    guarantee = str(view.get("guarantee", "")).split(" ")[0]
+    share = view.get("weakest_share")
+    return f"{guarantee}, weakest {share:.3g}" if isinstance(share, (int, float)) else guarantee
 
 
 def read_status(run_dir: Path) -> tuple[str, tuple[str, ...]]:
@@ -389,6 +415,7 @@ def comparison_table(runs: Sequence[Run], *, metric: str, round: int) -> pd.Data
             "protocol": _settings_or_column(run, "protocol"),
             "backend": _settings_or_column(run, "backend"),
             "status": run.status,
+            "server_view": server_view_cell(run.run_view),
             "n_seeds": int(values.size),
             "metric": metric,
             "round": int(round),
@@ -469,6 +496,7 @@ def compare_runs(
     default they are refused.
 
     Returns one row per run: ``task``, ``protocol``, ``backend``, ``status`` (run.json's),
+    ``server_view`` (what the server could form over the whole run: the audit's run view),
     ``n_seeds``, the metric's
     ``mean`` and ``std`` over seeds at ``round``, ``bytes_up``/``bytes_down``/
     ``seconds_round`` per round (mean over seeds and rounds 1..round), ``bytes_setup`` (key
@@ -519,6 +547,7 @@ def table_cells(df: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
         "protocol",
         "backend",
         "status",
+        "over the run",
         "seeds",
         f"{metric} @ round {at}",
         f"Δ vs {ref} [95% CI]",
@@ -551,6 +580,7 @@ def table_cells(df: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
                 str(r["protocol"]),
                 str(r["backend"]),
                 str(r["status"]),
+                str(r.get("server_view", "–")),
                 str(r["n_seeds"]),
                 value,
                 diff,

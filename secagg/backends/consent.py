@@ -173,4 +173,7 @@ def gather_consents(
         )
     if record is not None:
         record.record(d)
+        note = getattr(ctx, "record_release", None)  # the audit's run view
+        if note is not None:
+            note(d, record.policy)
     return consents

@@ -290,3 +290,35 @@ def test_weights_that_vary_over_a_moving_model_keep_the_per_round_guarantee_only
     recovered = lagged_rows(r, move_model=True)
     assert len(recovered) == len(IDS)
     assert relative_error(recovered[IDS[0]], update(0)) < 0.05
+
+
+def test_a_consent_padded_with_strangers_is_refused_before_the_expensive_check(monkeypatch):
+    """The review's cubic-CPU request: the victim's real upload beside 3,200 entries of
+    clients that are not in its roster, then a second weighting. The roster check comes
+    first: refused, nothing recorded, and neither the exact two-row check nor the run rule
+    ever ran (a spy on ``weakest_share`` fails the test if it did). Nor does the client sign
+    a descriptor that lists a stranger (each such signature would burn its upload's one
+    reveal)."""
+    import secagg.backends.coalition as coalition
+    import secagg.ckks.release as release_module
+    from secagg import wire
+
+    r = round_of("fixed", "ckks")
+    victim = IDS[0]
+    handle = r.upload(victim, update(0))
+    digest = handle.entries[0].digest
+    strangers = tuple((f"stranger_{i}", 1, f"{i:064x}") for i in range(3200))
+    d = Descriptor("reveal", "global_update", 0, N, 1, ((victim, 1, digest), *strangers))
+    ran = []
+
+    def spy(*args, **kwargs):
+        ran.append(args)
+        raise AssertionError("the exact check ran")
+
+    monkeypatch.setattr(coalition, "weakest_share", spy)
+    monkeypatch.setattr(release_module.ReleasePolicy, "check_weightings", spy)
+    client = r.clients[victim]
+    with pytest.raises(ReleaseRefused, match="3200 client\\(s\\) not in its roster"):
+        client.handlers()["consent"](r.request(victim, "consent", {"release": wire.config(d.to_config())}))
+    assert ran == []
+    assert client.uploads[digest] == {} and client.released.get(digest) is None
