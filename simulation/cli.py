@@ -75,7 +75,7 @@ BENCHMARKS = {
     "it gives that client the largest weight the policy allows",
     "flooding_bound": "the decryption error of weighted sums against the flooding bound E",
     "run_ledger": "the run ledger's checks at 100 clients and 100 rounds, and the rounds "
-    "fixed participation pauses at 5 % and 20 % dropouts",
+    "fixed participation pauses at dropout rates 0.05 and 0.2",
 }
 
 

@@ -64,7 +64,6 @@ class ReleaseRecord:
                 phase="consent",
                 exclusions=ctx.excluded,
             )
-        self._check_run_rows(ctx, d)
         earlier = []
         for _, _, digest in d.entries:
             for before in self.seen.get(digest, []):
@@ -73,6 +72,7 @@ class ReleaseRecord:
         try:
             self.policy.check(d)
             self.policy.check_weightings(d, earlier)
+            self._check_run_rows(ctx, d)  # after the release's own rules: theirs say more
             # the set is fixed once it is asked for: the clients that consent record it,
             # whether or not the release then happens
             self.run_sets.setdefault(d.n_values, sorted(d.weights))
