@@ -319,6 +319,8 @@ def test_a_consent_padded_with_strangers_is_refused_before_the_expensive_check(m
     monkeypatch.setattr(release_module.ReleasePolicy, "check_weightings", spy)
     client = r.clients[victim]
     with pytest.raises(ReleaseRefused, match="3200 client\\(s\\) not in its roster"):
-        client.handlers()["consent"](r.request(victim, "consent", {"release": wire.config(d.to_config())}))
+        client.handlers()["consent"](
+            r.request(victim, "consent", {"release": wire.config(d.to_config())})
+        )
     assert ran == []
     assert client.uploads[digest] == {} and client.released.get(digest) is None
