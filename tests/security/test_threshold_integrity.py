@@ -229,3 +229,67 @@ def test_a_lying_holder_in_a_run_costs_nothing_and_aborts_no_seed():
     assert np.abs(lied.final_params[3] - honest.final_params[3]).max() < 1e-5
     reveals = [r for r in lied.audit.records if r["event"] == "reveal"]
     assert reveals and all("off the polynomial: client_2" in r["by"] for r in reveals)
+
+
+# ---- the combination search over every t-subset (``combine.open_checked``) ---------------------
+def _shares_on(r, points: dict[int, np.ndarray], xs: list[int]) -> dict[int, np.ndarray]:
+    """The values at ``xs`` of the polynomial of degree < len(points) through ``points``."""
+    known_x = list(points)
+    known = [points[x] for x in known_x]
+    return {x: r.combine(known, r.lagrange(known_x, at=x)) for x in xs}
+
+
+def _open(r, shares: dict[str, np.ndarray], xs: dict[str, int], t: int, key_sum):
+    from secagg.threshold.combine import open_checked
+
+    def check(centred):  # a sum checks only under the right key sum (as check_sum does)
+        return None if np.array_equal(centred, key_sum) else "the check block is not noise"
+
+    return open_checked(r, shares, xs, t, lambda k: k, check)
+
+
+def test_two_coordinated_liars_among_t_plus_two_answers_cannot_skip_the_round():
+    """t = 4, six answers, two of them lying together: four honest shares are there, so
+    some t-subset opens the sum (the search no longer stops at the leave-one-out subsets,
+    which each hold a liar), and the two liars are named."""
+    from secagg.threshold.ring import ring
+
+    preset = get_preset("wide")
+    r = ring(preset.ring_dim, preset.prime)
+    t, names = 4, [f"h{i}" for i in range(1, 7)]
+    xs = {h: i + 1 for i, h in enumerate(names)}
+    key_sum = r.key()
+    coefficients = {0: key_sum, **{x: r.key() for x in (1, 2, 3)}}
+    honest = _shares_on(r, coefficients, list(xs.values()))
+    shares = {h: honest[xs[h]] for h in names}
+    liars = ("h1", "h2")  # the first two: every leave-one-out subset of the first t holds one
+    for h in liars:
+        shares[h] = r.combine([shares[h], r.key()], [1, 1])
+    opened, off = _open(r, shares, xs, t, key_sum)
+    np.testing.assert_array_equal(opened, key_sum)
+    assert sorted(off) == list(liars)
+
+
+def test_liars_whose_lies_vanish_at_zero_get_no_honest_holder_named():
+    """Two liars add e(x), a polynomial of degree < t with e(0) = 0 and e at two honest
+    holders 0: the liars and those two lie on a second polynomial whose sum also checks (the
+    same key sum). From the shares alone the two quartets cannot be told apart, so nobody is
+    named: before, the first polynomial found named the other two honest holders."""
+    from secagg.threshold.ring import ring
+
+    preset = get_preset("wide")
+    r = ring(preset.ring_dim, preset.prime)
+    t, names = 4, [f"h{i}" for i in range(1, 7)]
+    xs = {h: i + 1 for i, h in enumerate(names)}
+    key_sum = r.key()
+    honest = _shares_on(r, {0: key_sum, **{x: r.key() for x in (1, 2, 3)}}, list(xs.values()))
+    zero = np.zeros_like(key_sum)
+    # e: 0 at x = 0 and at h3, h4, a chosen value at h1 (degree < 4: four points fix it);
+    # the liars h1 and h2 add it to their shares
+    e = _shares_on(r, {0: zero, xs["h3"]: zero, xs["h4"]: zero, xs["h1"]: r.key()}, [1, 2])
+    shares = {h: honest[xs[h]] for h in names}
+    for h in ("h1", "h2"):
+        shares[h] = r.combine([honest[xs[h]], e[xs[h]]], [1, 1])
+    opened, off = _open(r, shares, xs, t, key_sum)
+    np.testing.assert_array_equal(opened, key_sum)
+    assert off == []
