@@ -123,6 +123,17 @@ class ThresholdServer(ServerBackend):
         #: every client that may contribute (the holders are all or some of them)
         self.roster: list[str] = sorted(self.signers) if self.signers else []
         self.releases = ReleaseRecord(self.policy)
+        #: how many reveals named each holder off the polynomial of the sum that checked:
+        #: one named in :data:`SET_ASIDE_AFTER` of them is asked no more (``asked``)
+        self.named_off: dict[str, int] = {}
+
+    @property
+    def asked(self) -> list[str]:
+        """The holders a release asks for shares: every holder but those named off the
+        polynomial in :data:`SET_ASIDE_AFTER` reveals (a liar found over rounds is set
+        aside; with fewer than t left, every holder is asked again)."""
+        kept = [h for h in self.holders if self.named_off.get(h, 0) < SET_ASIDE_AFTER]
+        return kept if len(kept) >= self.t else list(self.holders)
 
     @property
     def t(self) -> int:
@@ -220,9 +231,10 @@ class ThresholdServer(ServerBackend):
         Fewer than t answers stop the round (``RoundAborted``, with every exclusion)."""
         d = self.descriptor(ctx, handle, kind, name)
         consents = gather_consents(ctx, d, self.signers, self.releases)
+        asked = self.asked
         common = {
             "release": wire.config({"descriptor": d.to_config(), "consents": consents}),
-            "holders": wire.config({"ids": list(self.holders)}),
+            "holders": wire.config({"ids": asked}),
             "preimages": wire.ciphertext([e.seeds for e in handle.entries]),
             **extra,
         }
@@ -232,6 +244,7 @@ class ThresholdServer(ServerBackend):
                 "shares": wire.ciphertext([handle.sealed[e.client][j] for e in handle.entries]),
             }
             for j, h in enumerate(self.holders)
+            if h in asked
         }
         phase = {"reveal": "decrypt_share", "open": "open_share"}[kind]
         expect = (
@@ -256,7 +269,7 @@ class ThresholdServer(ServerBackend):
                 for c in set(clients):
                     counts[c] = counts.get(c, 0) + 1
             culprits = sorted(c for c, k in counts.items() if 2 * k > len(replies))
-            missing = [h for h in self.holders if h not in answers]
+            missing = [h for h in asked if h not in answers]
             message = (
                 f"{name}: {len(answers)} of {len(self.holders)} holders answered and t = "
                 f"{self.t} are needed: "
@@ -359,11 +372,20 @@ class ThresholdServer(ServerBackend):
         by = f"holders {','.join(shares)} ({len(shares)} of {len(self.holders)}, t = {self.t})"
         if off:
             # named, not blamed: a lying holder and a dealer that sealed it a share off its
-            # own polynomial look alike from the combined shares (``combine``)
+            # own polynomial look alike from the combined shares (``combine``); named in
+            # SET_ASIDE_AFTER reveals, it is asked no more (the run goes on without its
+            # shares: a policy that changes who answers, said here and in the audit)
             by += f"; off the polynomial: {','.join(off)} (a wrong share, or a dealer's)"
+            for h in off:
+                self.named_off[h] = self.named_off.get(h, 0) + 1
+            aside = [h for h in off if self.named_off[h] == SET_ASIDE_AFTER]
+            if aside and len(self.asked) < len(self.holders):
+                by += f"; set aside from now on: {','.join(aside)}"
         return values, by
 
 
+#: a holder named off the polynomial in this many reveals is asked for shares no more
+SET_ASIDE_AFTER = 2
 #: coefficients folded at a time into a running sum (1 MB of uint64 per block)
 FOLD_BLOCK = 1 << 17
 

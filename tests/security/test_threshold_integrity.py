@@ -293,3 +293,36 @@ def test_liars_whose_lies_vanish_at_zero_get_no_honest_holder_named():
     opened, off = _open(r, shares, xs, t, key_sum)
     np.testing.assert_array_equal(opened, key_sum)
     assert off == []
+
+
+def test_a_holder_named_in_two_reveals_is_asked_no_more():
+    """A holder that lies in every answer is named off the polynomial in two reveals, then
+    set aside: the third release asks the others only (its answer budget stays where it
+    was), the audit says so where it happens, and every sum stays right."""
+    from secagg.backends.threshold_server import SET_ASIDE_AFTER
+
+    r = BackendRound(IDS, N, backend="threshold", decryption_budget=8)
+    liar = r.clients[IDS[1]]
+    original = liar.on_decrypt_share
+    p = get_preset(r.server.preset.name).prime
+
+    def lying(env):
+        out = original(env)
+        share = liar.ring.from_bytes(parts_of(out["share"])[0], 1)[0]
+        return {**out, "share": wire.ciphertext([liar.ring.to_bytes(garbage(p)(share))])}
+
+    liar.on_decrypt_share = lying  # type: ignore[method-assign]
+    said = []
+    for k in range(SET_ASIDE_AFTER + 1):
+        r.round = k
+        handles = r.uploads({c: values(10 * k + i) for i, c in enumerate(IDS)})
+        total = r.server.weighted_sum([handles[c] for c in IDS], [0.2] * 5)
+        before = liar.decryptions
+        got, by = r.server.reveal(r.ctx(), total, "global_update")
+        expected = 0.2 * sum(values(10 * k + i) for i in range(5))
+        np.testing.assert_allclose(got, expected, atol=1e-5)  # weights in 2^-16
+        said.append(by)
+        assert (liar.decryptions > before) == (k < SET_ASIDE_AFTER)
+    assert all(f"off the polynomial: {IDS[1]}" in by for by in said[:SET_ASIDE_AFTER])
+    assert f"set aside from now on: {IDS[1]}" in said[SET_ASIDE_AFTER - 1]
+    assert IDS[1] not in said[-1]
