@@ -300,6 +300,28 @@ class NodeLedger:
                     self._spent_message(ledger, what, seed, over, per_run() if per_run else ""),
                 ) from None
 
+    def check_state(
+        self, *, flower_run: int, seed: int, stage: str | None, counts: Mapping[str, int]
+    ) -> None:
+        """RunClosed if the run's restored state (``counts``: what it says the run released)
+        is behind what this ledger charged it for: a state file rolled back (restored from
+        a copy, or its last write lost) would let the client sign, decrypt or report again
+        what it already did: the run is answered no more, as one whose state is gone."""
+        key = run_key(self.client, flower_run, seed, stage)
+        with self._locked() as ledger:
+            record = ledger["runs"].get(key)
+        if record is None:
+            return
+        behind = {k: n for k, n in record["counts"].items() if int(counts.get(k, 0)) < int(n)}
+        if behind:
+            raise RunClosed(
+                self.client,
+                f"{self.client}: the state of Flower run {flower_run} of seed {seed} "
+                f"({stage_name(stage)}) is behind what this node's ledger charged it for "
+                f"({', '.join(f'{k} {counts.get(k, 0)} < {n}' for k, n in sorted(behind.items()))})"
+                ": a rolled-back state would release again what it released; start a new run",
+            )
+
     def charge(
         self, *, flower_run: int, seed: int, stage: str | None, counts: Mapping[str, int]
     ) -> None:

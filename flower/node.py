@@ -277,6 +277,8 @@ class NodeClient:
             or self.config.allow_plaintext_updates
         )
         before = released_counts(client, plaintext_updates=plaintext)
+        # a state rolled back behind what the ledger charged would release again: refused
+        self.ledger.check_state(flower_run=flower_run, seed=seed, stage=stage, counts=before)
         reply = client.handle(envelope)
         after = released_counts(client, plaintext_updates=plaintext)
         if after != before:  # this reply releases something: charged before it leaves

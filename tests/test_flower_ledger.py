@@ -260,3 +260,38 @@ def test_the_same_data_is_counted_from_a_new_deployments_folder(tmp_path):
     assert not (node_dir / "state").exists()  # nothing was built for either
     assert not (node_dir / LEDGER_FILE).exists()  # the ledger is the shared one
     assert isinstance(PrivacyBudgetSpent("c", "x"), ClientRefused)
+
+
+def test_a_rolled_back_state_file_gets_no_second_release(tmp_path):
+    """The node's state of run 7 is copied just before a consent (what a backup holds, or a
+    lost last write leaves), the run goes on and ends, and the copy is put back: the next
+    request of run 7 is refused, since the state is behind what the ledger charged (a
+    rolled-back client would sign again what it signed: a second weighting of its upload
+    over the run). The ledger, written before each reply, is the monotonic record."""
+    from secagg.wire import Envelope
+
+    nodes = prepare(tmp_path / "dep", CKKS)
+    by_id = {100 + k: path for k, path in enumerate(nodes.values())}
+    node_dir = by_id[101]
+    state = node_dir / "state" / "7" / "3-run.bin"
+    kept: dict[str, bytes] = {}
+    seen: list[Message] = []
+
+    def recording(message, context):
+        envelope, _ = messages.read_request(message)
+        if context.node_id == 101 and envelope is not None:
+            seen.append(message)
+            if Envelope.from_bytes(envelope).phase == "consent" and "before" not in kept:
+                kept["before"] = state.read_bytes()
+        return client_app(message, context)
+
+    grid = LoopbackGrid(by_id, run_id=7)
+    grid.client_app = recording
+    run_on_flower(
+        grid, deployment=tmp_path / "dep", out=tmp_path / "out", timeout=30, connect_timeout=5
+    )
+    assert "before" in kept and ledger_of(node_dir)["runs"]
+    state.write_bytes(kept["before"])  # the rollback
+    envelope, run = messages.read_request(seen[-1])
+    with pytest.raises(RunClosed, match="is behind what this node's ledger charged"):
+        NodeClient(node_dir).answer(envelope, run, 7, 101)
