@@ -23,7 +23,9 @@ would get more releases of the same data than one run's provisioning allows. The
   mode 0600, replaced whole through a fsynced temporary) before its state is written and
   before the reply leaves; a node killed between the two has over-counted, never under-.
   A run charged for a release whose state is gone is answered no more (a fresh client would
-  have fresh budgets in the same run).
+  have fresh budgets in the same run), nor one whose state is *behind* its charge (a state
+  file rolled back, or its last write lost: the client would sign, decrypt or report again
+  what it already did; :meth:`NodeLedger.check_state`).
 - **Key.** One ledger file per ledger folder (``[privacy] ledger``; default the node's own
   folder, which ``secagg flower join`` keeps across deployments); in it, one line per
   (task, data fingerprint, seed, stage): the data fingerprint is a digest of the client's
