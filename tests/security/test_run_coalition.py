@@ -139,20 +139,8 @@ def test_weightings_that_change_round_by_round_over_one_set_are_refused():
     protocol whose weights do not vary with the data keeps its rows proportional, so the
     clients refuse the second row; the control recovers every update from six rows."""
 
-    def attack(r: BackendRound) -> dict[str, np.ndarray]:
-        rows, sums = [], []
-        for j in range(len(IDS)):
-            weights = [0.3 if k == j else 0.14 for k in range(len(IDS))]
-            revealed = release(r, IDS, weights)
-            if revealed is None:
-                return {}
-            rows.append(weights)
-            sums.append(revealed)
-        solved = np.linalg.solve(np.asarray(rows), np.stack(sums))
-        return {c: solved[k] for k, c in enumerate(IDS)}
-
-    assert attack(round_of("fixed", "ckks")) == {}
-    recovered = attack(round_of("per-round", "ckks"))
+    assert raised_rows(round_of("fixed", "ckks"), 0.3, 0.14) == {}
+    recovered = raised_rows(round_of("per-round", "ckks"), 0.3, 0.14)
     assert len(recovered) == len(IDS)
     for k, c in enumerate(IDS):
         assert relative_error(recovered[c], update(k)) < 5e-3
@@ -245,18 +233,21 @@ def test_the_run_weakest_share_sees_what_the_releases_together_allow():
     assert run_weakest_share(two, colluders=0, min_honest=2) == 0.0
 
 
-def lagged_rows(r: BackendRound, move_model: bool) -> dict[str, np.ndarray]:
-    """Attack 3 of the review, larc-lagged's shape: one set, no dropout, and the server picks
-    each round's weights (ᾱ with one client raised: (1, .55, …), (.55, 1, …), …) on a model
-    it holds still; the six rows solve for every update. ``move_model``: the server moves
-    the model by a hair every round instead, so the clients see another model each time
-    while their updates stay (nearly) the same."""
+def raised_rows(
+    r: BackendRound, raised: float, others: float, move_model: bool = False
+) -> dict[str, np.ndarray]:
+    """Rounds over one set, no dropout, the server picking each round's weights with one
+    client raised (``raised`` against ``others``, normalised to sum to 1: larc-lagged's ᾱ
+    shape, (1, .55, …), (.55, 1, …), …) on a model it holds still; the six rows solve for
+    every update ({} once a release is refused). ``move_model``: the server moves the model
+    by a hair every round instead, so the clients see another model each time while their
+    updates stay (nearly) the same."""
     rows, sums = [], []
     for j in range(len(IDS)):
         if move_model:
             for c in IDS:
                 r.clients[c].note_source("train", f"model {j}")
-        raw = [1.0 if k == j else 0.55 for k in range(len(IDS))]
+        raw = [raised if k == j else others for k in range(len(IDS))]
         weights = [w / sum(raw) for w in raw]
         revealed = release(r, IDS, weights)
         if revealed is None:
@@ -276,7 +267,7 @@ def test_weights_that_vary_over_a_model_held_still_give_no_third_direction(backe
     r = round_of("fixed", backend)
     for c in IDS:
         r.clients[c].ledger.weights_vary = True
-    assert lagged_rows(r, move_model=False) == {}
+    assert raised_rows(r, 1.0, 0.55) == {}  # attack 3 of the review: larc-lagged's ᾱ
     # two on ckks; one on threshold, whose two colluders leave rule 4 no second row here
     assert r.released == (2 if backend == "ckks" else 1)
 
@@ -290,7 +281,7 @@ def test_weights_that_vary_over_a_moving_model_keep_the_per_round_guarantee_only
     r = round_of("fixed", "ckks")
     for c in IDS:
         r.clients[c].ledger.weights_vary = True
-    recovered = lagged_rows(r, move_model=True)
+    recovered = raised_rows(r, 1.0, 0.55, move_model=True)
     assert len(recovered) == len(IDS)
     assert relative_error(recovered[IDS[0]], update(0)) < 0.05
 
