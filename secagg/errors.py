@@ -125,6 +125,12 @@ class RoundSkipped(ConsentRefused):
         super().__init__(message, culprits=[], **kwargs)
 
 
+class GroupSatOut(SecaggError):
+    """A client's upload stays out of the round's sums because its participation group is
+    not whole this round (``--participation groups``): another member did not answer. Not
+    the client's doing: it is asked again next round."""
+
+
 class MalformedCiphertext(ClientInputError):
     """Ciphertext bytes that SEAL cannot load, or the wrong number or kind of ciphertexts."""
 

@@ -259,16 +259,23 @@ class AuditLog:
         from secagg.backends.coalition import run_weakest_share
 
         groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
-        per_round = False
+        per_round = by_groups = False
         for r in self.records:
             if r["event"] != "released":
                 continue
             rules = r["rules"]
             key: tuple = (r["run"], r["stream"])
-            if rules["participation"] != "fixed":
+            if rules["participation"] == "per-round":
                 key, per_round = (*key, "round", r["round"]), True
             elif self.weights_vary:
                 key = (*key, "epoch", r["epoch"])
+            dealt = rules.get("groups") or {}
+            if rules["participation"] == "groups" and dealt:
+                by_groups = True  # each whole group's columns are their own rows
+                for g in sorted(set(dealt.values())):
+                    weights = {c: k for c, k in r["weights"].items() if dealt.get(c) == g}
+                    groups[(*key, "group", g)].append({**r, "weights": weights})
+                continue
             groups[key].append(r)
         if not groups:
             return {"releases": 0}
@@ -287,11 +294,13 @@ class AuditLog:
             if per_round
             else "per-round (the protocol's weights vary with the data: client DP covers the run)"
             if self.weights_vary
+            else "run (whole groups, each group's weights within two directions)"
+            if by_groups
             else "run (one contributor set, weights within two directions)"
         )
         some = next(iter(groups.values()))[0]["rules"]
         return {
-            "releases": sum(len(rows) for rows in groups.values()),
+            "releases": sum(1 for r in self.records if r["event"] == "released"),
             "participation": some["participation"],
             "guarantee": guarantee,
             "min_share": some["min_share"],

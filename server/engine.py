@@ -37,6 +37,7 @@ from secagg.dp import ClientDP, joint_noise_multiplier, realised_noise_multiplie
 from secagg.errors import (
     ClientInputError,
     ConsentRefused,
+    GroupSatOut,
     ProtocolStateError,
     RoundAborted,
     RoundSkipped,
@@ -538,6 +539,10 @@ class Server:
                 for c, request in requests.items():
                     request.update(self.backend.opening_fields(ctx, c, hint))
             uploads = ctx.ask("train", requests, expect=expect, on_reply=upload, optional=optional)
+            # participation by groups: a group with a member missing sits the round out whole
+            for client, why in self.backend.sitting_out(list(uploads)).items():
+                ctx.exclude(client, "train", GroupSatOut(why))
+                del uploads[client]
             self._enough(ctx, len(uploads))
             return self.protocol.aggregate(ctx, uploads), reports
         total: StreamedSum = ctx.running_sum(plan)

@@ -251,10 +251,11 @@ class RoundContext:
             self._uploads[digest] = (client, name)
         return handle
 
-    def record_release(self, d: Any, policy: Any) -> None:
+    def record_release(self, d: Any, policy: Any, groups: Mapping[str, int]) -> None:
         """A release every contributor consented to, for the audit's run view: its weights,
         its stream (the field its uploads came as, and its length), this round's epoch and
-        the clients' rules (``policy``, a ``ReleasePolicy``)."""
+        the clients' rules (``policy``, a ``ReleasePolicy``; ``groups``: each contributor's
+        participation group, where participation is by groups)."""
         first = d.entries[0][2] if d.entries else ""
         self.exchange.audit.released(
             self.round,
@@ -266,6 +267,7 @@ class RoundContext:
                 "min_honest": policy.min_contributors,
                 "min_share": policy.min_share,
                 "participation": policy.participation,
+                "groups": dict(groups),
             },
         )
 

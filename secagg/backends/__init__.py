@@ -319,6 +319,7 @@ def server_policy(options: dict[str, Any], max_weight: int):
         options["max_weight_share"],
         max_weight=max_weight,
         participation=options.get("participation", "fixed"),
+        groups=options.get("participation_groups", 0),
     )
 
 
@@ -392,11 +393,23 @@ def _release_policy_options() -> tuple[BackendOption, ...]:
             "fixed",
             "who may contribute to the run's releases, counted over the whole run (a "
             "client's own rule): fixed, one contributor set for the run with weights "
-            "within two directions over it (a client that does not answer pauses releases: rounds "
-            "skipped, the run degraded), so a server that holds the model still and picks "
-            "who drops out learns no individual update; per-round, any set the per-release "
-            "rules pass (only with --client-dp, which then covers the run)",
+            "within two directions over it (a client that does not answer pauses releases: "
+            "rounds skipped, the run degraded), so a server that holds the model still and "
+            "picks who drops out learns no individual update; groups, the roster dealt into "
+            "--participation-groups groups by a public hash of the names, a release holding "
+            "whole groups only (a group with a member missing sits the round out) and each "
+            "group's weights within two directions over the run; per-round, any set the "
+            "per-release rules pass (only with --client-dp, which then covers the run)",
             PARTICIPATION,
+        ),
+        BackendOption(
+            "participation_groups",
+            "participation-groups",
+            int,
+            0,
+            "with --participation groups, how many groups the roster is dealt into (each must "
+            "hold t - 1 + min_contributors clients on threshold, min_contributors on ckks); "
+            "ignored otherwise",
         ),
     )
 
@@ -426,6 +439,12 @@ def _check_policy(options: dict[str, Any]) -> None:
         raise ConfigError(f"min_weight_share must lie in [0, 1], got {options['min_weight_share']}")
     if not 0.0 < options["max_weight_share"] <= 1.0:
         raise ConfigError(f"max_weight_share must lie in (0, 1], got {options['max_weight_share']}")
+    groups = options["participation_groups"]
+    if (options["participation"] == "groups") != (groups != 0) or groups < 0 or groups == 1:
+        raise ConfigError(
+            "--participation groups takes --participation-groups G (at least 2 groups), and "
+            f"only it does; got participation {options['participation']!r} with {groups} groups"
+        )
 
 
 def _check_threshold(options: dict[str, Any]) -> None:

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -273,6 +273,12 @@ class ServerBackend(ABC):
         """Σ weights[i] · handles[i], without looking inside the handles."""
 
     @abstractmethod
+    def sitting_out(self, clients: Collection[str]) -> dict[str, str]:
+        """Of ``clients`` (those whose upload arrived), the ones whose upload must stay out
+        of the round's sums, with why: with ``--participation groups``, every member of a
+        group with a member missing (``coalition.participation_groups``). None by default."""
+        return {}
+
     def running_sum(self, length: int) -> RunningSum:
         """An empty running sum of ``length``-value vectors."""
 

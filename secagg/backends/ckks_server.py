@@ -212,12 +212,16 @@ class CKKSServer(ServerBackend):
         self.releases = ReleaseRecord(
             policy if policy is not None else ReleasePolicy(max_weight=preset.max_weight)
         )
+        self.releases.deal(list(self.signers or ()))
         self._reveals = 0
         #: each client's seeds for its next upload, as its last upload committed them
         self._committed: dict[str, bytes] = {}
         #: the same, by seeds: who committed each (so that checking an upload's author is
         #: one lookup, not a scan of every client's: n² a round at n clients)
         self._committers: dict[bytes, set[str]] = {}
+
+    def sitting_out(self, clients) -> dict[str, str]:
+        return self.releases.sitting_out(clients)
 
     def setup_config(self) -> dict[str, Any]:
         """What the server proposes: the parameter set. Everything a client's security rests

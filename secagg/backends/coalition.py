@@ -46,6 +46,7 @@ arithmetic gives exactly.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -137,7 +138,23 @@ def _proportional(u: Sequence[int], v: Sequence[int]) -> bool:
 #: server's): ``fixed`` (one contributor set for the run; a missing client pauses releases)
 #: or ``per-round`` (any set that passes the per-release rules; only with client-level DP,
 #: whose accountant then composes every release of the run)
-PARTICIPATION = ("fixed", "per-round")
+PARTICIPATION = ("fixed", "groups", "per-round")
+_GROUPS_CONTEXT = b"secagg participation groups v1\x00"
+
+
+def participation_groups(roster: Sequence[str], groups: int) -> dict[str, int]:
+    """Each client's group (0 … groups − 1) for ``participation="groups"``: the roster's
+    clients in the order of SHA-256 over their names (public: every party deals alike, and
+    neither the server nor a client chooses), dealt round-robin, so the groups differ in
+    size by one at most. ValueError for fewer than two groups or more than clients."""
+    clients = sorted(roster)
+    if not isinstance(groups, int) or isinstance(groups, bool) or not 2 <= groups <= len(clients):
+        raise ValueError(
+            f"participation groups needs 2 to {len(clients)} groups (--participation-groups), "
+            f"got {groups!r}"
+        )
+    ranked = sorted(clients, key=lambda c: hashlib.sha256(_GROUPS_CONTEXT + c.encode()).digest())
+    return {c: k % groups for k, c in enumerate(ranked)}
 
 
 class RunLedger:
@@ -164,11 +181,21 @@ class RunLedger:
     counts on; it is checked before the expensive per-release checks (its own cost: one
     exact two-row check over the contributors, as rule 4's)."""
 
-    def __init__(self, participation: str = "fixed", weights_vary: bool = False):
+    def __init__(
+        self,
+        participation: str = "fixed",
+        weights_vary: bool = False,
+        group: Sequence[str] = (),
+    ):
         if participation not in PARTICIPATION:
             raise ValueError(f"participation is one of {PARTICIPATION}, got {participation!r}")
+        if (participation == "groups") != bool(group):
+            raise ValueError("participation groups, and only it, names the client's own group")
         self.participation = participation
         self.weights_vary = weights_vary
+        #: with ``groups``: this client's group (itself included), which every release it
+        #: enters must hold whole, and over whose columns its rows are kept
+        self.group = sorted(group)
         #: stream ("phase:length") -> {"set": sorted clients, "releases": how many it entered,
         #: "rows": {"" (or, where the weights vary, a model): a basis of the weight rows
         #: over the set, at most two}}
@@ -189,14 +216,22 @@ class RunLedger:
         ``min_share``)."""
         from secagg.errors import ReleaseRefused
 
-        if self.participation != "fixed" or policy.min_contributors < 2:
+        if self.participation == "per-round" or policy.min_contributors < 2:
             return  # a client that accepts one-upload releases accepts being singled out
         stream, key = self.uploads.get(digest, ["", ""])
+        weights = d.weights
+        if self.group:
+            missing = [c for c in self.group if c not in weights]
+            if missing:
+                raise ReleaseRefused(
+                    f"{client_id}: release {d.name!r} (round {d.round}) holds its group only "
+                    f"in part (missing {missing[:8]}); participation is by whole groups, so a "
+                    "group with a member missing sits the round out"
+                )
         ref = self.streams.get(stream)
         if ref is None:
             return
-        weights = d.weights
-        if sorted(weights) != ref["set"]:
+        if not self.group and sorted(weights) != ref["set"]:
             gone = sorted(set(ref["set"]) - set(weights))
             new = sorted(set(weights) - set(ref["set"]))
             raise ReleaseRefused(
@@ -219,9 +254,9 @@ class RunLedger:
 
     def record(self, d, digest: str) -> None:
         stream, key = self.uploads.get(digest, ["", ""])
-        clients = sorted(d.weights)
+        clients = self.group or sorted(d.weights)  # the columns the run rule keeps
         ref = self.streams.setdefault(stream, {"set": clients, "rows": {}, "releases": 0})
-        if clients == ref["set"]:
+        if all(c in d.weights for c in ref["set"]):
             row = [d.weights[c] for c in clients]
             basis = independent_rows([*ref["rows"].get(key, []), row])
             if len(basis) <= 2:
@@ -232,6 +267,7 @@ class RunLedger:
         return {
             "participation": self.participation,
             "weights_vary": self.weights_vary,
+            "group": list(self.group),
             "streams": {
                 s: {**v, "rows": {k: [list(r) for r in rs] for k, rs in v["rows"].items()}}
                 for s, v in self.streams.items()
@@ -245,11 +281,18 @@ class RunLedger:
         if not isinstance(cfg, dict) or set(cfg) != {
             "participation",
             "weights_vary",
+            "group",
             "streams",
             "uploads",
         }:
-            raise ValueError("a run ledger holds participation, weights_vary, streams, uploads")
-        if cfg["participation"] != self.participation or cfg["weights_vary"] != self.weights_vary:
+            raise ValueError(
+                "a run ledger holds participation, weights_vary, group, streams, uploads"
+            )
+        if (
+            cfg["participation"] != self.participation
+            or cfg["weights_vary"] != self.weights_vary
+            or cfg["group"] != self.group
+        ):
             raise ValueError(
                 f"the run ledger was kept under participation {cfg['participation']!r}, this "
                 f"client runs {self.participation!r}"

@@ -3,13 +3,14 @@ before an aggregate goes to anyone who opens it (``secagg.ckks.release`` says wh
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 
 from secagg import wire
-from secagg.backends.coalition import independent_rows, weakest_share
+from secagg.backends.coalition import independent_rows, participation_groups, weakest_share
 from secagg.ckks.release import Descriptor, ReleasePolicy, signature_bytes, verify_consent
 from secagg.errors import (
     ClientInputError,
+    ConfigError,
     ConsentRefused,
     ProtocolStateError,
     ReleaseRefused,
@@ -34,7 +35,36 @@ class ReleaseRecord:
         #: and a basis of the weight rows over it, by length and model: the clients key rows
         #: by model only where the protocol's weights vary, so this copy foresees their
         #: refusals there and is looser elsewhere (an honest protocol's fixed weights repeat)
-        self.run_rows: dict[tuple[int, str, int], list[list[int]]] = {}
+        self.run_rows: dict[tuple, list[list[int]]] = {}
+        #: with ``participation="groups"``: each roster client's group (``deal``)
+        self.groups: dict[str, int] = {}
+
+    def deal(self, roster: Sequence[str]) -> None:
+        """Deal the roster into the policy's participation groups (public, from the names:
+        ``coalition.participation_groups``); nothing unless the participation is by groups."""
+        if self.policy.participation == "groups" and roster:
+            try:
+                self.groups = participation_groups(list(roster), self.policy.groups)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+
+    def members(self, group: int) -> list[str]:
+        return sorted(c for c, g in self.groups.items() if g == group)
+
+    def sitting_out(self, clients: Collection[str]) -> dict[str, str]:
+        """Of ``clients``, those whose group has a member missing (``ServerBackend``)."""
+        if not self.groups:
+            return {}
+        present = set(clients)
+        out = {}
+        for c in present:
+            missing = [m for m in self.members(self.groups.get(c, -1)) if m not in present]
+            if missing:
+                out[c] = (
+                    f"its participation group sits the round out: {', '.join(missing)} did "
+                    "not answer (a release holds whole groups only)"
+                )
+        return out
 
     def admit(self, ctx, d: Descriptor) -> None:
         heaviest = max((abs(k) for _, k, _ in d.entries), default=0)
@@ -43,6 +73,17 @@ class ReleaseRecord:
                 f"{d.name}: a weight of {heaviest / self.policy.max_weight:.6g} (> 1); the "
                 "clients release sums with weights |w| <= 1 only"
             )
+        if self.groups and self.policy.min_contributors > 1:
+            partial = self.sitting_out(d.weights)
+            if partial:
+                raise RoundSkipped(
+                    f"{d.name}: participation is by groups and "
+                    f"{', '.join(sorted(partial))} would enter without their whole group; "
+                    "the clients release only sums of whole groups (the round is skipped)",
+                    round=ctx.round,
+                    phase="consent",
+                    exclusions=ctx.excluded,
+                )
         fixed = self.run_sets.get(d.n_values)
         first_short = fixed is None and set(ctx.unanswered) - set(d.weights)
         if (
@@ -76,12 +117,12 @@ class ReleaseRecord:
             # the set is fixed once it is asked for: the clients that consent record it,
             # whether or not the release then happens
             self.run_sets.setdefault(d.n_values, sorted(d.weights))
-            if self.run_sets[d.n_values] == sorted(d.weights):
-                key = _row_key(ctx, d)
-                row = [d.weights[c] for c in sorted(d.weights)]
-                basis = independent_rows([*self.run_rows.get(key, []), row])
-                if len(basis) <= 2:
-                    self.run_rows[key] = basis
+            if self.groups or self.run_sets[d.n_values] == sorted(d.weights):
+                for key, order in self._row_columns(ctx, d):
+                    row = [d.weights[c] for c in order]
+                    basis = independent_rows([*self.run_rows.get(key, []), row])
+                    if len(basis) <= 2:
+                        self.run_rows[key] = basis
         except ReleaseRefused as exc:
             raise RoundSkipped(
                 f"{d.name}: the clients' release rules refuse it ({exc}); the round is skipped",
@@ -92,16 +133,18 @@ class ReleaseRecord:
 
     def _check_run_rows(self, ctx, d: Descriptor) -> None:
         """RoundSkipped if ``d``'s weight row, with the rows of the run's earlier releases
-        made from the same model, leaves the clients' run rule unmet (``RunLedger``)."""
+        made from the same model, leaves the clients' run rule unmet (``RunLedger``): over
+        the run's set, or over each whole group ``d`` holds."""
         fixed = self.run_sets.get(d.n_values)
-        if self.policy.participation != "fixed" or self.policy.min_contributors < 2:
+        if self.policy.participation == "per-round" or self.policy.min_contributors < 2:
             return
-        if fixed is not None and fixed != sorted(d.weights):
-            return  # the set check above decides
-        order = sorted(d.weights)
-        rows = [*self.run_rows.get(_row_key(ctx, d), []), [d.weights[c] for c in order]]
-        share = weakest_share(rows, self.policy.colluders, self.policy.min_contributors)
-        if share <= 0.0 or share < self.policy.min_share:
+        if not self.groups and fixed is not None and fixed != sorted(d.weights):
+            return  # the set check decides
+        for key, order in self._row_columns(ctx, d):
+            rows = [*self.run_rows.get(key, []), [d.weights[c] for c in order]]
+            share = weakest_share(rows, self.policy.colluders, self.policy.min_contributors)
+            if share > 0.0 and share >= self.policy.min_share:
+                continue
             raise RoundSkipped(
                 f"{d.name}: its weights, with the run's earlier releases of uploads made from "
                 f"the same model, would let a combination single an upload out (weakest share "
@@ -110,6 +153,15 @@ class ReleaseRecord:
                 phase="consent",
                 exclusions=ctx.excluded,
             )
+
+    def _row_columns(self, ctx, d: Descriptor) -> list[tuple[tuple, list[str]]]:
+        """The columns the clients keep rows over for ``d`` (its whole set, or each whole
+        group it holds), each with its key in ``run_rows``."""
+        stream = _row_key(ctx, d)
+        if not self.groups:
+            return [((*stream, -1), sorted(d.weights))]
+        held = sorted({self.groups[c] for c in d.weights if c in self.groups})
+        return [((*stream, g), self.members(g)) for g in held]
 
     def record(self, d: Descriptor) -> None:
         for _, _, digest in d.entries:
@@ -175,5 +227,5 @@ def gather_consents(
         record.record(d)
         note = getattr(ctx, "record_release", None)  # the audit's run view
         if note is not None:
-            note(d, record.policy)
+            note(d, record.policy, {c: record.groups[c] for c in d.weights if c in record.groups})
     return consents

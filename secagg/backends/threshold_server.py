@@ -127,6 +127,9 @@ class ThresholdServer(ServerBackend):
         #: one named in :data:`SET_ASIDE_AFTER` of them is asked no more (``asked``)
         self.named_off: dict[str, int] = {}
 
+    def sitting_out(self, clients) -> dict[str, str]:
+        return self.releases.sitting_out(clients)
+
     @property
     def asked(self) -> list[str]:
         """The holders a release asks for shares: every holder but those named off the
@@ -151,6 +154,16 @@ class ThresholdServer(ServerBackend):
         m = self.policy.min_contributors
         self.policy = replace(self.policy, colluders=self.t - 1)
         self.releases = ReleaseRecord(self.policy)
+        self.releases.deal(self.roster)
+        if self.releases.groups:
+            need = self.t - 1 + m
+            small = min(len(self.releases.members(g)) for g in set(self.releases.groups.values()))
+            if small < need:
+                raise ConfigError(
+                    f"participation groups of {small} clients cannot hide an upload among "
+                    f"{m} honest ones with t - 1 = {self.t - 1} colluding: each group needs "
+                    f"{need} (fewer --participation-groups, or a lower --threshold-t)"
+                )
         if m > 1 and len(self.roster) < self.t - 1 + m:
             raise ConfigError(
                 f"threshold with {len(self.roster)} clients and t = {self.t}: t − 1 colluding "

@@ -254,9 +254,9 @@ class ReleasePolicy:
             ckks): a release must leave ``min_contributors`` honest terms of weight at least
             ``min_share`` of the largest whoever they are (``coalition``, rule 4).
         participation: the run rule the clients keep (``coalition.RunLedger``): ``fixed``,
-            one contributor set for the run; ``per-round``, none beyond these rules. The
-            clients take theirs from their own options; the server's copy pauses releases
-            the clients would refuse.
+            one contributor set for the run; ``groups`` (``groups`` of them), whole groups;
+            ``per-round``, none beyond these rules. The clients take theirs from their own
+            options; the server's copy pauses releases the clients would refuse.
     """
 
     min_contributors: int = 2
@@ -266,6 +266,8 @@ class ReleasePolicy:
     max_weight: int | None = None
     colluders: int = 0
     participation: str = "per-round"
+    #: with ``participation="groups"``: how many groups the roster is dealt into
+    groups: int = 0
 
     def __post_init__(self):
         if self.min_contributors < 1 or not 0.0 <= self.min_share <= 1.0:

@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 
 from secagg.backends import Provision
 from secagg.backends.base import ClientBackend
-from secagg.backends.coalition import RunLedger
+from secagg.backends.coalition import RunLedger, participation_groups
 from secagg.ckks.release import Descriptor
 from secagg.errors import KeySetupError, ProtocolStateError
 from secagg.secret.consenting import (
@@ -103,7 +103,31 @@ class KeyHoldingClient(ClientBackend):
         #: digest of each upload -> the request it answered (``protect``'s ``request``)
         self.origins: dict[str, str] = {}
         #: every release of the run this client entered (the run rule: ``coalition``)
-        self.ledger = RunLedger(options.get("participation", "fixed"), provision.weights_vary)
+        self.ledger = RunLedger(
+            options.get("participation", "fixed"),
+            provision.weights_vary,
+            self._own_group(options, colluders),
+        )
+
+    def _own_group(self, options: Mapping[str, Any], colluders: int) -> list[str]:
+        """With ``participation="groups"``, this client's group of the signers' roster
+        (``coalition.participation_groups``: public, from names alone); KeySetupError if it
+        cannot hide an upload among ``min_contributors`` honest ones whoever the colluders
+        are (a group smaller than colluders + min_contributors)."""
+        if options.get("participation") != "groups":
+            return []
+        try:
+            dealt = participation_groups(list(self.signers), options["participation_groups"])
+        except ValueError as exc:
+            raise KeySetupError(f"{self.id}: {exc}") from None
+        group = sorted(c for c, g in dealt.items() if g == dealt.get(self.id))
+        need = colluders + options["min_contributors"]
+        if len(group) < need:
+            raise KeySetupError(
+                f"{self.id}: its participation group has {len(group)} clients; with up to "
+                f"{colluders} colluding, a group must hold {need} (fewer groups, or a lower t)"
+            )
+        return group
 
     def _colluders(self, options: Mapping[str, Any]) -> int:
         """How many colluding clients every release must withstand (``ReleasePolicy``),
@@ -147,7 +171,9 @@ class KeyHoldingClient(ClientBackend):
             extras=self.STATE_EXTRAS,
             roster=self.roster,
             signers=self.signers,
-            ledger=RunLedger(self.ledger.participation, self.ledger.weights_vary),
+            ledger=RunLedger(
+                self.ledger.participation, self.ledger.weights_vary, self.ledger.group
+            ),
         )
 
     def _take(self, held: HolderState) -> None:
