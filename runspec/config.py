@@ -283,19 +283,12 @@ class ExperimentConfig:
         cfg.update(self.server_opt)
         return cfg
 
-    @property
-    def streams_sums(self) -> bool:
-        """The run folds uploads as they arrive (``streaming``), unless participation is by
-        groups: a group is left out whole only once every upload of the round has arrived,
-        and a folded upload cannot be taken out again."""
-        return self.streaming and self.backend_options.get("participation") != "groups"
-
     def policy(self) -> RunPolicy:
         options = self.resolved_backend_options()
         return RunPolicy(
             server_blind=self.server_blind,
             allow_plaintext_updates=self.allow_plaintext_updates,
-            streaming=self.streams_sums,
+            streaming=self.streaming,
             part_values=self.part_values,
             min_clients=self.min_clients,
             # the encrypted backends' clients require the cap; plain has it off unless set
@@ -340,7 +333,7 @@ class ExperimentConfig:
         if "preset" not in options:
             caps = PROTOCOLS[self.protocol].protocol.capabilities
             preset = backend_spec(self.backend).default_preset(
-                streams=caps.streams and self.streams_sums, precise_sums=caps.precise_sums
+                streams=caps.streams and self.streaming, precise_sums=caps.precise_sums
             )
             if preset is not None:
                 options["preset"] = preset

@@ -552,12 +552,28 @@ class Server:
                 request["upload_weight"] = wire.scalar(total.weights[c])
             request.update(self.backend.training_fields(ctx, c, total.weights))
 
+        # participation by groups: a group is left out whole only once every upload has
+        # arrived, and a folded upload cannot be taken out again: the uploads wait, then the
+        # whole groups' are folded with their planned weights (the same integers every round)
+        by_groups = self.backend.by_groups
+        held: dict[str, Any] = {}
+
         def fold(client: str, env: wire.Envelope) -> None:
             loaded = upload(client, env)
             self.enrolment.check(client, loaded)
-            total.add(client, loaded.handle)
+            if by_groups:
+                held[client] = loaded.handle
+            else:
+                total.add(client, loaded.handle)
 
         ctx.ask("train", requests, expect=expect, on_reply=fold, optional=optional)
+        if by_groups:
+            out = self.backend.sitting_out(list(held))
+            for client, why in out.items():
+                ctx.exclude(client, "train", GroupSatOut(why))
+            for client, handle in held.items():
+                if client not in out:
+                    total.add(client, handle)
         self._enough(ctx, len(total.folded))
         return self.protocol.finish_sum(ctx, total), reports
 

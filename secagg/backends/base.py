@@ -272,13 +272,18 @@ class ServerBackend(ABC):
     def weighted_sum(self, handles: Sequence[Any], weights: Sequence[float]) -> Any:
         """Σ weights[i] · handles[i], without looking inside the handles."""
 
-    @abstractmethod
+    @property
+    def by_groups(self) -> bool:
+        """Whether participation is by groups (:meth:`sitting_out` may leave clients out)."""
+        return False
+
     def sitting_out(self, clients: Collection[str]) -> dict[str, str]:
         """Of ``clients`` (those whose upload arrived), the ones whose upload must stay out
         of the round's sums, with why: with ``--participation groups``, every member of a
         group with a member missing (``coalition.participation_groups``). None by default."""
         return {}
 
+    @abstractmethod
     def running_sum(self, length: int) -> RunningSum:
         """An empty running sum of ``length``-value vectors."""
 

@@ -220,6 +220,10 @@ class CKKSServer(ServerBackend):
         #: one lookup, not a scan of every client's: n² a round at n clients)
         self._committers: dict[bytes, set[str]] = {}
 
+    @property
+    def by_groups(self) -> bool:
+        return bool(self.releases.groups)
+
     def sitting_out(self, clients) -> dict[str, str]:
         return self.releases.sitting_out(clients)
 

@@ -127,6 +127,10 @@ class ThresholdServer(ServerBackend):
         #: one named in :data:`SET_ASIDE_AFTER` of them is asked no more (``asked``)
         self.named_off: dict[str, int] = {}
 
+    @property
+    def by_groups(self) -> bool:
+        return bool(self.releases.groups)
+
     def sitting_out(self, clients) -> dict[str, str]:
         return self.releases.sitting_out(clients)
 

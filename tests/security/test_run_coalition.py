@@ -368,7 +368,7 @@ def frozen_dropout_run(monkeypatch, **config_changes):
         protocol="fedavg",
         backend="ckks",
         backend_options={"preset": "compact", **config_changes.pop("backend_options", {})},
-        streaming=False,
+        streaming=config_changes.pop("streaming", False),
         rounds=6,
         seeds=[0],
         local_steps=3,
@@ -410,3 +410,90 @@ def test_through_the_engine_a_frozen_model_and_chosen_dropouts_open_one_sum_only
     assert len(recovered) == 6
     for c, estimate in recovered.items():  # each update, as its client sent it
         assert relative_error(estimate, sent[c]) < 1e-2, c  # the review: 2.3e-4 … 9e-3
+
+
+# ---- participation by groups ------------------------------------------------------------------
+def dealt_groups(groups: int = 3) -> list[list[str]]:
+    from secagg.backends.coalition import participation_groups
+
+    dealt = participation_groups(IDS, groups)
+    return [sorted(c for c in IDS if dealt[c] == g) for g in range(groups)]
+
+
+def test_groups_are_dealt_publicly_and_evenly():
+    from secagg.backends.coalition import participation_groups
+
+    dealt = participation_groups(IDS, 3)
+    assert dealt == participation_groups(list(reversed(IDS)), 3)  # from the names alone
+    assert sorted(len(g) for g in dealt_groups(3)) == [2, 2, 2]
+    for bad in (1, 0, 7):
+        with pytest.raises(ValueError, match="2 to 6 groups"):
+            participation_groups(IDS, bad)
+
+
+def test_by_groups_a_server_alone_learns_group_sums_and_no_update():
+    """Three groups of two on ckks: the server that picks who drops out gets no release
+    that holds part of a group (leave-one-out is refused by the partners left), and what it
+    can get, every pair of groups, tells it each group's sum: its best estimate of any one
+    update (the group's sum over its weight) is off by more than half."""
+    groups = dealt_groups(3)
+    r = BackendRound(
+        IDS,
+        N,
+        backend="ckks",
+        decryption_budget=20,
+        participation="groups",
+        participation_groups=3,
+    )
+    r.server.releases = None
+    assert leave_one_out(r) == {}
+    sums = {}
+    for left_out in range(3):
+        members = [c for g, group in enumerate(groups) if g != left_out for c in group]
+        revealed = release(r, members, [0.25] * 4)
+        assert revealed is not None
+        sums[left_out] = revealed / 0.25
+    total = sum(sums.values()) / 2  # each group in two of the three sums
+    for g, group in enumerate(groups):
+        group_sum = total - sums[g]
+        np.testing.assert_allclose(group_sum, sum(update(IDS.index(c)) for c in group), atol=1e-3)
+        for c in group:
+            assert relative_error(group_sum / 2, update(IDS.index(c))) > 0.5
+
+
+def test_a_group_with_a_member_missing_sits_the_round_out_and_the_others_go_on(monkeypatch):
+    """Through the engine: client r's node "drops" in round r; its partner is left out of
+    that round with the reason (``GroupSatOut``, not blamed, asked again next round), the
+    other groups' sum is released, and the run is degraded, never aborted; the frozen
+    model's six rounds give the server group sums only."""
+    # streamed (planned weights: the same integers every round, renormalised after the
+    # sum), which is what keeps each group's rows proportional over the run
+    result, revealed, sent = frozen_dropout_run(
+        monkeypatch,
+        backend_options={"participation": "groups", "participation_groups": 3},
+        streaming=True,
+    )
+    assert not result.aborted and len(revealed) == 6
+    groups = dealt_groups(3)
+    for k, (weights, _) in enumerate(revealed):
+        out = next(g for g in groups if f"client_{k}" in g)
+        assert sorted(weights) == sorted(c for c in IDS if c not in out)
+    reasons = [e for e in result.audit.summary()["exclusions"] if e["phase"] == "train"]
+    assert {
+        e["peer"]
+        for e in reasons
+        if "GroupSatOut" in e["reason"] or "sits the round out" in e["reason"]
+    } == set(IDS)
+    # the server's whole view of each group over the six releases is one direction (the
+    # group's sum): its members' columns have rank 1, so no update is separable (real
+    # updates are alike, so a group's mean is near each of them: that is the guarantee's
+    # min_honest = 2, not a leak)
+    rows = np.array([[w.get(c, 0.0) for c in IDS] for w, _ in revealed])
+    for group in groups:
+        assert np.linalg.matrix_rank(rows[:, [IDS.index(c) for c in group]], tol=1e-9) == 1
+    assert set(sent) == set(IDS)
+    view = result.audit.summary()["run_view"]
+    assert view["guarantee"].startswith("run (whole groups")
+    assert (
+        view["weakest_share"] >= 0.01 and not result.audit.summary()["individual_updates_revealed"]
+    )
