@@ -303,6 +303,7 @@ class AuditLog:
             "releases": sum(1 for r in self.records if r["event"] == "released"),
             "participation": some["participation"],
             "guarantee": guarantee,
+            "min_honest": some["min_honest"],
             "min_share": some["min_share"],
             "weakest_share": weakest,
             "weakest_share_by_client": dict(sorted(clients.items())),
@@ -362,7 +363,11 @@ class AuditLog:
         # an individual update reached the server readable, or some combination of the
         # run's releases leaves fewer than min_honest honest terms (counted as the clients
         # count: the run view)
-        isolating = run_view.get("weakest_share", 1.0) < run_view.get("min_share", 0.0)
+        # (where the clients accept one-upload releases, --min-contributors 1, nothing is
+        # promised and nothing counted: Sequential's hand-over)
+        isolating = run_view.get("min_honest", 1) >= 2 and run_view.get(
+            "weakest_share", 1.0
+        ) < run_view.get("min_share", 0.0)
         return {
             "runs": len(runs),
             "individual_updates_revealed": individual or isolating,

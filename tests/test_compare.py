@@ -183,7 +183,9 @@ def test_out_writes_table_figure_and_markdown(tmp_path):
     md = (out / "compare.md").read_text()
     assert md.startswith("| run | protocol | backend |")
     # no run.json: its status is unknown
-    assert "| b | fedavg | ckks | unknown | 6 |" in md and "single: 1 seed in common with a" in md
+    assert (
+        "| b | fedavg | ckks | unknown | – | 6 |" in md and "single: 1 seed in common with a" in md
+    )
     text = format_table(table)
     assert "(reference)" in text and "per seed" in text
     assert f"{table.loc[1, 'diff_mean']:+.4f} [{table.loc[1, 'diff_ci_low']:+.4f}," in text
@@ -199,3 +201,12 @@ def test_clear_sign_reads_an_interval_off_zero_as_a_direction():
     across = paired_difference(control + [0.3, -0.2, 0.25, -0.15], control)
     assert across["mean_diff"] > 0 and across["ci_low"] < 0
     assert [clear_sign(above), clear_sign(below), clear_sign(across)] == [1, -1, 0]
+
+
+def test_the_over_the_run_cell_says_the_guarantee_and_the_weakest_share():
+    from secagg.simulation.compare import server_view_cell
+
+    view = {"releases": 3, "guarantee": "run (one contributor set, ...)", "weakest_share": 0.66}
+    assert server_view_cell(view) == "run, weakest 0.66"
+    assert server_view_cell({"releases": 0}) == "no release"
+    assert server_view_cell(None) == "–"  # plain: no run view, the server reads every update

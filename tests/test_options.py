@@ -72,9 +72,14 @@ def test_every_protocol_setting_reaches_its_protocol(protocol, option, tmp_path)
 )
 def test_every_backend_setting_reaches_its_backend(backend, option, tmp_path):
     value = other_value(option)
-    # per-round participation needs client-level DP, which then covers the run
-    dp = ["--client-dp", "clip=1,noise=1"] if option.key == "participation" else []
-    config = resolved(["--backend", backend, *flag_argv(option, value), *dp], tmp_path)
+    # per-round participation needs client-level DP, which then covers the run; a count of
+    # groups needs participation by groups (and at least two)
+    extra = {
+        "participation": ("per-round", ["--client-dp", "clip=1,noise=1"]),
+        "participation_groups": (2, ["--participation", "groups"]),
+    }
+    value, more = extra.get(option.key, (value, []))
+    config = resolved(["--backend", backend, *flag_argv(option, value), *more], tmp_path)
     assert config.resolved_backend_options()[option.key] == value
 
 
