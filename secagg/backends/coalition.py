@@ -175,7 +175,11 @@ class RunLedger:
     them), uploads from different models are counted as different vectors. That is the
     per-round guarantee; a model moved by a hair of the server's choosing makes near-equal
     uploads that it does not bound, so over the run only client DP covers such a protocol.
-    With ``per-round`` participation the per-release rules only.
+    With ``groups`` (the roster dealt by ``participation_groups``) the same holds over the
+    columns of the client's own group, which every release it enters must hold whole: any
+    combination restricted to a group is a multiple of at most two rows that passed, so it
+    keeps at least a group's sum. With ``per-round`` participation the per-release rules
+    only.
 
     Its state travels with the client half's (``to_config``/``load``), so a restarted node
     counts on; it is checked before the expensive per-release checks (its own cost: one
@@ -257,7 +261,7 @@ class RunLedger:
         clients = self.group or sorted(d.weights)  # the columns the run rule keeps
         ref = self.streams.setdefault(stream, {"set": clients, "rows": {}, "releases": 0})
         if all(c in d.weights for c in ref["set"]):
-            row = [d.weights[c] for c in clients]
+            row = [d.weights[c] for c in ref["set"]]
             basis = independent_rows([*ref["rows"].get(key, []), row])
             if len(basis) <= 2:
                 ref["rows"][key] = basis

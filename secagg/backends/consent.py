@@ -32,12 +32,15 @@ class ReleaseRecord:
         #: with fixed participation, the contributor set of the run's releases, by length
         #: (the clients' ``RunLedger``: a release over another set pauses, it is not asked)
         self.run_sets: dict[int, list[str]] = {}
-        #: and a basis of the weight rows over it, by length and model: the clients key rows
-        #: by model only where the protocol's weights vary, so this copy foresees their
+        #: and a basis of the weight rows over it (or over each group), by the field the
+        #: uploads came as, their length and the model's epoch: the clients key rows by
+        #: model only where the protocol's weights vary, so this copy foresees their
         #: refusals there and is looser elsewhere (an honest protocol's fixed weights repeat)
         self.run_rows: dict[tuple, list[list[int]]] = {}
-        #: with ``participation="groups"``: each roster client's group (``deal``)
+        #: with ``participation="groups"``: each roster client's group (``deal``), and each
+        #: group's members
         self.groups: dict[str, int] = {}
+        self._members: dict[int, list[str]] = {}
 
     def deal(self, roster: Sequence[str]) -> None:
         """Deal the roster into the policy's participation groups (public, from the names:
@@ -47,9 +50,12 @@ class ReleaseRecord:
                 self.groups = participation_groups(list(roster), self.policy.groups)
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
+            self._members = {}
+            for client, group in sorted(self.groups.items()):
+                self._members.setdefault(group, []).append(client)
 
     def members(self, group: int) -> list[str]:
-        return sorted(c for c, g in self.groups.items() if g == group)
+        return list(self._members.get(group, ()))
 
     def sitting_out(self, clients: Collection[str]) -> dict[str, str]:
         """Of ``clients``, those whose group has a member missing (``ServerBackend``)."""
