@@ -74,9 +74,9 @@ class Capabilities:
     #: another phase) gives its own capabilities without it, as DGD does
     moves_in_parts: bool = False
     #: its weights vary with the data every round (LARC's α from the ΔL's, loss-ratio
-    #: weights): the clients' run ledger fixes the contributor set but cannot hold the
-    #: weight rows proportional, so over the run only client DP covers it (the guarantee
-    #: per round stays; ``secagg.backends.coalition.RunLedger``)
+    #: weights): the clients' run ledger fixes the contributor set but holds the weight
+    #: rows per model, not over the run, so over the run only client DP covers it (the
+    #: guarantee per round stays; ``secagg.backends.coalition.RunLedger``)
     weights_vary: bool = False
     #: it picks each round's contributors by their data (TopKRegCost keeps the best 80 %):
     #: no fixed contributor set, so on an encrypted backend only per-round participation

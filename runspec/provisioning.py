@@ -362,7 +362,7 @@ def release_budgets(
             "reveal": 0 if config.server_blind else 1,
             "open": opens_per_round,
         },
-        # the run ledger holds weight rows proportional over the run unless they vary
+        # the run ledger holds weight rows over the run, or per model where they vary
         "weights_vary": caps.weights_vary,
     }
 

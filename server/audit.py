@@ -258,7 +258,7 @@ class AuditLog:
         the run had ("run" or "per-round", and why)."""
         from secagg.backends.coalition import run_weakest_share
 
-        groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+        streams: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
         per_round = by_groups = False
         for r in self.records:
             if r["event"] != "released":
@@ -274,14 +274,14 @@ class AuditLog:
                 by_groups = True  # each whole group's columns are their own rows
                 for g in sorted(set(dealt.values())):
                     weights = {c: k for c, k in r["weights"].items() if dealt.get(c) == g}
-                    groups[(*key, "group", g)].append({**r, "weights": weights})
+                    streams[(*key, "group", g)].append({**r, "weights": weights})
                 continue
-            groups[key].append(r)
-        if not groups:
+            streams[key].append(r)
+        if not streams:
             return {"releases": 0}
         weakest: float = 1.0
         clients: dict[str, float] = {}
-        for rows in groups.values():
+        for rows in streams.values():
             rules = rows[0]["rules"]
             share = run_weakest_share(
                 [r["weights"] for r in rows], rules["colluders"], rules["min_honest"]
@@ -298,7 +298,7 @@ class AuditLog:
             if by_groups
             else "run (one contributor set, weights within two directions)"
         )
-        some = next(iter(groups.values()))[0]["rules"]
+        some = next(iter(streams.values()))[0]["rules"]
         return {
             "releases": sum(1 for r in self.records if r["event"] == "released"),
             "participation": some["participation"],

@@ -98,7 +98,7 @@ class ClientBackend(ABC):
 
     def note_source(self, phase: str, model_id: str | None) -> None:
         """What this client's next uploads are: answers to ``phase``, made from the model
-        ``model_id`` (``secagg.wire.model_identity``). A backend that keeps a run ledger
+        ``model_id`` (``secagg.clients.policy.model_identity``). A backend that keeps a run ledger
         counts a client's uploads of one phase as one vector over the run (of one model,
         where the protocol's weights vary: ``secagg.backends.coalition.RunLedger``).
         Nothing on a backend without consents."""

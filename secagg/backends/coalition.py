@@ -135,9 +135,10 @@ def _proportional(u: Sequence[int], v: Sequence[int]) -> bool:
 
 # ---- the run: every release a client ever entered -------------------------------------------
 #: how a run's releases may choose their contributors (a client's own setting, never the
-#: server's): ``fixed`` (one contributor set for the run; a missing client pauses releases)
-#: or ``per-round`` (any set that passes the per-release rules; only with client-level DP,
-#: whose accountant then composes every release of the run)
+#: server's): ``fixed`` (one contributor set for the run; a missing client pauses releases),
+#: ``groups`` (whole groups of a public partition; a group with a member missing sits the
+#: round out) or ``per-round`` (any set that passes the per-release rules; only with
+#: client-level DP, whose accountant then composes every release of the run)
 PARTICIPATION = ("fixed", "groups", "per-round")
 _GROUPS_CONTEXT = b"secagg participation groups v1\x00"
 
@@ -298,8 +299,10 @@ class RunLedger:
             or cfg["group"] != self.group
         ):
             raise ValueError(
-                f"the run ledger was kept under participation {cfg['participation']!r}, this "
-                f"client runs {self.participation!r}"
+                f"the run ledger was kept under participation {cfg['participation']!r} "
+                f"(weights vary: {cfg['weights_vary']!r}, group {cfg['group']!r}), this "
+                f"client runs {self.participation!r} (weights vary: {self.weights_vary}, "
+                f"group {self.group})"
             )
         streams, uploads = cfg["streams"], cfg["uploads"]
         if not (

@@ -119,16 +119,12 @@ class ReleaseRecord:
         try:
             self.policy.check(d)
             self.policy.check_weightings(d, earlier)
-            self._check_run_rows(ctx, d)  # after the release's own rules: theirs say more
-            # the set is fixed once it is asked for: the clients that consent record it,
-            # whether or not the release then happens
+            rows = self._check_run_rows(ctx, d)  # after the release's own rules: theirs say more
+            # the set and the rows are fixed once asked for: the clients that consent record
+            # them, whether or not the release then happens
             self.run_sets.setdefault(d.n_values, sorted(d.weights))
-            if self.groups or self.run_sets[d.n_values] == sorted(d.weights):
-                for key, order in self._row_columns(ctx, d):
-                    row = [d.weights[c] for c in order]
-                    basis = independent_rows([*self.run_rows.get(key, []), row])
-                    if len(basis) <= 2:
-                        self.run_rows[key] = basis
+            for key, kept in rows.items():
+                self.run_rows[key] = independent_rows(kept)
         except ReleaseRefused as exc:
             raise RoundSkipped(
                 f"{d.name}: the clients' release rules refuse it ({exc}); the round is skipped",
@@ -137,19 +133,22 @@ class ReleaseRecord:
                 exclusions=ctx.excluded,
             ) from None
 
-    def _check_run_rows(self, ctx, d: Descriptor) -> None:
-        """RoundSkipped if ``d``'s weight row, with the rows of the run's earlier releases
-        made from the same model, leaves the clients' run rule unmet (``RunLedger``): over
-        the run's set, or over each whole group ``d`` holds."""
+    def _check_run_rows(self, ctx, d: Descriptor) -> dict[tuple, list[list[int]]]:
+        """The run's rows with ``d``'s, by key in ``run_rows``, over the run's set or over
+        each whole group ``d`` holds; RoundSkipped if, with the rows of the run's earlier
+        releases made from the same model, they leave the clients' run rule unmet
+        (``RunLedger``)."""
         fixed = self.run_sets.get(d.n_values)
         if self.policy.participation == "per-round" or self.policy.min_contributors < 2:
-            return
+            return {}
         if not self.groups and fixed is not None and fixed != sorted(d.weights):
-            return  # the set check decides
+            return {}  # the set check decides
+        with_d = {}
         for key, order in self._row_columns(ctx, d):
             rows = [*self.run_rows.get(key, []), [d.weights[c] for c in order]]
             share = weakest_share(rows, self.policy.colluders, self.policy.min_contributors)
             if share > 0.0 and share >= self.policy.min_share:
+                with_d[key] = rows
                 continue
             raise RoundSkipped(
                 f"{d.name}: its weights, with the run's earlier releases of uploads made from "
@@ -159,6 +158,7 @@ class ReleaseRecord:
                 phase="consent",
                 exclusions=ctx.excluded,
             )
+        return with_d
 
     def _row_columns(self, ctx, d: Descriptor) -> list[tuple[tuple, list[str]]]:
         """The columns the clients keep rows over for ``d`` (its whole set, or each whole

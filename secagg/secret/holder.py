@@ -102,6 +102,8 @@ class KeyHoldingClient(ClientBackend):
         self.released: dict[str, list[dict[str, Any]]] = {}
         #: digest of each upload -> the request it answered (``protect``'s ``request``)
         self.origins: dict[str, str] = {}
+        #: what its next uploads answer and are made from (``note_source``): their stream
+        self._source: tuple[str, str] = ("", "")
         #: every release of the run this client entered (the run rule: ``coalition``)
         self.ledger = RunLedger(
             options.get("participation", "fixed"),
@@ -192,7 +194,7 @@ class KeyHoldingClient(ClientBackend):
         answered, its stream (its length: the run ledger's unknown vector) and, on a
         client-weighted preset, the integer weight applied to it."""
         self.uploads[digest], self.bases[digest] = {}, basis
-        self.ledger.uploaded(digest, n_values, *getattr(self, "_source", ("", "")))
+        self.ledger.uploaded(digest, n_values, *self._source)
         self.origins[digest] = request
         if applied is not None:
             self.applied[digest] = applied

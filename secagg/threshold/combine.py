@@ -92,8 +92,8 @@ def open_checked(
             len(here) < len(opened[1]) or any(here <= p for p in polynomials)
         ):
             continue  # the best-supported polynomials only, each once
-        if any(here <= p for p in polynomials) or unmasked >= MAX_UNMASKS:
-            continue
+        if unmasked >= MAX_UNMASKS:
+            break
         unmasked += 1
         key_sum = ring.reconstruct(np.stack([points[h] for h in subset]), [xs[h] for h in subset])
         centred = unmask(key_sum)
