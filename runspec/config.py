@@ -210,12 +210,12 @@ class ExperimentConfig:
         spec.check_run(self, protocol.capabilities)
         type(protocol).check_run(self)
         participation = self.resolved_backend_options().get("participation")
-        if participation == "fixed" and protocol.capabilities.selects_contributors:
+        if participation in ("fixed", "groups") and protocol.capabilities.selects_contributors:
             raise ConfigError(
                 f"{self.protocol} picks each round's contributors by their data, and "
-                "participation fixed releases only sums over one contributor set for the "
-                "whole run: run it with --participation per-round and --client-dp "
-                "clip=C,noise=Z (client DP then covers the run), or on plain"
+                f"participation {participation} releases only sums over the run's one "
+                "contributor set or its whole groups: run it with --participation per-round "
+                "and --client-dp clip=C,noise=Z (client DP then covers the run), or on plain"
             )
         if participation == "per-round" and self.client_dp is None:
             raise ConfigError(

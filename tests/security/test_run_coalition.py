@@ -497,3 +497,89 @@ def test_a_group_with_a_member_missing_sits_the_round_out_and_the_others_go_on(m
     assert (
         view["weakest_share"] >= 0.01 and not result.audit.summary()["individual_updates_revealed"]
     )
+
+
+# ---- the settings' refusals: each bad input, its typed error ---------------------------------
+def test_per_round_participation_without_client_dp_is_refused():
+    from secagg.errors import ConfigError
+
+    config = ExperimentConfig(backend="ckks", backend_options={"participation": "per-round"})
+    with pytest.raises(ConfigError, match="only with client-level DP.*--client-dp"):
+        config.validate()
+    with_dp = ExperimentConfig(
+        backend="ckks",
+        backend_options={"participation": "per-round"},
+        client_dp={"clip": 1.0, "noise": 1.0},
+    )
+    with_dp.validate()  # with client DP it runs
+
+
+@pytest.mark.parametrize("participation", ["fixed", "groups"])
+def test_a_protocol_that_picks_its_contributors_needs_per_round_participation(participation):
+    from secagg.errors import ConfigError
+
+    options = {"participation": participation}
+    if participation == "groups":
+        options["participation_groups"] = 3
+    config = ExperimentConfig(protocol="topkregcost", backend="ckks", backend_options=options)
+    with pytest.raises(ConfigError, match=f"participation {participation} releases only"):
+        config.validate()
+
+
+@pytest.mark.parametrize(
+    "options, said",
+    [
+        ({"participation": "groups"}, "with 0 groups"),
+        ({"participation": "groups", "participation_groups": 1}, "with 1 groups"),
+        ({"participation": "fixed", "participation_groups": 3}, "'fixed' with 3 groups"),
+        ({"participation": "groups", "participation_groups": -2}, "with -2 groups"),
+    ],
+)
+def test_a_group_count_without_groups_or_groups_without_a_count_is_refused(options, said):
+    from secagg.backends import resolve_options
+    from secagg.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=f"--participation-groups G.*{said}"):
+        resolve_options("ckks", options)
+
+
+def test_groups_too_small_for_the_coalition_are_refused_by_the_client_and_the_server():
+    """Three groups of two on threshold at t = 4 (three colluders): a group cannot hide an
+    upload among two honest ones. Every client refuses its provisioning; the server's half,
+    built alone, refuses its set-up; with t = 2 (one colluder) groups of three do."""
+    from secagg.backends import make_server_backend, provision, public_signers, resolve_options
+    from secagg.errors import ConfigError, KeySetupError
+
+    options = {"participation": "groups", "participation_groups": 3}
+    with pytest.raises(KeySetupError, match="its participation group has 2 clients"):
+        BackendRound(IDS, N, backend="threshold", **options)
+    signers = public_signers(provision(IDS, 4))
+    server = make_server_backend("threshold", resolve_options("threshold", options), signers)
+    with pytest.raises(ConfigError, match="participation groups of 2 clients cannot hide"):
+        server.setup(None, 4)
+    two = {"participation": "groups", "participation_groups": 2, "threshold_t": 2}
+    BackendRound(IDS, N, backend="threshold", **two)  # groups of 3 >= 1 + 2
+
+
+def test_a_ledger_names_a_group_with_groups_only():
+    with pytest.raises(ValueError, match="participation is one of"):
+        RunLedger("everyone")
+    with pytest.raises(ValueError, match="names the client's own group"):
+        RunLedger("groups")
+    with pytest.raises(ValueError, match="names the client's own group"):
+        RunLedger("fixed", group=["a", "b"])
+
+
+def test_a_run_says_at_its_start_what_holds_over_the_run():
+    from secagg.simulation.api import run_guarantee_note
+
+    assert run_guarantee_note(ExperimentConfig(protocol="fedavg", backend="ckks")) == ""
+    assert run_guarantee_note(ExperimentConfig(protocol="fedavg", backend="plain")) == ""
+    larc = run_guarantee_note(ExperimentConfig(protocol="larc", backend="ckks"))
+    assert "weights vary with the data" in larc and "--client-dp" in larc
+    per_round = ExperimentConfig(
+        backend="threshold",
+        backend_options={"participation": "per-round"},
+        client_dp={"clip": 1.0, "noise": 1.0},
+    )
+    assert "client DP is the guarantee" in run_guarantee_note(per_round)
